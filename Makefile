@@ -1,0 +1,48 @@
+# rllm-pipe: the two commands a fresh machine needs are `make run` and
+# `make test`. Both only need Go (and a C compiler for the DuckDB checks);
+# modules come from the Go module proxy on first use.
+GO      ?= go
+BIN     := bin/rllm-pipe
+DATA    ?= data
+GROUPS  ?= 2000
+
+.PHONY: all build run test test-short bench fuzz lint fmt clean
+
+all: lint test
+
+build:
+	$(GO) build -o $(BIN) ./cmd/rllm-pipe
+
+# run: the main job on the embedded default (local files, no services):
+# generate traces, ingest them into ./data, print a summary.
+run: build
+	rm -rf $(DATA)
+	$(BIN) gen --groups $(GROUPS) --group-size 8 --duplicates 0.01 --out $(DATA)/_input/traces.jsonl
+	$(BIN) ingest --from $(DATA)/_input/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(DATA)/_stats/ingest.json
+	$(BIN) summary --from $(DATA)
+
+# test: the whole suite, race detector on, nothing cached.
+test:
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+test-short:
+	$(GO) test -short -count=1 ./...
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+# fuzz: run the decoder fuzzer for FUZZTIME (default 60s).
+FUZZTIME ?= 60s
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./ingest/
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin $(DATA)

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest/synth"
+)
+
+func newGenCmd() *cobra.Command {
+	var (
+		cfg   synth.Config
+		out   string
+		quiet bool
+	)
+	cmd := &cobra.Command{
+		Use:   "gen [--out FILE]",
+		Short: "Write realistic synthetic traces (wire-format JSON lines) for demos and benchmarks",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var w io.Writer = cmd.OutOrStdout()
+			var f *os.File
+			if out != "" && out != "-" {
+				path, err := localPath("out", out)
+				if err != nil {
+					return err
+				}
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					return fmt.Errorf("gen: %w", err)
+				}
+				if f, err = os.Create(path); err != nil {
+					return fmt.Errorf("gen: %w", err)
+				}
+				defer f.Close()
+				w = f
+			}
+			bw := bufio.NewWriterSize(w, 1<<20)
+			sum, err := synth.Generate(cmd.Context(), bw, cfg)
+			if err != nil {
+				return fmt.Errorf("gen: %w", err)
+			}
+			if err := bw.Flush(); err != nil {
+				return fmt.Errorf("gen: %w", err)
+			}
+			if f != nil {
+				if err := f.Close(); err != nil {
+					return fmt.Errorf("gen: %w", err)
+				}
+			}
+			if !quiet {
+				fmt.Fprintf(cmd.ErrOrStderr(), "gen: %d groups, %d trajectories, %d steps, %d records (%d duplicates), %.1f MiB\n",
+					sum.Groups, sum.Trajectories, sum.Steps, sum.Records, sum.Duplicates, float64(sum.Bytes)/(1<<20))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&out, "out", "-", "output file (- for stdout)")
+	f.IntVar(&cfg.Groups, "groups", 100, "number of groups (tasks)")
+	f.IntVar(&cfg.GroupSize, "group-size", 8, "trajectories per group")
+	f.IntVar(&cfg.MinSteps, "min-steps", 1, "fewest steps per trajectory")
+	f.IntVar(&cfg.MaxSteps, "max-steps", 4, "most steps per trajectory")
+	f.IntVar(&cfg.PromptLen, "prompt-len", 512, "mean prompt tokens of a first step")
+	f.IntVar(&cfg.ResponseLen, "response-len", 256, "mean response tokens")
+	f.IntVar(&cfg.Vocab, "vocab", 151936, "vocabulary size")
+	f.IntVar(&cfg.PolicyVersions, "policy-versions", 4, "policy versions spanned by the run")
+	f.IntVar(&cfg.Interleave, "interleave", 16, "groups in flight at once")
+	f.Float64Var(&cfg.Shuffle, "shuffle", 0.3, "fraction of records displaced out of order (negative: none)")
+	f.BoolVar(&cfg.Teacher, "teacher", false, "add teacher logprobs to every step")
+	f.BoolVar(&cfg.TokenVersions, "token-versions", false, "add per-token policy versions to some steps")
+	f.BoolVar(&cfg.Messages, "messages", true, "add the chat messages of each call")
+	f.StringSliceVar(&cfg.Roles, "roles", nil, "multi-agent roles (one group per task and role)")
+	f.Float64Var(&cfg.Duplicates, "duplicates", 0, "fraction of records sent twice (producer retries)")
+	f.Uint64Var(&cfg.Seed, "seed", 1, "random seed")
+	f.BoolVar(&quiet, "quiet", false, "no summary on stderr")
+	return cmd
+}

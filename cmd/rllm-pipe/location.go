@@ -1,0 +1,58 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+)
+
+// localPath resolves a --from/--to/--dlq URL of the embedded default:
+// file:///path, a plain path, or "-" (stdin, for --from only).
+func localPath(flag, raw string) (string, error) {
+	if raw == "" {
+		return "", usageErrorf("--%s is required", flag)
+	}
+	if raw == "-" {
+		return raw, nil
+	}
+	if !strings.Contains(raw, "://") {
+		return raw, nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", usageErrorf("--%s %q: %v", flag, raw, err)
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" && u.Host != "localhost" {
+			return "", usageErrorf("--%s %q: file URLs name a local path (file:///path)", flag, raw)
+		}
+		if u.Path == "" {
+			return "", usageErrorf("--%s %q: empty path", flag, raw)
+		}
+		return u.Path, nil
+	default:
+		return "", usageErrorf("--%s %q: scheme %q is not supported by this build (use file:///path or a plain path)", flag, raw, u.Scheme)
+	}
+}
+
+// parseBytes reads sizes such as 256MiB, 64MB, 1GiB or 1048576.
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	var n int64
+	if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want a positive number with an optional unit (KiB, MiB, GiB)", s)
+	}
+	return n * mult, nil
+}

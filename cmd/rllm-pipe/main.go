@@ -1,0 +1,126 @@
+// Command rllm-pipe is the data backbone between RL rollout workers and
+// trainers: it ingests Step and Trajectory records, assembles complete
+// groups, computes advantages and commits Parquet shards.
+//
+// This package is cobra wiring only; it is the one package that imports
+// every stage.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// exitError carries an exit code through cobra.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the command line args and returns the exit code. The first
+// SIGINT or SIGTERM asks for a soft stop (stop reading, commit what is
+// assembled); a second one cancels at once.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	hard, cancelHard := context.WithCancel(ctx)
+	defer cancelHard()
+	soft, cancelSoft := context.WithCancel(hard)
+	defer cancelSoft()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case <-sigs:
+		case <-hard.Done():
+			return
+		}
+		fmt.Fprintln(stderr, "rllm-pipe: stopping: committing assembled groups (signal again to abort)")
+		cancelSoft()
+		select {
+		case <-sigs:
+			fmt.Fprintln(stderr, "rllm-pipe: aborting")
+			cancelHard()
+		case <-hard.Done():
+		}
+	}()
+
+	root := newRoot(soft)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(hard)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "rllm-pipe: %v\n", err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") ||
+		strings.Contains(err.Error(), "flag needs an argument") || strings.Contains(err.Error(), "invalid argument") ||
+		strings.Contains(err.Error(), "required flag") {
+		return exitUsage
+	}
+	return exitFailure
+}
+
+func newRoot(soft context.Context) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "rllm-pipe",
+		Short:         "Data backbone between RL rollout workers and trainers",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			return applyEnv(cmd.Flags())
+		},
+	}
+	root.AddCommand(newIngestCmd(soft), newGenCmd(), newSummaryCmd())
+	return root
+}
+
+// applyEnv sets every flag not given on the command line from its RLLM_*
+// variable (--group-size from RLLM_GROUP_SIZE): flag beats env beats
+// default.
+func applyEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Changed {
+			return
+		}
+		name := "RLLM_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if serr := fs.Set(f.Name, v); serr != nil {
+				err = usageErrorf("%s: %v", name, serr)
+			}
+		}
+	})
+	return err
+}

@@ -1,0 +1,135 @@
+// Package parquet encodes Arrow record batches of schemas.StepSchema into
+// Parquet files with arrow-go's pqarrow: zstd, buffered row groups cut by
+// size, no dictionary on token and logprob lists, microsecond timestamps.
+// It is the only package of rllm-pipe that imports pqarrow.
+package parquet
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	pq "github.com/apache/arrow-go/v18/parquet"
+	"github.com/apache/arrow-go/v18/parquet/compress"
+	"github.com/apache/arrow-go/v18/parquet/pqarrow"
+)
+
+// Options tune the encoding. Zero values take the defaults noted.
+type Options struct {
+	// RowGroupBytes cuts a row group once its compressed size reaches
+	// this. Default 64 MiB.
+	RowGroupBytes int64
+	// ZstdLevel is the zstd level. Default 1 (see the benchmarks).
+	ZstdLevel int
+	Allocator memory.Allocator
+}
+
+// noDictionary lists the columns whose values are (nearly) unique per row,
+// where a dictionary only costs time.
+var noDictionary = []string{
+	"prompt_ids.list.element", "response_ids.list.element", "response_logprobs.list.element",
+	"token_versions.list.element", "teacher_logprobs.list.element",
+	"messages", "metadata", "trajectory_metadata", "step_id", "source_line", "created_at",
+}
+
+// Writer writes one Parquet file. It is not safe for concurrent use.
+type Writer struct {
+	fw     *pqarrow.FileWriter
+	cw     *countingWriter
+	rgMax  int64
+	closed bool
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// NewWriter starts a Parquet file of schema on w. meta is stored in the
+// file's key-value metadata.
+func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]string) (*Writer, error) {
+	if opts.RowGroupBytes <= 0 {
+		opts.RowGroupBytes = 64 << 20
+	}
+	if opts.ZstdLevel == 0 {
+		opts.ZstdLevel = 1
+	}
+	if opts.Allocator == nil {
+		opts.Allocator = memory.DefaultAllocator
+	}
+	props := []pq.WriterProperty{
+		pq.WithAllocator(opts.Allocator),
+		pq.WithCompression(compress.Codecs.Zstd),
+		pq.WithCompressionLevel(opts.ZstdLevel),
+		pq.WithMaxRowGroupLength(1 << 30), // cut by bytes, below
+		pq.WithDataPageSize(1 << 20),
+		pq.WithCreatedBy("rllm-pipe"),
+		pq.WithStats(true),
+	}
+	for _, c := range noDictionary {
+		props = append(props, pq.WithDictionaryFor(c, false))
+	}
+	cw := &countingWriter{w: w}
+	fw, err := pqarrow.NewFileWriter(schema, cw, pq.NewWriterProperties(props...),
+		pqarrow.NewArrowWriterProperties(pqarrow.WithAllocator(opts.Allocator), pqarrow.WithStoreSchema()))
+	if err != nil {
+		return nil, fmt.Errorf("parquet: new file writer: %w", err)
+	}
+	for k, v := range meta {
+		if err := fw.AppendKeyValueMetadata(k, v); err != nil {
+			return nil, fmt.Errorf("parquet: metadata %q: %w", k, err)
+		}
+	}
+	return &Writer{fw: fw, cw: cw, rgMax: opts.RowGroupBytes}, nil
+}
+
+// Write appends rec to the current row group, starting a new one when the
+// current one has reached the row-group size. rec stays owned by the caller.
+func (w *Writer) Write(rec arrow.RecordBatch) error {
+	if w.fw.RowGroupTotalCompressedBytes()+w.fw.RowGroupTotalBytesWritten() >= w.rgMax {
+		if err := w.fw.NewBufferedRowGroupChecked(); err != nil {
+			return fmt.Errorf("parquet: new row group: %w", err)
+		}
+	}
+	if err := w.fw.WriteBuffered(rec); err != nil {
+		return fmt.Errorf("parquet: write: %w", err)
+	}
+	return nil
+}
+
+// AddMetadata adds a key-value pair to the file footer; call before Close.
+func (w *Writer) AddMetadata(k, v string) error {
+	return w.fw.AppendKeyValueMetadata(k, v)
+}
+
+// Size estimates the file's final size: bytes flushed plus the compressed
+// size of the row group still buffered.
+func (w *Writer) Size() int64 {
+	return w.cw.n + w.fw.RowGroupTotalCompressedBytes()
+}
+
+// Rows is the number of rows written.
+func (w *Writer) Rows() int64 { return int64(w.fw.NumRows()) }
+
+// Close writes the footer. It does not close the underlying writer. It is
+// safe to call twice.
+func (w *Writer) Close() error {
+	if w.closed {
+		return nil
+	}
+	w.closed = true
+	if err := w.fw.Close(); err != nil {
+		return fmt.Errorf("parquet: close: %w", err)
+	}
+	return nil
+}
+
+// Written is the number of bytes written to the underlying writer.
+func (w *Writer) Written() int64 { return w.cw.n }

@@ -1,0 +1,278 @@
+// Package sink rolls Arrow batches into Parquet shards and commits them to
+// a Store: one open shard per partition (group policy version), cut when
+// it reaches the shard size or the flush interval, so quiet streams still
+// land. Each committed shard carries its manifest entry in its footer too.
+package sink
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/array"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/transform"
+)
+
+// Pending is a shard being written; its bytes are invisible to readers
+// until Commit, which publishes the shard and lists it in the manifest.
+type Pending interface {
+	io.Writer
+	Commit(ctx context.Context, e schemas.ShardEntry) error
+	Abort() error
+}
+
+// Store creates pending shards at clean relative paths.
+type Store interface {
+	Create(ctx context.Context, rel string) (Pending, error)
+}
+
+// StoreFunc adapts a function to Store.
+type StoreFunc func(ctx context.Context, rel string) (Pending, error)
+
+// Create implements Store.
+func (f StoreFunc) Create(ctx context.Context, rel string) (Pending, error) { return f(ctx, rel) }
+
+// Config tunes the sink. Zero values take the defaults noted.
+type Config struct {
+	// ShardSize cuts a shard once its estimated size reaches it. Default
+	// 256 MiB.
+	ShardSize int64
+	// FlushInterval commits a shard this long after its first row, however
+	// small. Default 30 s.
+	FlushInterval time.Duration
+	// MaxOpenShards bounds the shards open at once (one per partition);
+	// opening one more commits the oldest. Default 4.
+	MaxOpenShards int
+	// RunID names this run's shards.
+	RunID   string
+	Parquet parquet.Options
+}
+
+// Totals are the sink's tallies.
+type Totals struct {
+	Shards int64 `json:"shards_committed"`
+	Rows   int64 `json:"rows_committed"`
+	Bytes  int64 `json:"bytes_committed"`
+}
+
+// Sink is not safe for concurrent use; Run drives it from one goroutine.
+type Sink struct {
+	cfg    Config
+	store  Store
+	open   map[int64]*shard
+	seq    int
+	Totals Totals
+}
+
+type shard struct {
+	rel     string
+	version int64
+	p       Pending
+	w       *parquet.Writer
+	opened  time.Time
+	groups  []string
+	rows    int64
+	sources map[string]*schemas.SourceRange
+}
+
+// New returns a sink writing to store.
+func New(store Store, cfg Config) *Sink {
+	if cfg.ShardSize <= 0 {
+		cfg.ShardSize = 256 << 20
+	}
+	if cfg.FlushInterval <= 0 {
+		cfg.FlushInterval = 30 * time.Second
+	}
+	if cfg.MaxOpenShards <= 0 {
+		cfg.MaxOpenShards = 4
+	}
+	if cfg.RunID == "" {
+		cfg.RunID = "run"
+	}
+	return &Sink{cfg: cfg, store: store, open: map[int64]*shard{}}
+}
+
+// Write appends b to the shard of its partition and releases b.Record.
+func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) error {
+	defer b.Record.Release()
+	sh := s.open[b.Version]
+	if sh == nil {
+		if len(s.open) >= s.cfg.MaxOpenShards {
+			if err := s.commit(ctx, s.oldest()); err != nil {
+				return err
+			}
+		}
+		var err error
+		if sh, err = s.create(ctx, b.Version, now); err != nil {
+			return err
+		}
+	}
+	if err := sh.w.Write(b.Record); err != nil {
+		return fmt.Errorf("shard %s: %w", sh.rel, err)
+	}
+	sh.rows += b.Record.NumRows()
+	sh.groups = append(sh.groups, b.Groups...)
+	files := b.Record.Column(schemas.ColSourceFile).(*array.String)
+	lines := b.Record.Column(schemas.ColSourceLine).(*array.Int64).Int64Values()
+	for i, line := range lines {
+		f := files.Value(i)
+		r := sh.sources[f]
+		if r == nil {
+			r = &schemas.SourceRange{File: f, FirstLine: line, LastLine: line}
+			sh.sources[f] = r
+		}
+		r.FirstLine = min(r.FirstLine, line)
+		r.LastLine = max(r.LastLine, line)
+	}
+	if sh.w.Size() >= s.cfg.ShardSize {
+		return s.commit(ctx, sh)
+	}
+	return nil
+}
+
+func (s *Sink) oldest() *shard {
+	var o *shard
+	for _, sh := range s.open {
+		if o == nil || sh.opened.Before(o.opened) {
+			o = sh
+		}
+	}
+	return o
+}
+
+func (s *Sink) create(ctx context.Context, version int64, now time.Time) (*shard, error) {
+	s.seq++
+	// The path is built from numbers and the run id only: record ids never
+	// reach the file system.
+	rel := schemas.PartitionKey + "=" + strconv.FormatInt(version, 10) + "/part-" + s.cfg.RunID + "-" + fmt.Sprintf("%06d", s.seq) + ".parquet"
+	p, err := s.store.Create(ctx, rel)
+	if err != nil {
+		return nil, fmt.Errorf("create shard: %w", err)
+	}
+	w, err := parquet.NewWriter(p, schemas.StepSchema, s.cfg.Parquet, map[string]string{schemas.FooterSchemaKey: schemas.SchemaVersion})
+	if err != nil {
+		p.Abort()
+		return nil, err
+	}
+	sh := &shard{rel: rel, version: version, p: p, w: w, opened: now, sources: map[string]*schemas.SourceRange{}}
+	s.open[version] = sh
+	return sh, nil
+}
+
+func (s *Sink) commit(ctx context.Context, sh *shard) error {
+	delete(s.open, sh.version)
+	e := schemas.ShardEntry{
+		Path:          sh.rel,
+		Rows:          sh.rows,
+		Groups:        len(sh.groups),
+		PolicyVersion: sh.version,
+		GroupKeys:     sh.groups,
+		RunID:         s.cfg.RunID,
+		SchemaVersion: schemas.SchemaVersion,
+		CommittedAt:   time.Now().UTC(),
+	}
+	for _, r := range sh.sources {
+		e.Sources = append(e.Sources, *r)
+	}
+	sort.Slice(e.Sources, func(i, j int) bool { return e.Sources[i].File < e.Sources[j].File })
+	footer, err := json.Marshal(e)
+	if err != nil {
+		sh.p.Abort()
+		return fmt.Errorf("encode footer entry: %w", err)
+	}
+	if err := sh.w.AddMetadata(schemas.FooterEntryKey, string(footer)); err != nil {
+		sh.p.Abort()
+		return fmt.Errorf("shard %s: %w", sh.rel, err)
+	}
+	if err := sh.w.Close(); err != nil {
+		sh.p.Abort()
+		return fmt.Errorf("shard %s: %w", sh.rel, err)
+	}
+	if err := sh.p.Commit(ctx, e); err != nil {
+		return fmt.Errorf("commit shard %s: %w", sh.rel, err)
+	}
+	s.Totals.Shards++
+	s.Totals.Rows += sh.rows
+	s.Totals.Bytes += sh.w.Written()
+	return nil
+}
+
+// Tick commits shards that have been open for the flush interval.
+func (s *Sink) Tick(ctx context.Context, now time.Time) error {
+	for _, sh := range s.sorted() {
+		if now.Sub(sh.opened) >= s.cfg.FlushInterval {
+			if err := s.commit(ctx, sh); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (s *Sink) sorted() []*shard {
+	out := make([]*shard, 0, len(s.open))
+	for _, sh := range s.open {
+		out = append(out, sh)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out
+}
+
+// Close commits every open shard.
+func (s *Sink) Close(ctx context.Context) error {
+	for _, sh := range s.sorted() {
+		if err := s.commit(ctx, sh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Abort discards every open shard (a hard stop: their groups were never
+// committed and will be assembled again from the source).
+func (s *Sink) Abort() error {
+	var errs []error
+	for v, sh := range s.open {
+		delete(s.open, v)
+		errs = append(errs, sh.p.Abort())
+	}
+	return errors.Join(errs...)
+}
+
+// Run writes the batches from in until it is closed, then commits every
+// open shard. It commits shards by age on each tick. When ctx is done it
+// aborts open shards and returns ctx's error.
+func Run(ctx context.Context, in <-chan transform.Batch, s *Sink, tick time.Duration) (err error) {
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, s.Abort())
+		}
+	}()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case b, ok := <-in:
+			if !ok {
+				return s.Close(ctx)
+			}
+			if err := s.Write(ctx, b, time.Now()); err != nil {
+				return err
+			}
+		case now := <-t.C:
+			if err := s.Tick(ctx, now); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,754 @@
+package ingest
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// field identifies a known wire field. Fields of both record types share
+// one table because "type" may come last in the object.
+type field uint8
+
+const (
+	fNone field = iota
+	fType
+	fStepID
+	fTaskID
+	fGroupID
+	fRole
+	fTrajectoryID
+	fStepIndex
+	fPolicyVersion
+	fPromptIDs
+	fResponseIDs
+	fResponseLogprobs
+	fTokenVersions
+	fTeacherLogprobs
+	fMessages
+	fReward
+	fDone
+	fFinishReason
+	fModel
+	fCreatedAt
+	fMetadata
+	fNumSteps
+	fTerminationReason
+	fSignals
+	fIsCorrect
+	fGroupSize
+	numFields
+)
+
+var fieldNames = [numFields]string{
+	fType: "type", fStepID: "step_id", fTaskID: "task_id", fGroupID: "group_id", fRole: "role",
+	fTrajectoryID: "trajectory_id", fStepIndex: "step_index", fPolicyVersion: "policy_version",
+	fPromptIDs: "prompt_ids", fResponseIDs: "response_ids", fResponseLogprobs: "response_logprobs",
+	fTokenVersions: "token_versions", fTeacherLogprobs: "teacher_logprobs", fMessages: "messages",
+	fReward: "reward", fDone: "done", fFinishReason: "finish_reason", fModel: "model",
+	fCreatedAt: "created_at", fMetadata: "metadata", fNumSteps: "num_steps",
+	fTerminationReason: "termination_reason", fSignals: "signals", fIsCorrect: "is_correct",
+	fGroupSize: "group_size",
+}
+
+const (
+	forStep = 1 << iota
+	forTraj
+)
+
+// fieldUse says which record types read a field; a field unknown to the
+// record's type is ignored, even when malformed.
+var fieldUse = [numFields]uint8{
+	fType: forStep | forTraj, fStepID: forStep, fTaskID: forStep | forTraj, fGroupID: forStep | forTraj,
+	fRole: forStep | forTraj, fTrajectoryID: forStep | forTraj, fStepIndex: forStep,
+	fPolicyVersion: forStep, fPromptIDs: forStep, fResponseIDs: forStep, fResponseLogprobs: forStep,
+	fTokenVersions: forStep, fTeacherLogprobs: forStep, fMessages: forStep, fReward: forStep | forTraj,
+	fDone: forStep, fFinishReason: forStep, fModel: forStep, fCreatedAt: forStep, fMetadata: forStep | forTraj,
+	fNumSteps: forTraj, fTerminationReason: forTraj, fSignals: forTraj, fIsCorrect: forTraj, fGroupSize: forTraj,
+}
+
+var requiredStep = []field{fStepID, fTaskID, fTrajectoryID, fStepIndex, fPolicyVersion, fPromptIDs, fResponseIDs, fResponseLogprobs}
+var requiredTraj = []field{fTrajectoryID, fTaskID, fReward, fNumSteps}
+
+func lookupField(name []byte) field {
+	// A switch on string(name) compiles to a jump table without allocating.
+	switch string(name) {
+	case "type":
+		return fType
+	case "step_id":
+		return fStepID
+	case "task_id":
+		return fTaskID
+	case "group_id":
+		return fGroupID
+	case "role":
+		return fRole
+	case "trajectory_id":
+		return fTrajectoryID
+	case "step_index":
+		return fStepIndex
+	case "policy_version":
+		return fPolicyVersion
+	case "prompt_ids":
+		return fPromptIDs
+	case "response_ids":
+		return fResponseIDs
+	case "response_logprobs":
+		return fResponseLogprobs
+	case "token_versions":
+		return fTokenVersions
+	case "teacher_logprobs":
+		return fTeacherLogprobs
+	case "messages":
+		return fMessages
+	case "reward":
+		return fReward
+	case "done":
+		return fDone
+	case "finish_reason":
+		return fFinishReason
+	case "model":
+		return fModel
+	case "created_at":
+		return fCreatedAt
+	case "metadata":
+		return fMetadata
+	case "num_steps":
+		return fNumSteps
+	case "termination_reason":
+		return fTerminationReason
+	case "signals":
+		return fSignals
+	case "is_correct":
+		return fIsCorrect
+	case "group_size":
+		return fGroupSize
+	}
+	return fNone
+}
+
+// Record is one decoded wire record: exactly one of Step and Trajectory is
+// set, according to Type. Repaired counts text repaired to valid UTF-8.
+type Record struct {
+	Type       schemas.RecordType
+	Step       *schemas.Step
+	Trajectory *schemas.Trajectory
+	Repaired   int
+}
+
+// Decoder turns one JSON line into a Record. It is not safe for concurrent
+// use; give each goroutine its own. The records it returns own their
+// memory: nothing aliases the input line or the decoder's buffers.
+type Decoder struct {
+	lx      lexer
+	seen    [numFields]bool
+	errs    []fieldErr
+	typ     []byte
+	ints    []int32
+	floats  []float32
+	int64s  []int64
+	signals []schemas.Signal
+
+	step schemas.Step
+	traj schemas.Trajectory
+}
+
+type fieldErr struct {
+	f   field
+	err *schemas.RejectError
+}
+
+// Decode parses line. A bad record yields a *schemas.RejectError.
+func (d *Decoder) Decode(line []byte) (Record, error) {
+	d.lx.reset(line)
+	d.seen = [numFields]bool{}
+	d.errs = d.errs[:0]
+	d.typ = d.typ[:0]
+	d.step = schemas.Step{}
+	d.traj = schemas.Trajectory{}
+
+	if err := d.object(); err != nil {
+		if errors.Is(err, errNotObject) {
+			return Record{}, schemas.Rejectf(schemas.ReasonNotAnObject, "", "record is valid JSON but not an object")
+		}
+		return Record{}, d.syntaxReject(err)
+	}
+	if d.lx.peek() != 0 {
+		return Record{}, schemas.Rejectf(schemas.ReasonMalformedJSON, "", "unexpected data after the object at byte %d", d.lx.pos)
+	}
+
+	var use uint8
+	var rt schemas.RecordType
+	switch {
+	case !d.seen[fType]:
+		return Record{}, schemas.Rejectf(schemas.ReasonMissingField, "type", "record has no \"type\"")
+	case d.firstErr(fType) != nil:
+		return Record{}, d.firstErr(fType)
+	case string(d.typ) == "step":
+		use, rt = forStep, schemas.TypeStep
+	case string(d.typ) == "trajectory":
+		use, rt = forTraj, schemas.TypeTrajectory
+	default:
+		return Record{}, schemas.Rejectf(schemas.ReasonUnknownType, "type", "unknown record type %q (want step or trajectory)", d.typ)
+	}
+	for _, e := range d.errs {
+		if fieldUse[e.f]&use != 0 {
+			return Record{}, e.err
+		}
+	}
+	if rt == schemas.TypeStep {
+		if err := d.finishStep(); err != nil {
+			return Record{}, err
+		}
+		s := d.step
+		return Record{Type: rt, Step: &s, Repaired: d.lx.repaired}, nil
+	}
+	if err := d.finishTraj(); err != nil {
+		return Record{}, err
+	}
+	t := d.traj
+	return Record{Type: rt, Trajectory: &t, Repaired: d.lx.repaired}, nil
+}
+
+func (d *Decoder) firstErr(f field) *schemas.RejectError {
+	for _, e := range d.errs {
+		if e.f == f {
+			return e.err
+		}
+	}
+	return nil
+}
+
+func (d *Decoder) syntaxReject(err error) *schemas.RejectError {
+	if errors.Is(err, errTooDeep) {
+		return schemas.Rejectf(schemas.ReasonTooLarge, "", "JSON nested deeper than %d levels", maxDepth)
+	}
+	if d.lx.pos >= len(d.lx.buf) {
+		return schemas.Rejectf(schemas.ReasonMalformedJSON, "", "invalid JSON: unexpected end of record")
+	}
+	return schemas.Rejectf(schemas.ReasonMalformedJSON, "", "invalid JSON at byte %d", d.lx.pos)
+}
+
+// object parses the top-level object, dispatching known fields.
+func (d *Decoder) object() error {
+	if c := d.lx.peek(); c != '{' {
+		if c == 0 {
+			return errSyntax
+		}
+		// Tell a valid non-object apart from garbage.
+		if err := d.lx.skip(0); err != nil {
+			return err
+		}
+		if d.lx.peek() != 0 {
+			return errSyntax
+		}
+		return errNotObject
+	}
+	d.lx.pos++
+	if d.lx.peek() == '}' {
+		d.lx.pos++
+		return nil
+	}
+	for {
+		name, err := d.lx.str()
+		if err != nil {
+			return err
+		}
+		f := lookupField(name)
+		if err := d.lx.expect(':'); err != nil {
+			return err
+		}
+		if f == fNone {
+			if err := d.lx.skip(1); err != nil {
+				return err
+			}
+		} else if err := d.value(f); err != nil {
+			return err
+		}
+		switch d.lx.peek() {
+		case ',':
+			d.lx.pos++
+		case '}':
+			d.lx.pos++
+			return nil
+		default:
+			return errSyntax
+		}
+	}
+}
+
+var errNotObject = errors.New("not an object")
+
+// reject records a value error of field f and skips the rest of its value
+// (from the position saved in start) so that syntax is still checked.
+func (d *Decoder) reject(f field, start int, reason schemas.Reason, format string, args ...any) error {
+	d.errs = append(d.errs, fieldErr{f, schemas.Rejectf(reason, fieldNames[f], format, args...)})
+	d.lx.pos = start
+	return d.lx.skip(1)
+}
+
+// isNull consumes a null literal if one is at the cursor.
+func (d *Decoder) isNull() (bool, error) {
+	if d.lx.peek() != 'n' {
+		return false, nil
+	}
+	return true, d.lx.literal("null")
+}
+
+// value parses the value of a known field.
+func (d *Decoder) value(f field) error {
+	d.lx.ws()
+	start := d.lx.pos
+	null, err := d.isNull()
+	if err != nil || null {
+		// null means absent, for optional and required fields alike.
+		d.seen[f] = false
+		return err
+	}
+	d.seen[f] = true
+	c := d.lx.peek()
+	switch f {
+	case fType:
+		if c != '"' {
+			return d.reject(f, start, schemas.ReasonWrongType, "type must be a string")
+		}
+		b, err := d.lx.str()
+		d.typ = append(d.typ[:0], b...)
+		return err
+	case fStepID, fTaskID, fGroupID, fRole, fTrajectoryID, fFinishReason, fModel, fTerminationReason, fCreatedAt:
+		if c != '"' {
+			return d.reject(f, start, schemas.ReasonWrongType, "%s must be a string", fieldNames[f])
+		}
+		b, err := d.lx.str()
+		if err != nil {
+			return err
+		}
+		return d.setString(f, start, b)
+	case fStepIndex, fPolicyVersion, fNumSteps, fGroupSize:
+		v, rerr, err := d.intField(f)
+		if err != nil {
+			return err
+		}
+		if rerr != nil {
+			return d.reject(f, start, rerr.Reason, "%v", rerr.Err)
+		}
+		switch f {
+		case fStepIndex:
+			d.step.StepIndex = v
+		case fPolicyVersion:
+			d.step.PolicyVersion = v
+		case fNumSteps:
+			d.traj.NumSteps = v
+		case fGroupSize:
+			d.traj.GroupSize = v
+		}
+		return nil
+	case fReward:
+		tok, err := d.numberToken(f, start)
+		if err != nil || tok == nil {
+			return err
+		}
+		v, err := floatValue(tok)
+		if err != nil {
+			return err
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return d.reject(f, start, schemas.ReasonNonFinite, "reward is %s, not a finite number", tok)
+		}
+		d.step.Reward, d.step.HasReward, d.traj.Reward = v, true, v
+		return nil
+	case fDone, fIsCorrect:
+		var v bool
+		switch c {
+		case 't':
+			v = true
+			err = d.lx.literal("true")
+		case 'f':
+			err = d.lx.literal("false")
+		default:
+			return d.reject(f, start, schemas.ReasonWrongType, "%s must be true or false", fieldNames[f])
+		}
+		if f == fDone {
+			d.step.Done, d.step.HasDone = v, true
+		} else {
+			d.traj.IsCorrect, d.traj.HasIsCorrect = v, true
+		}
+		return err
+	case fPromptIDs, fResponseIDs:
+		return d.tokenList(f, start)
+	case fResponseLogprobs, fTeacherLogprobs:
+		return d.floatList(f, start)
+	case fTokenVersions:
+		return d.versionList(f, start)
+	case fMessages, fMetadata:
+		want := byte('[')
+		if f == fMetadata {
+			want = '{'
+		}
+		if c != want {
+			kind := "an array of objects"
+			if f == fMetadata {
+				kind = "an object"
+			}
+			return d.reject(f, start, schemas.ReasonWrongType, "%s must be %s", fieldNames[f], kind)
+		}
+		before := d.lx.repaired
+		if f == fMessages {
+			ok, err := d.arrayOfObjects()
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return d.reject(f, start, schemas.ReasonWrongType, "messages must be an array of objects")
+			}
+		} else if err := d.lx.skip(1); err != nil {
+			return err
+		}
+		raw := d.lx.rawCopy(start, before)
+		if f == fMessages {
+			d.step.Messages = raw
+		} else {
+			d.step.Metadata, d.traj.Metadata = raw, raw
+		}
+		return nil
+	case fSignals:
+		return d.signalObject(f, start)
+	}
+	return d.lx.skip(1)
+}
+
+func (d *Decoder) setString(f field, start int, b []byte) error {
+	switch f {
+	case fStepID:
+		d.step.StepID = string(b)
+	case fTaskID:
+		d.step.TaskID = string(b)
+		d.traj.TaskID = d.step.TaskID
+	case fGroupID:
+		d.step.GroupID = string(b)
+		d.traj.GroupID = d.step.GroupID
+	case fRole:
+		d.step.Role = string(b)
+		d.traj.Role = d.step.Role
+	case fTrajectoryID:
+		d.step.TrajectoryID = string(b)
+		d.traj.TrajectoryID = d.step.TrajectoryID
+	case fFinishReason:
+		d.step.FinishReason = string(b)
+	case fModel:
+		d.step.Model = string(b)
+	case fTerminationReason:
+		d.traj.TerminationReason = string(b)
+	case fCreatedAt:
+		t, err := time.Parse(time.RFC3339Nano, string(b))
+		if err != nil {
+			return d.reject(f, start, schemas.ReasonInvalidValue, "created_at %q is not an RFC 3339 time", b)
+		}
+		d.step.CreatedAt, d.step.HasCreatedAt = t.UnixMicro(), true
+	}
+	return nil
+}
+
+// numberToken reads a number, or records wrong_type and returns a nil token.
+func (d *Decoder) numberToken(f field, start int) ([]byte, error) {
+	c := d.lx.peek()
+	if c != '-' && c != 'N' && c != 'I' && (c < '0' || c > '9') {
+		return nil, d.reject(f, start, schemas.ReasonWrongType, "%s must be a number", fieldNames[f])
+	}
+	return d.lx.numToken()
+}
+
+// intField reads a non-negative integer. A value error is returned as
+// rerr; err is a syntax error.
+func (d *Decoder) intField(f field) (v int64, rerr *schemas.RejectError, err error) {
+	c := d.lx.peek()
+	if c != '-' && c != 'N' && c != 'I' && (c < '0' || c > '9') {
+		return 0, schemas.Rejectf(schemas.ReasonWrongType, fieldNames[f], "%s must be an integer", fieldNames[f]), nil
+	}
+	tok, err := d.lx.numToken()
+	if err != nil {
+		return 0, nil, err
+	}
+	v, verr := intValue(tok)
+	switch {
+	case errors.Is(verr, errSyntax):
+		return 0, nil, verr
+	case verr != nil:
+		return 0, schemas.Rejectf(schemas.ReasonWrongType, fieldNames[f], "%s is %s, not an integer", fieldNames[f], tok), nil
+	case v < 0:
+		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 0", fieldNames[f], v), nil
+	case (f == fNumSteps || f == fGroupSize) && v < 1:
+		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 1", fieldNames[f], v), nil
+	}
+	return v, nil, nil
+}
+
+// list iterates the elements of a JSON array, calling elem with the index
+// of each element at the cursor. It returns the first error of elem.
+func (d *Decoder) list(elem func(i int) error) error {
+	if err := d.lx.expect('['); err != nil {
+		return err
+	}
+	if d.lx.peek() == ']' {
+		d.lx.pos++
+		return nil
+	}
+	for i := 0; ; i++ {
+		if err := elem(i); err != nil {
+			return err
+		}
+		switch d.lx.peek() {
+		case ',':
+			d.lx.pos++
+		case ']':
+			d.lx.pos++
+			return nil
+		default:
+			return errSyntax
+		}
+	}
+}
+
+// valueErr carries a value error out of a list callback.
+type valueErr struct{ r *schemas.RejectError }
+
+func (e valueErr) Error() string { return e.r.Error() }
+
+// finishList turns a list error into either a recorded field error (value
+// errors) or a syntax error.
+func (d *Decoder) finishList(f field, start int, err error) error {
+	var ve valueErr
+	if errors.As(err, &ve) {
+		d.errs = append(d.errs, fieldErr{f, ve.r})
+		d.lx.pos = start
+		return d.lx.skip(1)
+	}
+	return err
+}
+
+func (d *Decoder) tokenList(f field, start int) error {
+	if d.lx.peek() != '[' {
+		return d.reject(f, start, schemas.ReasonWrongType, "%s must be an array of token ids", fieldNames[f])
+	}
+	d.ints = d.ints[:0]
+	err := d.list(func(i int) error {
+		c := d.lx.peek()
+		if c != '-' && c != 'N' && c != 'I' && (c < '0' || c > '9') {
+			return valueErr{schemas.Rejectf(schemas.ReasonWrongType, fieldNames[f], "%s[%d] is not a number", fieldNames[f], i)}
+		}
+		tok, err := d.lx.numToken()
+		if err != nil {
+			return err
+		}
+		v, verr := intValue(tok)
+		switch {
+		case errors.Is(verr, errSyntax):
+			return verr
+		case errors.Is(verr, errNotInteger):
+			return valueErr{schemas.Rejectf(schemas.ReasonWrongType, fieldNames[f], "%s[%d] is %s, not an integer", fieldNames[f], i, tok)}
+		case verr != nil || v < 0 || v > math.MaxInt32:
+			return valueErr{schemas.Rejectf(schemas.ReasonInvalidTokenID, fieldNames[f], "%s[%d] is %s, outside [0, 2147483647]", fieldNames[f], i, tok)}
+		}
+		d.ints = append(d.ints, int32(v))
+		return nil
+	})
+	if err != nil {
+		return d.finishList(f, start, err)
+	}
+	ids := make([]int32, len(d.ints))
+	copy(ids, d.ints)
+	if f == fPromptIDs {
+		d.step.PromptIDs = ids
+	} else {
+		d.step.ResponseIDs = ids
+	}
+	return nil
+}
+
+func (d *Decoder) floatList(f field, start int) error {
+	if d.lx.peek() != '[' {
+		return d.reject(f, start, schemas.ReasonWrongType, "%s must be an array of numbers", fieldNames[f])
+	}
+	d.floats = d.floats[:0]
+	err := d.list(func(i int) error {
+		c := d.lx.peek()
+		if c != '-' && c != 'N' && c != 'I' && (c < '0' || c > '9') {
+			return valueErr{schemas.Rejectf(schemas.ReasonWrongType, fieldNames[f], "%s[%d] is not a number", fieldNames[f], i)}
+		}
+		tok, err := d.lx.numToken()
+		if err != nil {
+			return err
+		}
+		v, err := floatValue(tok)
+		if err != nil {
+			return err
+		}
+		v32 := float32(v)
+		if math.IsNaN(v) || math.IsInf(float64(v32), 0) {
+			return valueErr{schemas.Rejectf(schemas.ReasonNonFinite, fieldNames[f], "%s[%d] is %s, not a finite float32", fieldNames[f], i, tok)}
+		}
+		d.floats = append(d.floats, v32)
+		return nil
+	})
+	if err != nil {
+		return d.finishList(f, start, err)
+	}
+	vals := make([]float32, len(d.floats))
+	copy(vals, d.floats)
+	if f == fResponseLogprobs {
+		d.step.ResponseLogprobs = vals
+	} else {
+		d.step.TeacherLogprobs, d.step.HasTeacher = vals, true
+	}
+	return nil
+}
+
+func (d *Decoder) versionList(f field, start int) error {
+	if d.lx.peek() != '[' {
+		return d.reject(f, start, schemas.ReasonWrongType, "token_versions must be an array of integers")
+	}
+	d.int64s = d.int64s[:0]
+	err := d.list(func(i int) error {
+		v, rerr, err := d.intField(f)
+		if err != nil {
+			return err
+		}
+		if rerr != nil {
+			rerr.Err = fmt.Errorf("token_versions[%d]: %w", i, rerr.Err)
+			return valueErr{rerr}
+		}
+		d.int64s = append(d.int64s, v)
+		return nil
+	})
+	if err != nil {
+		return d.finishList(f, start, err)
+	}
+	d.step.TokenVersions = append([]int64{}, d.int64s...)
+	d.step.HasTokenVersions = true
+	return nil
+}
+
+// arrayOfObjects checks (and consumes) an array whose elements are all
+// objects. ok is false for any other element kind.
+func (d *Decoder) arrayOfObjects() (ok bool, err error) {
+	ok = true
+	err = d.list(func(int) error {
+		if d.lx.peek() != '{' {
+			ok = false
+		}
+		return d.lx.skip(2)
+	})
+	return ok, err
+}
+
+func (d *Decoder) signalObject(f field, start int) error {
+	if d.lx.peek() != '{' {
+		return d.reject(f, start, schemas.ReasonWrongType, "signals must be an object of numbers")
+	}
+	d.lx.pos++
+	d.signals = d.signals[:0]
+	if d.lx.peek() == '}' {
+		d.lx.pos++
+		d.traj.Signals, d.traj.HasSignals = []schemas.Signal{}, true
+		return nil
+	}
+	for {
+		name, err := d.lx.str()
+		if err != nil {
+			return err
+		}
+		nameStr := string(name)
+		if err := d.lx.expect(':'); err != nil {
+			return err
+		}
+		c := d.lx.peek()
+		if c != '-' && c != 'N' && c != 'I' && (c < '0' || c > '9') {
+			return d.reject(f, start, schemas.ReasonWrongType, "signals[%q] must be a number", nameStr)
+		}
+		tok, err := d.lx.numToken()
+		if err != nil {
+			return err
+		}
+		v, err := floatValue(tok)
+		if err != nil {
+			return err
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return d.reject(f, start, schemas.ReasonNonFinite, "signals[%q] is %s, not a finite number", nameStr, tok)
+		}
+		d.signals = append(d.signals, schemas.Signal{Name: nameStr, Value: v})
+		switch d.lx.peek() {
+		case ',':
+			d.lx.pos++
+		case '}':
+			d.lx.pos++
+			d.traj.Signals = append([]schemas.Signal{}, d.signals...)
+			d.traj.HasSignals = true
+			return nil
+		default:
+			return errSyntax
+		}
+	}
+}
+
+func (d *Decoder) finishStep() error {
+	for _, f := range requiredStep {
+		if !d.seen[f] {
+			return schemas.Rejectf(schemas.ReasonMissingField, fieldNames[f], "step record has no %s", fieldNames[f])
+		}
+	}
+	s := &d.step
+	for _, id := range [...]struct {
+		f field
+		v string
+	}{{fStepID, s.StepID}, {fTaskID, s.TaskID}, {fTrajectoryID, s.TrajectoryID}} {
+		if id.v == "" {
+			return schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[id.f], "%s is empty", fieldNames[id.f])
+		}
+	}
+	n := len(s.ResponseIDs)
+	if len(s.ResponseLogprobs) != n {
+		return schemas.Rejectf(schemas.ReasonLengthMismatch, "response_logprobs", "response_logprobs has %d values for %d response tokens", len(s.ResponseLogprobs), n)
+	}
+	if s.HasTokenVersions && len(s.TokenVersions) != n {
+		return schemas.Rejectf(schemas.ReasonLengthMismatch, "token_versions", "token_versions has %d values for %d response tokens", len(s.TokenVersions), n)
+	}
+	if s.HasTeacher && len(s.TeacherLogprobs) != n {
+		return schemas.Rejectf(schemas.ReasonLengthMismatch, "teacher_logprobs", "teacher_logprobs has %d values for %d response tokens", len(s.TeacherLogprobs), n)
+	}
+	// Fields that a null reset must not leave half-set.
+	if !d.seen[fTokenVersions] {
+		s.TokenVersions, s.HasTokenVersions = nil, false
+	}
+	if !d.seen[fTeacherLogprobs] {
+		s.TeacherLogprobs, s.HasTeacher = nil, false
+	}
+	if !d.seen[fReward] {
+		s.Reward, s.HasReward = 0, false
+	}
+	return nil
+}
+
+func (d *Decoder) finishTraj() error {
+	for _, f := range requiredTraj {
+		if !d.seen[f] {
+			return schemas.Rejectf(schemas.ReasonMissingField, fieldNames[f], "trajectory record has no %s", fieldNames[f])
+		}
+	}
+	t := &d.traj
+	for _, id := range [...]struct {
+		f field
+		v string
+	}{{fTrajectoryID, t.TrajectoryID}, {fTaskID, t.TaskID}} {
+		if id.v == "" {
+			return schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[id.f], "%s is empty", fieldNames[id.f])
+		}
+	}
+	if !d.seen[fSignals] {
+		t.Signals, t.HasSignals = nil, false
+	}
+	return nil
+}

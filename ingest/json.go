@@ -1,0 +1,418 @@
+package ingest
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"unicode/utf8"
+	"unsafe"
+)
+
+// errSyntax marks a JSON syntax error; the decoder turns it into
+// malformed_json. It carries no position so that building it costs nothing;
+// the position is added once, when the record is rejected.
+var errSyntax = errors.New("invalid JSON")
+
+// errTooDeep marks nesting beyond maxDepth.
+var errTooDeep = errors.New("nesting too deep")
+
+// maxDepth bounds the nesting of skipped values so that a hostile record
+// cannot exhaust the stack.
+const maxDepth = 512
+
+// lexer is a strict, allocation-free JSON scanner over one record. It
+// accepts RFC 8259 JSON plus the bare tokens NaN, Infinity and -Infinity
+// that Python's json module writes, so that those reach the numeric checks
+// (and become non_finite) instead of being called malformed.
+type lexer struct {
+	buf []byte
+	pos int
+	// scratch holds the unescaped text of the last string; valid until the
+	// next call to str.
+	scratch []byte
+	// repaired counts invalid UTF-8 sequences and lone surrogates replaced
+	// by U+FFFD in this record.
+	repaired int
+}
+
+func (l *lexer) reset(b []byte) {
+	l.buf, l.pos, l.repaired = b, 0, 0
+}
+
+func (l *lexer) ws() {
+	for l.pos < len(l.buf) {
+		switch l.buf[l.pos] {
+		case ' ', '\t', '\n', '\r':
+			l.pos++
+		default:
+			return
+		}
+	}
+}
+
+// peek skips whitespace and returns the next byte, or 0 at the end.
+func (l *lexer) peek() byte {
+	l.ws()
+	if l.pos < len(l.buf) {
+		return l.buf[l.pos]
+	}
+	return 0
+}
+
+func (l *lexer) expect(c byte) error {
+	if l.peek() != c {
+		return errSyntax
+	}
+	l.pos++
+	return nil
+}
+
+// literal consumes the exact word w.
+func (l *lexer) literal(w string) error {
+	if len(l.buf)-l.pos < len(w) || string(l.buf[l.pos:l.pos+len(w)]) != w {
+		return errSyntax
+	}
+	l.pos += len(w)
+	return nil
+}
+
+// str reads a JSON string at the cursor and returns its unescaped, UTF-8
+// repaired bytes. The result aliases either the input or l.scratch and is
+// valid until the next call.
+func (l *lexer) str() ([]byte, error) {
+	if l.peek() != '"' {
+		return nil, errSyntax
+	}
+	l.pos++
+	start := l.pos
+	// Fast path: no escapes, all ASCII.
+	for l.pos < len(l.buf) {
+		c := l.buf[l.pos]
+		if c == '"' {
+			l.pos++
+			return l.buf[start : l.pos-1], nil
+		}
+		if c == '\\' || c < 0x20 || c >= 0x80 {
+			break
+		}
+		l.pos++
+	}
+	l.scratch = append(l.scratch[:0], l.buf[start:l.pos]...)
+	for l.pos < len(l.buf) {
+		c := l.buf[l.pos]
+		switch {
+		case c == '"':
+			l.pos++
+			return l.scratch, nil
+		case c < 0x20:
+			return nil, errSyntax
+		case c == '\\':
+			if err := l.escape(); err != nil {
+				return nil, err
+			}
+		case c < 0x80:
+			l.scratch = append(l.scratch, c)
+			l.pos++
+		default:
+			r, n := utf8.DecodeRune(l.buf[l.pos:])
+			if r == utf8.RuneError && n <= 1 {
+				l.repaired++
+				l.scratch = utf8.AppendRune(l.scratch, utf8.RuneError)
+				l.pos++
+				continue
+			}
+			l.scratch = append(l.scratch, l.buf[l.pos:l.pos+n]...)
+			l.pos += n
+		}
+	}
+	return nil, errSyntax
+}
+
+func (l *lexer) escape() error {
+	if l.pos+1 >= len(l.buf) {
+		return errSyntax
+	}
+	c := l.buf[l.pos+1]
+	l.pos += 2
+	switch c {
+	case '"', '\\', '/':
+		l.scratch = append(l.scratch, c)
+	case 'b':
+		l.scratch = append(l.scratch, '\b')
+	case 'f':
+		l.scratch = append(l.scratch, '\f')
+	case 'n':
+		l.scratch = append(l.scratch, '\n')
+	case 'r':
+		l.scratch = append(l.scratch, '\r')
+	case 't':
+		l.scratch = append(l.scratch, '\t')
+	case 'u':
+		r, ok := l.hex4()
+		if !ok {
+			return errSyntax
+		}
+		if utf16IsSurrogate(r) {
+			// A high surrogate followed by an escaped low one makes a pair;
+			// anything else is a lone surrogate, replaced like invalid UTF-8.
+			if r < 0xdc00 && l.pos+1 < len(l.buf) && l.buf[l.pos] == '\\' && l.buf[l.pos+1] == 'u' {
+				save := l.pos
+				l.pos += 2
+				r2, ok := l.hex4()
+				if !ok {
+					return errSyntax
+				}
+				if r2 >= 0xdc00 && r2 < 0xe000 {
+					l.scratch = utf8.AppendRune(l.scratch, (r-0xd800)<<10+(r2-0xdc00)+0x10000)
+					return nil
+				}
+				l.pos = save
+			}
+			l.repaired++
+			r = utf8.RuneError
+		}
+		l.scratch = utf8.AppendRune(l.scratch, r)
+	default:
+		return errSyntax
+	}
+	return nil
+}
+
+func utf16IsSurrogate(r rune) bool { return r >= 0xd800 && r < 0xe000 }
+
+func (l *lexer) hex4() (rune, bool) {
+	if l.pos+4 > len(l.buf) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range l.buf[l.pos : l.pos+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	l.pos += 4
+	return r, true
+}
+
+// numToken returns the bytes of the number at the cursor, checking the
+// JSON grammar (and the Python special tokens).
+func (l *lexer) numToken() ([]byte, error) {
+	l.ws()
+	start := l.pos
+	b := l.buf
+	i := l.pos
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	if i < len(b) && (b[i] == 'N' || b[i] == 'I') {
+		w := "Infinity"
+		if b[i] == 'N' {
+			w = "NaN"
+			if i != start { // -NaN is not a Python token
+				return nil, errSyntax
+			}
+		}
+		l.pos = i
+		if err := l.literal(w); err != nil {
+			return nil, err
+		}
+		return b[start:l.pos], nil
+	}
+	if i >= len(b) {
+		return nil, errSyntax
+	}
+	switch {
+	case b[i] == '0':
+		i++
+	case b[i] >= '1' && b[i] <= '9':
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+	default:
+		return nil, errSyntax
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return nil, errSyntax
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		d := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		if i == d {
+			return nil, errSyntax
+		}
+	}
+	l.pos = i
+	return b[start:i], nil
+}
+
+// errNotInteger and errRange are value (not syntax) errors of numbers.
+var (
+	errNotInteger = errors.New("not an integer")
+	errRange      = errors.New("out of range")
+)
+
+// intValue converts a number token to int64. Integral values written with
+// a fraction or exponent (3.0, 1e3) are accepted.
+func intValue(tok []byte) (int64, error) {
+	neg := false
+	i := 0
+	if len(tok) > 0 && tok[0] == '-' {
+		neg, i = true, 1
+	}
+	var v uint64
+	fast := i < len(tok)
+	for ; i < len(tok); i++ {
+		c := tok[i]
+		if c < '0' || c > '9' || v > (math.MaxInt64-9)/10 {
+			fast = false
+			break
+		}
+		v = v*10 + uint64(c-'0')
+	}
+	if fast {
+		if neg {
+			return -int64(v), nil
+		}
+		return int64(v), nil
+	}
+	f, err := floatValue(tok)
+	if err != nil {
+		return 0, err
+	}
+	if f != math.Trunc(f) {
+		return 0, errNotInteger
+	}
+	if f < -9.2e18 || f > 9.2e18 {
+		return 0, errRange
+	}
+	return int64(f), nil
+}
+
+// floatValue converts a number token to float64. Overflow yields ±Inf
+// (reported by the caller as non_finite), never an error.
+func floatValue(tok []byte) (float64, error) {
+	switch string(tok) {
+	case "NaN":
+		return math.NaN(), nil
+	case "Infinity":
+		return math.Inf(1), nil
+	case "-Infinity":
+		return math.Inf(-1), nil
+	}
+	f, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && ne.Err == strconv.ErrRange {
+			return f, nil // ±Inf or a denormal rounded to 0
+		}
+		return 0, errSyntax
+	}
+	return f, nil
+}
+
+// skip consumes one JSON value of any kind, validating it.
+func (l *lexer) skip(depth int) error {
+	if depth > maxDepth {
+		return errTooDeep
+	}
+	switch l.peek() {
+	case '{':
+		l.pos++
+		if l.peek() == '}' {
+			l.pos++
+			return nil
+		}
+		for {
+			if _, err := l.str(); err != nil {
+				return err
+			}
+			if err := l.expect(':'); err != nil {
+				return err
+			}
+			if err := l.skip(depth + 1); err != nil {
+				return err
+			}
+			switch l.peek() {
+			case ',':
+				l.pos++
+			case '}':
+				l.pos++
+				return nil
+			default:
+				return errSyntax
+			}
+		}
+	case '[':
+		l.pos++
+		if l.peek() == ']' {
+			l.pos++
+			return nil
+		}
+		for {
+			if err := l.skip(depth + 1); err != nil {
+				return err
+			}
+			switch l.peek() {
+			case ',':
+				l.pos++
+			case ']':
+				l.pos++
+				return nil
+			default:
+				return errSyntax
+			}
+		}
+	case '"':
+		_, err := l.str()
+		return err
+	case 't':
+		return l.literal("true")
+	case 'f':
+		return l.literal("false")
+	case 'n':
+		return l.literal("null")
+	default:
+		_, err := l.numToken()
+		return err
+	}
+}
+
+// rawCopy returns a fresh copy of the text consumed since start, with
+// invalid UTF-8 repaired; before is l.repaired at start.
+func (l *lexer) rawCopy(start, before int) []byte {
+	text := l.buf[start:l.pos]
+	if l.repaired == before || utf8.Valid(text) {
+		return append([]byte(nil), text...)
+	}
+	out := make([]byte, 0, len(text)+8)
+	for len(text) > 0 {
+		r, n := utf8.DecodeRune(text)
+		if r == utf8.RuneError && n <= 1 {
+			out = utf8.AppendRune(out, utf8.RuneError)
+		} else {
+			out = append(out, text[:n]...)
+		}
+		text = text[n:]
+	}
+	return out
+}

@@ -1,0 +1,201 @@
+package ingest
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Raw is one undecoded record and where it came from.
+type Raw struct {
+	Data   []byte
+	Source schemas.Source
+	// Truncated is set when the record was larger than the source's limit;
+	// Data then holds only its first bytes and Size the full length.
+	Truncated bool
+	Size      int64
+}
+
+// Chunk is a run of consecutive raw records. Its Data slices are owned by
+// the chunk and stay valid until the chunk is dropped.
+type Chunk struct {
+	Records []Raw
+	// Blank counts whitespace-only lines skipped while reading the chunk.
+	Blank int64
+}
+
+// Source yields raw records in order. Read blocks until at least one record
+// is available, the input ends (io.EOF) or ctx is done. A Source is used
+// by one goroutine.
+type Source interface {
+	Read(ctx context.Context) (Chunk, error)
+	Close() error
+}
+
+// DefaultMaxRecordBytes is the default limit on one record; larger records
+// are dead-lettered as too_large with their first bytes.
+const DefaultMaxRecordBytes = 64 << 20
+
+// keepTooLarge is how much of a too-large record is kept for the dead-letter
+// output.
+const keepTooLarge = 64 << 10
+
+// LineSource reads JSON lines from a reader (a file or stdin).
+type LineSource struct {
+	name      string
+	r         *bufio.Reader
+	closer    io.Closer
+	line      int64
+	maxRecord int
+	chunkSize int
+	done      bool
+}
+
+// OpenFile opens path ("-" for stdin) as a LineSource. maxRecord <= 0 means
+// DefaultMaxRecordBytes.
+func OpenFile(path string, maxRecord int) (*LineSource, error) {
+	if path == "-" {
+		return NewLineSource("-", os.Stdin, nil, maxRecord), nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open input: %w", err)
+	}
+	return NewLineSource(path, f, f, maxRecord), nil
+}
+
+// NewLineSource reads lines from r, naming them name in lineage. closer,
+// if not nil, is closed by Close.
+func NewLineSource(name string, r io.Reader, closer io.Closer, maxRecord int) *LineSource {
+	if maxRecord <= 0 {
+		maxRecord = DefaultMaxRecordBytes
+	}
+	return &LineSource{
+		name:      name,
+		r:         bufio.NewReaderSize(r, 1<<20),
+		closer:    closer,
+		maxRecord: maxRecord,
+		chunkSize: 1 << 20,
+	}
+}
+
+// Read returns about a megabyte of lines at a time.
+func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
+	var c Chunk
+	if s.done {
+		return c, io.EOF
+	}
+	if err := ctx.Err(); err != nil {
+		return c, err
+	}
+	// One allocation holds the chunk's lines; records point into it.
+	buf := make([]byte, 0, s.chunkSize+4096)
+	for len(buf) < s.chunkSize {
+		data, truncated, size, err := s.readLine()
+		if len(data) > 0 || truncated {
+			s.line++
+			if isBlank(data) && !truncated {
+				c.Blank++
+			} else {
+				start := len(buf)
+				buf = append(buf, data...)
+				c.Records = append(c.Records, Raw{
+					Data:      buf[start:len(buf):len(buf)],
+					Source:    schemas.Source{File: s.name, Line: s.line},
+					Truncated: truncated,
+					Size:      size,
+				})
+			}
+		} else if err == nil {
+			s.line++ // an empty line
+			c.Blank++
+		}
+		if err == io.EOF {
+			s.done = true
+			break
+		}
+		if err != nil {
+			return c, fmt.Errorf("read %s line %d: %w", s.name, s.line+1, err)
+		}
+	}
+	if len(c.Records) == 0 && c.Blank == 0 && s.done {
+		return c, io.EOF
+	}
+	return c, nil
+}
+
+// readLine reads one line without its newline. Lines longer than the limit
+// are consumed to their end; only their first keepTooLarge bytes are
+// returned, with truncated set.
+func (s *LineSource) readLine() (data []byte, truncated bool, size int64, err error) {
+	var long []byte
+	for {
+		frag, rerr := s.r.ReadSlice('\n')
+		size += int64(len(frag))
+		if !truncated {
+			if long == nil && rerr == nil {
+				return trimEOL(frag), false, int64(len(trimEOL(frag))), nil
+			}
+			if size > int64(s.maxRecord)+1 {
+				truncated = true
+				room := keepTooLarge - len(long)
+				if room > len(frag) {
+					room = len(frag)
+				}
+				long = append(long, frag[:max(room, 0)]...)
+			} else {
+				long = append(long, frag...)
+			}
+		}
+		switch {
+		case rerr == nil:
+			if truncated {
+				return long, true, size - 1, nil
+			}
+			return trimEOL(long), false, int64(len(trimEOL(long))), nil
+		case errors.Is(rerr, bufio.ErrBufferFull):
+			continue
+		case rerr == io.EOF:
+			if truncated {
+				return long, true, size, io.EOF
+			}
+			return long, false, int64(len(long)), io.EOF
+		default:
+			return nil, false, 0, rerr
+		}
+	}
+}
+
+func trimEOL(b []byte) []byte {
+	if n := len(b); n > 0 && b[n-1] == '\n' {
+		b = b[:n-1]
+		if n := len(b); n > 0 && b[n-1] == '\r' {
+			b = b[:n-1]
+		}
+	}
+	return b
+}
+
+func isBlank(b []byte) bool {
+	for _, c := range b {
+		if c != ' ' && c != '\t' && c != '\r' && c != '\n' {
+			return false
+		}
+	}
+	return true
+}
+
+// Close closes the underlying file, if any.
+func (s *LineSource) Close() error {
+	if s.closer == nil {
+		return nil
+	}
+	c := s.closer
+	s.closer = nil
+	return c.Close()
+}

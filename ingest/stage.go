@@ -1,0 +1,122 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Item is one decoded record, or the reason it was rejected.
+type Item struct {
+	Source schemas.Source
+	// Raw is the original record (a copy owned by the item; for a too-large
+	// record only its first bytes).
+	Raw []byte
+	Rec Record
+	Err *schemas.RejectError
+}
+
+// Batch is the decoded form of one Chunk, in source order.
+type Batch struct {
+	Items []Item
+	Blank int64
+}
+
+// DecodeStage reads src and decodes its chunks on workers goroutines,
+// delivering batches on out in source order. It closes out when src ends
+// and returns the first read error. At most 2*workers chunks are in flight,
+// so a slow consumer of out pauses reading (backpressure).
+func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch) error {
+	defer close(out)
+	if workers < 1 {
+		workers = 1
+	}
+	type job struct {
+		chunk Chunk
+		done  chan Batch
+	}
+	jobs := make(chan job, workers)
+	order := make(chan chan Batch, 2*workers)
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		defer close(jobs)
+		defer close(order)
+		for {
+			c, err := src.Read(ctx)
+			if len(c.Records) > 0 || c.Blank > 0 {
+				j := job{chunk: c, done: make(chan Batch, 1)}
+				select {
+				case order <- j.done:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				select {
+				case jobs <- j:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read source: %w", err)
+			}
+		}
+	})
+	for range workers {
+		g.Go(func() error {
+			var d Decoder
+			for j := range jobs {
+				j.done <- decodeChunk(&d, j.chunk)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		for done := range order {
+			var b Batch
+			select {
+			case b = <-done:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			select {
+			case out <- b:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+func decodeChunk(d *Decoder, c Chunk) Batch {
+	b := Batch{Items: make([]Item, len(c.Records)), Blank: c.Blank}
+	for i, r := range c.Records {
+		it := &b.Items[i]
+		it.Source = r.Source
+		it.Raw = append([]byte(nil), r.Data...)
+		if r.Truncated {
+			it.Err = schemas.Rejectf(schemas.ReasonTooLarge, "", "record is %d bytes, over the limit", r.Size)
+			continue
+		}
+		rec, err := d.Decode(r.Data)
+		if err != nil {
+			var re *schemas.RejectError
+			if !errors.As(err, &re) {
+				re = &schemas.RejectError{Reason: schemas.ReasonMalformedJSON, Err: err}
+			}
+			it.Err = re
+			continue
+		}
+		it.Rec = rec
+	}
+	return b
+}

@@ -1,0 +1,760 @@
+package synth
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+type message struct {
+	Role       string     `json:"role"`
+	Content    string     `json:"content"`
+	ToolCalls  []toolCall `json:"tool_calls"`
+	ToolCallID string     `json:"tool_call_id"`
+}
+
+// record is the union of the step and trajectory wire records; decoding
+// with DisallowUnknownFields catches misspelt keys.
+type record struct {
+	Type              string             `json:"type"`
+	StepID            *string            `json:"step_id"`
+	TaskID            *string            `json:"task_id"`
+	GroupID           *string            `json:"group_id"`
+	Role              *string            `json:"role"`
+	TrajectoryID      *string            `json:"trajectory_id"`
+	StepIndex         *int64             `json:"step_index"`
+	PolicyVersion     *int64             `json:"policy_version"`
+	PromptIDs         []int64            `json:"prompt_ids"`
+	ResponseIDs       []int64            `json:"response_ids"`
+	ResponseLogprobs  []float64          `json:"response_logprobs"`
+	TokenVersions     []int64            `json:"token_versions"`
+	TeacherLogprobs   []float64          `json:"teacher_logprobs"`
+	Messages          []message          `json:"messages"`
+	Reward            *float64           `json:"reward"`
+	Done              *bool              `json:"done"`
+	FinishReason      *string            `json:"finish_reason"`
+	Model             *string            `json:"model"`
+	CreatedAt         *string            `json:"created_at"`
+	Metadata          map[string]any     `json:"metadata"`
+	NumSteps          *int64             `json:"num_steps"`
+	TerminationReason *string            `json:"termination_reason"`
+	Signals           map[string]float64 `json:"signals"`
+	IsCorrect         *bool              `json:"is_correct"`
+	GroupSize         *int64             `json:"group_size"`
+}
+
+func (r *record) groupKey() string {
+	if r.GroupID != nil {
+		return *r.GroupID
+	}
+	if r.Role != nil {
+		return *r.TaskID + ":" + *r.Role
+	}
+	return *r.TaskID
+}
+
+type trajInfo struct {
+	rec   *record
+	steps map[int64]*record
+	key   string
+}
+
+// checked is what checkOutput learnt about one generated dataset.
+type checked struct {
+	lines, dupLines     int
+	steps, trajectories int
+	groups              map[string][]string // group key -> trajectory ids
+	trajs               map[string]*trajInfo
+	order               []*record // unique records in output order
+	withGroupID         int
+	nonASCII            int
+}
+
+func generate(t testing.TB, cfg Config) ([]byte, Summary) {
+	t.Helper()
+	var buf bytes.Buffer
+	sum, err := Generate(context.Background(), &buf, cfg)
+	if err != nil {
+		t.Fatalf("Generate: %v", err)
+	}
+	return buf.Bytes(), sum
+}
+
+// checkOutput decodes every line and checks the wire-format invariants.
+func checkOutput(t *testing.T, out []byte, sum Summary, cfg Config) *checked {
+	t.Helper()
+	cfg = cfg.withDefaults()
+	c := &checked{groups: map[string][]string{}, trajs: map[string]*trajInfo{}}
+	if len(out) == 0 || out[len(out)-1] != '\n' {
+		t.Fatalf("output does not end with a newline")
+	}
+	seen := map[string]bool{}
+	stepIDs := map[string]bool{}
+	finishes := map[string]bool{"stop": true, "length": true, "tool_calls": true, "abort": true}
+	terms := map[string]bool{"ENV_DONE": true, "MAX_TURNS_EXCEEDED": true, "TIMEOUT": true, "ERROR": true}
+	traj := func(id string) *trajInfo {
+		ti := c.trajs[id]
+		if ti == nil {
+			ti = &trajInfo{steps: map[int64]*record{}}
+			c.trajs[id] = ti
+		}
+		return ti
+	}
+	for line := range bytes.Lines(out) {
+		c.lines++
+		if seen[string(line)] {
+			c.dupLines++
+			continue
+		}
+		seen[string(line)] = true
+		if !utf8.Valid(line) {
+			t.Fatalf("line %d: invalid UTF-8", c.lines)
+		}
+		if !isASCII(line) {
+			c.nonASCII++
+		}
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.DisallowUnknownFields()
+		r := new(record)
+		if err := dec.Decode(r); err != nil {
+			t.Fatalf("line %d: %v\n%.300s", c.lines, err, line)
+		}
+		if dec.More() {
+			t.Fatalf("line %d: trailing data", c.lines)
+		}
+		if r.TaskID == nil || r.TrajectoryID == nil || *r.TaskID == "" || *r.TrajectoryID == "" {
+			t.Fatalf("line %d: missing task_id/trajectory_id", c.lines)
+		}
+		if r.GroupID != nil {
+			c.withGroupID++
+		}
+		if (r.Role != nil) != (len(cfg.Roles) > 0) {
+			t.Fatalf("line %d: role presence %v with Roles %v", c.lines, r.Role != nil, cfg.Roles)
+		}
+		if r.Role != nil && !slices.Contains(cfg.Roles, *r.Role) {
+			t.Fatalf("line %d: unknown role %q", c.lines, *r.Role)
+		}
+		// An explicit group_id must agree with the default key.
+		def := *r.TaskID
+		if r.Role != nil {
+			def += ":" + *r.Role
+		}
+		if r.groupKey() != def {
+			t.Fatalf("line %d: group_id %q, want %q", c.lines, r.groupKey(), def)
+		}
+		c.order = append(c.order, r)
+		ti := traj(*r.TrajectoryID)
+		if ti.key != "" && ti.key != r.groupKey() {
+			t.Fatalf("line %d: trajectory %s in two groups", c.lines, *r.TrajectoryID)
+		}
+		ti.key = r.groupKey()
+
+		switch r.Type {
+		case "step":
+			c.steps++
+			checkStep(t, c.lines, r, cfg, finishes)
+			if stepIDs[*r.StepID] {
+				t.Fatalf("line %d: duplicate step_id %s", c.lines, *r.StepID)
+			}
+			stepIDs[*r.StepID] = true
+			if ti.steps[*r.StepIndex] != nil {
+				t.Fatalf("line %d: step %d of %s twice", c.lines, *r.StepIndex, *r.TrajectoryID)
+			}
+			ti.steps[*r.StepIndex] = r
+		case "trajectory":
+			c.trajectories++
+			if ti.rec != nil {
+				t.Fatalf("line %d: trajectory %s twice", c.lines, *r.TrajectoryID)
+			}
+			ti.rec = r
+			if r.Reward == nil || math.IsNaN(*r.Reward) || math.IsInf(*r.Reward, 0) {
+				t.Fatalf("line %d: bad reward", c.lines)
+			}
+			if r.NumSteps == nil || *r.NumSteps < 1 {
+				t.Fatalf("line %d: bad num_steps", c.lines)
+			}
+			if *r.NumSteps < int64(cfg.MinSteps) || *r.NumSteps > int64(cfg.MaxSteps) {
+				t.Fatalf("line %d: num_steps %d outside [%d,%d]", c.lines, *r.NumSteps, cfg.MinSteps, cfg.MaxSteps)
+			}
+			if r.TerminationReason != nil && !terms[*r.TerminationReason] {
+				t.Fatalf("line %d: termination_reason %q", c.lines, *r.TerminationReason)
+			}
+			if r.GroupSize != nil && *r.GroupSize != int64(cfg.GroupSize) {
+				t.Fatalf("line %d: group_size %d", c.lines, *r.GroupSize)
+			}
+			if r.StepID != nil || r.PromptIDs != nil {
+				t.Fatalf("line %d: step fields on a trajectory record", c.lines)
+			}
+		default:
+			t.Fatalf("line %d: type %q", c.lines, r.Type)
+		}
+	}
+
+	// Completeness: every trajectory has its record and steps 0..n-1.
+	for id, ti := range c.trajs {
+		if ti.rec == nil {
+			t.Fatalf("trajectory %s has steps but no trajectory record", id)
+		}
+		n := *ti.rec.NumSteps
+		if int64(len(ti.steps)) != n {
+			t.Fatalf("trajectory %s: %d steps, num_steps %d", id, len(ti.steps), n)
+		}
+		for k := int64(0); k < n; k++ {
+			s := ti.steps[k]
+			if s == nil {
+				t.Fatalf("trajectory %s: step %d missing", id, k)
+			}
+			last := k == n-1
+			if (s.Done != nil && *s.Done) != last {
+				t.Fatalf("trajectory %s step %d: done=%v", id, k, s.Done)
+			}
+			if *s.TaskID != *ti.rec.TaskID {
+				t.Fatalf("trajectory %s: task ids differ", id)
+			}
+			if k > 0 {
+				prev := ti.steps[k-1]
+				if len(s.PromptIDs) <= len(prev.PromptIDs)+len(prev.ResponseIDs) {
+					t.Fatalf("trajectory %s step %d: prompt %d not longer than previous turn %d+%d",
+						id, k, len(s.PromptIDs), len(prev.PromptIDs), len(prev.ResponseIDs))
+				}
+				if !slices.Equal(s.PromptIDs[:len(prev.PromptIDs)], prev.PromptIDs) ||
+					!slices.Equal(s.PromptIDs[len(prev.PromptIDs):len(prev.PromptIDs)+len(prev.ResponseIDs)], prev.ResponseIDs) {
+					t.Fatalf("trajectory %s step %d: prompt does not extend the previous turn", id, k)
+				}
+				if len(s.Messages) > 0 && len(s.Messages) <= len(prev.Messages) {
+					t.Fatalf("trajectory %s step %d: messages do not grow", id, k)
+				}
+			}
+			if s.Reward != nil && !last && *s.Reward != 0 {
+				t.Fatalf("trajectory %s step %d: non-final step reward %v", id, k, *s.Reward)
+			}
+			if s.Reward != nil && last && *s.Reward != *ti.rec.Reward {
+				t.Fatalf("trajectory %s: last step reward %v, trajectory %v", id, *s.Reward, *ti.rec.Reward)
+			}
+		}
+		c.groups[ti.key] = append(c.groups[ti.key], id)
+	}
+	for key, ids := range c.groups {
+		if len(ids) != cfg.GroupSize {
+			t.Fatalf("group %s has %d trajectories, want %d", key, len(ids), cfg.GroupSize)
+		}
+	}
+
+	// The summary counts what is in the output.
+	want := Summary{
+		Groups:       int64(len(c.groups)),
+		Trajectories: int64(c.trajectories),
+		Steps:        int64(c.steps),
+		Records:      int64(c.lines),
+		Duplicates:   int64(c.dupLines),
+		Bytes:        int64(len(out)),
+	}
+	if sum != want {
+		t.Fatalf("summary %+v, counted %+v", sum, want)
+	}
+	nRoles := max(1, len(cfg.Roles))
+	if sum.Groups != int64(cfg.Groups*nRoles) || sum.Trajectories != int64(cfg.Groups*nRoles*cfg.GroupSize) {
+		t.Fatalf("summary %+v for %d groups x %d roles x %d", sum, cfg.Groups, nRoles, cfg.GroupSize)
+	}
+	return c
+}
+
+func checkStep(t *testing.T, line int, r *record, cfg Config, finishes map[string]bool) {
+	t.Helper()
+	if r.StepID == nil || r.StepIndex == nil || r.PolicyVersion == nil {
+		t.Fatalf("line %d: missing step_id/step_index/policy_version", line)
+	}
+	if want := fmt.Sprintf("%s#%d", *r.TrajectoryID, *r.StepIndex); *r.StepID != want {
+		t.Fatalf("line %d: step_id %q, want %q", line, *r.StepID, want)
+	}
+	if *r.StepIndex < 0 || *r.PolicyVersion < 0 || *r.PolicyVersion >= int64(cfg.PolicyVersions) {
+		t.Fatalf("line %d: step_index %d policy_version %d", line, *r.StepIndex, *r.PolicyVersion)
+	}
+	if len(r.PromptIDs) == 0 || len(r.ResponseIDs) == 0 {
+		t.Fatalf("line %d: empty prompt or response", line)
+	}
+	for _, ids := range [][]int64{r.PromptIDs, r.ResponseIDs} {
+		for _, id := range ids {
+			if id < 0 || id >= int64(cfg.Vocab) {
+				t.Fatalf("line %d: token id %d outside [0,%d)", line, id, cfg.Vocab)
+			}
+		}
+	}
+	n := len(r.ResponseIDs)
+	if n > max(1, cfg.ResponseLen*3/2) {
+		t.Fatalf("line %d: response of %d tokens, mean %d", line, n, cfg.ResponseLen)
+	}
+	if len(r.ResponseLogprobs) != n {
+		t.Fatalf("line %d: %d logprobs for %d tokens", line, len(r.ResponseLogprobs), n)
+	}
+	for _, lp := range [][]float64{r.ResponseLogprobs, r.TeacherLogprobs} {
+		for _, x := range lp {
+			if math.IsNaN(x) || math.IsInf(x, 0) || x > 0 {
+				t.Fatalf("line %d: logprob %v", line, x)
+			}
+		}
+	}
+	if cfg.Teacher != (r.TeacherLogprobs != nil) || (r.TeacherLogprobs != nil && len(r.TeacherLogprobs) != n) {
+		t.Fatalf("line %d: teacher_logprobs %d for %d tokens (Teacher %v)", line, len(r.TeacherLogprobs), n, cfg.Teacher)
+	}
+	if r.TokenVersions != nil {
+		if !cfg.TokenVersions || len(r.TokenVersions) != n {
+			t.Fatalf("line %d: token_versions %d for %d tokens", line, len(r.TokenVersions), n)
+		}
+		v := *r.PolicyVersion
+		if r.TokenVersions[0] != v-1 || r.TokenVersions[n-1] != v {
+			t.Fatalf("line %d: token_versions %v at version %d", line, r.TokenVersions, v)
+		}
+		for i := 1; i < n; i++ {
+			if d := r.TokenVersions[i] - r.TokenVersions[i-1]; d < 0 || d > 1 {
+				t.Fatalf("line %d: token_versions not a v-1 prefix then v: %v", line, r.TokenVersions)
+			}
+		}
+	}
+	if r.FinishReason != nil && !finishes[*r.FinishReason] {
+		t.Fatalf("line %d: finish_reason %q", line, *r.FinishReason)
+	}
+	if r.CreatedAt != nil {
+		ts, err := time.Parse(time.RFC3339Nano, *r.CreatedAt)
+		if err != nil || len(*r.CreatedAt) != len("2026-11-29T21:00:00.123456Z") || ts.Location() != time.UTC {
+			t.Fatalf("line %d: created_at %q: %v", line, *r.CreatedAt, err)
+		}
+	}
+	if cfg.Messages != (r.Messages != nil) {
+		t.Fatalf("line %d: messages present %v, Messages %v", line, r.Messages != nil, cfg.Messages)
+	}
+	if r.Messages != nil {
+		if len(r.Messages) < 3 || r.Messages[0].Role != "system" || r.Messages[1].Role != "user" {
+			t.Fatalf("line %d: messages do not start with system, user", line)
+		}
+		last := r.Messages[len(r.Messages)-1]
+		if last.Role != "assistant" {
+			t.Fatalf("line %d: last message role %q", line, last.Role)
+		}
+		if (*r.FinishReason == "tool_calls") != (len(last.ToolCalls) > 0) {
+			t.Fatalf("line %d: finish_reason %s with %d tool calls", line, *r.FinishReason, len(last.ToolCalls))
+		}
+		calls := map[string]bool{}
+		for _, m := range r.Messages {
+			for _, tc := range m.ToolCalls {
+				var args map[string]any
+				if err := json.Unmarshal([]byte(tc.Function.Arguments), &args); err != nil {
+					t.Fatalf("line %d: tool call arguments %q: %v", line, tc.Function.Arguments, err)
+				}
+				calls[tc.ID] = true
+			}
+			if m.Role == "tool" && !calls[m.ToolCallID] {
+				t.Fatalf("line %d: tool message answers unknown call %q", line, m.ToolCallID)
+			}
+		}
+	}
+}
+
+func isASCII(b []byte) bool {
+	for _, c := range b {
+		if c >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+func smallConfig() Config {
+	return Config{
+		Groups: 40, GroupSize: 6, MinSteps: 1, MaxSteps: 5,
+		PromptLen: 96, ResponseLen: 48,
+		Messages: true, Teacher: true, TokenVersions: true,
+		Seed: 7,
+	}
+}
+
+func TestInvariants(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"defaults", Config{Groups: 12}},
+		{"all-fields", smallConfig()},
+		{"no-shuffle", func() Config { c := smallConfig(); c.Shuffle = -1; return c }()},
+		{"full-shuffle", func() Config { c := smallConfig(); c.Shuffle = 1; c.Interleave = 3; return c }()},
+		{"tiny", Config{Groups: 5, GroupSize: 1, MinSteps: 3, MaxSteps: 3, PromptLen: 1, ResponseLen: 1, Vocab: 7, PolicyVersions: 1, Interleave: 1, Messages: true, Teacher: true, TokenVersions: true}},
+		{"one-step", Config{Groups: 30, GroupSize: 3, MinSteps: 1, MaxSteps: 1, ResponseLen: 2, PromptLen: 8}},
+		{"long", Config{Groups: 4, GroupSize: 2, MinSteps: 20, MaxSteps: 30, PromptLen: 32, ResponseLen: 16, Messages: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, sum := generate(t, tc.cfg)
+			c := checkOutput(t, out, sum, tc.cfg)
+			if len(c.order) >= 200 && (c.withGroupID == 0 || c.withGroupID > len(c.order)/5) {
+				t.Errorf("%d of %d records carry group_id; want a few", c.withGroupID, len(c.order))
+			}
+		})
+	}
+}
+
+func TestRealism(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Groups = 200
+	cfg.PolicyVersions = 5
+	out, sum := generate(t, cfg)
+	c := checkOutput(t, out, sum, cfg)
+	cfg = cfg.withDefaults()
+
+	var allRight, allWrong, mixed, fractional int
+	var stale, spanning, steps, nonStop int
+	finishes := map[string]int{}
+	terms := map[string]int{}
+	for key, ids := range c.groups {
+		right := 0
+		for _, id := range ids {
+			ti := c.trajs[id]
+			if ti.rec.IsCorrect != nil && *ti.rec.IsCorrect {
+				right++
+			}
+			if r := *ti.rec.Reward; r != 0 && r != 1 {
+				fractional++
+			}
+			terms[*ti.rec.TerminationReason]++
+			task := 0
+			if _, err := fmt.Sscanf(*ti.rec.TaskID, "task-%d", &task); err != nil {
+				t.Fatalf("task id %q: %v", *ti.rec.TaskID, err)
+			}
+			want := int64(task * cfg.PolicyVersions / cfg.Groups)
+			for _, s := range ti.steps {
+				steps++
+				switch v := *s.PolicyVersion; v {
+				case want:
+				case want - 1:
+					stale++
+				default:
+					t.Fatalf("group %s task %d: policy_version %d, want %d", key, task, v, want)
+				}
+				if s.TokenVersions != nil {
+					spanning++
+				}
+				finishes[*s.FinishReason]++
+				if (s.Done == nil || !*s.Done) && *s.FinishReason != "tool_calls" {
+					nonStop++
+				}
+			}
+		}
+		switch right {
+		case 0:
+			allWrong++
+		case len(ids):
+			allRight++
+		default:
+			mixed++
+		}
+	}
+	t.Logf("groups: %d all right, %d all wrong, %d mixed; %d fractional rewards", allRight, allWrong, mixed, fractional)
+	t.Logf("steps %d: %d stale, %d token_versions; finish %v; termination %v", steps, stale, spanning, finishes, terms)
+	if allRight == 0 || allWrong == 0 || mixed == 0 || fractional == 0 {
+		t.Errorf("reward distribution not realistic")
+	}
+	if stale < steps/20 || stale > steps/6 {
+		t.Errorf("%d of %d steps stale, want ~10%%", stale, steps)
+	}
+	if spanning < steps/30 || spanning > steps/6 {
+		t.Errorf("%d of %d steps with token_versions, want ~10%% of those with version >= 1", spanning, steps)
+	}
+	if finishes["stop"] == 0 || finishes["tool_calls"] == 0 || finishes["length"] == 0 {
+		t.Errorf("finish reasons %v", finishes)
+	}
+	if nonStop != 0 {
+		t.Errorf("%d non-final steps without tool_calls", nonStop)
+	}
+	if terms["ENV_DONE"] < c.trajectories*3/4 || terms["MAX_TURNS_EXCEEDED"] == 0 || terms["TIMEOUT"] == 0 {
+		t.Errorf("termination reasons %v", terms)
+	}
+	if c.nonASCII == 0 || c.nonASCII > len(c.order)/4 {
+		t.Errorf("%d of %d records have non-ASCII text", c.nonASCII, len(c.order))
+	}
+}
+
+// TestOrder checks interleaving and displacement.
+func TestOrder(t *testing.T) {
+	stats := func(cfg Config) (trajFirst, outOfOrder, maxGroups int) {
+		out, sum := generate(t, cfg)
+		c := checkOutput(t, out, sum, cfg)
+		nextStep := map[string]int64{}
+		gotTraj := map[string]bool{}
+		open := map[string]int{} // group -> records still to come
+		for _, ids := range c.groups {
+			for _, id := range ids {
+				open[c.trajs[id].key] += 1 + int(*c.trajs[id].rec.NumSteps)
+			}
+		}
+		inFlight := map[string]bool{}
+		for _, r := range c.order {
+			id := *r.TrajectoryID
+			key := r.groupKey()
+			inFlight[key] = true
+			maxGroups = max(maxGroups, len(inFlight))
+			if open[key]--; open[key] == 0 {
+				delete(inFlight, key)
+			}
+			if r.Type == "trajectory" {
+				if nextStep[id] < *r.NumSteps {
+					trajFirst++
+				}
+				gotTraj[id] = true
+				continue
+			}
+			if *r.StepIndex != nextStep[id] || gotTraj[id] {
+				outOfOrder++
+			}
+			nextStep[id] = max(nextStep[id], *r.StepIndex+1)
+		}
+		return
+	}
+
+	cfg := smallConfig()
+	cfg.Shuffle = -1
+	cfg.Interleave = 4
+	tf, ooo, mg := stats(cfg)
+	if tf != 0 || ooo != 0 {
+		t.Errorf("Shuffle<0: %d trajectory records early, %d steps out of order", tf, ooo)
+	}
+	if mg < 2 || mg > 4 {
+		t.Errorf("Interleave 4: %d groups in flight", mg)
+	}
+
+	cfg.Interleave = 1
+	if _, _, mg = stats(cfg); mg != 1 {
+		t.Errorf("Interleave 1: %d groups in flight", mg)
+	}
+
+	cfg = smallConfig() // default shuffle 0.3, interleave 16
+	tf, ooo, mg = stats(cfg)
+	if tf == 0 || ooo == 0 {
+		t.Errorf("default Shuffle: %d trajectory records early, %d steps out of order", tf, ooo)
+	}
+	if mg < 8 || mg > 16 {
+		t.Errorf("Interleave 16: %d groups in flight", mg)
+	}
+
+	cfg.Roles = []string{"solver", "verifier"}
+	cfg.Interleave = 6
+	if _, _, mg = stats(cfg); mg > 6 || mg < 4 {
+		t.Errorf("Interleave 6 with 2 roles: %d groups in flight", mg)
+	}
+}
+
+func TestDuplicates(t *testing.T) {
+	for _, frac := range []float64{0.05, 0.2, 1} {
+		cfg := smallConfig()
+		cfg.Groups = 100
+		cfg.Duplicates = frac
+		out, sum := generate(t, cfg)
+		c := checkOutput(t, out, sum, cfg)
+		unique := len(c.order)
+		got := float64(c.dupLines) / float64(unique)
+		t.Logf("Duplicates %.2f: %d duplicate lines of %d records (%.3f)", frac, c.dupLines, unique, got)
+		if math.Abs(got-frac) > 0.02+0.1*frac {
+			t.Errorf("Duplicates %.2f: got fraction %.3f", frac, got)
+		}
+	}
+	cfg := smallConfig()
+	_, sum := generate(t, cfg)
+	if sum.Duplicates != 0 {
+		t.Errorf("Duplicates 0: %d duplicate lines", sum.Duplicates)
+	}
+}
+
+func TestDeterminism(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Duplicates = 0.1
+	cfg.Roles = []string{"a", "b"}
+	a, _ := generate(t, cfg)
+	b, _ := generate(t, cfg)
+	if !bytes.Equal(a, b) {
+		t.Fatalf("same seed gave different output")
+	}
+	cfg.Seed++
+	c, _ := generate(t, cfg)
+	if bytes.Equal(a, c) {
+		t.Fatalf("different seeds gave the same output")
+	}
+}
+
+func TestRoles(t *testing.T) {
+	cfg := smallConfig()
+	cfg.Groups = 10
+	cfg.GroupSize = 4
+	cfg.Roles = []string{"planner", "coder", `odd "role"/é`}
+	out, sum := generate(t, cfg)
+	c := checkOutput(t, out, sum, cfg)
+	if len(c.groups) != 30 {
+		t.Fatalf("%d groups, want 30", len(c.groups))
+	}
+	tasks := map[string]int{}
+	for key, ids := range c.groups {
+		task, role, ok := strings.Cut(key, ":")
+		if !ok || !slices.Contains(cfg.Roles, role) {
+			t.Fatalf("group key %q is not task_id:role", key)
+		}
+		tasks[task]++
+		for _, id := range ids {
+			if r := c.trajs[id].rec; *r.Role != role || *r.TaskID != task {
+				t.Fatalf("trajectory %s: role %q task %q in group %q", id, *r.Role, *r.TaskID, key)
+			}
+		}
+	}
+	for task, n := range tasks {
+		if n != len(cfg.Roles) {
+			t.Fatalf("task %s has %d role groups", task, n)
+		}
+	}
+
+	if _, err := Generate(context.Background(), io.Discard, Config{Roles: []string{""}}); err == nil {
+		t.Fatalf("empty role accepted")
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	c := Config{}.withDefaults()
+	want := Config{Groups: 100, GroupSize: 8, MinSteps: 1, MaxSteps: 4, PromptLen: 512, ResponseLen: 256,
+		Vocab: 151936, PolicyVersions: 4, Interleave: 16, Shuffle: 0.3}
+	if fmt.Sprint(c) != fmt.Sprint(want) {
+		t.Fatalf("defaults %+v, want %+v", c, want)
+	}
+	c = Config{MinSteps: 6, Shuffle: -1, Duplicates: 2}.withDefaults()
+	if c.MaxSteps != 6 || c.Shuffle != 0 || c.Duplicates != 1 {
+		t.Fatalf("clamping: %+v", c)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	sum, err := Generate(ctx, io.Discard, Config{Groups: 1000})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v, want context.Canceled", err)
+	}
+	if sum.Records > 1000 {
+		t.Fatalf("wrote %d records after cancellation", sum.Records)
+	}
+}
+
+type failWriter struct{ n int }
+
+func (w *failWriter) Write(p []byte) (int, error) {
+	if w.n += len(p); w.n > 3<<20 {
+		return 0, errors.New("disk full")
+	}
+	return len(p), nil
+}
+
+func TestWriteError(t *testing.T) {
+	_, err := Generate(context.Background(), &failWriter{}, Config{Groups: 1000})
+	if err == nil || err.Error() != "disk full" {
+		t.Fatalf("err %v, want disk full", err)
+	}
+}
+
+// TestBoundedMemory checks that the live state does not grow with Groups.
+func TestBoundedMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	cfg := Config{Groups: 1, GroupSize: 4, PromptLen: 64, ResponseLen: 16, Messages: true}
+	var g *gen
+	maxLive := func(groups int) int {
+		cfg.Groups = groups
+		g = newGen(io.Discard, cfg.withDefaults())
+		peak := 0
+		// Sample the number of trajectories in flight while running.
+		w := &sampler{f: func() { peak = max(peak, len(g.active)) }}
+		g.bw.Reset(w)
+		if err := g.run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		_ = g.bw.Flush()
+		return peak
+	}
+	// Interleave (16) tasks of GroupSize trajectories at most.
+	if n := maxLive(3000); n == 0 || n > 16*cfg.GroupSize {
+		t.Fatalf("%d trajectories in flight for 3000 groups", n)
+	}
+	if len(g.free) > 16*cfg.GroupSize {
+		t.Fatalf("%d pooled trajectories", len(g.free))
+	}
+}
+
+type sampler struct{ f func() }
+
+func (s *sampler) Write(p []byte) (int, error) { s.f(); return len(p), nil }
+
+func BenchmarkGenerate(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"default", Config{Groups: 50, Messages: true, Seed: 1}},
+		{"no-messages", Config{Groups: 50, Seed: 1}},
+		{"teacher-dups", Config{Groups: 50, Messages: true, Teacher: true, TokenVersions: true, Duplicates: 0.05, Seed: 1}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			sum, err := Generate(context.Background(), io.Discard, bc.cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(sum.Bytes)
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			for b.Loop() {
+				if _, err := Generate(context.Background(), io.Discard, bc.cfg); err != nil {
+					b.Fatal(err)
+				}
+			}
+			elapsed := time.Since(start).Seconds()
+			b.ReportMetric(float64(sum.Bytes)*float64(b.N)/elapsed/1e6, "MB/s")
+		})
+	}
+}
+
+func TestAppendUint32(t *testing.T) {
+	for _, v := range []uint32{0, 1, 9, 10, 99, 100, 999, 1000, 9999, 10000, 99999, 100000, 151935, 999999, 1000000, 1 << 31, math.MaxUint32} {
+		if got, want := string(appendUint32(nil, v)), fmt.Sprint(v); got != want {
+			t.Errorf("appendUint32(%d) = %q", v, got)
+		}
+	}
+	for v := uint32(0); v < 200000; v += 7 {
+		if got, want := string(appendUint32(nil, v)), fmt.Sprint(v); got != want {
+			t.Fatalf("appendUint32(%d) = %q", v, got)
+		}
+	}
+}
+
+func TestAppendLogprob(t *testing.T) {
+	for _, x := range []uint32{0, 1, math.MaxUint32, 0xffffff, 51 << 24, 237 << 24, 236<<24 | 0xffffff} {
+		s := string(appendLogprob(nil, x))
+		var f float64
+		if err := json.Unmarshal([]byte(s), &f); err != nil || f > 0 || f <= -10 {
+			t.Errorf("appendLogprob(%#x) = %q (%v)", x, s, err)
+		}
+		digits := strings.TrimLeft(strings.NewReplacer("-", "", ".", "").Replace(s), "0")
+		if len(digits) != 6 {
+			t.Errorf("appendLogprob(%#x) = %q: want 6 significant digits", x, s)
+		}
+	}
+}

@@ -1,0 +1,486 @@
+package transform
+
+import (
+	"container/list"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Config sets the assembler's rules. Zero values take the defaults noted.
+type Config struct {
+	// GroupSize is the number of complete trajectories that completes a
+	// group, unless a trajectory record of the group sets group_size.
+	GroupSize int
+	// MinGroupSize is the least number of complete trajectories a group
+	// needs to be emitted (as partial) at a timeout or the end of input.
+	// Default 2.
+	MinGroupSize int
+	// Timeout closes a group this long after its first record arrived.
+	// Zero means never (groups close when full or at the end of input).
+	Timeout time.Duration
+	// MaxOpenGroups bounds the groups held in memory; opening one more
+	// closes the oldest as if it had timed out. Default 65536.
+	MaxOpenGroups int
+	// MaxClosedGroups bounds how many closed groups are remembered to tell
+	// a producer retry (dropped) from a late record (dead-lettered).
+	// Default 65536.
+	MaxClosedGroups int
+	// Committed, if set, reports groups already committed by an earlier
+	// run; their records are skipped and counted, never written again.
+	Committed func(key string) bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.GroupSize <= 0 {
+		c.GroupSize = 8
+	}
+	if c.MinGroupSize <= 0 {
+		c.MinGroupSize = 2
+	}
+	if c.MaxOpenGroups <= 0 {
+		c.MaxOpenGroups = 65536
+	}
+	if c.MaxClosedGroups <= 0 {
+		c.MaxClosedGroups = 65536
+	}
+	return c
+}
+
+// Counters are the assembler's tallies. Dead letters are counted by
+// whoever writes them, by reason.
+type Counters struct {
+	Records             int64 `json:"records_read"`
+	Blank               int64 `json:"blank_lines"`
+	Duplicates          int64 `json:"duplicates_dropped"`
+	Repaired            int64 `json:"utf8_repaired"`
+	SkippedCommitted    int64 `json:"skipped_committed"`
+	GroupsEmitted       int64 `json:"groups_written"`
+	PartialGroups       int64 `json:"partial_groups"`
+	TrajectoriesEmitted int64 `json:"trajectories_written"`
+	StepsEmitted        int64 `json:"steps_written"`
+	TimedOut            int64 `json:"groups_timed_out"`
+	Evicted             int64 `json:"groups_evicted"`
+}
+
+// Step is a buffered step with its lineage.
+type Step struct {
+	*schemas.Step
+	Raw    []byte
+	Source schemas.Source
+	hash   uint64
+}
+
+// Trajectory is a trajectory of an emitted group: its record and its
+// steps in step_index order.
+type Trajectory struct {
+	*schemas.Trajectory
+	Raw    []byte
+	Source schemas.Source
+	Steps  []*Step
+
+	hash   uint64
+	taskID string // from its first record, for consistency checks
+	key    string
+	g      *group
+}
+
+func (t *Trajectory) complete() bool {
+	return t.Trajectory != nil && int64(len(t.Steps)) == t.NumSteps
+}
+
+// Group is an emitted group: only complete trajectories, in the order
+// their first record arrived.
+type Group struct {
+	Key string
+	// Expected is the group size that was asked for; len(Trajectories)
+	// is smaller when the group was emitted partial.
+	Expected     int
+	Trajectories []*Trajectory
+	// Version is the minimum policy version over the group's steps.
+	Version int64
+}
+
+// Partial reports whether the group was emitted with fewer trajectories
+// than expected.
+func (g *Group) Partial() bool { return len(g.Trajectories) < g.Expected }
+
+// Rows is the number of steps in the group.
+func (g *Group) Rows() int {
+	n := 0
+	for _, t := range g.Trajectories {
+		n += len(t.Steps)
+	}
+	return n
+}
+
+type group struct {
+	key      string
+	size     int
+	sizeSet  bool // size came from a trajectory record
+	trajs    []*Trajectory
+	complete int
+	opened   time.Time
+	elem     *list.Element
+}
+
+type closedGroup struct {
+	ids []idEntry // sorted by id
+}
+
+type idEntry struct{ id, content uint64 }
+
+func (c *closedGroup) lookup(id uint64) (uint64, bool) {
+	i := sort.Search(len(c.ids), func(i int) bool { return c.ids[i].id >= id })
+	if i < len(c.ids) && c.ids[i].id == id {
+		return c.ids[i].content, true
+	}
+	return 0, false
+}
+
+// Assembler groups records. It is not safe for concurrent use. Emitted
+// groups and dead letters accumulate until taken with Take.
+type Assembler struct {
+	cfg      Config
+	groups   map[string]*group
+	order    *list.List // open groups, oldest first
+	trajs    map[string]*Trajectory
+	steps    map[string]*Step // open steps by step_id
+	closed   map[string]*closedGroup
+	closedQ  []string
+	out      []*Group
+	dead     []schemas.DeadLetter
+	Counters Counters
+}
+
+// NewAssembler returns an assembler with cfg (defaults applied).
+func NewAssembler(cfg Config) *Assembler {
+	return &Assembler{
+		cfg:    cfg.withDefaults(),
+		groups: map[string]*group{},
+		order:  list.New(),
+		trajs:  map[string]*Trajectory{},
+		steps:  map[string]*Step{},
+		closed: map[string]*closedGroup{},
+	}
+}
+
+// OpenGroups is the number of groups held in memory.
+func (a *Assembler) OpenGroups() int { return len(a.groups) }
+
+// Take returns the groups emitted and the dead letters produced since the
+// last call. The caller owns both slices.
+func (a *Assembler) Take() ([]*Group, []schemas.DeadLetter) {
+	g, d := a.out, a.dead
+	a.out, a.dead = nil, nil
+	return g, d
+}
+
+func (a *Assembler) reject(it *ingest.Item, reason schemas.Reason, format string, args ...any) {
+	a.dead = append(a.dead, schemas.DeadLetter{
+		Reason: reason,
+		Error:  fmt.Sprintf(format, args...),
+		Source: it.Source,
+		Record: it.Raw,
+	})
+}
+
+// Add takes one decoded record at time now.
+func (a *Assembler) Add(it *ingest.Item, now time.Time) {
+	a.Counters.Records++
+	if it.Err != nil {
+		a.dead = append(a.dead, schemas.DeadLetter{
+			Reason: it.Err.Reason,
+			Error:  it.Err.Error(),
+			Source: it.Source,
+			Record: it.Raw,
+			// A too_large record carries only its head.
+			Truncated: it.Err.Reason == schemas.ReasonTooLarge && len(it.Raw) > 0,
+		})
+		return
+	}
+	a.Counters.Repaired += int64(min(it.Rec.Repaired, 1))
+	switch it.Rec.Type {
+	case schemas.TypeStep:
+		a.addStep(it, now)
+	case schemas.TypeTrajectory:
+		a.addTrajectory(it, now)
+	}
+}
+
+// closedCheck handles a record whose group is already closed: a retry of
+// an emitted record is dropped, anything else is late. It reports whether
+// the record was consumed.
+func (a *Assembler) closedCheck(it *ingest.Item, key string, kind byte, id string, content uint64) bool {
+	if a.cfg.Committed != nil && a.cfg.Committed(key) {
+		a.Counters.SkippedCommitted++
+		return true
+	}
+	cg := a.closed[key]
+	if cg == nil {
+		return false
+	}
+	if c, ok := cg.lookup(idHash(kind, id)); ok && c == content {
+		a.Counters.Duplicates++
+		return true
+	}
+	a.reject(it, schemas.ReasonLate, "group %q was already closed when this record arrived", key)
+	return true
+}
+
+func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
+	s := it.Rec.Step
+	key := s.Key()
+	h := stepHash(s)
+	if a.closedCheck(it, key, 's', s.StepID, h) {
+		return
+	}
+	if prev := a.steps[s.StepID]; prev != nil {
+		if prev.hash == h {
+			a.Counters.Duplicates++
+			return
+		}
+		a.reject(it, schemas.ReasonDuplicateConflict, "step_id %q was already received (%s) with different content", s.StepID, prev.Source)
+		return
+	}
+	t := a.trajs[s.TrajectoryID]
+	if t != nil {
+		if t.taskID != s.TaskID || t.key != key {
+			a.reject(it, schemas.ReasonInconsistent, "trajectory %q belongs to task %q, group %q; this step says task %q, group %q", s.TrajectoryID, t.taskID, t.key, s.TaskID, key)
+			return
+		}
+		if t.Trajectory != nil && s.StepIndex >= t.NumSteps {
+			a.reject(it, schemas.ReasonStepOutOfRange, "step_index %d is out of range: trajectory %q has num_steps %d", s.StepIndex, s.TrajectoryID, t.NumSteps)
+			return
+		}
+		for _, o := range t.Steps {
+			if o.StepIndex == s.StepIndex {
+				a.reject(it, schemas.ReasonDuplicateConflict, "trajectory %q already has step_index %d (step_id %q)", s.TrajectoryID, s.StepIndex, o.StepID)
+				return
+			}
+		}
+	} else {
+		t = a.newTrajectory(s.TrajectoryID, s.TaskID, key, now)
+	}
+	st := &Step{Step: s, Raw: it.Raw, Source: it.Source, hash: h}
+	t.Steps = append(t.Steps, st)
+	a.steps[s.StepID] = st
+	a.progress(t)
+}
+
+func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
+	tr := it.Rec.Trajectory
+	key := tr.Key()
+	h := trajHash(tr)
+	if a.closedCheck(it, key, 't', tr.TrajectoryID, h) {
+		return
+	}
+	t := a.trajs[tr.TrajectoryID]
+	if t != nil {
+		if t.Trajectory != nil {
+			if t.hash == h {
+				a.Counters.Duplicates++
+				return
+			}
+			a.reject(it, schemas.ReasonDuplicateConflict, "trajectory %q was already received (%s) with different content", tr.TrajectoryID, t.Source)
+			return
+		}
+		if t.taskID != tr.TaskID || t.key != key {
+			a.reject(it, schemas.ReasonInconsistent, "trajectory %q has steps of task %q, group %q; this record says task %q, group %q", tr.TrajectoryID, t.taskID, t.key, tr.TaskID, key)
+			return
+		}
+	}
+	if tr.GroupSize > 0 {
+		if g := a.groups[key]; g != nil && g.sizeSet && int64(g.size) != tr.GroupSize {
+			a.reject(it, schemas.ReasonInconsistent, "group_size %d disagrees with group_size %d of earlier records of group %q", tr.GroupSize, g.size, key)
+			return
+		}
+	}
+	if t == nil {
+		t = a.newTrajectory(tr.TrajectoryID, tr.TaskID, key, now)
+	}
+	t.Trajectory, t.Raw, t.Source, t.hash = tr, it.Raw, it.Source, h
+	if tr.GroupSize > 0 {
+		t.g.size, t.g.sizeSet = int(tr.GroupSize), true
+	}
+	// Steps that arrived first may lie beyond num_steps.
+	kept := t.Steps[:0]
+	for _, st := range t.Steps {
+		if st.StepIndex >= tr.NumSteps {
+			delete(a.steps, st.StepID)
+			a.dead = append(a.dead, schemas.DeadLetter{
+				Reason: schemas.ReasonStepOutOfRange,
+				Error:  fmt.Sprintf("step_index %d is out of range: trajectory %q has num_steps %d", st.StepIndex, tr.TrajectoryID, tr.NumSteps),
+				Source: st.Source,
+				Record: st.Raw,
+			})
+			continue
+		}
+		kept = append(kept, st)
+	}
+	clear(t.Steps[len(kept):])
+	t.Steps = kept
+	a.progress(t)
+	// A smaller group_size may complete the group without a new trajectory.
+	if g := t.g; g != nil && a.groups[g.key] == g && g.complete >= g.size {
+		a.close(g, "full")
+	}
+}
+
+func (a *Assembler) newTrajectory(id, taskID, key string, now time.Time) *Trajectory {
+	g := a.groups[key]
+	if g == nil {
+		if len(a.groups) >= a.cfg.MaxOpenGroups {
+			oldest := a.order.Front().Value.(*group)
+			a.Counters.Evicted++
+			a.close(oldest, "evicted: --max-open-groups reached")
+		}
+		g = &group{key: key, size: a.cfg.GroupSize, opened: now}
+		g.elem = a.order.PushBack(g)
+		a.groups[key] = g
+	}
+	t := &Trajectory{taskID: taskID, key: key, g: g}
+	g.trajs = append(g.trajs, t)
+	a.trajs[id] = t
+	return t
+}
+
+// progress checks whether t just became complete and, if so, whether its
+// group is full.
+func (a *Assembler) progress(t *Trajectory) {
+	if !t.complete() {
+		return
+	}
+	g := t.g
+	g.complete++
+	if g.complete >= g.size {
+		a.close(g, "full")
+	}
+}
+
+// Expire closes groups opened at least Timeout before now.
+func (a *Assembler) Expire(now time.Time) {
+	if a.cfg.Timeout <= 0 {
+		return
+	}
+	for e := a.order.Front(); e != nil; e = a.order.Front() {
+		g := e.Value.(*group)
+		if now.Sub(g.opened) < a.cfg.Timeout {
+			return
+		}
+		a.Counters.TimedOut++
+		a.close(g, fmt.Sprintf("timed out after %s", a.cfg.Timeout))
+	}
+}
+
+// Flush closes every open group, oldest first: the end of a finite input.
+func (a *Assembler) Flush() {
+	for e := a.order.Front(); e != nil; e = a.order.Front() {
+		a.close(e.Value.(*group), "end of input")
+	}
+}
+
+// close emits g (whole, or partial when it has at least MinGroupSize
+// complete trajectories) and dead-letters the rest, then forgets it.
+func (a *Assembler) close(g *group, why string) {
+	full := g.complete >= g.size
+	emit := full || g.complete >= a.cfg.MinGroupSize
+	var out *Group
+	if emit {
+		out = &Group{Key: g.key, Expected: g.size, Trajectories: make([]*Trajectory, 0, g.complete)}
+	}
+	cg := &closedGroup{}
+	for _, t := range g.trajs {
+		delete(a.trajs, a.trajID(t))
+		for _, s := range t.Steps {
+			delete(a.steps, s.StepID)
+		}
+		if emit && t.complete() {
+			slices.SortFunc(t.Steps, func(x, y *Step) int { return int(x.StepIndex - y.StepIndex) })
+			out.Trajectories = append(out.Trajectories, t)
+			cg.ids = append(cg.ids, idEntry{idHash('t', t.TrajectoryID), t.hash})
+			for _, s := range t.Steps {
+				cg.ids = append(cg.ids, idEntry{idHash('s', s.StepID), s.hash})
+			}
+			continue
+		}
+		reason := schemas.ReasonIncompleteTrajectory
+		msg := a.incompleteMsg(t, g, why)
+		if !emit {
+			reason = schemas.ReasonIncompleteGroup
+			msg = fmt.Sprintf("group %q closed (%s) with %d complete trajectories, fewer than the minimum %d (expected %d); %s",
+				g.key, why, g.complete, a.cfg.MinGroupSize, g.size, a.trajState(t))
+		}
+		if t.Trajectory != nil {
+			a.dead = append(a.dead, schemas.DeadLetter{Reason: reason, Error: msg, Source: t.Source, Record: t.Raw})
+		}
+		for _, s := range t.Steps {
+			a.dead = append(a.dead, schemas.DeadLetter{Reason: reason, Error: msg, Source: s.Source, Record: s.Raw})
+		}
+	}
+	a.order.Remove(g.elem)
+	delete(a.groups, g.key)
+	slices.SortFunc(cg.ids, func(x, y idEntry) int {
+		switch {
+		case x.id < y.id:
+			return -1
+		case x.id > y.id:
+			return 1
+		}
+		return 0
+	})
+	a.remember(g.key, cg)
+	if !emit {
+		return
+	}
+	out.Version = -1
+	for _, t := range out.Trajectories {
+		for _, s := range t.Steps {
+			if out.Version < 0 || s.PolicyVersion < out.Version {
+				out.Version = s.PolicyVersion
+			}
+		}
+		a.Counters.StepsEmitted += int64(len(t.Steps))
+	}
+	a.Counters.GroupsEmitted++
+	a.Counters.TrajectoriesEmitted += int64(len(out.Trajectories))
+	if out.Partial() {
+		a.Counters.PartialGroups++
+	}
+	a.out = append(a.out, out)
+}
+
+// trajID returns the id under which t is indexed.
+func (a *Assembler) trajID(t *Trajectory) string {
+	if t.Trajectory != nil {
+		return t.TrajectoryID
+	}
+	return t.Steps[0].TrajectoryID
+}
+
+func (a *Assembler) trajState(t *Trajectory) string {
+	if t.Trajectory == nil {
+		return fmt.Sprintf("trajectory %q had %d steps and no trajectory record", a.trajID(t), len(t.Steps))
+	}
+	return fmt.Sprintf("trajectory %q had %d of %d steps", t.TrajectoryID, len(t.Steps), t.NumSteps)
+}
+
+func (a *Assembler) incompleteMsg(t *Trajectory, g *group, why string) string {
+	return fmt.Sprintf("%s when group %q was emitted (%s) with %d of %d trajectories", a.trajState(t), g.key, why, g.complete, g.size)
+}
+
+func (a *Assembler) remember(key string, cg *closedGroup) {
+	a.closed[key] = cg
+	a.closedQ = append(a.closedQ, key)
+	if len(a.closedQ) > a.cfg.MaxClosedGroups {
+		// A key is reopened only after it was forgotten, so it appears in
+		// the queue at most once.
+		delete(a.closed, a.closedQ[0])
+		a.closedQ[0] = ""
+		a.closedQ = a.closedQ[1:]
+	}
+}

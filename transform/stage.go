@@ -1,0 +1,129 @@
+package transform
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// DeadLetters receives what the stage will not write.
+type DeadLetters interface {
+	Write(ctx context.Context, letters []schemas.DeadLetter) error
+}
+
+// StageConfig configures Stage.
+type StageConfig struct {
+	Assembler Config
+	// BatchRows is the number of rows gathered before a batch is built.
+	// Default 4096.
+	BatchRows int
+	// Tick is how often timeouts are checked and pending groups flushed.
+	// Default 1 s.
+	Tick time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Stopped, if set, tells a closed input from a stop: when it reports
+	// true as in closes, open groups are dropped (they were not committed
+	// and will be assembled again on the next run) instead of being closed
+	// as at the end of the input.
+	Stopped func() bool
+}
+
+// Stage assembles the decoded batches from in, sends Arrow batches of
+// emitted groups to out, and dead letters to dl. When in is closed (the
+// end of a finite input) it closes every open group, flushes, and closes
+// out. It returns the assembler's counters.
+//
+// Sends to out block (backpressure): a slow sink pauses assembly, which
+// pauses decoding and reading.
+func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl DeadLetters, bt *Batcher, cfg StageConfig) (Counters, error) {
+	defer close(out)
+	if cfg.BatchRows <= 0 {
+		cfg.BatchRows = 4096
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	a := NewAssembler(cfg.Assembler)
+	var pending []*Group
+	rows := 0
+
+	collect := func() error {
+		groups, dead := a.Take()
+		if err := dl.Write(ctx, dead); err != nil {
+			return fmt.Errorf("write dead letters: %w", err)
+		}
+		for _, g := range groups {
+			pending = append(pending, g)
+			rows += g.Rows()
+		}
+		return nil
+	}
+	flush := func() error {
+		if len(pending) == 0 {
+			return nil
+		}
+		batches, err := bt.Build(pending)
+		if err != nil {
+			return err
+		}
+		pending, rows = pending[:0], 0
+		for i, b := range batches {
+			select {
+			case out <- b:
+			case <-ctx.Done():
+				for _, r := range batches[i:] {
+					r.Record.Release()
+				}
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+
+	t := time.NewTicker(cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case b, ok := <-in:
+			if !ok {
+				if cfg.Stopped == nil || !cfg.Stopped() {
+					a.Flush()
+				}
+				if err := collect(); err != nil {
+					return a.Counters, err
+				}
+				return a.Counters, flush()
+			}
+			a.Counters.Blank += b.Blank
+			now := cfg.Now()
+			for i := range b.Items {
+				a.Add(&b.Items[i], now)
+			}
+			if err := collect(); err != nil {
+				return a.Counters, err
+			}
+			if rows >= cfg.BatchRows {
+				if err := flush(); err != nil {
+					return a.Counters, err
+				}
+			}
+		case <-t.C:
+			a.Expire(cfg.Now())
+			if err := collect(); err != nil {
+				return a.Counters, err
+			}
+			if err := flush(); err != nil {
+				return a.Counters, err
+			}
+		case <-ctx.Done():
+			return a.Counters, ctx.Err()
+		}
+	}
+}
