@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 )
@@ -67,12 +68,21 @@ func (e GRPO) Compute(mem memory.Allocator, g Groups) (*array.Float64, error) {
 	if err := g.Validate(); err != nil {
 		return nil, err
 	}
-	out := make([]float64, g.Rewards.Len())
-	e.compute(g.Offsets, g.Rewards.Float64Values(), out)
-	b := array.NewFloat64Builder(mem)
-	defer b.Release()
-	b.AppendValues(out, nil)
-	return b.NewFloat64Array(), nil
+	out, vals := newFloat64(mem, g.Rewards.Len())
+	e.compute(g.Offsets, g.Rewards.Float64Values(), vals)
+	return out, nil
+}
+
+// newFloat64 allocates a Float64 array of n values from mem, with no null
+// bitmap, and returns it with a view of its values for a kernel to fill.
+func newFloat64(mem memory.Allocator, n int) (*array.Float64, []float64) {
+	buf := memory.NewResizableBuffer(mem)
+	buf.Resize(n * arrow.Float64SizeBytes)
+	data := array.NewData(arrow.PrimitiveTypes.Float64, n, []*memory.Buffer{nil, buf}, nil, 0, 0)
+	buf.Release()
+	out := array.NewFloat64Data(data)
+	data.Release()
+	return out, out.Float64Values()
 }
 
 // compute is the kernel over plain slices: two passes per group, no
@@ -126,11 +136,9 @@ func (e GRPO) compute(offsets []int32, r, out []float64) {
 // the trajectory index of row i. The result is allocated from mem.
 func Broadcast(mem memory.Allocator, adv *array.Float64, rowTraj []int32) *array.Float64 {
 	vals := adv.Float64Values()
-	b := array.NewFloat64Builder(mem)
-	defer b.Release()
-	b.Reserve(len(rowTraj))
-	for _, t := range rowTraj {
-		b.UnsafeAppend(vals[t])
+	out, dst := newFloat64(mem, len(rowTraj))
+	for i, t := range rowTraj {
+		dst[i] = vals[t]
 	}
-	return b.NewFloat64Array()
+	return out
 }

@@ -176,7 +176,7 @@ func (d *Decoder) Decode(line []byte) (Record, error) {
 		}
 		return Record{}, d.syntaxReject(err)
 	}
-	if d.lx.peek() != 0 {
+	if !d.lx.end() {
 		return Record{}, schemas.Rejectf(schemas.ReasonMalformedJSON, "", "unexpected data after the object at byte %d", d.lx.pos)
 	}
 
@@ -242,7 +242,7 @@ func (d *Decoder) object() error {
 		if err := d.lx.skip(0); err != nil {
 			return err
 		}
-		if d.lx.peek() != 0 {
+		if !d.lx.end() {
 			return errSyntax
 		}
 		return errNotObject

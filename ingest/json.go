@@ -59,6 +59,12 @@ func (l *lexer) peek() byte {
 	return 0
 }
 
+// end skips whitespace and reports whether the input is exhausted.
+func (l *lexer) end() bool {
+	l.ws()
+	return l.pos >= len(l.buf)
+}
+
 func (l *lexer) expect(c byte) error {
 	if l.peek() != c {
 		return errSyntax

@@ -1,0 +1,5 @@
+package ingest
+
+import "context"
+
+var t0 = context.Background()

@@ -1,0 +1,277 @@
+package transform
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func step(task, traj string, idx int, extra ...string) string {
+	s := fmt.Sprintf(`{"type":"step","step_id":"%s#%d","task_id":"%s","trajectory_id":"%s","step_index":%d,"policy_version":%d,"prompt_ids":[1,2],"response_ids":[3],"response_logprobs":[-0.5]`,
+		traj, idx, task, traj, idx, idx+1)
+	for _, e := range extra {
+		s += "," + e
+	}
+	return s + "}"
+}
+
+func traj(task, id string, reward float64, n int, extra ...string) string {
+	s := fmt.Sprintf(`{"type":"trajectory","trajectory_id":"%s","task_id":"%s","reward":%g,"num_steps":%d`, id, task, reward, n)
+	for _, e := range extra {
+		s += "," + e
+	}
+	return s + "}"
+}
+
+type harness struct {
+	t      *testing.T
+	a      *Assembler
+	d      ingest.Decoder
+	line   int64
+	groups []*Group
+	dead   []schemas.DeadLetter
+}
+
+func newHarness(t *testing.T, cfg Config) *harness {
+	return &harness{t: t, a: NewAssembler(cfg)}
+}
+
+func (h *harness) add(now time.Time, lines ...string) {
+	h.t.Helper()
+	for _, l := range lines {
+		h.line++
+		it := ingest.Item{Source: schemas.Source{File: "in", Line: h.line}, Raw: []byte(l)}
+		rec, err := h.d.Decode([]byte(l))
+		if err != nil {
+			h.t.Fatalf("test line does not decode: %v: %s", err, l)
+		}
+		it.Rec = rec
+		h.a.Add(&it, now)
+	}
+	h.take()
+}
+
+func (h *harness) take() {
+	g, d := h.a.Take()
+	h.groups = append(h.groups, g...)
+	h.dead = append(h.dead, d...)
+}
+
+// summary renders emitted groups as "key:traj,traj|..." for comparison.
+func (h *harness) summary() string {
+	var parts []string
+	for _, g := range h.groups {
+		var ts []string
+		for _, t := range g.Trajectories {
+			var idx []string
+			for _, s := range t.Steps {
+				idx = append(idx, fmt.Sprint(s.StepIndex))
+			}
+			ts = append(ts, t.TrajectoryID+"["+strings.Join(idx, "")+"]")
+		}
+		p := ""
+		if g.Partial() {
+			p = "~"
+		}
+		parts = append(parts, fmt.Sprintf("%s%s@v%d:%s", g.Key, p, g.Version, strings.Join(ts, ",")))
+	}
+	return strings.Join(parts, " | ")
+}
+
+func (h *harness) reasons() string {
+	var r []string
+	for _, d := range h.dead {
+		r = append(r, fmt.Sprintf("%d:%s", d.Source.Line, d.Reason))
+	}
+	sort.Strings(r)
+	return strings.Join(r, " ")
+}
+
+func TestAssembleOutOfOrder(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 2})
+	h.add(t0,
+		traj("A", "a1", 1, 2),
+		step("B", "b1", 0),
+		step("A", "a1", 1),
+		step("A", "a2", 0),
+		traj("B", "b1", 0, 1),
+		step("A", "a1", 0),
+	)
+	if got := h.summary(); got != "" {
+		t.Fatalf("nothing is complete yet, got %s", got)
+	}
+	h.add(t0, traj("A", "a2", 0, 1))
+	if got, want := h.summary(), "A@v1:a1[01],a2[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	h.add(t0, step("B", "b2", 0), traj("B", "b2", 1, 1))
+	if got, want := h.summary(), "A@v1:a1[01],a2[0] | B@v1:b1[0],b2[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if len(h.dead) != 0 || h.a.OpenGroups() != 0 {
+		t.Fatalf("dead %s, open %d", h.reasons(), h.a.OpenGroups())
+	}
+	if c := h.a.Counters; c.GroupsEmitted != 2 || c.StepsEmitted != 5 || c.TrajectoriesEmitted != 4 {
+		t.Fatalf("counters %+v", c)
+	}
+}
+
+func TestAssembleRetriesConflictsLate(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 2})
+	h.add(t0,
+		step("A", "a1", 0),
+		step("A", "a1", 0), // retry while open
+		traj("A", "a1", 1, 1),
+		traj("A", "a1", 1, 1),                  // retry of a trajectory
+		traj("A", "a1", 0.5, 1),                // same id, other content
+		step("A", "a1", 0, `"model":"other"`),  // same step_id, other content
+		step("A", "a2", 0),
+		traj("A", "a2", 0, 1), // completes A
+		step("A", "a2", 0),    // retry after close: dropped
+		traj("A", "a2", 0, 1), // retry after close: dropped
+		step("A", "a3", 0),    // a new trajectory for a closed group: late
+		traj("A", "a2", 9, 1), // changed record of a closed group: late
+	)
+	if got, want := h.summary(), "A@v1:a1[0],a2[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if got, want := h.reasons(), "11:late 12:late 5:duplicate_conflict 6:duplicate_conflict"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	if h.a.Counters.Duplicates != 4 {
+		t.Fatalf("duplicates %d, want 4", h.a.Counters.Duplicates)
+	}
+}
+
+func TestAssembleStepConflicts(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 1})
+	h.add(t0,
+		step("A", "a1", 5),                                    // 1: out of range once num_steps=2 arrives
+		step("A", "a1", 0),                                    // 2
+		strings.Replace(step("A", "a1", 0), `"a1#0"`, `"x"`, 1), // 3: same position, other step_id
+		step("B", "a1", 1),                                    // 4: other task for the same trajectory
+		traj("A", "a1", 1, 2),                                 // 5
+		step("A", "a1", 3),                                    // 6: out of range
+		step("A", "a1", 1),                                    // 7: completes
+	)
+	if got, want := h.summary(), "A@v1:a1[01]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if got, want := h.reasons(), "1:step_out_of_range 3:duplicate_conflict 4:inconsistent 6:step_out_of_range"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+}
+
+func TestAssembleGroupSizeOverride(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 6})
+	h.add(t0,
+		step("A", "a1", 0), traj("A", "a1", 1, 1),
+		step("A", "a2", 0), traj("A", "a2", 0, 1, `"group_size":3`),
+		traj("A", "a3", 0, 1, `"group_size":4`), // disagrees
+		step("A", "a3", 0), traj("A", "a3", 0.5, 1),
+	)
+	if got, want := h.summary(), "A@v1:a1[0],a2[0],a3[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if got, want := h.reasons(), "5:inconsistent"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	if h.groups[0].Expected != 3 {
+		t.Fatalf("expected size %d", h.groups[0].Expected)
+	}
+	// A lone trajectory with group_size 1 is a full group of one.
+	h2 := newHarness(t, Config{GroupSize: 6})
+	h2.add(t0, traj("S", "s1", 0.5, 1, `"group_size":1`), step("S", "s1", 0))
+	if got, want := h2.summary(), "S@v1:s1[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+}
+
+func TestAssembleEndOfInput(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 4, MinGroupSize: 2})
+	h.add(t0,
+		// A: 2 complete + 1 incomplete: emitted partial.
+		step("A", "a1", 0), traj("A", "a1", 1, 1),
+		step("A", "a2", 0), traj("A", "a2", 0, 1),
+		step("A", "a3", 0), traj("A", "a3", 0, 2), // 6: needs 2 steps
+		// B: 1 complete + a trajectory with no record: below minimum.
+		step("B", "b1", 0), traj("B", "b1", 1, 1),
+		step("B", "b2", 0),
+	)
+	h.a.Flush()
+	h.take()
+	if got, want := h.summary(), "A~@v1:a1[0],a2[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if got, want := h.reasons(), "5:incomplete_trajectory 6:incomplete_trajectory 7:incomplete_group 8:incomplete_group 9:incomplete_group"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	if h.groups[0].Expected != 4 || !h.groups[0].Partial() || h.a.Counters.PartialGroups != 1 {
+		t.Fatalf("partial group not marked: %+v", h.groups[0])
+	}
+	// Records for either closed group are now late.
+	h.add(t0, step("B", "b2", 0, `"model":"x"`), step("A", "a4", 0))
+	h.dead = h.dead[5:]
+	if got, want := h.reasons(), "10:late 11:late"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+}
+
+func TestAssembleTimeoutAndEviction(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 3, Timeout: time.Minute, MaxOpenGroups: 2})
+	h.add(t0, step("A", "a1", 0), traj("A", "a1", 1, 1), step("A", "a2", 0), traj("A", "a2", 0, 1))
+	h.add(t0.Add(30*time.Second), step("B", "b1", 0))
+	h.a.Expire(t0.Add(59 * time.Second))
+	h.take()
+	if len(h.groups) != 0 {
+		t.Fatal("expired too early")
+	}
+	h.a.Expire(t0.Add(61 * time.Second))
+	h.take()
+	if got, want := h.summary(), "A~@v1:a1[0],a2[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if h.a.Counters.TimedOut != 1 || h.a.OpenGroups() != 1 {
+		t.Fatalf("counters %+v open %d", h.a.Counters, h.a.OpenGroups())
+	}
+	// B is open; C and D arrive with a cap of 2 open groups: B is evicted.
+	h.add(t0.Add(62*time.Second), step("C", "c1", 0), step("D", "d1", 0))
+	if got, want := h.reasons(), "5:incomplete_group"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	if h.a.Counters.Evicted != 1 || h.a.OpenGroups() != 2 {
+		t.Fatalf("counters %+v open %d", h.a.Counters, h.a.OpenGroups())
+	}
+}
+
+func TestAssembleCommittedAndRoles(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 1, Committed: func(k string) bool { return k == "A" }})
+	h.add(t0,
+		step("A", "a1", 0), traj("A", "a1", 1, 1),
+		step("T", "t1", 0, `"role":"judge"`), traj("T", "t1", 1, 1, `"role":"judge"`),
+		step("T", "t2", 0, `"group_id":"custom"`), traj("T", "t2", 1, 1, `"group_id":"custom"`),
+	)
+	if got, want := h.summary(), "T:judge@v1:t1[0] | custom@v1:t2[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	if h.a.Counters.SkippedCommitted != 2 || len(h.dead) != 0 {
+		t.Fatalf("skipped %d dead %s", h.a.Counters.SkippedCommitted, h.reasons())
+	}
+}
+
+func TestAssembleDecodeErrorsPassThrough(t *testing.T) {
+	a := NewAssembler(Config{})
+	it := ingest.Item{Source: schemas.Source{File: "f", Line: 3}, Raw: []byte("{"), Err: schemas.Rejectf(schemas.ReasonMalformedJSON, "", "bad")}
+	a.Add(&it, t0)
+	_, dead := a.Take()
+	if len(dead) != 1 || dead[0].Reason != schemas.ReasonMalformedJSON || string(dead[0].Record) != "{" || dead[0].Source.Line != 3 {
+		t.Fatalf("%+v", dead)
+	}
+}
