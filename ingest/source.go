@@ -131,33 +131,35 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 
 // readLine reads one line without its newline. Lines longer than the limit
 // are consumed to their end; only their first keepTooLarge bytes are
-// returned, with truncated set.
+// returned, with truncated set and size the full length.
 func (s *LineSource) readLine() (data []byte, truncated bool, size int64, err error) {
 	var long []byte
 	for {
 		frag, rerr := s.r.ReadSlice('\n')
 		size += int64(len(frag))
-		if !truncated {
-			if long == nil && rerr == nil {
-				return trimEOL(frag), false, int64(len(trimEOL(frag))), nil
+		if rerr == nil {
+			size-- // the newline
+		}
+		if long == nil && rerr == nil && size <= int64(s.maxRecord) {
+			line := trimEOL(frag)
+			return line, false, int64(len(line)), nil
+		}
+		if !truncated && size > int64(s.maxRecord) {
+			truncated = true
+		}
+		if room := keepTooLarge - len(long); !truncated || room > 0 {
+			if truncated && room < len(frag) {
+				frag = frag[:room]
 			}
-			if size > int64(s.maxRecord)+1 {
-				truncated = true
-				room := keepTooLarge - len(long)
-				if room > len(frag) {
-					room = len(frag)
-				}
-				long = append(long, frag[:max(room, 0)]...)
-			} else {
-				long = append(long, frag...)
-			}
+			long = append(long, frag...)
 		}
 		switch {
 		case rerr == nil:
 			if truncated {
-				return long, true, size - 1, nil
+				return trimEOL(long), true, size, nil
 			}
-			return trimEOL(long), false, int64(len(trimEOL(long))), nil
+			line := trimEOL(long)
+			return line, false, int64(len(line)), nil
 		case errors.Is(rerr, bufio.ErrBufferFull):
 			continue
 		case rerr == io.EOF:

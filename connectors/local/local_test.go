@@ -1,0 +1,103 @@
+package local
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"os"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+func TestCreateRejectsPathsOutsideData(t *testing.T) {
+	st, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, rel := range []string{"", "../x.parquet", "/etc/x.parquet", "a/../../x.parquet", "_manifest/x.parquet", `a\..\x.parquet`, "a//b.parquet", "./a.parquet", "a/\x00.parquet"} {
+		if p, err := st.Create(context.Background(), rel); err == nil {
+			p.Abort()
+			t.Errorf("Create(%q) accepted", rel)
+		}
+	}
+}
+
+func TestCommitIsAtomicAndListed(t *testing.T) {
+	root := t.TempDir()
+	st, err := Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := st.Create(context.Background(), "policy=1/a.parquet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Write([]byte("data"))
+	if _, err := os.Stat(root + "/policy=1/a.parquet"); !os.IsNotExist(err) {
+		t.Fatal("shard visible before commit")
+	}
+	if err := p.Commit(context.Background(), schemas.ShardEntry{Rows: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(root + "/policy=1/a.parquet"); err != nil || string(b) != "data" {
+		t.Fatalf("published %q %v", b, err)
+	}
+	e, err := ReadManifest(root)
+	if err != nil || len(e) != 1 || e[0].Path != "policy=1/a.parquet" || e[0].Bytes != 4 || e[0].Rows != 3 {
+		t.Fatalf("manifest %+v %v", e, err)
+	}
+	if _, err := st.Create(context.Background(), "policy=1/a.parquet"); err == nil {
+		t.Fatal("overwrote a committed shard")
+	}
+}
+
+func TestDeadLetterFile(t *testing.T) {
+	path := t.TempDir() + "/_dlq/run.jsonl"
+	d := NewDeadLetterFile(path)
+	bad := []byte("{\"x\":\"\xff\"}")
+	err := d.Write(context.Background(), []schemas.DeadLetter{
+		{Reason: schemas.ReasonMalformedJSON, Error: "e1", Source: schemas.Source{File: "f", Line: 1}, Record: []byte(`{"a":<b>}`)},
+		{Reason: schemas.ReasonWrongType, Error: "e2", Source: schemas.Source{File: "f", Line: 2}, Record: bad},
+		{Reason: schemas.ReasonTooLarge, Error: "e3", Source: schemas.Source{File: "f", Line: 3}, Record: []byte("{"), Truncated: true, Size: 1 << 30},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var lines []DeadLetterLine
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var l DeadLetterLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, l)
+	}
+	if len(lines) != 3 || lines[0].Record != `{"a":<b>}` || lines[0].RecordEncoding != "" || lines[0].Source.Line != 1 {
+		t.Fatalf("%+v", lines)
+	}
+	raw, err := base64.StdEncoding.DecodeString(lines[1].Record)
+	if err != nil || string(raw) != string(bad) || lines[1].RecordEncoding != "base64" {
+		t.Fatalf("base64 record: %+v", lines[1])
+	}
+	if !lines[2].Truncated || lines[2].Size != 1<<30 {
+		t.Fatalf("truncated record: %+v", lines[2])
+	}
+	if c := d.Counts(); c[schemas.ReasonWrongType] != 1 || len(c) != 3 {
+		t.Fatalf("counts %v", c)
+	}
+}

@@ -1,0 +1,185 @@
+package sink_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/advantage"
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/transform"
+)
+
+// batches builds n single-trajectory groups at the given version.
+func batches(t *testing.T, mem memory.Allocator, version, n int) []transform.Batch {
+	t.Helper()
+	a := transform.NewAssembler(transform.Config{GroupSize: 1})
+	var d ingest.Decoder
+	for i := range n {
+		for _, l := range []string{
+			fmt.Sprintf(`{"type":"step","step_id":"v%d-s%d","task_id":"v%d-t%d","trajectory_id":"v%d-r%d","step_index":0,"policy_version":%d,"prompt_ids":[1,2,3],"response_ids":[4],"response_logprobs":[-1]}`, version, i, version, i, version, i, version),
+			fmt.Sprintf(`{"type":"trajectory","trajectory_id":"v%d-r%d","task_id":"v%d-t%d","reward":%d,"num_steps":1}`, version, i, version, i, i%2),
+		} {
+			rec, err := d.Decode([]byte(l))
+			if err != nil {
+				t.Fatal(err)
+			}
+			it := ingest.Item{Source: schemas.Source{File: "in", Line: int64(i)}, Raw: []byte(l), Rec: rec}
+			a.Add(&it, time.Now())
+		}
+	}
+	groups, _ := a.Take()
+	bt := transform.NewBatcher(mem, advantage.RLLMGRPO)
+	defer bt.Release()
+	out, err := bt.Build(groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func countRows(t *testing.T, root string, e schemas.ShardEntry) int64 {
+	t.Helper()
+	var n int64
+	err := parquet.ReadFile(context.Background(), filepath.Join(root, e.Path), []string{"step_id"}, memory.DefaultAllocator, func(r arrow.RecordBatch) error {
+		n += r.NumRows()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func newSink(t *testing.T, root string, cfg sink.Config) (*local.Store, *sink.Sink) {
+	t.Helper()
+	st, err := local.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st, sink.New(sink.StoreFunc(func(ctx context.Context, rel string) (sink.Pending, error) {
+		return st.Create(ctx, rel)
+	}), cfg)
+}
+
+func TestSinkRollsBySizeAndAge(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	st, sk := newSink(t, root, sink.Config{ShardSize: 1, FlushInterval: time.Hour, RunID: "r"})
+	now := time.Now()
+	for _, b := range batches(t, mem, 0, 10) {
+		if err := sk.Write(ctx, b, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ShardSize 1 byte: every write commits a shard at once.
+	if sk.Totals.Shards != 1 || sk.Totals.Rows != 10 {
+		t.Fatalf("totals %+v", sk.Totals)
+	}
+	for _, b := range batches(t, mem, 3, 4) {
+		if err := sk.Write(ctx, b, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries := st.Entries()
+	if len(entries) != 2 || entries[1].Path != "policy=3/part-r-000002.parquet" || entries[1].Rows != 4 || entries[1].Groups != 4 {
+		t.Fatalf("entries %+v", entries)
+	}
+	for _, e := range entries {
+		if got := countRows(t, root, e); got != e.Rows {
+			t.Fatalf("%s: %d rows, manifest says %d", e.Path, got, e.Rows)
+		}
+	}
+
+	// Age: a quiet partition is committed at the flush interval.
+	_, sk = newSink(t, t.TempDir(), sink.Config{FlushInterval: time.Minute, RunID: "r"})
+	for _, b := range batches(t, mem, 1, 2) {
+		if err := sk.Write(ctx, b, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sk.Tick(ctx, now.Add(59*time.Second)); err != nil || sk.Totals.Shards != 0 {
+		t.Fatalf("committed early: %v %+v", err, sk.Totals)
+	}
+	if err := sk.Tick(ctx, now.Add(time.Minute)); err != nil || sk.Totals.Shards != 1 {
+		t.Fatalf("not committed at the interval: %v %+v", err, sk.Totals)
+	}
+}
+
+func TestSinkAbortLeavesNoData(t *testing.T) {
+	root := t.TempDir()
+	mem := memory.NewGoAllocator()
+	_, sk := newSink(t, root, sink.Config{RunID: "r"})
+	for _, b := range batches(t, mem, 0, 3) {
+		if err := sk.Write(context.Background(), b, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sk.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if !d.IsDir() && filepath.Base(p) != local.ManifestFile {
+			files = append(files, p)
+		}
+		return nil
+	})
+	if len(files) != 0 {
+		t.Fatalf("left behind: %v", files)
+	}
+}
+
+func TestRecoverShardMissingFromManifest(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	mem := memory.NewGoAllocator()
+	st, sk := newSink(t, root, sink.Config{RunID: "r"})
+	for _, b := range batches(t, mem, 2, 5) {
+		if err := sk.Write(ctx, b, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sk.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	// A crash after the rename but before the manifest append: the shard
+	// is published, the manifest does not list it (and has a torn line).
+	mpath := filepath.Join(root, local.ManifestDir, local.ManifestFile)
+	if err := os.WriteFile(mpath, []byte(`{"path":"policy=9/x.parq`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, local.TmpDir, "stale.tmp"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st2, err := local.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st2.Close()
+	e := st2.Entries()
+	if len(e) != 1 || !e[0].Recovered || e[0].Path != "policy=2/part-r-000001.parquet" || e[0].Rows != 5 || len(e[0].GroupKeys) != 5 {
+		t.Fatalf("recovered %+v", e)
+	}
+	if _, err := os.Stat(filepath.Join(root, local.TmpDir, "stale.tmp")); !os.IsNotExist(err) {
+		t.Fatal("stale temporary file kept")
+	}
+	again, err := local.ReadManifest(root)
+	if err != nil || len(again) != 1 {
+		t.Fatalf("manifest after repair: %v %+v", err, again)
+	}
+}

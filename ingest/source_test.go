@@ -1,0 +1,101 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func readAll(t *testing.T, s Source) ([]Raw, int64) {
+	t.Helper()
+	var out []Raw
+	var blank int64
+	for {
+		c, err := s.Read(context.Background())
+		out = append(out, c.Records...)
+		blank += c.Blank
+		if errors.Is(err, io.EOF) {
+			return out, blank
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestLineSource(t *testing.T) {
+	long := strings.Repeat("x", 3000)
+	in := "a\r\n\n  \t\nb\n" + long + "\nc"
+	s := NewLineSource("in", strings.NewReader(in), nil, 2048)
+	recs, blank := readAll(t, s)
+	if blank != 2 || len(recs) != 4 {
+		t.Fatalf("blank %d records %d", blank, len(recs))
+	}
+	if string(recs[0].Data) != "a" || recs[0].Source.Line != 1 || string(recs[1].Data) != "b" || recs[1].Source.Line != 4 {
+		t.Fatalf("%+v %+v", recs[0], recs[1])
+	}
+	if !recs[2].Truncated || recs[2].Size != 3000 || recs[2].Source.Line != 5 || !bytes.HasPrefix([]byte(long), recs[2].Data) {
+		t.Fatalf("too large: trunc %v size %d line %d", recs[2].Truncated, recs[2].Size, recs[2].Source.Line)
+	}
+	if string(recs[3].Data) != "c" || recs[3].Source.Line != 6 || recs[3].Truncated {
+		t.Fatalf("%+v", recs[3])
+	}
+}
+
+func TestDecodeStageKeepsOrder(t *testing.T) {
+	var b strings.Builder
+	for i := range 20000 {
+		if i%7 == 0 {
+			b.WriteString("{bad\n")
+			continue
+		}
+		b.WriteString(strings.Replace(goodStep, `"s1"`, `"s`+strings.Repeat("x", i%5)+`"`, 1) + "\n")
+	}
+	src := NewLineSource("in", strings.NewReader(b.String()), nil, 0)
+	src.chunkSize = 4096 // many chunks, so that workers interleave
+	out := make(chan Batch, 1)
+	errc := make(chan error, 1)
+	go func() { errc <- DecodeStage(context.Background(), src, 4, out) }()
+	var line int64
+	for batch := range out {
+		for _, it := range batch.Items {
+			line++
+			if it.Source.Line != line {
+				t.Fatalf("item %d has line %d", line, it.Source.Line)
+			}
+			if bad := (line-1)%7 == 0; bad != (it.Err != nil) {
+				t.Fatalf("line %d: err %v", line, it.Err)
+			}
+			if it.Err != nil && it.Err.Reason != schemas.ReasonMalformedJSON {
+				t.Fatalf("line %d: %v", line, it.Err)
+			}
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if line != 20000 {
+		t.Fatalf("%d items", line)
+	}
+}
+
+func TestDecodeStageCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	src := NewLineSource("in", strings.NewReader(strings.Repeat(goodStep+"\n", 100000)), nil, 0)
+	out := make(chan Batch) // never read
+	errc := make(chan error, 1)
+	go func() { errc <- DecodeStage(ctx, src, 2, out) }()
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+}
