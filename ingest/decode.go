@@ -476,6 +476,8 @@ func (d *Decoder) intField(f field) (v int64, rerr *schemas.RejectError, err err
 	switch {
 	case errors.Is(verr, errSyntax):
 		return 0, nil, verr
+	case errors.Is(verr, errRange):
+		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %s, outside the 64-bit integer range", fieldNames[f], tok), nil
 	case verr != nil:
 		return 0, schemas.Rejectf(schemas.ReasonWrongType, fieldNames[f], "%s is %s, not an integer", fieldNames[f], tok), nil
 	case v < 0:

@@ -7,6 +7,7 @@ import (
 	"math"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -83,6 +84,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"string step_index", with(goodStep, "step_index", `"0"`), schemas.ReasonWrongType, "step_index"},
 		{"fractional step_index", with(goodStep, "step_index", `1.5`), schemas.ReasonWrongType, "step_index"},
 		{"negative step_index", with(goodStep, "step_index", `-1`), schemas.ReasonInvalidValue, "step_index"},
+		{"policy_version over int64", with(goodStep, "policy_version", `9223372036854775808`), schemas.ReasonInvalidValue, "policy_version"},
+		{"policy_version 1e30", with(goodStep, "policy_version", `1e30`), schemas.ReasonInvalidValue, "policy_version"},
+		{"NaN step_index", with(goodStep, "step_index", `NaN`), schemas.ReasonWrongType, "step_index"},
 		{"negative policy_version", with(goodStep, "policy_version", `-2`), schemas.ReasonInvalidValue, "policy_version"},
 		{"prompt_ids not array", with(goodStep, "prompt_ids", `"1 2 3"`), schemas.ReasonWrongType, "prompt_ids"},
 		{"prompt id string", with(goodStep, "prompt_ids", `[1,"2"]`), schemas.ReasonWrongType, "prompt_ids"},
@@ -168,6 +172,22 @@ func TestDecodeStep(t *testing.T) {
 	}
 	if !reflect.DeepEqual(*rec.Step, want) {
 		t.Fatal("first record changed by a later Decode")
+	}
+}
+
+func TestDecodeIntBounds(t *testing.T) {
+	var d Decoder
+	for _, v := range []string{"9223372036854775807", "0", "9007199254740993", "1e18", "20.000"} {
+		rec, err := d.Decode([]byte(with(goodStep, "policy_version", v)))
+		if err != nil {
+			t.Fatalf("policy_version %s: %v", v, err)
+		}
+		want, _ := strconv.ParseFloat(v, 64)
+		if v == "9223372036854775807" && rec.Step.PolicyVersion != math.MaxInt64 ||
+			v == "9007199254740993" && rec.Step.PolicyVersion != 9007199254740993 ||
+			float64(rec.Step.PolicyVersion) != want && len(v) < 16 {
+			t.Fatalf("policy_version %s decoded as %d", v, rec.Step.PolicyVersion)
+		}
 	}
 }
 

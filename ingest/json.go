@@ -278,40 +278,56 @@ var (
 )
 
 // intValue converts a number token to int64. Integral values written with
-// a fraction or exponent (3.0, 1e3) are accepted.
+// a fraction or exponent (3.0, 1e3) are accepted; integers beyond int64
+// yield errRange.
 func intValue(tok []byte) (int64, error) {
 	neg := false
 	i := 0
 	if len(tok) > 0 && tok[0] == '-' {
 		neg, i = true, 1
 	}
+	digits := tok[i:]
+	plain := len(digits) > 0 && len(digits) <= 19
 	var v uint64
-	fast := i < len(tok)
-	for ; i < len(tok); i++ {
-		c := tok[i]
-		if c < '0' || c > '9' || v > (math.MaxInt64-9)/10 {
-			fast = false
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			plain = false
 			break
 		}
-		v = v*10 + uint64(c-'0')
+		v = v*10 + uint64(c-'0') // 19 digits never overflow uint64
 	}
-	if fast {
-		if neg {
+	if plain {
+		switch {
+		case !neg && v <= math.MaxInt64:
+			return int64(v), nil
+		case neg && v <= 1<<63:
 			return -int64(v), nil
 		}
-		return int64(v), nil
+		return 0, errRange
+	}
+	if len(digits) > 19 && isDigits(digits) {
+		return 0, errRange
 	}
 	f, err := floatValue(tok)
 	if err != nil {
 		return 0, err
 	}
-	if f != math.Trunc(f) {
+	if math.IsNaN(f) || math.IsInf(f, 0) || f != math.Trunc(f) {
 		return 0, errNotInteger
 	}
 	if f < -9.2e18 || f > 9.2e18 {
 		return 0, errRange
 	}
 	return int64(f), nil
+}
+
+func isDigits(b []byte) bool {
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // floatValue converts a number token to float64. Overflow yields ±Inf
