@@ -18,7 +18,7 @@ import (
 // Options tune the encoding. Zero values take the defaults noted.
 type Options struct {
 	// RowGroupBytes cuts a row group once its compressed size reaches
-	// this. Default 64 MiB.
+	// this. Default 16 MiB.
 	RowGroupBytes int64
 	// ZstdLevel is the zstd level. Default 1 (see the benchmarks).
 	ZstdLevel int
@@ -56,7 +56,7 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 // file's key-value metadata.
 func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]string) (*Writer, error) {
 	if opts.RowGroupBytes <= 0 {
-		opts.RowGroupBytes = 64 << 20
+		opts.RowGroupBytes = 16 << 20
 	}
 	if opts.ZstdLevel == 0 {
 		opts.ZstdLevel = 1
