@@ -1,0 +1,28 @@
+package schemas_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+)
+
+// TestREADMEExamples keeps the documented examples valid.
+func TestREADMEExamples(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(string(b), "```json\n")
+	if len(parts) != 3 {
+		t.Fatalf("want 2 examples, found %d", len(parts)-1)
+	}
+	var d ingest.Decoder
+	for _, p := range parts[1:] {
+		line := strings.TrimSpace(p[:strings.Index(p, "```")])
+		if _, err := d.Decode([]byte(line)); err != nil {
+			t.Errorf("example does not decode: %v\n%s", err, line)
+		}
+	}
+}
