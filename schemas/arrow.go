@@ -36,12 +36,15 @@ const (
 	ColSignals
 	ColSourceFile
 	ColSourceLine
+	ColTokenAdvantages
+	ColFilterReason
+	ColEstimator
 	NumColumns
 )
 
 // SchemaVersion is stored in every shard's key-value metadata and bumped
 // whenever a column is added, renamed or retyped.
-const SchemaVersion = "1"
+const SchemaVersion = "2"
 
 // StepSchema is the Arrow schema of committed shards: one row per step,
 // carrying its trajectory's and group's values. Token lists are LIST (not
@@ -81,6 +84,14 @@ var StepSchema = arrow.NewSchema([]arrow.Field{
 	ColSignals:            {Name: "signals", Type: arrow.MapOf(arrow.BinaryTypes.String, arrow.PrimitiveTypes.Float64), Nullable: true},
 	ColSourceFile:         {Name: "source_file", Type: arrow.BinaryTypes.String},
 	ColSourceLine:         {Name: "source_line", Type: arrow.PrimitiveTypes.Int64},
+	// Per-token advantages (on-policy distillation); null unless asked for
+	// and the step carries teacher logprobs.
+	ColTokenAdvantages: {Name: "token_advantages", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Float32), Nullable: true},
+	// Why a filter marked the row (trainers skip it by default); null when
+	// kept. Several reasons are joined with ",".
+	ColFilterReason: {Name: "filter_reason", Type: arrow.BinaryTypes.String, Nullable: true},
+	// The estimator and conventions that produced advantage, e.g. "grpo/rllm".
+	ColEstimator: {Name: "estimator", Type: arrow.BinaryTypes.String},
 }, nil)
 
 // PartitionKey is the Hive-style folder key of a shard: policy=<N>, where N

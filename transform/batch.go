@@ -20,20 +20,45 @@ type Batch struct {
 	Groups  []string // group keys in the record, for the manifest
 }
 
+// BatchConfig says how advantages and marks are computed.
+type BatchConfig struct {
+	Estimator advantage.Estimator
+	// Label is written to the estimator column, e.g. "grpo/rllm".
+	Label string
+	// Distill, if set, fills token_advantages for steps with teacher
+	// logprobs.
+	Distill *advantage.Distill
+	Filters []Filter
+}
+
+// BatchCounters are the Batcher's tallies.
+type BatchCounters struct {
+	// Filtered counts marked trajectories by filter_reason.
+	Filtered map[string]int64 `json:"filtered"`
+	// NoTeacher counts steps left without token_advantages because they
+	// carry no teacher logprobs (only with distillation on).
+	NoTeacher int64 `json:"steps_without_teacher"`
+}
+
 // Batcher lays groups out as rows of schemas.StepSchema and computes their
 // advantages. It reuses one RecordBuilder; it is not safe for concurrent
 // use.
 type Batcher struct {
-	mem  memory.Allocator
-	est  advantage.Estimator
-	b    *array.RecordBuilder
-	offs []int32
-	rTr  []int32
+	mem      memory.Allocator
+	cfg      BatchConfig
+	b        *array.RecordBuilder
+	offs     []int32
+	rTr      []int32
+	Counters BatchCounters
 }
 
 // NewBatcher returns a Batcher allocating from mem.
-func NewBatcher(mem memory.Allocator, est advantage.Estimator) *Batcher {
-	return &Batcher{mem: mem, est: est, b: array.NewRecordBuilder(mem, schemas.StepSchema)}
+func NewBatcher(mem memory.Allocator, cfg BatchConfig) *Batcher {
+	if cfg.Label == "" {
+		cfg.Label = cfg.Estimator.Name()
+	}
+	return &Batcher{mem: mem, cfg: cfg, b: array.NewRecordBuilder(mem, schemas.StepSchema),
+		Counters: BatchCounters{Filtered: map[string]int64{}}}
 }
 
 // Release frees the builder.
@@ -104,6 +129,9 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 		signals   = b.Field(schemas.ColSignals).(*array.MapBuilder)
 		srcFile   = b.Field(schemas.ColSourceFile).(*array.StringBuilder)
 		srcLine   = b.Field(schemas.ColSourceLine).(*array.Int64Builder)
+		filterR   = b.Field(schemas.ColFilterReason).(*array.StringBuilder)
+		tokAdv    = b.Field(schemas.ColTokenAdvantages).(*array.ListBuilder)
+		estim     = b.Field(schemas.ColEstimator).(*array.StringBuilder)
 		promptV   = prompt.ValueBuilder().(*array.Int32Builder)
 		respV     = resp.ValueBuilder().(*array.Int32Builder)
 		logpV     = logp.ValueBuilder().(*array.Float32Builder)
@@ -132,13 +160,28 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	bt.rTr = bt.rTr[:0]
 	rewards := array.NewFloat64Builder(bt.mem)
 	defer rewards.Release()
+	lengths := array.NewInt64Builder(bt.mem)
+	defer lengths.Release()
 	keys := make([]string, 0, len(groups))
 	nTraj := int32(0)
 	for _, g := range groups {
 		keys = append(keys, g.Key)
 		n := int32(len(g.Trajectories))
+		zeroVar := true
+		for _, t := range g.Trajectories {
+			zeroVar = zeroVar && t.Reward == g.Trajectories[0].Reward
+		}
 		for _, t := range g.Trajectories {
 			rewards.Append(t.Reward)
+			var respTokens int64
+			for _, s := range t.Steps {
+				respTokens += int64(len(s.ResponseIDs))
+			}
+			lengths.Append(respTokens)
+			reason := reasons(bt.cfg.Filters, t, zeroVar)
+			if reason != "" {
+				bt.Counters.Filtered[reason]++
+			}
 			for _, s := range t.Steps {
 				bt.rTr = append(bt.rTr, nTraj)
 				groupID.Append(g.Key)
@@ -209,6 +252,9 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				}
 				srcFile.Append(s.Source.File)
 				srcLine.Append(s.Source.Line)
+				optString(filterR, reason)
+				tokAdv.AppendNull() // replaced below when distillation is on
+				estim.Append(bt.cfg.Label)
 			}
 			nTraj++
 		}
@@ -217,21 +263,41 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 
 	rw := rewards.NewFloat64Array()
 	defer rw.Release()
-	adv, err := bt.est.Compute(bt.mem, advantage.Groups{Offsets: bt.offs, Rewards: rw})
-	if err != nil {
+	ln := lengths.NewInt64Array()
+	defer ln.Release()
+	fail := func(err error) (Batch, error) {
 		// Leave the builder empty for the next batch.
 		rec := b.NewRecordBatch()
 		rec.Release()
-		return Batch{}, fmt.Errorf("compute %s advantages: %w", bt.est.Name(), err)
+		return Batch{}, err
+	}
+	adv, err := bt.cfg.Estimator.Compute(bt.mem, advantage.Groups{Offsets: bt.offs, Rewards: rw, Lengths: ln})
+	if err != nil {
+		return fail(fmt.Errorf("compute %s advantages: %w", bt.cfg.Estimator.Name(), err))
 	}
 	defer adv.Release()
 	rows := advantage.Broadcast(bt.mem, adv, bt.rTr)
 	defer rows.Release()
 
-	// The advantage column is the one field not appended above: assemble
-	// the record from the builder's other columns and the broadcast values.
+	// The advantage and token_advantages columns are the fields not
+	// appended above: they come from the kernels.
 	advB := b.Field(schemas.ColAdvantage).(*array.Float64Builder)
 	advB.AppendValues(rows.Float64Values(), nil)
 	rec := b.NewRecordBatch()
-	return Batch{Version: groups[0].Version, Record: rec, Groups: keys}, nil
+	if bt.cfg.Distill == nil {
+		return Batch{Version: groups[0].Version, Record: rec, Groups: keys}, nil
+	}
+	defer rec.Release()
+	tok, missing, err := bt.cfg.Distill.TokenAdvantages(bt.mem, rows,
+		rec.Column(schemas.ColResponseLogprobs).(*array.List), rec.Column(schemas.ColTeacherLogprobs).(*array.List))
+	if err != nil {
+		return Batch{}, fmt.Errorf("distillation: %w", err)
+	}
+	defer tok.Release()
+	bt.Counters.NoTeacher += int64(missing)
+	cols := make([]arrow.Array, rec.NumCols())
+	copy(cols, rec.Columns())
+	cols[schemas.ColTokenAdvantages] = tok
+	out := array.NewRecordBatch(schemas.StepSchema, cols, rec.NumRows())
+	return Batch{Version: groups[0].Version, Record: out, Groups: keys}, nil
 }

@@ -33,7 +33,7 @@ func TestBatcherColumnsAndAdvantage(t *testing.T) {
 
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
 	defer mem.AssertSize(t, 0)
-	bt := NewBatcher(mem, advantage.RLLMGRPO)
+	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
 	defer bt.Release()
 	batches, err := bt.Build(groups)
 	if err != nil {
@@ -106,7 +106,7 @@ func (m *memDL) Write(_ context.Context, l []schemas.DeadLetter) error {
 func TestStageEndOfInputAndStop(t *testing.T) {
 	for _, stopped := range []bool{false, true} {
 		mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
-		bt := NewBatcher(mem, advantage.RLLMGRPO)
+		bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
 		in := make(chan ingest.Batch, 1)
 		out := make(chan Batch, 8)
 		var d ingest.Decoder
@@ -146,4 +146,12 @@ func TestStageEndOfInputAndStop(t *testing.T) {
 		bt.Release()
 		mem.AssertSize(t, 0)
 	}
+}
+
+func mustGRPO() advantage.Estimator {
+	e, err := advantage.New("grpo", advantage.Options{Compat: advantage.RLLM})
+	if err != nil {
+		panic(err)
+	}
+	return e
 }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -33,7 +34,10 @@ type ingestOpts struct {
 	maxOpenGroups            int
 	shardSize                string
 	flushInterval            time.Duration
-	estimator                string
+	estimator, compat        string
+	noStd                    bool
+	klCoef, klClip, klDisc   float64
+	filter                   string
 	decoders                 int
 	maxRecord                string
 	zstdLevel                int
@@ -66,7 +70,13 @@ input skips groups already committed.`,
 	f.IntVar(&o.maxOpenGroups, "max-open-groups", 65536, "groups held in memory at most; one more closes the oldest")
 	f.StringVar(&o.shardSize, "shard-size", "256MiB", "cut a shard at about this size")
 	f.DurationVar(&o.flushInterval, "flush-interval", 30*time.Second, "commit a shard at most this long after its first row")
-	f.StringVar(&o.estimator, "estimator", "grpo", "advantage estimator: grpo (rLLM convention)")
+	f.StringVar(&o.estimator, "estimator", "grpo", "advantage estimator: "+strings.Join(advantage.Names(), ", "))
+	f.StringVar(&o.compat, "compat", "rllm", "numerical conventions: rllm (population std, eps 1e-6), verl (sample std, eps 1e-6), trl (sample std, eps 1e-4, a group of one gets 0)")
+	f.BoolVar(&o.noStd, "no-std", false, "grpo without the division by std (Dr. GRPO): r - mean")
+	f.Float64Var(&o.klCoef, "kl-coef", 0, "on-policy distillation: token_advantages = advantage + clip(coef * D_t) for steps with teacher_logprobs (0: off)")
+	f.Float64Var(&o.klClip, "kl-clip", 0, "clip the distillation term to [-c, c] (0: no clipping)")
+	f.Float64Var(&o.klDisc, "kl-discount", 0, "discount of the future sum D_t = sum_k gamma^(k-t) d_k within a step (0: D_t = d_t)")
+	f.StringVar(&o.filter, "filter", "", "mark (never drop) rows: zero-variance, truncated, termination=ERROR|TIMEOUT, comma-separated")
 	f.IntVar(&o.decoders, "decoders", runtime.NumCPU(), "decoder goroutines")
 	f.StringVar(&o.maxRecord, "max-record-bytes", "64MiB", "records larger than this are dead-lettered as too_large")
 	f.IntVar(&o.zstdLevel, "zstd-level", 1, "zstd compression level of shards")
@@ -83,7 +93,9 @@ type ingestStats struct {
 	Stopped        bool    `json:"stopped_early"`
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	InputBytes     int64   `json:"input_bytes,omitempty"`
+	Estimator string `json:"estimator"`
 	transform.Counters
+	transform.BatchCounters
 	sink.Totals
 	DeadLetters      map[string]int64 `json:"dead_letters"`
 	DeadLettersTotal int64            `json:"dead_letters_total"`
@@ -116,12 +128,33 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	if o.groupSize < 1 || o.minGroupSize < 1 {
 		return usageErrorf("--group-size and --min-group-size must be >= 1")
 	}
-	var est advantage.Estimator
-	switch o.estimator {
-	case "grpo":
-		est = advantage.RLLMGRPO
-	default:
-		return usageErrorf("--estimator %q: unknown (have: grpo)", o.estimator)
+	compat, err := advantage.CompatByName(o.compat)
+	if err != nil {
+		return usageErrorf("--compat: %v", err)
+	}
+	est, err := advantage.New(o.estimator, advantage.Options{Compat: compat, NoStd: o.noStd})
+	if err != nil {
+		return usageErrorf("--estimator: %v", err)
+	}
+	if o.noStd && o.estimator != "grpo" && o.estimator != "grpo_passk" {
+		return usageErrorf("--no-std applies to grpo and grpo_passk only")
+	}
+	filters, err := transform.ParseFilters(o.filter)
+	if err != nil {
+		return usageErrorf("--filter: %v", err)
+	}
+	var distill *advantage.Distill
+	if o.klCoef != 0 {
+		if o.klClip < 0 || o.klDisc < 0 || o.klDisc > 1 {
+			return usageErrorf("--kl-clip must be >= 0 and --kl-discount in [0, 1]")
+		}
+		distill = &advantage.Distill{Coef: o.klCoef, Clip: o.klClip, Discount: o.klDisc}
+	} else if o.klClip != 0 || o.klDisc != 0 {
+		return usageErrorf("--kl-clip and --kl-discount need --kl-coef")
+	}
+	label := est.Name() + "/" + compat.Name
+	if o.noStd {
+		label += "/no-std"
 	}
 
 	src, err := ingest.OpenFile(from, int(maxRecord))
@@ -158,7 +191,7 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	}
 
 	mem := memory.DefaultAllocator
-	batcher := transform.NewBatcher(mem, est)
+	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: est, Label: label, Distill: distill, Filters: filters})
 	defer batcher.Release()
 	sk := sink.New(sink.StoreFunc(func(ctx context.Context, rel string) (sink.Pending, error) {
 		return store.Create(ctx, rel)
@@ -221,6 +254,8 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 		DeadLetters:    map[string]int64{},
 	}
 	st.Totals = sk.Totals
+	st.BatchCounters = batcher.Counters
+	st.Estimator = label
 	for r, n := range dl.Counts() {
 		st.DeadLetters[string(r)] = n
 		st.DeadLettersTotal += n
@@ -266,6 +301,23 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 		c.StepsEmitted, c.TrajectoriesEmitted, c.GroupsEmitted, c.PartialGroups, sc.Shards, float64(sc.Bytes)/(1<<20))
 	fmt.Fprintf(w, "  dropped:    %d duplicates (producer retries), %d records of groups already committed\n", c.Duplicates, c.SkippedCommitted)
 	fmt.Fprintf(w, "  repaired:   %d records with invalid UTF-8\n", c.Repaired)
+	fmt.Fprintf(w, "  advantage:  %s", st.Estimator)
+	if st.NoTeacher > 0 {
+		fmt.Fprintf(w, "; %d steps without teacher logprobs (token_advantages null)", st.NoTeacher)
+	}
+	fmt.Fprintln(w)
+	if len(st.Filtered) > 0 {
+		fmt.Fprintf(w, "  marked by filters (trajectories):")
+		keys := make([]string, 0, len(st.Filtered))
+		for k := range st.Filtered {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, " %s %d;", k, st.Filtered[k])
+		}
+		fmt.Fprintln(w)
+	}
 	if c.TimedOut > 0 || c.Evicted > 0 {
 		fmt.Fprintf(w, "  closed early: %d groups timed out, %d evicted at --max-open-groups\n", c.TimedOut, c.Evicted)
 	}

@@ -39,7 +39,7 @@ func batches(t *testing.T, mem memory.Allocator, version, n int) []transform.Bat
 		}
 	}
 	groups, _ := a.Take()
-	bt := transform.NewBatcher(mem, advantage.RLLMGRPO)
+	bt := transform.NewBatcher(mem, transform.BatchConfig{Estimator: mustGRPO()})
 	defer bt.Release()
 	out, err := bt.Build(groups)
 	if err != nil {
@@ -182,4 +182,12 @@ func TestRecoverShardMissingFromManifest(t *testing.T) {
 	if err != nil || len(again) != 1 {
 		t.Fatalf("manifest after repair: %v %+v", err, again)
 	}
+}
+
+func mustGRPO() advantage.Estimator {
+	e, err := advantage.New("grpo", advantage.Options{Compat: advantage.RLLM})
+	if err != nil {
+		panic(err)
+	}
+	return e
 }
