@@ -103,12 +103,22 @@ type estimator struct {
 }
 
 var registry = map[string]func(Options) *estimator{
-	"grpo":       func(o Options) *estimator { return &estimator{name: "grpo", opts: o, k: grpo, singleton: scaledSingleton} },
-	"rloo":       func(o Options) *estimator { return &estimator{name: "rloo", opts: o, k: rloo, singleton: rawSingleton} },
-	"reinforce":  func(o Options) *estimator { return &estimator{name: "reinforce", opts: o, k: reinforce, singleton: identity} },
-	"opo":        func(o Options) *estimator { return &estimator{name: "opo", opts: o, k: opo, singleton: rawSingleton, lengths: true} },
-	"grpo_passk": func(o Options) *estimator { return &estimator{name: "grpo_passk", opts: o, k: passk, singleton: scaledSingleton} },
-	"none":       func(o Options) *estimator { return &estimator{name: "none", opts: o, k: zero, singleton: zeroSingleton} },
+	"grpo": func(o Options) *estimator {
+		return &estimator{name: "grpo", opts: o, k: grpo, singleton: scaledSingleton}
+	},
+	"rloo": func(o Options) *estimator { return &estimator{name: "rloo", opts: o, k: rloo, singleton: rawSingleton} },
+	"reinforce": func(o Options) *estimator {
+		return &estimator{name: "reinforce", opts: o, k: reinforce, singleton: identity}
+	},
+	"opo": func(o Options) *estimator {
+		return &estimator{name: "opo", opts: o, k: opo, singleton: rawSingleton, lengths: true}
+	},
+	"grpo_passk": func(o Options) *estimator {
+		return &estimator{name: "grpo_passk", opts: o, k: passk, singleton: scaledSingleton}
+	},
+	"none": func(o Options) *estimator {
+		return &estimator{name: "none", opts: o, k: zero, singleton: zeroSingleton}
+	},
 }
 
 // New returns the registered estimator called name.

@@ -129,9 +129,9 @@ func TestAssembleRetriesConflictsLate(t *testing.T) {
 		step("A", "a1", 0),
 		step("A", "a1", 0), // retry while open
 		traj("A", "a1", 1, 1),
-		traj("A", "a1", 1, 1),                  // retry of a trajectory
-		traj("A", "a1", 0.5, 1),                // same id, other content
-		step("A", "a1", 0, `"model":"other"`),  // same step_id, other content
+		traj("A", "a1", 1, 1),                 // retry of a trajectory
+		traj("A", "a1", 0.5, 1),               // same id, other content
+		step("A", "a1", 0, `"model":"other"`), // same step_id, other content
 		step("A", "a2", 0),
 		traj("A", "a2", 0, 1), // completes A
 		step("A", "a2", 0),    // retry after close: dropped
@@ -153,13 +153,13 @@ func TestAssembleRetriesConflictsLate(t *testing.T) {
 func TestAssembleStepConflicts(t *testing.T) {
 	h := newHarness(t, Config{GroupSize: 1})
 	h.add(t0,
-		step("A", "a1", 5),                                    // 1: out of range once num_steps=2 arrives
-		step("A", "a1", 0),                                    // 2
+		step("A", "a1", 5), // 1: out of range once num_steps=2 arrives
+		step("A", "a1", 0), // 2
 		strings.Replace(step("A", "a1", 0), `"a1#0"`, `"x"`, 1), // 3: same position, other step_id
-		step("B", "a1", 1),                                    // 4: other task for the same trajectory
-		traj("A", "a1", 1, 2),                                 // 5
-		step("A", "a1", 3),                                    // 6: out of range
-		step("A", "a1", 1),                                    // 7: completes
+		step("B", "a1", 1),    // 4: other task for the same trajectory
+		traj("A", "a1", 1, 2), // 5
+		step("A", "a1", 3),    // 6: out of range
+		step("A", "a1", 1),    // 7: completes
 	)
 	if got, want := h.summary(), "A@v1:a1[01]"; got != want {
 		t.Fatalf("got %s, want %s", got, want)

@@ -93,7 +93,7 @@ type ingestStats struct {
 	Stopped        bool    `json:"stopped_early"`
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	InputBytes     int64   `json:"input_bytes,omitempty"`
-	Estimator string `json:"estimator"`
+	Estimator      string  `json:"estimator"`
 	transform.Counters
 	transform.BatchCounters
 	sink.Totals
