@@ -29,7 +29,8 @@ func (d Distill) TokenAdvantages(mem memory.Allocator, adv *array.Float64, stude
 	}
 	sv := student.ListValues().(*array.Float32).Float32Values()
 	tv := teacher.ListValues().(*array.Float32).Float32Values()
-	b := array.NewListBuilder(mem, arrow.PrimitiveTypes.Float32)
+	// Non-nullable items, as in schemas.StepSchema.
+	b := array.NewBuilder(mem, arrow.ListOfNonNullable(arrow.PrimitiveTypes.Float32)).(*array.ListBuilder)
 	defer b.Release()
 	vb := b.ValueBuilder().(*array.Float32Builder)
 	vb.Reserve(len(sv))
