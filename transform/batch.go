@@ -3,6 +3,7 @@ package transform
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -33,7 +34,8 @@ type BatchConfig struct {
 
 // BatchCounters are the Batcher's tallies.
 type BatchCounters struct {
-	// Filtered counts marked trajectories by filter_reason.
+	// Filtered counts marked trajectories by reason; a trajectory marked
+	// for two reasons counts under both.
 	Filtered map[string]int64 `json:"filtered"`
 	// NoTeacher counts steps left without token_advantages because they
 	// carry no teacher logprobs (only with distillation on).
@@ -180,7 +182,9 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 			lengths.Append(respTokens)
 			reason := reasons(bt.cfg.Filters, t, zeroVar)
 			if reason != "" {
-				bt.Counters.Filtered[reason]++
+				for _, r := range strings.Split(reason, ",") {
+					bt.Counters.Filtered[r]++
+				}
 			}
 			for _, s := range t.Steps {
 				bt.rTr = append(bt.rTr, nTraj)

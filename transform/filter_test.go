@@ -73,7 +73,7 @@ func TestBatcherFiltersAndDistill(t *testing.T) {
 	if e := rec.Column(schemas.ColEstimator).(*array.String); e.Value(3) != "rloo/verl" {
 		t.Fatalf("estimator %q", e.Value(3))
 	}
-	if bt.Counters.NoTeacher != 3 || bt.Counters.Filtered["zero_variance"] != 2 || bt.Counters.Filtered["termination=TIMEOUT,truncated"] != 1 {
+	if bt.Counters.NoTeacher != 3 || bt.Counters.Filtered["zero_variance"] != 2 || bt.Counters.Filtered["termination=TIMEOUT"] != 1 || bt.Counters.Filtered["truncated"] != 1 {
 		t.Fatalf("counters %+v", bt.Counters)
 	}
 }
