@@ -185,7 +185,43 @@ func (e *estimator) compute(offsets []int32, r []float64, lens []int64, out []fl
 				l = lens[lo:hi]
 			}
 			e.k(e.opts, r[lo:hi], l, out[lo:hi])
+			// x*0 is NaN only for a non-finite x: one multiply-add per value
+			// detects sums that overflowed on rewards near ±MaxFloat64.
+			var probe float64
+			for _, v := range out[lo:hi] {
+				probe += v * 0
+			}
+			if probe != 0 {
+				e.scaled(r[lo:hi], l, out[lo:hi])
+			}
 		}
+	}
+}
+
+// scaled recomputes a group whose rewards are so large that a sum
+// overflowed: on rewards divided by their largest magnitude s, with ε/s for
+// std-normalised estimators (whose result does not scale) and the result
+// multiplied back by s for the others, clamped to the finite range.
+func (e *estimator) scaled(r []float64, lens []int64, out []float64) {
+	s := 0.0
+	for _, v := range r {
+		s = math.Max(s, math.Abs(v))
+	}
+	rs := make([]float64, len(r))
+	for i, v := range r {
+		rs[i] = v / s
+	}
+	o := e.opts
+	normalised := !o.NoStd && (e.name == "grpo" || e.name == "grpo_passk")
+	if normalised {
+		o.Compat.Eps /= s
+	}
+	e.k(o, rs, lens, out)
+	if normalised {
+		return
+	}
+	for i, v := range out {
+		out[i] = math.Max(-math.MaxFloat64, math.Min(math.MaxFloat64, v*s))
 	}
 }
 

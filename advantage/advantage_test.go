@@ -255,6 +255,23 @@ func TestEstimatorsMatchReference(t *testing.T) {
 	}
 }
 
+func TestExtremeRewardsStayFinite(t *testing.T) {
+	r := []float64{1.5e308, 1.6e308, -1.7e308, math.MaxFloat64}
+	for _, name := range Names() {
+		for _, c := range []Compat{RLLM, Verl, TRL} {
+			got := run(t, mustNew(t, name, Options{Compat: c}), []int32{0, 4}, r, []int64{1, 2, 3, 4})
+			for i, v := range got {
+				if math.IsNaN(v) || math.IsInf(v, 0) {
+					t.Fatalf("%s/%s: A[%d] = %v", name, c.Name, i, v)
+				}
+			}
+			if name == "grpo" && (got[3] <= 0 || got[2] >= 0) {
+				t.Fatalf("grpo order lost: %v", got)
+			}
+		}
+	}
+}
+
 func TestGroupsValidate(t *testing.T) {
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
 	defer mem.AssertSize(t, 0)

@@ -681,7 +681,17 @@ func (d *Decoder) signalObject(f field, start int) error {
 		if math.IsNaN(v) || math.IsInf(v, 0) {
 			return d.reject(f, start, schemas.ReasonNonFinite, "signals[%q] is %s, not a finite number", nameStr, tok)
 		}
-		d.signals = append(d.signals, schemas.Signal{Name: nameStr, Value: v})
+		// A repeated name keeps its last value, as JSON decoders do; a MAP
+		// with duplicate keys would confuse readers.
+		dup := false
+		for i := range d.signals {
+			if d.signals[i].Name == nameStr {
+				d.signals[i].Value, dup = v, true
+			}
+		}
+		if !dup {
+			d.signals = append(d.signals, schemas.Signal{Name: nameStr, Value: v})
+		}
 		switch d.lx.peek() {
 		case ',':
 			d.lx.pos++

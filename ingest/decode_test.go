@@ -175,6 +175,29 @@ func TestDecodeStep(t *testing.T) {
 	}
 }
 
+func TestIntValue(t *testing.T) {
+	cases := []struct {
+		tok  string
+		want int64
+		err  error
+	}{
+		{"0", 0, nil}, {"-0", 0, nil}, {"7", 7, nil}, {"-12", -12, nil}, {"3.0", 3, nil}, {"3.000", 3, nil},
+		{"1e3", 1000, nil}, {"1E+3", 1000, nil}, {"2.5e1", 25, nil}, {"9.21e18", 9210000000000000000, nil},
+		{"9223372036854775807", math.MaxInt64, nil}, {"-9223372036854775808", math.MinInt64, nil},
+		{"0.0e5", 0, nil}, {"0.000", 0, nil}, {"1200e-2", 12, nil},
+		{"1.5", 0, errNotInteger}, {"1e-400", 0, errNotInteger}, {"1.0000000000000000001", 0, errNotInteger},
+		{"1.00000000000000000000000000000000001", 0, errNotInteger}, {"NaN", 0, errNotInteger}, {"-Infinity", 0, errNotInteger},
+		{"9223372036854775808", 0, errRange}, {"1e400", 0, errRange}, {"1e19", 0, errRange},
+		{"123456789012345678901234567890", 0, errRange}, {"18446744073709551616", 0, errRange},
+	}
+	for _, tc := range cases {
+		got, err := intValue([]byte(tc.tok))
+		if err != tc.err || got != tc.want {
+			t.Errorf("intValue(%s) = %d, %v; want %d, %v", tc.tok, got, err, tc.want, tc.err)
+		}
+	}
+}
+
 func TestDecodeIntBounds(t *testing.T) {
 	var d Decoder
 	for _, v := range []string{"9223372036854775807", "0", "9007199254740993", "1e18", "20.000"} {
@@ -206,6 +229,31 @@ func TestDecodeTrajectory(t *testing.T) {
 	}
 	if len(tr.Signals) != 2 || tr.Signals[0] != (schemas.Signal{Name: "acc", Value: 1}) || tr.Signals[1] != (schemas.Signal{Name: "fmt", Value: -0.5}) {
 		t.Fatalf("signals %+v", tr.Signals)
+	}
+}
+
+func TestDecodeRepairsRawJSONEscapes(t *testing.T) {
+	var d Decoder
+	line := with(goodStep, "metadata", `{"lone":"\ud800x","pair":"\ud83d\ude00","kept":"\\ud800","\udc00":1}`)
+	rec, err := d.Decode([]byte(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"lone":"\ufffdx","pair":"\ud83d\ude00","kept":"\\ud800","\ufffd":1}`
+	if got := string(rec.Step.Metadata); got != want || rec.Repaired == 0 {
+		t.Fatalf("metadata %s (repaired %d), want %s", got, rec.Repaired, want)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(rec.Step.Metadata, &m); err != nil || m["pair"] != "😀" || m["kept"] != `\ud800` {
+		t.Fatalf("%v %v", m, err)
+	}
+	// Signals with a repeated name keep the last value.
+	rec, err = d.Decode([]byte(with(goodTraj, "signals", `{"x":1,"y":3,"x":2}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sg := rec.Trajectory.Signals; len(sg) != 2 || sg[0].Name != "x" || sg[0].Value != 2 || sg[1].Value != 3 {
+		t.Fatalf("signals %+v", sg)
 	}
 }
 

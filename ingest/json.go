@@ -277,57 +277,105 @@ var (
 	errRange      = errors.New("out of range")
 )
 
-// intValue converts a number token to int64. Integral values written with
-// a fraction or exponent (3.0, 1e3) are accepted; integers beyond int64
-// yield errRange.
+// intValue converts a number token to int64, exactly: integral values
+// written with a fraction or an exponent (3.0, 1e3, 9.21e18) are accepted,
+// anything with a non-zero fractional part (1.5, 1e-400) is errNotInteger,
+// and integers beyond int64 are errRange.
 func intValue(tok []byte) (int64, error) {
 	neg := false
 	i := 0
 	if len(tok) > 0 && tok[0] == '-' {
 		neg, i = true, 1
 	}
-	digits := tok[i:]
-	plain := len(digits) > 0 && len(digits) <= 19
-	var v uint64
-	for _, c := range digits {
+	if i < len(tok) && (tok[i] == 'N' || tok[i] == 'I') {
+		return 0, errNotInteger // NaN, ±Infinity
+	}
+	// Fast path: plain digits.
+	if len(tok)-i <= 18 {
+		var v int64
+		j := i
+		for ; j < len(tok) && tok[j] >= '0' && tok[j] <= '9'; j++ {
+			v = v*10 + int64(tok[j]-'0')
+		}
+		if j == len(tok) && j > i {
+			if neg {
+				return -v, nil
+			}
+			return v, nil
+		}
+	}
+	// Significant digits (leading zeros dropped) and the position of the
+	// decimal point among them.
+	var buf [32]byte
+	digits := buf[:0]
+	point, sawPoint := 0, false
+	for ; i < len(tok); i++ {
+		c := tok[i]
+		if c == '.' {
+			sawPoint = true
+			continue
+		}
 		if c < '0' || c > '9' {
-			plain = false
 			break
 		}
-		v = v*10 + uint64(c-'0') // 19 digits never overflow uint64
-	}
-	if plain {
-		switch {
-		case !neg && v <= math.MaxInt64:
-			return int64(v), nil
-		case neg && v <= 1<<63:
-			return -int64(v), nil
+		if len(digits) == 0 && c == '0' {
+			if sawPoint {
+				point--
+			}
+			continue
 		}
-		return 0, errRange
-	}
-	if len(digits) > 19 && isDigits(digits) {
-		return 0, errRange
-	}
-	f, err := floatValue(tok)
-	if err != nil {
-		return 0, err
-	}
-	if math.IsNaN(f) || math.IsInf(f, 0) || f != math.Trunc(f) {
-		return 0, errNotInteger
-	}
-	if f < -9.2e18 || f > 9.2e18 {
-		return 0, errRange
-	}
-	return int64(f), nil
-}
-
-func isDigits(b []byte) bool {
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return false
+		digits = append(digits, c)
+		if !sawPoint {
+			point++
 		}
 	}
-	return true
+	if i < len(tok) { // exponent
+		i++
+		eneg := false
+		if i < len(tok) && (tok[i] == '+' || tok[i] == '-') {
+			eneg = tok[i] == '-'
+			i++
+		}
+		e := 0
+		for ; i < len(tok); i++ {
+			if e < 1_000_000 {
+				e = e*10 + int(tok[i]-'0')
+			}
+		}
+		if eneg {
+			e = -e
+		}
+		point += e
+	}
+	for len(digits) > 0 && digits[len(digits)-1] == '0' {
+		digits = digits[:len(digits)-1] // trailing zeros do not change the value
+	}
+	switch {
+	case len(digits) == 0:
+		return 0, nil
+	case point < len(digits):
+		return 0, errNotInteger // a non-zero digit after the point
+	case point > 19:
+		return 0, errRange
+	}
+	var v uint64
+	for k := 0; k < point; k++ {
+		d := uint64(0)
+		if k < len(digits) {
+			d = uint64(digits[k] - '0')
+		}
+		if v > (math.MaxUint64-d)/10 {
+			return 0, errRange
+		}
+		v = v*10 + d
+	}
+	switch {
+	case !neg && v <= math.MaxInt64:
+		return int64(v), nil
+	case neg && v <= 1<<63:
+		return -int64(v), nil
+	}
+	return 0, errRange
 }
 
 // floatValue converts a number token to float64. Overflow yields ±Inf
@@ -419,22 +467,71 @@ func (l *lexer) skip(depth int) error {
 	}
 }
 
-// rawCopy returns a fresh copy of the text consumed since start, with
-// invalid UTF-8 repaired; before is l.repaired at start.
+// rawCopy returns a fresh copy of the JSON text consumed since start, with
+// invalid UTF-8 replaced by U+FFFD and lone surrogate escapes (\ud800)
+// replaced by \ufffd, so that JSON readers downstream accept it; before is
+// l.repaired at start.
 func (l *lexer) rawCopy(start, before int) []byte {
 	text := l.buf[start:l.pos]
-	if l.repaired == before || utf8.Valid(text) {
+	if l.repaired == before {
 		return append([]byte(nil), text...)
 	}
 	out := make([]byte, 0, len(text)+8)
-	for len(text) > 0 {
-		r, n := utf8.DecodeRune(text)
-		if r == utf8.RuneError && n <= 1 {
-			out = utf8.AppendRune(out, utf8.RuneError)
-		} else {
-			out = append(out, text[:n]...)
+	inStr := false
+	for i := 0; i < len(text); {
+		c := text[i]
+		switch {
+		case c == '"':
+			inStr = !inStr
+			out = append(out, c)
+			i++
+		case inStr && c == '\\' && i+1 < len(text) && text[i+1] == 'u' && i+6 <= len(text):
+			r := hexRune(text[i+2 : i+6])
+			if r >= 0xd800 && r < 0xdc00 && i+12 <= len(text) && text[i+6] == '\\' && text[i+7] == 'u' {
+				if r2 := hexRune(text[i+8 : i+12]); r2 >= 0xdc00 && r2 < 0xe000 {
+					out = append(out, text[i:i+12]...) // a valid pair
+					i += 12
+					continue
+				}
+			}
+			if r >= 0xd800 && r < 0xe000 {
+				out = append(out, `\ufffd`...)
+			} else {
+				out = append(out, text[i:i+6]...)
+			}
+			i += 6
+		case inStr && c == '\\' && i+1 < len(text):
+			out = append(out, text[i:i+2]...)
+			i += 2
+		case c < utf8.RuneSelf:
+			out = append(out, c)
+			i++
+		default:
+			r, n := utf8.DecodeRune(text[i:])
+			if r == utf8.RuneError && n <= 1 {
+				out = utf8.AppendRune(out, utf8.RuneError)
+				i++
+				continue
+			}
+			out = append(out, text[i:i+n]...)
+			i += n
 		}
-		text = text[n:]
 	}
 	return out
+}
+
+// hexRune decodes four hex digits (already validated by the lexer).
+func hexRune(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		}
+	}
+	return r
 }

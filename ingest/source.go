@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,8 @@ const DefaultMaxRecordBytes = 64 << 20
 // keepTooLarge is how much of a too-large record is kept for the dead-letter
 // output.
 const keepTooLarge = 64 << 10
+
+var utf8BOM = []byte{0xef, 0xbb, 0xbf}
 
 // LineSource reads JSON lines from a reader (a file or stdin).
 type LineSource struct {
@@ -97,6 +100,9 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 	buf := make([]byte, 0, s.chunkSize+4096)
 	for len(buf) < s.chunkSize {
 		data, truncated, size, err := s.readLine()
+		if s.line == 0 {
+			data = bytes.TrimPrefix(data, utf8BOM) // a byte-order mark is not part of the record
+		}
 		if len(data) > 0 || truncated {
 			s.line++
 			if isBlank(data) && !truncated {
@@ -146,6 +152,7 @@ func (s *LineSource) readLine() (data []byte, truncated bool, size int64, err er
 		}
 		if !truncated && size > int64(s.maxRecord) {
 			truncated = true
+			long = long[:min(len(long), keepTooLarge)]
 		}
 		if room := keepTooLarge - len(long); !truncated || room > 0 {
 			if truncated && room < len(frag) {

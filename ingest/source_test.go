@@ -34,7 +34,7 @@ func readAll(t *testing.T, s Source) ([]Raw, int64) {
 
 func TestLineSource(t *testing.T) {
 	long := strings.Repeat("x", 3000)
-	in := "a\r\n\n  \t\nb\n" + long + "\nc"
+	in := "\xef\xbb\xbfa\r\n\n  \t\nb\n" + long + "\nc"
 	s := NewLineSource("in", strings.NewReader(in), nil, 2048)
 	recs, blank := readAll(t, s)
 	if blank != 2 || len(recs) != 4 {
@@ -45,6 +45,11 @@ func TestLineSource(t *testing.T) {
 	}
 	if !recs[2].Truncated || recs[2].Size != 3000 || recs[2].Source.Line != 5 || !bytes.HasPrefix([]byte(long), recs[2].Data) {
 		t.Fatalf("too large: trunc %v size %d line %d", recs[2].Truncated, recs[2].Size, recs[2].Source.Line)
+	}
+	huge := strings.Repeat("y", keepTooLarge*3)
+	recs2, _ := readAll(t, NewLineSource("in", strings.NewReader(huge+"\nz"), nil, keepTooLarge*2))
+	if len(recs2) != 2 || !recs2[0].Truncated || len(recs2[0].Data) != keepTooLarge || recs2[0].Size != int64(len(huge)) || string(recs2[1].Data) != "z" {
+		t.Fatalf("huge line: %d records, kept %d bytes, size %d", len(recs2), len(recs2[0].Data), recs2[0].Size)
 	}
 	if string(recs[3].Data) != "c" || recs[3].Source.Line != 6 || recs[3].Truncated {
 		t.Fatalf("%+v", recs[3])
@@ -97,5 +102,34 @@ func TestDecodeStageCancel(t *testing.T) {
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("err %v", err)
+	}
+}
+
+type failingReader struct{ n int }
+
+func (f *failingReader) Read(p []byte) (int, error) {
+	if f.n > 0 {
+		f.n--
+		return copy(p, goodStep+"\n"), nil
+	}
+	return 0, errors.New("disk on fire")
+}
+
+func TestDecodeStageReadErrorLeavesOutputOpen(t *testing.T) {
+	src := NewLineSource("in", &failingReader{n: 3}, nil, 0)
+	out := make(chan Batch, 16)
+	err := DecodeStage(context.Background(), src, 2, out)
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("err %v", err)
+	}
+	for {
+		select {
+		case _, ok := <-out:
+			if !ok {
+				t.Fatal("output closed after a read error: downstream would take it for the end of input")
+			}
+		default:
+			return
+		}
 	}
 }

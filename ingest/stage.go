@@ -17,8 +17,10 @@ type Item struct {
 	// Raw is the original record (a copy owned by the item; for a too-large
 	// record only its first bytes).
 	Raw []byte
-	Rec Record
-	Err *schemas.RejectError
+	// Size is the full length of a too_large record.
+	Size int64
+	Rec  Record
+	Err  *schemas.RejectError
 }
 
 // Batch is the decoded form of one Chunk, in source order.
@@ -29,10 +31,18 @@ type Batch struct {
 
 // DecodeStage reads src and decodes its chunks on workers goroutines,
 // delivering batches on out in source order. It closes out when src ends
-// and returns the first read error. At most 2*workers chunks are in flight,
+// (returning nil) or when ctx is cancelled (returning ctx's error: the
+// caller tells a stop from a failure); on a read error it returns the error
+// and leaves out open, so that nothing downstream mistakes the failure for
+// the end of the input. At most 2*workers chunks are in flight,
 // so a slow consumer of out pauses reading (backpressure).
-func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch) error {
-	defer close(out)
+func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch) (err error) {
+	parent := ctx
+	defer func() {
+		if err == nil || parent.Err() != nil {
+			close(out)
+		}
+	}()
 	if workers < 1 {
 		workers = 1
 	}
@@ -104,6 +114,7 @@ func decodeChunk(d *Decoder, c Chunk) Batch {
 		it.Source = r.Source
 		it.Raw = append([]byte(nil), r.Data...)
 		if r.Truncated {
+			it.Size = r.Size
 			it.Err = schemas.Rejectf(schemas.ReasonTooLarge, "", "record is %d bytes, over the limit", r.Size)
 			continue
 		}

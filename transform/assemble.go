@@ -109,6 +109,17 @@ type Group struct {
 // than expected.
 func (g *Group) Partial() bool { return len(g.Trajectories) < g.Expected }
 
+// rawBytes is the size of the group's records as received.
+func (g *Group) rawBytes() int {
+	n := 0
+	for _, t := range g.Trajectories {
+		for _, s := range t.Steps {
+			n += len(s.Raw)
+		}
+	}
+	return n
+}
+
 // Rows is the number of steps in the group.
 func (g *Group) Rows() int {
 	n := 0
@@ -199,7 +210,8 @@ func (a *Assembler) Add(it *ingest.Item, now time.Time) {
 			Source: it.Source,
 			Record: it.Raw,
 			// A too_large record carries only its head.
-			Truncated: it.Err.Reason == schemas.ReasonTooLarge && len(it.Raw) > 0,
+			Truncated: it.Size > 0,
+			Size:      it.Size,
 		})
 		return
 	}

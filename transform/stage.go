@@ -32,6 +32,10 @@ type StageConfig struct {
 	Stopped func() bool
 }
 
+// maxBatchBytes caps the raw bytes gathered into one batch, so that Arrow's
+// 32-bit string and list offsets never overflow on huge records.
+const maxBatchBytes = 256 << 20
+
 // Stage assembles the decoded batches from in, sends Arrow batches of
 // emitted groups to out, and dead letters to dl. When in is closed (the
 // end of a finite input) it closes every open group, flushes, and closes
@@ -39,8 +43,12 @@ type StageConfig struct {
 //
 // Sends to out block (backpressure): a slow sink pauses assembly, which
 // pauses decoding and reading.
-func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl DeadLetters, bt *Batcher, cfg StageConfig) (Counters, error) {
-	defer close(out)
+func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl DeadLetters, bt *Batcher, cfg StageConfig) (c Counters, err error) {
+	defer func() {
+		if err == nil {
+			close(out)
+		}
+	}()
 	if cfg.BatchRows <= 0 {
 		cfg.BatchRows = 4096
 	}
@@ -52,7 +60,7 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 	}
 	a := NewAssembler(cfg.Assembler)
 	var pending []*Group
-	rows := 0
+	rows, bytes := 0, 0
 
 	collect := func() error {
 		groups, dead := a.Take()
@@ -62,6 +70,7 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 		for _, g := range groups {
 			pending = append(pending, g)
 			rows += g.Rows()
+			bytes += g.rawBytes()
 		}
 		return nil
 	}
@@ -73,7 +82,7 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 		if err != nil {
 			return err
 		}
-		pending, rows = pending[:0], 0
+		pending, rows, bytes = pending[:0], 0, 0
 		for i, b := range batches {
 			select {
 			case out <- b:
@@ -109,7 +118,7 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 			if err := collect(); err != nil {
 				return a.Counters, err
 			}
-			if rows >= cfg.BatchRows {
+			if rows >= cfg.BatchRows || bytes >= maxBatchBytes {
 				if err := flush(); err != nil {
 					return a.Counters, err
 				}

@@ -188,6 +188,9 @@ func (s *Store) recover() error {
 			return fmt.Errorf("recover shard %s (not in the manifest): %w", rel, err)
 		}
 		e.Path, e.Recovered = rel, true
+		if info, err := os.Stat(filepath.Join(s.root, filepath.FromSlash(rel))); err == nil {
+			e.Bytes = info.Size()
+		}
 		if err := s.appendEntry(e); err != nil {
 			return err
 		}
@@ -305,9 +308,16 @@ func (p *Pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
 	}
 	final := filepath.Join(p.s.root, filepath.FromSlash(p.rel))
 	dir := filepath.Dir(final)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		os.Remove(p.tmp)
-		return fmt.Errorf("create partition folder: %w", err)
+	if _, err := os.Stat(dir); err != nil {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			os.Remove(p.tmp)
+			return fmt.Errorf("create partition folder: %w", err)
+		}
+		// A new folder is durable only once its parent is synced.
+		if err := syncDir(filepath.Dir(dir)); err != nil {
+			os.Remove(p.tmp)
+			return err
+		}
 	}
 	if err := os.Rename(p.tmp, final); err != nil {
 		os.Remove(p.tmp)
