@@ -4,7 +4,6 @@ import (
 	"container/list"
 	"fmt"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/ingest"
@@ -26,10 +25,12 @@ type Config struct {
 	// MaxOpenGroups bounds the groups held in memory; opening one more
 	// closes the oldest as if it had timed out. Default 65536.
 	MaxOpenGroups int
-	// MaxClosedGroups bounds how many closed groups are remembered to tell
-	// a producer retry (dropped) from a late record (dead-lettered).
-	// Default 65536.
-	MaxClosedGroups int
+	// MaxClosedGroups and MaxClosedRecords bound the memory of closed
+	// groups and of the ids written in them, which tells a producer retry
+	// (dropped) from a late or conflicting record (dead-lettered). Each
+	// remembered record costs about 40 bytes. Defaults 65536 and 2M.
+	MaxClosedGroups  int
+	MaxClosedRecords int
 	// Committed, if set, reports groups already committed by an earlier
 	// run; their records are skipped and counted, never written again.
 	Committed func(key string) bool
@@ -47,6 +48,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxClosedGroups <= 0 {
 		c.MaxClosedGroups = 65536
+	}
+	if c.MaxClosedRecords <= 0 {
+		c.MaxClosedRecords = 2 << 20
 	}
 	return c
 }
@@ -139,18 +143,10 @@ type group struct {
 	elem     *list.Element
 }
 
+// closedGroup is what is remembered of a closed group: the ids written in
+// it (their content hashes live in Assembler.written).
 type closedGroup struct {
-	ids []idEntry // sorted by id
-}
-
-type idEntry struct{ id, content uint64 }
-
-func (c *closedGroup) lookup(id uint64) (uint64, bool) {
-	i := sort.Search(len(c.ids), func(i int) bool { return c.ids[i].id >= id })
-	if i < len(c.ids) && c.ids[i].id == id {
-		return c.ids[i].content, true
-	}
-	return 0, false
+	ids []uint64
 }
 
 // Assembler groups records. It is not safe for concurrent use. Emitted
@@ -163,6 +159,8 @@ type Assembler struct {
 	steps    map[string]*Step // open steps by step_id
 	closed   map[string]*closedGroup
 	closedQ  []string
+	written  map[uint64]uint64 // id hash → content hash of records written, for remembered groups
+
 	out      []*Group
 	dead     []schemas.DeadLetter
 	Counters Counters
@@ -176,7 +174,8 @@ func NewAssembler(cfg Config) *Assembler {
 		order:  list.New(),
 		trajs:  map[string]*Trajectory{},
 		steps:  map[string]*Step{},
-		closed: map[string]*closedGroup{},
+		closed:  map[string]*closedGroup{},
+		written: map[uint64]uint64{},
 	}
 }
 
@@ -224,21 +223,31 @@ func (a *Assembler) Add(it *ingest.Item, now time.Time) {
 	}
 }
 
-// closedCheck handles a record whose group is already closed: a retry of
-// an emitted record is dropped, anything else is late. It reports whether
-// the record was consumed.
+// closedCheck handles a record whose id was already written or whose group
+// is already closed: a retry of a written record is dropped; a different
+// record under a written id is a conflict; anything else for a closed
+// group is late. It reports whether the record was consumed.
 func (a *Assembler) closedCheck(it *ingest.Item, key string, kind byte, id string, content uint64) bool {
 	if a.cfg.Committed != nil && a.cfg.Committed(key) {
 		a.Counters.SkippedCommitted++
 		return true
 	}
-	cg := a.closed[key]
-	if cg == nil {
-		return false
+	if c, ok := a.written[idHash(kind, id)]; ok {
+		if c == content {
+			a.Counters.Duplicates++
+			return true
+		}
+		if a.closed[key] == nil {
+			what := "step_id"
+			if kind == 't' {
+				what = "trajectory_id"
+			}
+			a.reject(it, schemas.ReasonDuplicateConflict, "%s %q was already written, in another group and with different content", what, id)
+			return true
+		}
 	}
-	if c, ok := cg.lookup(idHash(kind, id)); ok && c == content {
-		a.Counters.Duplicates++
-		return true
+	if a.closed[key] == nil {
+		return false
 	}
 	a.reject(it, schemas.ReasonLate, "group %q was already closed when this record arrived", key)
 	return true
@@ -414,9 +423,13 @@ func (a *Assembler) close(g *group, why string) {
 		if emit && t.complete() {
 			slices.SortFunc(t.Steps, func(x, y *Step) int { return int(x.StepIndex - y.StepIndex) })
 			out.Trajectories = append(out.Trajectories, t)
-			cg.ids = append(cg.ids, idEntry{idHash('t', t.TrajectoryID), t.hash})
+			id := idHash('t', t.TrajectoryID)
+			cg.ids = append(cg.ids, id)
+			a.written[id] = t.hash
 			for _, s := range t.Steps {
-				cg.ids = append(cg.ids, idEntry{idHash('s', s.StepID), s.hash})
+				id := idHash('s', s.StepID)
+				cg.ids = append(cg.ids, id)
+				a.written[id] = s.hash
 			}
 			continue
 		}
@@ -436,15 +449,6 @@ func (a *Assembler) close(g *group, why string) {
 	}
 	a.order.Remove(g.elem)
 	delete(a.groups, g.key)
-	slices.SortFunc(cg.ids, func(x, y idEntry) int {
-		switch {
-		case x.id < y.id:
-			return -1
-		case x.id > y.id:
-			return 1
-		}
-		return 0
-	})
 	a.remember(g.key, cg)
 	if !emit {
 		return
@@ -488,9 +492,13 @@ func (a *Assembler) incompleteMsg(t *Trajectory, g *group, why string) string {
 func (a *Assembler) remember(key string, cg *closedGroup) {
 	a.closed[key] = cg
 	a.closedQ = append(a.closedQ, key)
-	if len(a.closedQ) > a.cfg.MaxClosedGroups {
+	for len(a.closedQ) > a.cfg.MaxClosedGroups || len(a.written) > a.cfg.MaxClosedRecords {
 		// A key is reopened only after it was forgotten, so it appears in
 		// the queue at most once.
+		old := a.closed[a.closedQ[0]]
+		for _, id := range old.ids {
+			delete(a.written, id)
+		}
 		delete(a.closed, a.closedQ[0])
 		a.closedQ[0] = ""
 		a.closedQ = a.closedQ[1:]

@@ -150,6 +150,24 @@ func TestAssembleRetriesConflictsLate(t *testing.T) {
 	}
 }
 
+func TestAssembleIDReusedAfterClose(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 1, MaxClosedGroups: 2})
+	h.add(t0,
+		step("A", "a1", 0), traj("A", "a1", 1, 1), // group A written
+		step("B", "a1", 0),    // 3: same step_id a1#0, other task: conflict
+		traj("B", "a1", 1, 1), // 4: same trajectory_id, other task: conflict
+		step("C", "c1", 0), traj("C", "c1", 1, 1),
+		step("D", "d1", 0), traj("D", "d1", 1, 1), // A is forgotten now (2 remembered)
+		step("A", "a1", 0), // 9: A forgotten: taken as new
+	)
+	if got, want := h.reasons(), "3:duplicate_conflict 4:duplicate_conflict"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	if h.a.OpenGroups() != 1 {
+		t.Fatalf("open groups %d", h.a.OpenGroups())
+	}
+}
+
 func TestAssembleStepConflicts(t *testing.T) {
 	h := newHarness(t, Config{GroupSize: 1})
 	h.add(t0,
