@@ -128,6 +128,11 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 		if err != nil {
 			return c, fmt.Errorf("read %s line %d: %w", s.name, s.line+1, err)
 		}
+		// On a quiet stream (stdin, a pipe) hand over what has arrived
+		// rather than wait for a full chunk.
+		if s.r.Buffered() == 0 && (len(c.Records) > 0 || c.Blank > 0) {
+			break
+		}
 	}
 	if len(c.Records) == 0 && c.Blank == 0 && s.done {
 		return c, io.EOF

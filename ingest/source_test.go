@@ -133,3 +133,23 @@ func TestDecodeStageReadErrorLeavesOutputOpen(t *testing.T) {
 		}
 	}
 }
+
+func TestQuietStreamDeliversWithoutWaitingAndStops(t *testing.T) {
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	src := NewLineSource("-", pr, nil, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan Batch, 4)
+	errc := make(chan error, 1)
+	go func() { errc <- DecodeStage(ctx, src, 1, out) }()
+	go pw.Write([]byte(goodStep + "\n")) // then the writer goes quiet
+	b := <-out
+	if len(b.Items) != 1 || b.Items[0].Err != nil {
+		t.Fatalf("got %+v", b)
+	}
+	cancel() // a stop while the read is blocked on the pipe
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err %v", err)
+	}
+	pw.Close() // lets the abandoned read return before goleak looks
+}

@@ -53,11 +53,40 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 	jobs := make(chan job, workers)
 	order := make(chan chan Batch, 2*workers)
 	g, ctx := errgroup.WithContext(ctx)
+	// Reads run on their own goroutine: a read blocked on a quiet pipe
+	// must not keep a stop waiting. On cancellation that goroutine is
+	// abandoned; it ends with its blocked read.
+	type readResult struct {
+		c   Chunk
+		err error
+	}
+	reads := make(chan readResult)
+	abandon := make(chan struct{})
+	defer close(abandon)
+	go func() {
+		for {
+			c, err := src.Read(ctx)
+			select {
+			case reads <- readResult{c, err}:
+			case <-abandon:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	g.Go(func() error {
 		defer close(jobs)
 		defer close(order)
 		for {
-			c, err := src.Read(ctx)
+			var r readResult
+			select {
+			case r = <-reads:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			c, err := r.c, r.err
 			if len(c.Records) > 0 || c.Blank > 0 {
 				j := job{chunk: c, done: make(chan Batch, 1)}
 				select {
