@@ -1,0 +1,612 @@
+#!/usr/bin/env bash
+# scripts/services.sh: local Kafka (single-node KRaft) and MinIO for rllm-pipe, without Docker.
+#
+#   scripts/services.sh up              install (cached) + start both, wait until healthy, print env
+#   scripts/services.sh down [--clean]  stop both (SIGTERM, 20 s, then SIGKILL); --clean also deletes data
+#   scripts/services.sh env             print the export lines: eval "$(scripts/services.sh env)"
+#   scripts/services.sh status          one line per service; exit 0 only if both are running
+#   scripts/services.sh kafka-stop | kafka-start | minio-stop | minio-start    (fault injection)
+#   scripts/services.sh logs kafka|minio [-f] [-n LINES]
+#
+# Kafka's jars come from Maven (scripts/kafka/pom.xml) into the cache, MinIO is built once with
+# `go install`. Everything is started in the background (setsid + nohup) and survives the caller.
+#
+# Environment:
+#   RLLM_CACHE           cache for the Kafka jars and the MinIO binary  (default ~/.cache/rllm-pipe)
+#   RLLM_SERVICES_DIR    state: data, logs, pid files                   (default <repo>/.services)
+#   RLLM_KAFKA_PORT      Kafka broker port          (default 9092; controller listener = port+1)
+#   RLLM_MINIO_PORT      MinIO S3 API port          (default 9000; console = port+1)
+#   RLLM_KAFKA_CONTROLLER_PORT, RLLM_MINIO_CONSOLE_PORT   override the "+1" ports
+#   RLLM_KAFKA_VERSION   Kafka version fetched from Maven (default 4.1.1)
+#   RLLM_SERVICES_TIMEOUT seconds to wait for a service to become healthy (default 60)
+#   JAVA_HOME            Java 17+ used for Kafka (default: java on PATH)
+set -euo pipefail
+
+SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
+REPO_DIR=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
+
+abspath() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac; }
+
+KAFKA_VERSION=${RLLM_KAFKA_VERSION:-4.1.1}
+MINIO_MODULE=github.com/minio/minio
+MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
+
+CACHE_DIR=$(abspath "${RLLM_CACHE:-${HOME:?HOME is not set}/.cache/rllm-pipe}")
+STATE_DIR=$(abspath "${RLLM_SERVICES_DIR:-$REPO_DIR/.services}")
+
+HOST=127.0.0.1
+KAFKA_PORT=${RLLM_KAFKA_PORT:-9092}
+KAFKA_CONTROLLER_PORT=${RLLM_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
+MINIO_PORT=${RLLM_MINIO_PORT:-9000}
+MINIO_CONSOLE_PORT=${RLLM_MINIO_CONSOLE_PORT:-$((MINIO_PORT + 1))}
+MINIO_USER=rllmpipe
+MINIO_PASSWORD=rllmpipe-secret
+HEALTH_TIMEOUT=${RLLM_SERVICES_TIMEOUT:-60}
+STOP_TIMEOUT=20
+
+KAFKA_POM=$REPO_DIR/scripts/kafka/pom.xml
+KAFKA_HOME=$CACHE_DIR/kafka-$KAFKA_VERSION
+KAFKA_LIBS=$KAFKA_HOME/libs
+MINIO_BIN=$CACHE_DIR/bin/minio
+
+RUN_DIR=$STATE_DIR/run
+LOG_DIR=$STATE_DIR/logs
+KAFKA_STATE=$STATE_DIR/kafka
+KAFKA_DATA=$KAFKA_STATE/data
+MINIO_DATA=$STATE_DIR/minio-data
+
+JAVA=${JAVA_HOME:+$JAVA_HOME/bin/}java
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+log() { printf 'services: %s\n' "$*" >&2; }
+die() { printf 'services: error: %s\n' "$*" >&2; exit 1; }
+have() { command -v "$1" >/dev/null 2>&1; }
+
+CLEANUP=()
+# shellcheck disable=SC2329 # invoked by the EXIT trap
+cleanup() { if ((${#CLEANUP[@]})); then rm -rf "${CLEANUP[@]}"; fi; }
+trap cleanup EXIT
+
+# with_timeout SECS cmd...: run cmd, killed after SECS if coreutils' timeout exists.
+with_timeout() {
+  local secs=$1; shift
+  if have timeout; then timeout "$secs" "$@"; else "$@"; fi
+}
+
+# Serialize everything that changes state (one lock per state dir); fd 9.
+lock_state() {
+  mkdir -p "$STATE_DIR"
+  have flock || return 0
+  exec 9>>"$STATE_DIR/.lock"
+  if ! flock -n 9; then
+    log "another services.sh is working on $STATE_DIR; waiting for it ..."
+    flock -w 1800 9 || die "timed out waiting for $STATE_DIR/.lock"
+  fi
+}
+
+# Serialize installs into the shared cache (several checkouts may share it); fd 8.
+lock_cache() {
+  mkdir -p "$CACHE_DIR"
+  have flock || return 0
+  exec 8>>"$CACHE_DIR/.lock"
+  if ! flock -n 8; then
+    log "another services.sh is installing into $CACHE_DIR; waiting for it ..."
+    flock -w 1800 8 || die "timed out waiting for $CACHE_DIR/.lock"
+  fi
+}
+unlock_cache() { if have flock; then exec 8>&-; fi; }
+
+# shellcheck disable=SC2016 # $0/$1 are expanded by the inner bash
+port_open() { with_timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$HOST" "$1" 2>/dev/null; }
+
+http_ok() {
+  if have curl; then
+    curl -fsS -o /dev/null --max-time 3 "$1" 2>/dev/null
+  else # plain bash fallback: http://host:port/path -> status 200
+    local rest=${1#http://} hostport path
+    hostport=${rest%%/*}; path=/${rest#*/}
+    # shellcheck disable=SC2016 # expanded by the inner bash
+    with_timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1" && printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$0" >&3 &&
+      IFS= read -r line <&3 && [[ $line == "HTTP/1."?" 200"* ]]' "${hostport%:*}" "${hostport##*:}" "$path" 2>/dev/null
+  fi
+}
+
+file_size() { if [[ -f $1 ]]; then wc -c <"$1" | tr -d ' '; else echo 0; fi; }
+
+# is_alive PID: exists and is not a zombie.
+is_alive() {
+  kill -0 "$1" 2>/dev/null || return 1
+  if [[ -r /proc/$1/stat ]]; then
+    local st; st=$(<"/proc/$1/stat") || return 1
+    st=${st##*) }
+    [[ ${st:0:1} != Z ]]
+  fi
+}
+
+cmdline_of() {
+  if [[ -r /proc/$1/cmdline ]]; then tr '\0' ' ' <"/proc/$1/cmdline"; else ps -p "$1" -o args= 2>/dev/null; fi
+}
+
+# pid_of SERVICE: print the pid of our running instance (pid file + liveness + command line match).
+pid_of() {
+  local f=$RUN_DIR/$1.pid pid cmd
+  [[ -s $f ]] || return 1
+  pid=$(<"$f")
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  is_alive "$pid" || return 1
+  cmd=$(cmdline_of "$pid") || return 1
+  case $1 in
+    kafka) [[ $cmd == *kafka.Kafka* ]] || return 1 ;;
+    minio) [[ $cmd == *minio*server* ]] || return 1 ;;
+  esac
+  printf '%s\n' "$pid"
+}
+
+# launch SERVICE LOGFILE cmd...: start cmd detached (own session, no tty, stdio -> LOGFILE,
+# lock fds closed) and record its pid.
+launch() {
+  local name=$1 logf=$2; shift 2
+  local pidf=$RUN_DIR/$name.pid
+  mkdir -p "$RUN_DIR" "$(dirname "$logf")"
+  rm -f "$pidf"
+  local -a detach=(nohup)
+  if have setsid; then detach=(setsid nohup); fi
+  (
+    cd "$STATE_DIR"
+    exec 8>&- 9>&- </dev/null >>"$logf" 2>&1
+    # bash writes its own pid, then execs the service: the pid file names the service process.
+    # shellcheck disable=SC2016
+    exec "${detach[@]}" bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$@"
+  ) &
+  disown "$!" 2>/dev/null || true # no job-status noise if we kill it while this script runs
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [[ -s $pidf ]] && return 0
+    sleep 0.05
+  done
+  die "$name did not start (no pid file $pidf); see $logf"
+}
+
+# stop_service SERVICE: SIGTERM, wait up to STOP_TIMEOUT s, then SIGKILL; remove the pid file.
+stop_service() {
+  local name=$1 pid i
+  if ! pid=$(pid_of "$name"); then
+    rm -f "$RUN_DIR/$name.pid"
+    log "$name is not running"
+    return 0
+  fi
+  log "stopping $name (pid $pid) ..."
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
+    is_alive "$pid" || break
+    sleep 0.1
+  done
+  if is_alive "$pid"; then
+    log "$name did not exit within ${STOP_TIMEOUT}s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do
+      is_alive "$pid" || break
+      sleep 0.1
+    done
+  fi
+  rm -f "$RUN_DIR/$name.pid"
+  log "$name stopped"
+}
+
+# fail_start SERVICE LOGFILE OFFSET MESSAGE: report with the log tail, stop the half-started
+# process, exit 1.
+fail_start() {
+  local name=$1 logf=$2 offset=$3 msg=$4
+  {
+    printf 'services: error: %s\n' "$msg"
+    printf 'services: ---- last lines of %s ----\n' "$logf"
+    if [[ -f $logf ]]; then tail -c +"$((offset + 1))" "$logf" | tail -n 40; fi
+    printf 'services: ----\n'
+  } >&2
+  stop_service "$name" || true
+  exit 1
+}
+
+# ---------------------------------------------------------------------------------------------
+# Kafka
+
+java_check() {
+  have "$JAVA" || [[ -x $JAVA ]] || die "java not found (Kafka $KAFKA_VERSION needs Java 17+; set JAVA_HOME)"
+  local v major
+  v=$("$JAVA" -version 2>&1 | awk -F'"' '/version/ {print $2; exit}')
+  major=${v%%.*}
+  [[ $major == 1 ]] && major=$(echo "$v" | cut -d. -f2)
+  if ! [[ $major =~ ^[0-9]+$ ]] || ((major < 17)); then
+    die "Kafka $KAFKA_VERSION needs Java 17+, found '$v' ($JAVA)"
+  fi
+}
+
+pom_sum() { cksum <"$KAFKA_POM" | awk '{print $1 "-" $2}'; }
+
+kafka_installed() {
+  [[ -f $KAFKA_HOME/.installed && -f $KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar ]] &&
+    [[ $(<"$KAFKA_HOME/.installed") == "$(pom_sum)" ]]
+}
+
+kafka_install() {
+  kafka_installed && return 0
+  lock_cache
+  if ! kafka_installed; then
+    have mvn || die "mvn not found (needed once to fetch Kafka's jars)"
+    log "fetching Kafka $KAFKA_VERSION jars with Maven into $KAFKA_HOME (one time) ..."
+    local t0=$SECONDS tmp=$KAFKA_HOME.tmp.$$ out
+    CLEANUP+=("$tmp")
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    if ! out=$(cd "$tmp" && mvn -q -B -f "$KAFKA_POM" -Dkafka.version="$KAFKA_VERSION" \
+      dependency:copy-dependencies -DoutputDirectory="$tmp/libs" 2>&1); then
+      printf '%s\n' "$out" | tail -n 30 >&2
+      die "could not fetch org.apache.kafka:kafka_2.13:$KAFKA_VERSION with Maven (try RLLM_KAFKA_VERSION=4.0.1)"
+    fi
+    [[ -f $tmp/libs/kafka_2.13-$KAFKA_VERSION.jar ]] || die "Maven did not produce kafka_2.13-$KAFKA_VERSION.jar"
+    pom_sum >"$tmp/.installed"
+    rm -rf "$KAFKA_HOME"
+    mv "$tmp" "$KAFKA_HOME"
+    log "Kafka $KAFKA_VERSION jars ready ($((SECONDS - t0))s)"
+  fi
+  unlock_cache
+}
+
+# kafka_tool CLASS args...: run a Kafka command-line class from the cached jars (quiet logging).
+kafka_tool() {
+  "$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KAFKA_STATE/tools-log4j2.properties" \
+    -cp "$KAFKA_LIBS/*" "$@"
+}
+
+kafka_write_config() {
+  mkdir -p "$KAFKA_DATA" "$LOG_DIR"
+  cat >"$KAFKA_STATE/server.properties" <<EOF
+# Generated by scripts/services.sh on every start; edit the script, not this file.
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=$HOST:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://$HOST:$KAFKA_PORT,CONTROLLER://$HOST:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://$HOST:$KAFKA_PORT
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$KAFKA_DATA
+num.partitions=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+EOF
+  cat >"$KAFKA_STATE/log4j2.properties" <<'EOF'
+# Broker logging: everything to stdout, which services.sh redirects to logs/kafka.log.
+name = rllm-kafka
+status = warn
+# Kafka shuts down in its own shutdown hook; keep logging alive until the JVM exits.
+shutdownHook = disable
+appender.out.type = Console
+appender.out.name = STDOUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = STDOUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+EOF
+  cat >"$KAFKA_STATE/tools-log4j2.properties" <<'EOF'
+name = rllm-kafka-tools
+status = error
+appender.err.type = Console
+appender.err.name = STDERR
+appender.err.target = SYSTEM_ERR
+appender.err.layout.type = PatternLayout
+appender.err.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.err.ref = STDERR
+EOF
+  cat >"$KAFKA_STATE/tools-admin.properties" <<'EOF'
+request.timeout.ms=5000
+default.api.timeout.ms=10000
+socket.connection.setup.timeout.ms=2000
+socket.connection.setup.timeout.max.ms=5000
+EOF
+}
+
+# Format the storage once (single-node dynamic quorum). The controller's endpoint is recorded in
+# the metadata log, so the ports are pinned to the data directory.
+kafka_format_if_needed() {
+  local ports="$KAFKA_PORT $KAFKA_CONTROLLER_PORT"
+  if [[ -f $KAFKA_DATA/meta.properties ]]; then
+    if [[ -f $KAFKA_STATE/ports && $(<"$KAFKA_STATE/ports") != "$ports" ]]; then
+      die "Kafka data in $KAFKA_DATA was formatted for ports $(<"$KAFKA_STATE/ports") (broker, controller), not $ports; run '$0 down --clean' or use another RLLM_SERVICES_DIR"
+    fi
+    return 0
+  fi
+  local id out
+  rm -rf "$KAFKA_DATA"
+  mkdir -p "$KAFKA_DATA"
+  id=$(kafka_tool kafka.tools.StorageTool random-uuid) || die "kafka-storage random-uuid failed"
+  if ! out=$(kafka_tool kafka.tools.StorageTool format --standalone -t "$id" -c "$KAFKA_STATE/server.properties" 2>&1); then
+    printf '%s\n' "$out" >&2
+    rm -rf "$KAFKA_DATA"
+    die "formatting Kafka storage failed"
+  fi
+  printf '%s\n' "$id" >"$KAFKA_STATE/cluster-id"
+  printf '%s\n' "$ports" >"$KAFKA_STATE/ports"
+  log "formatted Kafka storage in $KAFKA_DATA (cluster id $id)"
+}
+
+# A metadata round trip (lists topics); needs the jars.
+kafka_metadata_ok() {
+  [[ -f $KAFKA_STATE/tools-admin.properties ]] || kafka_write_config
+  with_timeout 30 "$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KAFKA_STATE/tools-log4j2.properties" -cp "$KAFKA_LIBS/*" \
+    org.apache.kafka.tools.TopicCommand --bootstrap-server "$HOST:$KAFKA_PORT" \
+    --command-config "$KAFKA_STATE/tools-admin.properties" --list >/dev/null 2>&1
+}
+
+kafka_healthy() { port_open "$KAFKA_PORT" && kafka_metadata_ok; }
+
+# kafka_wait PID OFFSET: wait for "Kafka Server started" (after OFFSET in the log) + port, then a
+# metadata request.
+kafka_wait() {
+  local pid=$1 offset=$2 logf=$LOG_DIR/kafka.log deadline=$((SECONDS + HEALTH_TIMEOUT)) started=''
+  while :; do
+    is_alive "$pid" || fail_start kafka "$logf" "$offset" "Kafka exited during startup"
+    if [[ -z $started ]] && port_open "$KAFKA_PORT" &&
+      tail -c +"$((offset + 1))" "$logf" 2>/dev/null | grep -q 'Kafka Server started'; then
+      started=1
+    fi
+    if [[ -n $started ]] && kafka_metadata_ok; then return 0; fi
+    ((SECONDS < deadline)) || fail_start kafka "$logf" "$offset" "Kafka did not become healthy within ${HEALTH_TIMEOUT}s"
+    sleep 0.5
+  done
+}
+
+kafka_start() {
+  local pid
+  if pid=$(pid_of kafka); then
+    if kafka_healthy; then return 0; fi
+    log "Kafka (pid $pid) is running; waiting for it to become healthy ..."
+    java_check
+    kafka_wait "$pid" "$(file_size "$LOG_DIR/kafka.log")"
+    return 0
+  fi
+  rm -f "$RUN_DIR/kafka.pid"
+  if port_open "$KAFKA_PORT"; then
+    if [[ ! -f $KAFKA_LIBS/kafka_2.13-$KAFKA_VERSION.jar ]] || { java_check && kafka_metadata_ok; }; then
+      log "$HOST:$KAFKA_PORT is already served by a Kafka not started by this script; using it"
+      return 0
+    fi
+    die "port $HOST:$KAFKA_PORT is in use by another process that is not a working Kafka"
+  fi
+  port_open "$KAFKA_CONTROLLER_PORT" && die "Kafka controller port $HOST:$KAFKA_CONTROLLER_PORT is in use by another process"
+
+  java_check
+  kafka_install
+  kafka_write_config
+  kafka_format_if_needed
+
+  local logf=$LOG_DIR/kafka.log offset t0=$SECONDS
+  offset=$(file_size "$logf")
+  printf '\n===== %s services.sh: starting Kafka %s on %s:%s =====\n' "$(date '+%F %T')" "$KAFKA_VERSION" "$HOST" "$KAFKA_PORT" >>"$logf"
+  offset=$(file_size "$logf")
+  log "starting Kafka $KAFKA_VERSION on $HOST:$KAFKA_PORT (log: $logf) ..."
+  launch kafka "$logf" "$JAVA" -Xms256m -Xmx1g -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KAFKA_STATE/log4j2.properties" \
+    -cp "$KAFKA_LIBS/*" kafka.Kafka "$KAFKA_STATE/server.properties"
+  pid=$(<"$RUN_DIR/kafka.pid")
+  kafka_wait "$pid" "$offset"
+  log "Kafka is healthy (pid $pid, $((SECONDS - t0))s)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# MinIO
+
+minio_installed() { [[ -x $MINIO_BIN && -f $MINIO_BIN.version && $(<"$MINIO_BIN.version") == "$MINIO_VERSION" ]]; }
+
+# module version a Go binary was built from (empty if unknown)
+go_bin_version() { go version -m "$1" 2>/dev/null | awk -v m="$MINIO_MODULE" '$1 == "mod" && $2 == m {print $3; exit}'; }
+
+minio_install() {
+  minio_installed && return 0
+  lock_cache
+  if minio_installed; then unlock_cache; return 0; fi
+  have go || die "go not found (needed once to build MinIO $MINIO_VERSION)"
+  mkdir -p "$CACHE_DIR/bin"
+
+  # A plain `go install` of the same version may be running (or done) in the default GOBIN:
+  # wait for it instead of compiling twice, then reuse its binary.
+  local waited=0
+  while have pgrep && pgrep -f "go install $MINIO_MODULE@$MINIO_VERSION" >/dev/null 2>&1; do
+    ((waited == 0)) && log "a 'go install $MINIO_MODULE@$MINIO_VERSION' is already running; waiting for it ..."
+    ((waited < 1800)) || break
+    sleep 5
+    waited=$((waited + 5))
+  done
+  local gobin cand
+  gobin=$(go env GOBIN)
+  [[ -n $gobin ]] || gobin=$(go env GOPATH | cut -d: -f1)/bin
+  cand=$gobin/minio
+  if [[ -x $cand && $(go_bin_version "$cand") == "$MINIO_VERSION" ]] && "$cand" --version >/dev/null 2>&1; then
+    log "reusing $cand ($MINIO_VERSION) for the cache"
+    cp "$cand" "$MINIO_BIN.tmp.$$"
+    mv -f "$MINIO_BIN.tmp.$$" "$MINIO_BIN"
+    printf '%s\n' "$MINIO_VERSION" >"$MINIO_BIN.version"
+    unlock_cache
+    return 0
+  fi
+
+  local t0=$SECONDS tmp=$CACHE_DIR/bin/.build.$$ blog=$CACHE_DIR/minio-build.log
+  log "building MinIO $MINIO_VERSION with go install (one time; several minutes; log: $blog) ..."
+  CLEANUP+=("$tmp")
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  if ! (cd "$tmp" && GOBIN=$tmp GOFLAGS='' GOWORK=off go install "$MINIO_MODULE@$MINIO_VERSION") >"$blog" 2>&1; then
+    tail -n 30 "$blog" >&2
+    die "go install $MINIO_MODULE@$MINIO_VERSION failed (log: $blog)"
+  fi
+  "$tmp/minio" --version >/dev/null 2>&1 || die "the freshly built minio does not run"
+  mv -f "$tmp/minio" "$MINIO_BIN"
+  printf '%s\n' "$MINIO_VERSION" >"$MINIO_BIN.version"
+  log "MinIO built ($((SECONDS - t0))s)"
+  unlock_cache
+}
+
+minio_healthy() { http_ok "http://$HOST:$MINIO_PORT/minio/health/live"; }
+
+minio_wait() {
+  local pid=$1 offset=$2 logf=$LOG_DIR/minio.log deadline=$((SECONDS + HEALTH_TIMEOUT))
+  while :; do
+    is_alive "$pid" || fail_start minio "$logf" "$offset" "MinIO exited during startup"
+    minio_healthy && return 0
+    ((SECONDS < deadline)) || fail_start minio "$logf" "$offset" "MinIO did not become healthy within ${HEALTH_TIMEOUT}s"
+    sleep 0.3
+  done
+}
+
+minio_start() {
+  local pid
+  if pid=$(pid_of minio); then
+    minio_healthy && return 0
+    log "MinIO (pid $pid) is running; waiting for it to become healthy ..."
+    minio_wait "$pid" "$(file_size "$LOG_DIR/minio.log")"
+    return 0
+  fi
+  rm -f "$RUN_DIR/minio.pid"
+  if port_open "$MINIO_PORT"; then
+    if minio_healthy; then
+      log "$HOST:$MINIO_PORT is already served by a MinIO not started by this script; using it"
+      return 0
+    fi
+    die "port $HOST:$MINIO_PORT is in use by another process that is not a working MinIO"
+  fi
+  port_open "$MINIO_CONSOLE_PORT" && die "MinIO console port $HOST:$MINIO_CONSOLE_PORT is in use by another process"
+
+  minio_install
+  mkdir -p "$MINIO_DATA" "$LOG_DIR"
+  local logf=$LOG_DIR/minio.log offset t0=$SECONDS
+  printf '\n===== %s services.sh: starting MinIO on %s:%s =====\n' "$(date '+%F %T')" "$HOST" "$MINIO_PORT" >>"$logf"
+  offset=$(file_size "$logf")
+  log "starting MinIO on $HOST:$MINIO_PORT, console $HOST:$MINIO_CONSOLE_PORT (log: $logf) ..."
+  launch minio "$logf" env MINIO_ROOT_USER="$MINIO_USER" MINIO_ROOT_PASSWORD="$MINIO_PASSWORD" \
+    "$MINIO_BIN" server "$MINIO_DATA" --address "$HOST:$MINIO_PORT" --console-address "$HOST:$MINIO_CONSOLE_PORT"
+  pid=$(<"$RUN_DIR/minio.pid")
+  minio_wait "$pid" "$offset"
+  log "MinIO is healthy (pid $pid, $((SECONDS - t0))s)"
+}
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+cmd_env() {
+  cat <<EOF
+export RLLM_KAFKA_BROKERS=$HOST:$KAFKA_PORT
+export RLLM_S3_ENDPOINT=http://$HOST:$MINIO_PORT
+export AWS_ENDPOINT_URL=http://$HOST:$MINIO_PORT
+export AWS_ACCESS_KEY_ID=$MINIO_USER
+export AWS_SECRET_ACCESS_KEY=$MINIO_PASSWORD
+export AWS_REGION=us-east-1
+EOF
+}
+
+cmd_up() {
+  local t0=$SECONDS
+  lock_state
+  kafka_start
+  minio_start
+  log "up: Kafka $HOST:$KAFKA_PORT, MinIO $HOST:$MINIO_PORT ($((SECONDS - t0))s)"
+  cmd_env
+}
+
+cmd_down() {
+  local clean=''
+  case ${1:-} in
+    "") ;;
+    --clean) clean=1 ;;
+    *) die "usage: $0 down [--clean]" ;;
+  esac
+  lock_state
+  stop_service kafka
+  stop_service minio
+  if [[ -n $clean ]]; then
+    rm -rf "$KAFKA_STATE" "$MINIO_DATA" "$LOG_DIR" "$RUN_DIR"
+    log "removed data and logs in $STATE_DIR"
+  fi
+}
+
+status_line() {
+  local name=$1 port=$2 pid
+  if pid=$(pid_of "$name"); then
+    if port_open "$port"; then
+      printf '%-6s running  pid %-8s %s:%s\n' "$name" "$pid" "$HOST" "$port"
+    else
+      printf '%-6s running  pid %-8s %s:%s (port not accepting connections yet)\n' "$name" "$pid" "$HOST" "$port"
+    fi
+    return 0
+  elif port_open "$port"; then
+    printf '%-6s running  pid %-8s %s:%s (external: not started by services.sh)\n' "$name" "-" "$HOST" "$port"
+    return 0
+  else
+    printf '%-6s stopped  pid %-8s %s:%s\n' "$name" "-" "$HOST" "$port"
+    return 1
+  fi
+}
+
+cmd_status() {
+  local rc=0
+  status_line kafka "$KAFKA_PORT" || rc=3
+  status_line minio "$MINIO_PORT" || rc=3
+  return "$rc"
+}
+
+cmd_logs() {
+  local svc='' follow='' lines=100
+  while (($#)); do
+    case $1 in
+      -f | --follow) follow=1 ;;
+      -n) shift; lines=${1:?-n needs a number} ;;
+      kafka | minio) svc=$1 ;;
+      *) die "usage: $0 logs kafka|minio [-f] [-n LINES]" ;;
+    esac
+    shift
+  done
+  [[ -n $svc ]] || die "usage: $0 logs kafka|minio [-f] [-n LINES]"
+  local logf=$LOG_DIR/$svc.log
+  [[ -f $logf ]] || die "no log yet: $logf"
+  if [[ -n $follow ]]; then exec tail -n "$lines" -F "$logf"; fi
+  tail -n "$lines" "$logf"
+}
+
+usage() {
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p;}' "${BASH_SOURCE[0]}" >&2
+}
+
+main() {
+  local cmd=${1:-}
+  (($#)) && shift
+  case $cmd in
+    up) cmd_up ;;
+    down) cmd_down "$@" ;;
+    env) cmd_env ;;
+    status) cmd_status ;;
+    kafka-stop) lock_state; stop_service kafka ;;
+    kafka-start) lock_state; kafka_start ;;
+    minio-stop) lock_state; stop_service minio ;;
+    minio-start) lock_state; minio_start ;;
+    logs) cmd_logs "$@" ;;
+    -h | --help | help) usage ;;
+    *) usage; exit 2 ;;
+  esac
+}
+
+# (on one line, so that editing this file while it runs cannot affect the running instance)
+main "$@"; exit
