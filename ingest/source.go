@@ -3,11 +3,14 @@ package ingest
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -51,6 +54,7 @@ var utf8BOM = []byte{0xef, 0xbb, 0xbf}
 // LineSource reads JSON lines from a reader (a file or stdin).
 type LineSource struct {
 	name      string
+	stream    string
 	r         *bufio.Reader
 	closer    io.Closer
 	line      int64
@@ -61,6 +65,12 @@ type LineSource struct {
 
 // OpenFile opens path ("-" for stdin) as a LineSource. maxRecord <= 0 means
 // DefaultMaxRecordBytes.
+//
+// A file's records carry a stream identity made of its absolute path and a
+// fingerprint of its first 64 KiB, so that a restart over the same file
+// (or the same file grown longer) skips what was settled, while a
+// different file at the same path is read afresh. Stdin has no identity:
+// it is never skipped.
 func OpenFile(path string, maxRecord int) (*LineSource, error) {
 	if path == "-" {
 		return NewLineSource("-", os.Stdin, nil, maxRecord), nil
@@ -69,7 +79,21 @@ func OpenFile(path string, maxRecord int) (*LineSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open input: %w", err)
 	}
-	return NewLineSource(path, f, f, maxRecord), nil
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open input: %w", err)
+	}
+	head := make([]byte, 64<<10)
+	n, err := f.ReadAt(head, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		f.Close()
+		return nil, fmt.Errorf("read input: %w", err)
+	}
+	sum := sha256.Sum256(head[:n])
+	s := NewLineSource(path, f, f, maxRecord)
+	s.stream = abs + "#" + hex.EncodeToString(sum[:8])
+	return s, nil
 }
 
 // NewLineSource reads lines from r, naming them name in lineage. closer,
@@ -112,7 +136,7 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 				buf = append(buf, data...)
 				c.Records = append(c.Records, Raw{
 					Data:      buf[start:len(buf):len(buf)],
-					Source:    schemas.Source{File: s.name, Line: s.line},
+					Source:    schemas.Source{Stream: s.stream, File: s.name, Line: s.line},
 					Truncated: truncated,
 					Size:      size,
 				})

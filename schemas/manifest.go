@@ -2,10 +2,12 @@ package schemas
 
 import "time"
 
-// ShardEntry is one committed shard as listed in the manifest under the
-// output root. Paths are relative to the root, with forward slashes.
+// ShardEntry is one commit as listed in the manifest under the output
+// root: a shard (Path set) and the source positions it settles, or a
+// checkpoint without a shard (Path empty) that settles dead-lettered and
+// dropped records. Paths are relative to the root, with forward slashes.
 type ShardEntry struct {
-	Path          string        `json:"path"`
+	Path          string        `json:"path,omitempty"`
 	Rows          int64         `json:"rows"`
 	Bytes         int64         `json:"bytes"`
 	Groups        int           `json:"groups"`
@@ -15,9 +17,24 @@ type ShardEntry struct {
 	RunID         string        `json:"run_id"`
 	SchemaVersion string        `json:"schema_version"`
 	CommittedAt   time.Time     `json:"committed_at"`
+	// Settled lists, per input stream, the positions whose fate this
+	// commit makes durable: the records written in the shard, and records
+	// dead-lettered or dropped as retries since the previous commit. A
+	// restart skips every settled position, so nothing is lost or doubled.
+	Settled Settled `json:"settled,omitempty"`
+	// DeadLetters is the dead-letter file and its length made durable by
+	// this commit; on restart anything beyond is cut (it will be produced
+	// again, its records not being settled).
+	DeadLetters *DeadLetterState `json:"dead_letters,omitempty"`
 	// Recovered is set on entries rebuilt from a shard's footer after a
 	// crash between publishing the shard and appending its entry.
 	Recovered bool `json:"recovered,omitempty"`
+}
+
+// DeadLetterState is a dead-letter file's durable length.
+type DeadLetterState struct {
+	File  string `json:"file"` // relative to the output root
+	Bytes int64  `json:"bytes"`
 }
 
 // SourceRange is the span of input a shard's rows came from.

@@ -35,11 +35,25 @@ const (
 // Source is where a record came from: file and 1-based line for files,
 // topic, partition and offset for Kafka.
 type Source struct {
+	// Stream identifies the ordered input the position belongs to, for
+	// exactly-once bookkeeping: a file's absolute path and a fingerprint
+	// of its head, or topic/partition. Empty for inputs that cannot be
+	// replayed (stdin): those are never skipped on a restart.
+	Stream    string `json:"-"`
 	File      string `json:"file,omitempty"`
 	Line      int64  `json:"line,omitempty"`
 	Topic     string `json:"topic,omitempty"`
 	Partition int32  `json:"partition,omitempty"`
 	Offset    int64  `json:"offset,omitempty"`
+}
+
+// Position is the record's place in its stream: the Kafka offset, or the
+// file line.
+func (s Source) Position() int64 {
+	if s.Topic != "" {
+		return s.Offset
+	}
+	return s.Line
 }
 
 func (s Source) String() string {

@@ -31,9 +31,10 @@ type Config struct {
 	// remembered record costs about 40 bytes. Defaults 65536 and 2M.
 	MaxClosedGroups  int
 	MaxClosedRecords int
-	// Committed, if set, reports groups already committed by an earlier
-	// run; their records are skipped and counted, never written again.
-	Committed func(key string) bool
+	// Settled, if set, reports records whose fate an earlier run already
+	// committed (written, dead-lettered or dropped): they are skipped and
+	// counted, never processed again.
+	Settled func(schemas.Source) bool
 }
 
 func (c Config) withDefaults() Config {
@@ -62,7 +63,7 @@ type Counters struct {
 	Blank               int64 `json:"blank_lines"`
 	Duplicates          int64 `json:"duplicates_dropped"`
 	Repaired            int64 `json:"utf8_repaired"`
-	SkippedCommitted    int64 `json:"skipped_committed"`
+	SkippedCommitted    int64 `json:"skipped_committed"` // records settled by an earlier run
 	GroupsEmitted       int64 `json:"groups_written"`
 	PartialGroups       int64 `json:"partial_groups"`
 	TrajectoriesEmitted int64 `json:"trajectories_written"`
@@ -163,6 +164,7 @@ type Assembler struct {
 
 	out      []*Group
 	dead     []schemas.DeadLetter
+	dropped  []schemas.Source
 	Counters Counters
 }
 
@@ -182,12 +184,26 @@ func NewAssembler(cfg Config) *Assembler {
 // OpenGroups is the number of groups held in memory.
 func (a *Assembler) OpenGroups() int { return len(a.groups) }
 
-// Take returns the groups emitted and the dead letters produced since the
-// last call. The caller owns both slices.
-func (a *Assembler) Take() ([]*Group, []schemas.DeadLetter) {
-	g, d := a.out, a.dead
-	a.out, a.dead = nil, nil
-	return g, d
+// Output is what the assembler produced since the last Take: emitted
+// groups, dead letters, and the positions of records dropped as producer
+// retries (settled without a trace in the output).
+type Output struct {
+	Groups  []*Group
+	Dead    []schemas.DeadLetter
+	Dropped []schemas.Source
+}
+
+// Take returns the output since the last call; the caller owns it.
+func (a *Assembler) Take() Output {
+	o := Output{Groups: a.out, Dead: a.dead, Dropped: a.dropped}
+	a.out, a.dead, a.dropped = nil, nil, nil
+	return o
+}
+
+// drop counts a producer retry and records its position as settled.
+func (a *Assembler) drop(it *ingest.Item) {
+	a.Counters.Duplicates++
+	a.dropped = append(a.dropped, it.Source)
 }
 
 func (a *Assembler) reject(it *ingest.Item, reason schemas.Reason, format string, args ...any) {
@@ -202,6 +218,10 @@ func (a *Assembler) reject(it *ingest.Item, reason schemas.Reason, format string
 // Add takes one decoded record at time now.
 func (a *Assembler) Add(it *ingest.Item, now time.Time) {
 	a.Counters.Records++
+	if a.cfg.Settled != nil && a.cfg.Settled(it.Source) {
+		a.Counters.SkippedCommitted++
+		return
+	}
 	if it.Err != nil {
 		a.dead = append(a.dead, schemas.DeadLetter{
 			Reason: it.Err.Reason,
@@ -228,13 +248,9 @@ func (a *Assembler) Add(it *ingest.Item, now time.Time) {
 // record under a written id is a conflict; anything else for a closed
 // group is late. It reports whether the record was consumed.
 func (a *Assembler) closedCheck(it *ingest.Item, key string, kind byte, id string, content uint64) bool {
-	if a.cfg.Committed != nil && a.cfg.Committed(key) {
-		a.Counters.SkippedCommitted++
-		return true
-	}
 	if c, ok := a.written[idHash(kind, id)]; ok {
 		if c == content {
-			a.Counters.Duplicates++
+			a.drop(it)
 			return true
 		}
 		if a.closed[key] == nil {
@@ -262,7 +278,7 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 	}
 	if prev := a.steps[s.StepID]; prev != nil {
 		if prev.hash == h {
-			a.Counters.Duplicates++
+			a.drop(it)
 			return
 		}
 		a.reject(it, schemas.ReasonDuplicateConflict, "step_id %q was already received (%s) with different content", s.StepID, prev.Source)
@@ -304,7 +320,7 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 	if t != nil {
 		if t.Trajectory != nil {
 			if t.hash == h {
-				a.Counters.Duplicates++
+				a.drop(it)
 				return
 			}
 			a.reject(it, schemas.ReasonDuplicateConflict, "trajectory %q was already received (%s) with different content", tr.TrajectoryID, t.Source)

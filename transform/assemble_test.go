@@ -35,8 +35,9 @@ type harness struct {
 	a      *Assembler
 	d      ingest.Decoder
 	line   int64
-	groups []*Group
-	dead   []schemas.DeadLetter
+	groups  []*Group
+	dead    []schemas.DeadLetter
+	dropped []schemas.Source
 }
 
 func newHarness(t *testing.T, cfg Config) *harness {
@@ -59,9 +60,10 @@ func (h *harness) add(now time.Time, lines ...string) {
 }
 
 func (h *harness) take() {
-	g, d := h.a.Take()
-	h.groups = append(h.groups, g...)
-	h.dead = append(h.dead, d...)
+	o := h.a.Take()
+	h.groups = append(h.groups, o.Groups...)
+	h.dead = append(h.dead, o.Dead...)
+	h.dropped = append(h.dropped, o.Dropped...)
 }
 
 // summary renders emitted groups as "key:traj,traj|..." for comparison.
@@ -145,8 +147,8 @@ func TestAssembleRetriesConflictsLate(t *testing.T) {
 	if got, want := h.reasons(), "11:late 12:late 5:duplicate_conflict 6:duplicate_conflict"; got != want {
 		t.Fatalf("dead letters %s, want %s", got, want)
 	}
-	if h.a.Counters.Duplicates != 4 {
-		t.Fatalf("duplicates %d, want 4", h.a.Counters.Duplicates)
+	if h.a.Counters.Duplicates != 4 || len(h.dropped) != 4 || h.dropped[0].Line != 2 || h.dropped[3].Line != 10 {
+		t.Fatalf("duplicates %d, dropped %v", h.a.Counters.Duplicates, h.dropped)
 	}
 }
 
@@ -269,8 +271,8 @@ func TestAssembleTimeoutAndEviction(t *testing.T) {
 	}
 }
 
-func TestAssembleCommittedAndRoles(t *testing.T) {
-	h := newHarness(t, Config{GroupSize: 1, Committed: func(k string) bool { return k == "A" }})
+func TestAssembleSettledAndRoles(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 1, Settled: func(s schemas.Source) bool { return s.Line <= 2 }})
 	h.add(t0,
 		step("A", "a1", 0), traj("A", "a1", 1, 1),
 		step("T", "t1", 0, `"role":"judge"`), traj("T", "t1", 1, 1, `"role":"judge"`),
@@ -288,7 +290,7 @@ func TestAssembleDecodeErrorsPassThrough(t *testing.T) {
 	a := NewAssembler(Config{})
 	it := ingest.Item{Source: schemas.Source{File: "f", Line: 3}, Raw: []byte("{"), Err: schemas.Rejectf(schemas.ReasonMalformedJSON, "", "bad")}
 	a.Add(&it, t0)
-	_, dead := a.Take()
+	dead := a.Take().Dead
 	if len(dead) != 1 || dead[0].Reason != schemas.ReasonMalformedJSON || string(dead[0].Record) != "{" || dead[0].Source.Line != 3 {
 		t.Fatalf("%+v", dead)
 	}

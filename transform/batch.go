@@ -19,6 +19,9 @@ type Batch struct {
 	Version int64
 	Record  arrow.RecordBatch
 	Groups  []string // group keys in the record, for the manifest
+	// Settled holds the positions of every record (steps and trajectory
+	// records) written in Record: committing the batch settles them.
+	Settled schemas.Settled
 }
 
 // BatchConfig says how advantages and marks are computed.
@@ -165,9 +168,16 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	lengths := array.NewInt64Builder(bt.mem)
 	defer lengths.Release()
 	keys := make([]string, 0, len(groups))
+	settled := schemas.Settled{}
 	nTraj := int32(0)
 	for _, g := range groups {
 		keys = append(keys, g.Key)
+		for _, t := range g.Trajectories {
+			settled.Add(t.Source.Stream, t.Source.Position())
+			for _, s := range t.Steps {
+				settled.Add(s.Source.Stream, s.Source.Position())
+			}
+		}
 		n := int32(len(g.Trajectories))
 		zeroVar := true
 		for _, t := range g.Trajectories {
@@ -289,7 +299,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	advB.AppendValues(rows.Float64Values(), nil)
 	rec := b.NewRecordBatch()
 	if bt.cfg.Distill == nil {
-		return Batch{Version: groups[0].Version, Record: rec, Groups: keys}, nil
+		return Batch{Version: groups[0].Version, Record: rec, Groups: keys, Settled: settled}, nil
 	}
 	defer rec.Release()
 	tok, missing, err := bt.cfg.Distill.TokenAdvantages(bt.mem, rows,
@@ -303,5 +313,5 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	copy(cols, rec.Columns())
 	cols[schemas.ColTokenAdvantages] = tok
 	out := array.NewRecordBatch(schemas.StepSchema, cols, rec.NumRows())
-	return Batch{Version: groups[0].Version, Record: out, Groups: keys}, nil
+	return Batch{Version: groups[0].Version, Record: out, Groups: keys, Settled: settled}, nil
 }

@@ -98,7 +98,7 @@ func strings2(s, old, new string) string {
 
 type memDL struct{ letters []schemas.DeadLetter }
 
-func (m *memDL) Write(_ context.Context, l []schemas.DeadLetter) error {
+func (m *memDL) Write(_ context.Context, l []schemas.DeadLetter, _ []schemas.Source) error {
 	m.letters = append(m.letters, l...)
 	return nil
 }

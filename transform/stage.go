@@ -9,9 +9,11 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
-// DeadLetters receives what the stage will not write.
+// DeadLetters receives what the stage will not write: dead letters, and
+// the positions of records dropped as producer retries. Both are settled
+// once the receiver has made them durable (see sink.Settler).
 type DeadLetters interface {
-	Write(ctx context.Context, letters []schemas.DeadLetter) error
+	Write(ctx context.Context, letters []schemas.DeadLetter, dropped []schemas.Source) error
 }
 
 // StageConfig configures Stage.
@@ -63,11 +65,11 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 	rows, bytes := 0, 0
 
 	collect := func() error {
-		groups, dead := a.Take()
-		if err := dl.Write(ctx, dead); err != nil {
+		o := a.Take()
+		if err := dl.Write(ctx, o.Dead, o.Dropped); err != nil {
 			return fmt.Errorf("write dead letters: %w", err)
 		}
-		for _, g := range groups {
+		for _, g := range o.Groups {
 			pending = append(pending, g)
 			rows += g.Rows()
 			bytes += g.rawBytes()

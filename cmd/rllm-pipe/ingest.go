@@ -24,6 +24,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/transform"
 )
 
@@ -183,19 +184,13 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	dl := local.NewDeadLetterFile(dlqPath)
 	defer dl.Close()
 
-	committed := map[string]bool{}
-	for _, e := range store.Entries() {
-		for _, k := range e.GroupKeys {
-			committed[k] = true
-		}
-	}
+	settled := store.Settled()
 
 	mem := memory.DefaultAllocator
 	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: est, Label: label, Distill: distill, Filters: filters})
 	defer batcher.Release()
-	sk := sink.New(sink.StoreFunc(func(ctx context.Context, rel string) (sink.Pending, error) {
-		return store.Create(ctx, rel)
-	}), sink.Config{
+	sk := sink.New(localStore{store}, sink.Config{
+		Settler:       deadLetterSettler{dl, store},
 		ShardSize:     shardSize,
 		FlushInterval: o.flushInterval,
 		RunID:         runID,
@@ -231,7 +226,7 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 				MinGroupSize:  o.minGroupSize,
 				Timeout:       o.groupTimeout,
 				MaxOpenGroups: o.maxOpenGroups,
-				Committed:     func(k string) bool { return committed[k] },
+				Settled:       settled.Contains,
 			},
 			Tick:    tick,
 			Stopped: func() bool { return soft.Err() != nil },
@@ -299,7 +294,10 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  written:    %d steps, %d trajectories, %d groups (%d partial) in %d shards, %.1f MiB\n",
 		c.StepsEmitted, c.TrajectoriesEmitted, c.GroupsEmitted, c.PartialGroups, sc.Shards, float64(sc.Bytes)/(1<<20))
-	fmt.Fprintf(w, "  dropped:    %d duplicates (producer retries), %d records of groups already committed\n", c.Duplicates, c.SkippedCommitted)
+	fmt.Fprintf(w, "  dropped:    %d duplicates (producer retries)\n", c.Duplicates)
+	if c.SkippedCommitted > 0 {
+		fmt.Fprintf(w, "  skipped:    %d records settled by an earlier run over this input\n", c.SkippedCommitted)
+	}
 	fmt.Fprintf(w, "  repaired:   %d records with invalid UTF-8\n", c.Repaired)
 	fmt.Fprintf(w, "  advantage:  %s", st.Estimator)
 	if st.NoTeacher > 0 {
@@ -338,4 +336,25 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
 	}
 	fmt.Fprintf(w, "  output:     %s\n", st.Output)
+}
+
+// localStore adapts local.Store to sink.Store.
+type localStore struct{ *local.Store }
+
+func (s localStore) Create(ctx context.Context, rel string) (sink.Pending, error) {
+	return s.Store.Create(ctx, rel)
+}
+
+// deadLetterSettler adapts the dead-letter file to sink.Settler.
+type deadLetterSettler struct {
+	dl    *local.DeadLetterFile
+	store *local.Store
+}
+
+func (d deadLetterSettler) Checkpoint() (schemas.Settled, *schemas.DeadLetterState, error) {
+	settled, size, err := d.dl.Checkpoint()
+	if err != nil || size == 0 {
+		return settled, nil, err
+	}
+	return settled, &schemas.DeadLetterState{File: d.store.Rel(d.dl.Path()), Bytes: size}, nil
 }

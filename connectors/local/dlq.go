@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -48,33 +49,45 @@ func Encode(d schemas.DeadLetter) DeadLetterLine {
 // on the first dead letter. Counts are kept by reason. Safe for concurrent
 // use.
 type DeadLetterFile struct {
-	path   string
-	mu     sync.Mutex
-	f      *os.File
-	w      *bufio.Writer
-	counts map[schemas.Reason]int64
+	path    string
+	mu      sync.Mutex
+	f       *os.File
+	w       *bufio.Writer
+	written int64
+	dirty   bool // written since the last sync
+	counts  map[schemas.Reason]int64
+	// pending holds the positions dead-lettered or dropped since the last
+	// Checkpoint.
+	pending schemas.Settled
 }
 
 // NewDeadLetterFile writes to path (its folder is created as needed).
 func NewDeadLetterFile(path string) *DeadLetterFile {
-	return &DeadLetterFile{path: path, counts: map[schemas.Reason]int64{}}
+	return &DeadLetterFile{path: path, counts: map[schemas.Reason]int64{}, pending: schemas.Settled{}}
 }
+
+// Path is the file's path.
+func (d *DeadLetterFile) Path() string { return d.path }
 
 // DeadLetterPath is the default dead-letter file of a run under root.
 func DeadLetterPath(root, runID string) string {
 	return filepath.Join(root, DLQDir, runID+".jsonl")
 }
 
-// Write appends letters. It does not sync; Flush does.
-func (d *DeadLetterFile) Write(ctx context.Context, letters []schemas.DeadLetter) error {
-	if len(letters) == 0 {
-		return nil
-	}
+// Write appends letters and notes the positions of letters and dropped
+// records as pending. It does not sync; Checkpoint does.
+func (d *DeadLetterFile) Write(ctx context.Context, letters []schemas.DeadLetter, dropped []schemas.Source) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	for _, s := range dropped {
+		d.pending.Add(s.Stream, s.Position())
+	}
+	if len(letters) == 0 {
+		return nil
+	}
 	if d.f == nil {
 		if err := os.MkdirAll(filepath.Dir(d.path), 0o755); err != nil {
 			return fmt.Errorf("create dead-letter folder: %w", err)
@@ -83,17 +96,59 @@ func (d *DeadLetterFile) Write(ctx context.Context, letters []schemas.DeadLetter
 		if err != nil {
 			return fmt.Errorf("open dead-letter file: %w", err)
 		}
-		d.f, d.w = f, bufio.NewWriterSize(f, 256<<10)
+		info, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("open dead-letter file: %w", err)
+		}
+		d.f, d.w, d.written = f, bufio.NewWriterSize(f, 256<<10), info.Size()
 	}
-	enc := json.NewEncoder(d.w)
+	cw := countWriter{w: d.w}
+	enc := json.NewEncoder(&cw)
 	enc.SetEscapeHTML(false)
 	for _, l := range letters {
 		if err := enc.Encode(Encode(l)); err != nil {
 			return fmt.Errorf("write dead letter: %w", err)
 		}
 		d.counts[l.Reason]++
+		d.pending.Add(l.Source.Stream, l.Source.Position())
 	}
+	d.written += cw.n
+	d.dirty = true
 	return nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Checkpoint makes every letter written so far durable and returns the
+// positions settled since the last checkpoint, with the file's durable
+// length. It is cheap when nothing is pending.
+func (d *DeadLetterFile) Checkpoint() (schemas.Settled, int64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.pending) == 0 && !d.dirty {
+		return nil, d.written, nil
+	}
+	if d.f != nil {
+		if err := d.w.Flush(); err != nil {
+			return nil, 0, fmt.Errorf("flush dead letters: %w", err)
+		}
+		if err := d.f.Sync(); err != nil {
+			return nil, 0, fmt.Errorf("sync dead letters: %w", err)
+		}
+	}
+	p := d.pending
+	d.pending, d.dirty = schemas.Settled{}, false
+	return p, d.written, nil
 }
 
 // Flush writes buffered lines and syncs the file.

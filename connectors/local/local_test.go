@@ -62,10 +62,20 @@ func TestDeadLetterFile(t *testing.T) {
 	err := d.Write(context.Background(), []schemas.DeadLetter{
 		{Reason: schemas.ReasonMalformedJSON, Error: "e1", Source: schemas.Source{File: "f", Line: 1}, Record: []byte(`{"a":<b>}`)},
 		{Reason: schemas.ReasonWrongType, Error: "e2", Source: schemas.Source{File: "f", Line: 2}, Record: bad},
-		{Reason: schemas.ReasonTooLarge, Error: "e3", Source: schemas.Source{File: "f", Line: 3}, Record: []byte("{"), Truncated: true, Size: 1 << 30},
-	})
+		{Reason: schemas.ReasonTooLarge, Error: "e3", Source: schemas.Source{Stream: "s", File: "f", Line: 3}, Record: []byte("{"), Truncated: true, Size: 1 << 30},
+	}, []schemas.Source{{Stream: "s", Line: 4}, {Line: 5}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	settled, size, err := d.Checkpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := os.Stat(path); info.Size() != size || len(settled["s"]) != 1 || settled["s"][0] != [2]int64{3, 4} || len(settled) != 1 {
+		t.Fatalf("checkpoint size %d settled %v", size, settled)
+	}
+	if again, _, _ := d.Checkpoint(); again != nil {
+		t.Fatalf("settled twice: %v", again)
 	}
 	if err := d.Close(); err != nil {
 		t.Fatal(err)

@@ -96,7 +96,86 @@ func Open(root string) (*Store, error) {
 		f.Close()
 		return nil, err
 	}
+	if err := s.cutDeadLetters(); err != nil {
+		f.Close()
+		return nil, err
+	}
 	return s, nil
+}
+
+// Settled returns the union of the positions settled by every commit: a
+// run skips them.
+func (s *Store) Settled() schemas.Settled {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := schemas.Settled{}
+	for _, e := range s.entries {
+		out.Union(e.Settled)
+	}
+	return out
+}
+
+// Rel returns p relative to the root with forward slashes when p lies
+// under it, else p unchanged.
+func (s *Store) Rel(p string) string {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	rel, err := filepath.Rel(s.root, abs)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return abs
+	}
+	return filepath.ToSlash(rel)
+}
+
+// cutDeadLetters truncates dead-letter files under the root to the length
+// the manifest made durable: lines beyond belong to records that were not
+// settled and will be dead-lettered again.
+func (s *Store) cutDeadLetters() error {
+	durable := map[string]int64{}
+	for _, e := range s.entries {
+		if e.DeadLetters != nil {
+			durable[e.DeadLetters.File] = max(durable[e.DeadLetters.File], e.DeadLetters.Bytes)
+		}
+	}
+	dir := filepath.Join(s.root, DLQDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", dir, err)
+	}
+	for _, de := range ents {
+		if de.IsDir() {
+			continue
+		}
+		rel := DLQDir + "/" + de.Name()
+		info, err := de.Info()
+		if err != nil {
+			return err
+		}
+		keep := durable[rel]
+		if info.Size() <= keep {
+			continue
+		}
+		p := filepath.Join(dir, de.Name())
+		if keep == 0 {
+			err = os.Remove(p)
+		} else {
+			err = os.Truncate(p, keep)
+		}
+		if err != nil {
+			return fmt.Errorf("cut uncommitted dead letters of %s: %w", rel, err)
+		}
+	}
+	return nil
+}
+
+// Append lists e in the manifest: a checkpoint without a shard.
+func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.appendEntry(e)
 }
 
 // Root is the absolute output directory.

@@ -29,16 +29,20 @@ type Pending interface {
 	Abort() error
 }
 
-// Store creates pending shards at clean relative paths.
+// Store creates pending shards at clean relative paths, and appends
+// manifest entries that carry no shard (checkpoints).
 type Store interface {
 	Create(ctx context.Context, rel string) (Pending, error)
+	Append(ctx context.Context, e schemas.ShardEntry) error
 }
 
-// StoreFunc adapts a function to Store.
-type StoreFunc func(ctx context.Context, rel string) (Pending, error)
-
-// Create implements Store.
-func (f StoreFunc) Create(ctx context.Context, rel string) (Pending, error) { return f(ctx, rel) }
+// Settler makes dead letters and dropped records durable and hands over
+// the positions they settle, with the dead-letter file's durable state;
+// the sink calls it before every manifest append, so that an entry never
+// settles a record whose dead letter could still be lost.
+type Settler interface {
+	Checkpoint() (schemas.Settled, *schemas.DeadLetterState, error)
+}
 
 // Config tunes the sink. Zero values take the defaults noted.
 type Config struct {
@@ -54,6 +58,8 @@ type Config struct {
 	// RunID names this run's shards.
 	RunID   string
 	Parquet parquet.Options
+	// Settler, if set, is checkpointed at every commit.
+	Settler Settler
 }
 
 // Totals are the sink's tallies.
@@ -81,6 +87,7 @@ type shard struct {
 	groups  []string
 	rows    int64
 	sources map[string]*schemas.SourceRange
+	settled schemas.Settled
 }
 
 // New returns a sink writing to store.
@@ -120,6 +127,7 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 	}
 	sh.rows += b.Record.NumRows()
 	sh.groups = append(sh.groups, b.Groups...)
+	sh.settled.Union(b.Settled)
 	files := b.Record.Column(schemas.ColSourceFile).(*array.String)
 	lines := b.Record.Column(schemas.ColSourceLine).(*array.Int64).Int64Values()
 	for i, line := range lines {
@@ -162,7 +170,7 @@ func (s *Sink) create(ctx context.Context, version int64, now time.Time) (*shard
 		p.Abort()
 		return nil, err
 	}
-	sh := &shard{rel: rel, version: version, p: p, w: w, opened: now, sources: map[string]*schemas.SourceRange{}}
+	sh := &shard{rel: rel, version: version, p: p, w: w, opened: now, sources: map[string]*schemas.SourceRange{}, settled: schemas.Settled{}}
 	s.open[version] = sh
 	return sh, nil
 }
@@ -183,6 +191,10 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 		e.Sources = append(e.Sources, *r)
 	}
 	sort.Slice(e.Sources, func(i, j int) bool { return e.Sources[i].File < e.Sources[j].File })
+	if err := s.settle(&e, sh.settled); err != nil {
+		sh.p.Abort()
+		return err
+	}
 	footer, err := json.Marshal(e)
 	if err != nil {
 		sh.p.Abort()
@@ -205,7 +217,43 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 	return nil
 }
 
-// Tick commits shards that have been open for the flush interval.
+// settle fills e's settled positions: the shard's own (may be nil) and
+// those the Settler made durable since the last commit.
+func (s *Sink) settle(e *schemas.ShardEntry, own schemas.Settled) error {
+	st := schemas.Settled{}
+	st.Union(own)
+	if s.cfg.Settler != nil {
+		more, dl, err := s.cfg.Settler.Checkpoint()
+		if err != nil {
+			return fmt.Errorf("checkpoint dead letters: %w", err)
+		}
+		st.Union(more)
+		e.DeadLetters = dl
+	}
+	if len(st) > 0 {
+		e.Settled = st
+	}
+	return nil
+}
+
+// checkpoint appends a manifest entry without a shard when dead letters or
+// dropped records await settling.
+func (s *Sink) checkpoint(ctx context.Context) error {
+	e := schemas.ShardEntry{RunID: s.cfg.RunID, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}
+	if err := s.settle(&e, nil); err != nil {
+		return err
+	}
+	if len(e.Settled) == 0 {
+		return nil
+	}
+	if err := s.store.Append(ctx, e); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	return nil
+}
+
+// Tick commits shards that have been open for the flush interval, then
+// settles pending dead letters.
 func (s *Sink) Tick(ctx context.Context, now time.Time) error {
 	for _, sh := range s.sorted() {
 		if now.Sub(sh.opened) >= s.cfg.FlushInterval {
@@ -214,7 +262,7 @@ func (s *Sink) Tick(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
-	return nil
+	return s.checkpoint(ctx)
 }
 
 func (s *Sink) sorted() []*shard {
@@ -226,14 +274,14 @@ func (s *Sink) sorted() []*shard {
 	return out
 }
 
-// Close commits every open shard.
+// Close commits every open shard and settles what remains.
 func (s *Sink) Close(ctx context.Context) error {
 	for _, sh := range s.sorted() {
 		if err := s.commit(ctx, sh); err != nil {
 			return err
 		}
 	}
-	return nil
+	return s.checkpoint(ctx)
 }
 
 // Abort discards every open shard (a hard stop: their groups were never

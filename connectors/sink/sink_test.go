@@ -38,7 +38,7 @@ func batches(t *testing.T, mem memory.Allocator, version, n int) []transform.Bat
 			a.Add(&it, time.Now())
 		}
 	}
-	groups, _ := a.Take()
+	groups := a.Take().Groups
 	bt := transform.NewBatcher(mem, transform.BatchConfig{Estimator: mustGRPO()})
 	defer bt.Release()
 	out, err := bt.Build(groups)
@@ -68,9 +68,13 @@ func newSink(t *testing.T, root string, cfg sink.Config) (*local.Store, *sink.Si
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return st, sink.New(sink.StoreFunc(func(ctx context.Context, rel string) (sink.Pending, error) {
-		return st.Create(ctx, rel)
-	}), cfg)
+	return st, sink.New(testStore{st}, cfg)
+}
+
+type testStore struct{ *local.Store }
+
+func (s testStore) Create(ctx context.Context, rel string) (sink.Pending, error) {
+	return s.Store.Create(ctx, rel)
 }
 
 func TestSinkRollsBySizeAndAge(t *testing.T) {

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bufio"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+)
+
+// TestCrashRestartExactlyOnce kills ingest with SIGKILL at random moments,
+// restarts it over the same input each time, and checks that in the end
+// every valid step is committed exactly once with the right advantage and
+// every bad line is dead-lettered exactly once.
+func TestCrashRestartExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("crash loop: long")
+	}
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	gen := filepath.Join(work, "gen.jsonl")
+	r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "1200", "--group-size", "4", "--duplicates", "0.02",
+		"--prompt-len", "256", "--response-len", "128", "--seed", "11", "--quiet")
+	if r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	data, err := os.ReadFile(gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sprinkle bad records through the stream.
+	var lines [][]byte
+	for i, l := range e2eSplitLines(data) {
+		lines = append(lines, l)
+		switch i % 97 {
+		case 13:
+			lines = append(lines, []byte(fmt.Sprintf(`{"type":"step","step_id":"broken-%d"`, i)))
+		case 57:
+			lines = append(lines, []byte(fmt.Sprintf(`[%d]`, i)))
+		}
+	}
+	in := filepath.Join(work, "in.jsonl")
+	if err := os.WriteFile(in, e2eJoinLines(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := refIngest(lines, in, 4, 2)
+	if err != nil {
+		t.Fatalf("reference: %v", err)
+	}
+
+	out := filepath.Join(work, "out")
+	args := []string{"ingest", "--from", in, "--to", out, "--group-size", "4", "--flush-interval", "30ms",
+		"--shard-size", "256KiB", "--decoders", "1", "--quiet"}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	kills := 0
+	for attempt := 0; ; attempt++ {
+		if attempt > 200 {
+			t.Fatal("ingest never finished")
+		}
+		cmd := exec.Command(bin, args...)
+		cmd.Env = e2eEnv()
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		if kills < 12 {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("ingest failed: %v\n%s", err, stderr.String())
+				}
+				t.Logf("run %d finished before its kill", attempt)
+				// Start over the kill loop on finished output only when
+				// enough kills happened; otherwise keep killing reruns.
+				if kills >= 10 {
+					goto verify
+				}
+				continue
+			case <-time.After(time.Duration(50+rng.IntN(700)) * time.Millisecond):
+				cmd.Process.Kill() // SIGKILL: no cleanup runs
+				<-done
+				kills++
+				continue
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("final ingest failed: %v\n%s", err, stderr.String())
+		}
+		break
+	}
+verify:
+	t.Logf("%d kills", kills)
+
+	// Shards: exactly the manifest's, each step exactly once.
+	entries, err := local.ReadManifest(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, e := range entries {
+		if e.Path != "" {
+			listed[e.Path] = true
+		}
+	}
+	files := e2eCommittedFiles(t, out)
+	if len(files) != len(listed) {
+		t.Fatalf("%d committed files, manifest lists %d", len(files), len(listed))
+	}
+	db, err := sql.Open("duckdb", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var paths []string
+	for _, f := range files {
+		if !listed[f] {
+			t.Fatalf("%s is not in the manifest", f)
+		}
+		paths = append(paths, e2eSQLString(filepath.Join(out, f)))
+	}
+	rows, err := db.Query(fmt.Sprintf("SELECT step_id, advantage FROM read_parquet([%s], hive_partitioning=false)", strings.Join(paths, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for rows.Next() {
+		var id string
+		var adv float64
+		if err := rows.Scan(&id, &adv); err != nil {
+			t.Fatal(err)
+		}
+		seen[id]++
+		if exp, ok := ref.Rows[id]; !ok {
+			t.Errorf("step %s is not a valid step", id)
+		} else if math.Abs(exp.Advantage-adv) > 1e-6 {
+			t.Errorf("step %s: advantage %v, want %v", id, adv, exp.Advantage)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for id := range ref.Rows {
+		if seen[id] != 1 {
+			t.Errorf("step %s committed %d times", id, seen[id])
+		}
+	}
+
+	// Dead letters: every bad line exactly once, over all files.
+	dl := map[int]int{}
+	dlqFiles, _ := filepath.Glob(filepath.Join(out, "_dlq", "*.jsonl"))
+	for _, p := range dlqFiles {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			var l local.DeadLetterLine
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			dl[int(l.Source.Line)]++
+		}
+		f.Close()
+	}
+	for line, d := range ref.DeadLetters {
+		if dl[line] != 1 {
+			t.Errorf("line %d (%s) dead-lettered %d times", line, d.Reason, dl[line])
+		}
+	}
+	if len(dl) != len(ref.DeadLetters) {
+		t.Errorf("%d lines dead-lettered, want %d", len(dl), len(ref.DeadLetters))
+	}
+	t.Logf("%d steps, %d dead letters, %d shards", len(ref.Rows), len(ref.DeadLetters), len(files))
+}
