@@ -153,14 +153,14 @@ type closedGroup struct {
 // Assembler groups records. It is not safe for concurrent use. Emitted
 // groups and dead letters accumulate until taken with Take.
 type Assembler struct {
-	cfg      Config
-	groups   map[string]*group
-	order    *list.List // open groups, oldest first
-	trajs    map[string]*Trajectory
-	steps    map[string]*Step // open steps by step_id
-	closed   map[string]*closedGroup
-	closedQ  []string
-	written  map[uint64]uint64 // id hash → content hash of records written, for remembered groups
+	cfg     Config
+	groups  map[string]*group
+	order   *list.List // open groups, oldest first
+	trajs   map[string]*Trajectory
+	steps   map[string]*Step // open steps by step_id
+	closed  map[string]*closedGroup
+	closedQ []string
+	written map[uint64]uint64 // id hash → content hash of records written, for remembered groups
 
 	out      []*Group
 	dead     []schemas.DeadLetter
@@ -171,11 +171,11 @@ type Assembler struct {
 // NewAssembler returns an assembler with cfg (defaults applied).
 func NewAssembler(cfg Config) *Assembler {
 	return &Assembler{
-		cfg:    cfg.withDefaults(),
-		groups: map[string]*group{},
-		order:  list.New(),
-		trajs:  map[string]*Trajectory{},
-		steps:  map[string]*Step{},
+		cfg:     cfg.withDefaults(),
+		groups:  map[string]*group{},
+		order:   list.New(),
+		trajs:   map[string]*Trajectory{},
+		steps:   map[string]*Step{},
 		closed:  map[string]*closedGroup{},
 		written: map[uint64]uint64{},
 	}
@@ -271,8 +271,9 @@ func (a *Assembler) closedCheck(it *ingest.Item, key string, kind byte, id strin
 
 func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 	s := it.Rec.Step
-	key := s.Key()
 	h := stepHash(s)
+	t := a.trajs[s.TrajectoryID]
+	key := a.effectiveKey(t, s.TaskID, s.GroupID, s.Role)
 	if a.closedCheck(it, key, 's', s.StepID, h) {
 		return
 	}
@@ -284,9 +285,8 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 		a.reject(it, schemas.ReasonDuplicateConflict, "step_id %q was already received (%s) with different content", s.StepID, prev.Source)
 		return
 	}
-	t := a.trajs[s.TrajectoryID]
 	if t != nil {
-		if t.taskID != s.TaskID || t.key != key {
+		if !a.compatible(t, s.TaskID, explicit(s.GroupID, s.Role), key) {
 			a.reject(it, schemas.ReasonInconsistent, "trajectory %q belongs to task %q, group %q; this step says task %q, group %q", s.TrajectoryID, t.taskID, t.key, s.TaskID, key)
 			return
 		}
@@ -311,12 +311,12 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 
 func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 	tr := it.Rec.Trajectory
-	key := tr.Key()
 	h := trajHash(tr)
+	t := a.trajs[tr.TrajectoryID]
+	key := a.effectiveKey(t, tr.TaskID, tr.GroupID, tr.Role)
 	if a.closedCheck(it, key, 't', tr.TrajectoryID, h) {
 		return
 	}
-	t := a.trajs[tr.TrajectoryID]
 	if t != nil {
 		if t.Trajectory != nil {
 			if t.hash == h {
@@ -326,7 +326,7 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 			a.reject(it, schemas.ReasonDuplicateConflict, "trajectory %q was already received (%s) with different content", tr.TrajectoryID, t.Source)
 			return
 		}
-		if t.taskID != tr.TaskID || t.key != key {
+		if !a.compatible(t, tr.TaskID, explicit(tr.GroupID, tr.Role), key) {
 			a.reject(it, schemas.ReasonInconsistent, "trajectory %q has steps of task %q, group %q; this record says task %q, group %q", tr.TrajectoryID, t.taskID, t.key, tr.TaskID, key)
 			return
 		}
@@ -368,22 +368,52 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 	}
 }
 
-func (a *Assembler) newTrajectory(id, taskID, key string, now time.Time) *Trajectory {
-	g := a.groups[key]
-	if g == nil {
-		if len(a.groups) >= a.cfg.MaxOpenGroups {
-			oldest := a.order.Front().Value.(*group)
-			a.Counters.Evicted++
-			a.close(oldest, "evicted: --max-open-groups reached")
-		}
-		g = &group{key: key, size: a.cfg.GroupSize, opened: now}
-		g.elem = a.order.PushBack(g)
-		a.groups[key] = g
+// explicit reports whether a record names its group (group_id or role).
+func explicit(groupID, role string) bool { return groupID != "" || role != "" }
+
+// effectiveKey is the group of a record: a record that names neither
+// group_id nor role belongs to the group of its trajectory when that is
+// already known (from a record that named it).
+func (a *Assembler) effectiveKey(t *Trajectory, taskID, groupID, role string) string {
+	if t != nil && !explicit(groupID, role) && t.taskID == taskID {
+		return t.key
 	}
+	return schemas.GroupKey(groupID, taskID, role)
+}
+
+// compatible reports whether a record (task, whether it names its group,
+// its key) can belong to the known trajectory t: same task, and the same
+// group unless the record names none (then it inherits t's).
+func (a *Assembler) compatible(t *Trajectory, taskID string, named bool, key string) bool {
+	if t.taskID != taskID {
+		return false
+	}
+	return !named || t.key == key
+}
+
+func (a *Assembler) newTrajectory(id, taskID, key string, now time.Time) *Trajectory {
+	g := a.openGroup(key, now)
 	t := &Trajectory{taskID: taskID, key: key, g: g}
 	g.trajs = append(g.trajs, t)
 	a.trajs[id] = t
 	return t
+}
+
+// openGroup returns the open group key, opening it (and closing the
+// oldest group at the cap) when needed.
+func (a *Assembler) openGroup(key string, now time.Time) *group {
+	if g := a.groups[key]; g != nil {
+		return g
+	}
+	if len(a.groups) >= a.cfg.MaxOpenGroups {
+		oldest := a.order.Front().Value.(*group)
+		a.Counters.Evicted++
+		a.close(oldest, "evicted: --max-open-groups reached")
+	}
+	g := &group{key: key, size: a.cfg.GroupSize, opened: now}
+	g.elem = a.order.PushBack(g)
+	a.groups[key] = g
+	return g
 }
 
 // progress checks whether t just became complete and, if so, whether its

@@ -2,6 +2,9 @@ package transform
 
 import (
 	"fmt"
+
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
 	"sort"
 	"strings"
 	"testing"
@@ -31,10 +34,10 @@ func traj(task, id string, reward float64, n int, extra ...string) string {
 }
 
 type harness struct {
-	t      *testing.T
-	a      *Assembler
-	d      ingest.Decoder
-	line   int64
+	t       *testing.T
+	a       *Assembler
+	d       ingest.Decoder
+	line    int64
 	groups  []*Group
 	dead    []schemas.DeadLetter
 	dropped []schemas.Source
@@ -167,6 +170,42 @@ func TestAssembleIDReusedAfterClose(t *testing.T) {
 	}
 	if h.a.OpenGroups() != 1 {
 		t.Fatalf("open groups %d", h.a.OpenGroups())
+	}
+}
+
+func TestAssembleInheritsGroupFromNamingRecords(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 2})
+	h.add(t0,
+		// Steps name the role, the trajectory record does not: it inherits.
+		step("T", "x1", 0, `"role":"solver"`), traj("T", "x1", 1, 1),
+		traj("T", "x2", 0, 1, `"role":"solver"`), step("T", "x2", 0),
+	)
+	if got, want := h.summary(), "T:solver@v1:x1[0],x2[0]"; got != want {
+		t.Fatalf("got %s, want %s (dead %s)", got, want, h.reasons())
+	}
+	// Two records that name different roles disagree; so does a record
+	// that names a role after the first records named none (they were
+	// taken for the group task_id).
+	h.add(t0, step("U", "u1", 0, `"role":"a"`), traj("U", "u1", 1, 1, `"role":"b"`),
+		step("V", "v1", 0), traj("V", "v1", 1, 1, `"role":"b"`))
+	if got, want := h.reasons(), "6:inconsistent 8:inconsistent"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	if h.a.OpenGroups() != 2 {
+		t.Fatalf("open groups %d", h.a.OpenGroups())
+	}
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
+	defer bt.Release()
+	b, err := bt.Build(h.groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b[0].Record.Release()
+	roles := b[0].Record.Column(schemas.ColRole).(*array.String)
+	if roles.Value(0) != "solver" || roles.Value(1) != "solver" {
+		t.Fatalf("roles %q %q", roles.Value(0), roles.Value(1))
 	}
 }
 

@@ -200,7 +200,12 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				bt.rTr = append(bt.rTr, nTraj)
 				groupID.Append(g.Key)
 				taskID.Append(s.TaskID)
-				optString(role, s.Role)
+				// A record that names no role inherits its trajectory's.
+				r := s.Role
+				if r == "" {
+					r = t.Role
+				}
+				optString(role, r)
 				trajID.Append(s.TrajectoryID)
 				stepID.Append(s.StepID)
 				stepIdx.Append(int32(s.StepIndex))
