@@ -6,7 +6,7 @@ BIN     := bin/rllm-pipe
 DATA    ?= data
 GROUPS  ?= 2000
 
-.PHONY: all build run test test-short bench fuzz lint fmt clean
+.PHONY: all build run test test-short bench fuzz lint fmt clean services-up services-down
 
 all: lint test
 
@@ -21,10 +21,20 @@ run: build
 	$(BIN) ingest --from $(DATA)/_input/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(DATA)/_stats/ingest.json
 	$(BIN) summary --from $(DATA)
 
-# test: the whole suite, race detector on, nothing cached.
+# test: the whole suite, race detector on, nothing cached. It first
+# installs (once, cached) and starts a real Kafka broker and MinIO server
+# (scripts/services.sh; Java 17 and Go are all it needs) for the
+# TestIntegration* tier, which reads RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT.
 test:
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 30m ./...
+	scripts/services.sh up >/dev/null
+	eval "$$(scripts/services.sh env)" && $(GO) test -race -count=1 -timeout 60m ./...
+
+services-up:
+	scripts/services.sh up
+
+services-down:
+	scripts/services.sh down
 
 test-short:
 	$(GO) test -short -count=1 ./...

@@ -7,6 +7,14 @@ import "time"
 // checkpoint without a shard (Path empty) that settles dead-lettered and
 // dropped records. Paths are relative to the root, with forward slashes.
 type ShardEntry struct {
+	// Seq is the entry's place in an object-store manifest log.
+	Seq int64 `json:"seq,omitempty"`
+	// Writer is the run that appended the entry.
+	Writer string `json:"writer,omitempty"`
+	// Claims lists the input streams this entry claims for Writer: from
+	// then on, only Writer may settle positions of those streams (a
+	// previous owner is fenced).
+	Claims        []string      `json:"claims,omitempty"`
 	Path          string        `json:"path,omitempty"`
 	Rows          int64         `json:"rows"`
 	Bytes         int64         `json:"bytes"`

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // TestCrashRestartExactlyOnce kills ingest with SIGKILL at random moments,
@@ -168,7 +169,7 @@ verify:
 		sc := bufio.NewScanner(f)
 		sc.Buffer(nil, 1<<20)
 		for sc.Scan() {
-			var l local.DeadLetterLine
+			var l schemas.DeadLetterLine
 			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 				t.Fatalf("%s: %v", p, err)
 			}

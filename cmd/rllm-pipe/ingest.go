@@ -351,7 +351,7 @@ type deadLetterSettler struct {
 	store *local.Store
 }
 
-func (d deadLetterSettler) Checkpoint() (schemas.Settled, *schemas.DeadLetterState, error) {
+func (d deadLetterSettler) Checkpoint(context.Context) (schemas.Settled, *schemas.DeadLetterState, error) {
 	settled, size, err := d.dl.Checkpoint()
 	if err != nil || size == 0 {
 		return settled, nil, err

@@ -3,47 +3,15 @@ package local
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
-
-// DeadLetterLine is the JSON form of one dead letter.
-type DeadLetterLine struct {
-	Reason schemas.Reason `json:"reason"`
-	Error  string         `json:"error"`
-	Source schemas.Source `json:"source"`
-	// Record is the original bytes: as text when they are valid UTF-8,
-	// else base64 (std encoding) with RecordEncoding "base64".
-	Record         string `json:"record"`
-	RecordEncoding string `json:"record_encoding,omitempty"`
-	// Truncated marks a too_large record of which only the first bytes are
-	// kept; Size is its full length.
-	Truncated bool  `json:"truncated,omitempty"`
-	Size      int64 `json:"size,omitempty"`
-}
-
-// Encode returns the line form of d.
-func Encode(d schemas.DeadLetter) DeadLetterLine {
-	l := DeadLetterLine{Reason: d.Reason, Error: d.Error, Source: d.Source, Truncated: d.Truncated}
-	if d.Truncated {
-		l.Size = d.Size
-	}
-	if utf8.Valid(d.Record) {
-		l.Record = string(d.Record)
-	} else {
-		l.Record = base64.StdEncoding.EncodeToString(d.Record)
-		l.RecordEncoding = "base64"
-	}
-	return l
-}
 
 // DeadLetterFile appends dead letters as JSON lines to one file, created
 // on the first dead letter. Counts are kept by reason. Safe for concurrent
@@ -107,7 +75,7 @@ func (d *DeadLetterFile) Write(ctx context.Context, letters []schemas.DeadLetter
 	enc := json.NewEncoder(&cw)
 	enc.SetEscapeHTML(false)
 	for _, l := range letters {
-		if err := enc.Encode(Encode(l)); err != nil {
+		if err := enc.Encode(l.Line()); err != nil {
 			return fmt.Errorf("write dead letter: %w", err)
 		}
 		d.counts[l.Reason]++

@@ -88,10 +88,10 @@ func TestDeadLetterFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var lines []DeadLetterLine
+	var lines []schemas.DeadLetterLine
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		var l DeadLetterLine
+		var l schemas.DeadLetterLine
 		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
 			t.Fatal(err)
 		}

@@ -41,7 +41,7 @@ type Store interface {
 // the sink calls it before every manifest append, so that an entry never
 // settles a record whose dead letter could still be lost.
 type Settler interface {
-	Checkpoint() (schemas.Settled, *schemas.DeadLetterState, error)
+	Checkpoint(ctx context.Context) (schemas.Settled, *schemas.DeadLetterState, error)
 }
 
 // Config tunes the sink. Zero values take the defaults noted.
@@ -191,7 +191,7 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 		e.Sources = append(e.Sources, *r)
 	}
 	sort.Slice(e.Sources, func(i, j int) bool { return e.Sources[i].File < e.Sources[j].File })
-	if err := s.settle(&e, sh.settled); err != nil {
+	if err := s.settle(ctx, &e, sh.settled); err != nil {
 		sh.p.Abort()
 		return err
 	}
@@ -219,11 +219,11 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 
 // settle fills e's settled positions: the shard's own (may be nil) and
 // those the Settler made durable since the last commit.
-func (s *Sink) settle(e *schemas.ShardEntry, own schemas.Settled) error {
+func (s *Sink) settle(ctx context.Context, e *schemas.ShardEntry, own schemas.Settled) error {
 	st := schemas.Settled{}
 	st.Union(own)
 	if s.cfg.Settler != nil {
-		more, dl, err := s.cfg.Settler.Checkpoint()
+		more, dl, err := s.cfg.Settler.Checkpoint(ctx)
 		if err != nil {
 			return fmt.Errorf("checkpoint dead letters: %w", err)
 		}
@@ -240,7 +240,7 @@ func (s *Sink) settle(e *schemas.ShardEntry, own schemas.Settled) error {
 // dropped records await settling.
 func (s *Sink) checkpoint(ctx context.Context) error {
 	e := schemas.ShardEntry{RunID: s.cfg.RunID, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}
-	if err := s.settle(&e, nil); err != nil {
+	if err := s.settle(ctx, &e, nil); err != nil {
 		return err
 	}
 	if len(e.Settled) == 0 {

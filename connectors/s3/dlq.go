@@ -1,0 +1,85 @@
+package s3
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// DeadLetters buffers dead letters and, at each checkpoint, uploads them
+// as one create-only object that the settling manifest entry references.
+type DeadLetters struct {
+	s       *Store
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	seq     int
+	pending schemas.Settled
+	counts  map[schemas.Reason]int64
+}
+
+// NewDeadLetters writes dead letters under <prefix>/_dlq/.
+func NewDeadLetters(s *Store) *DeadLetters {
+	return &DeadLetters{s: s, pending: schemas.Settled{}, counts: map[schemas.Reason]int64{}}
+}
+
+// Write buffers letters and notes the positions of letters and dropped
+// records as pending.
+func (d *DeadLetters) Write(ctx context.Context, letters []schemas.DeadLetter, dropped []schemas.Source) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	enc := json.NewEncoder(&d.buf)
+	enc.SetEscapeHTML(false)
+	for _, l := range letters {
+		if err := enc.Encode(l.Line()); err != nil {
+			return fmt.Errorf("s3: encode dead letter: %w", err)
+		}
+		d.counts[l.Reason]++
+		d.pending.Add(l.Source.Stream, l.Source.Position())
+	}
+	for _, s := range dropped {
+		d.pending.Add(s.Stream, s.Position())
+	}
+	return nil
+}
+
+// Checkpoint uploads the buffered letters (if any) and hands over the
+// positions they, and the dropped records, settle.
+func (d *DeadLetters) Checkpoint(ctx context.Context) (schemas.Settled, *schemas.DeadLetterState, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.pending) == 0 && d.buf.Len() == 0 {
+		return nil, nil, nil
+	}
+	var state *schemas.DeadLetterState
+	if d.buf.Len() > 0 {
+		d.seq++
+		rel, err := d.s.PutDeadLetters(ctx, d.seq, d.buf.Bytes())
+		if err != nil {
+			d.seq--
+			return nil, nil, err
+		}
+		state = &schemas.DeadLetterState{File: rel, Bytes: int64(d.buf.Len())}
+		d.buf.Reset()
+	}
+	p := d.pending
+	d.pending = schemas.Settled{}
+	return p, state, nil
+}
+
+// Counts returns the dead letters written, by reason.
+func (d *DeadLetters) Counts() map[schemas.Reason]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[schemas.Reason]int64, len(d.counts))
+	for k, v := range d.counts {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,441 @@
+// Package s3 is the object-store output: shards, dead letters and the
+// manifest in S3 or MinIO (minio-go is imported here only).
+//
+// # Protocol
+//
+// The object store is the source of truth. The manifest is a log of
+// numbered objects, <prefix>/_manifest/<seq>.json, each one
+// schemas.ShardEntry. An entry is appended by a create-only PUT
+// (If-None-Match: *) of the next number: of two writers racing for a
+// number exactly one wins; the other re-reads the log and tries the next.
+// The log is therefore linear, and every writer that appends has first
+// read everything before its entry.
+//
+// A writer claims input streams (a file, a Kafka partition) by appending an
+// entry with Claims. A commit that settles positions of a stream whose
+// latest claim is another writer's is refused (ErrFenced): a zombie that
+// lost its partition cannot commit, because to append it must read the
+// claim that fenced it.
+//
+// A shard is uploaded create-only under its final key, then its entry is
+// appended. What is durable when:
+//   - shard uploaded, entry not appended (crash, or fenced): an orphan,
+//     invisible to readers of the manifest, deleted by the next writer
+//     that opens the store (when its writer holds no claim any more);
+//   - entry appended: the shard is committed, and the positions it settles
+//     are skipped by every later run (the resume point of a stream is its
+//     first unsettled position);
+//   - dead letters are uploaded as an object referenced by the entry that
+//     settles their records, so they too are committed exactly once.
+//
+// Readers list committed shards from the log (Entries); at a quiet point,
+// when no writer is mid-commit, the shard objects are exactly those.
+package s3
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// ErrFenced is returned when another writer has claimed a stream this
+// writer tried to settle.
+var ErrFenced = errors.New("s3: fenced: another writer claimed the stream")
+
+// errExists is a create-only PUT that lost.
+var errExists = errors.New("s3: object exists")
+
+// Config locates the bucket. Credentials come from the standard AWS
+// variables or flags; they are never logged.
+type Config struct {
+	Endpoint  string // http(s)://host:port
+	AccessKey string
+	SecretKey string
+	Region    string
+	Bucket    string
+	Prefix    string // no leading or trailing slash
+}
+
+// String describes the location without secrets.
+func (c Config) String() string {
+	return fmt.Sprintf("s3://%s/%s at %s", c.Bucket, c.Prefix, c.Endpoint)
+}
+
+// ParseURL reads s3://bucket/prefix and fills the rest from the
+// environment: AWS_ENDPOINT_URL (or RLLM_S3_ENDPOINT), AWS_ACCESS_KEY_ID,
+// AWS_SECRET_ACCESS_KEY, AWS_REGION (default us-east-1).
+func ParseURL(raw string) (Config, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme != "s3" || u.Host == "" {
+		return Config{}, fmt.Errorf("s3: %q is not s3://bucket/prefix", raw)
+	}
+	c := Config{
+		Bucket:    u.Host,
+		Prefix:    strings.Trim(u.Path, "/"),
+		Endpoint:  firstEnv("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "RLLM_S3_ENDPOINT"),
+		AccessKey: os.Getenv("AWS_ACCESS_KEY_ID"),
+		SecretKey: os.Getenv("AWS_SECRET_ACCESS_KEY"),
+		Region:    firstEnv("AWS_REGION", "AWS_DEFAULT_REGION"),
+	}
+	if c.Region == "" {
+		c.Region = "us-east-1"
+	}
+	if c.Endpoint == "" {
+		c.Endpoint = "https://s3." + c.Region + ".amazonaws.com"
+	}
+	return c, nil
+}
+
+func firstEnv(names ...string) string {
+	for _, n := range names {
+		if v := os.Getenv(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// Store is a manifest log and the objects it lists. Safe for concurrent
+// use.
+type Store struct {
+	cli    *minio.Client
+	cfg    Config
+	writer string
+
+	mu      sync.Mutex
+	entries []schemas.ShardEntry // the log, in order
+	next    int64                // the next sequence number to try
+	claims  map[string]string    // stream → writer of its latest claim
+}
+
+// Open connects, creates the bucket if needed, reads the manifest log and
+// removes orphans left by writers that hold no claim any more. writer names
+// this run in entries and object keys; it must be unique per run.
+func Open(ctx context.Context, cfg Config, writer string) (*Store, error) {
+	ep, err := url.Parse(cfg.Endpoint)
+	if err != nil || ep.Host == "" {
+		return nil, fmt.Errorf("s3: endpoint %q is not a URL", cfg.Endpoint)
+	}
+	var creds *credentials.Credentials
+	if cfg.AccessKey != "" {
+		creds = credentials.NewStaticV4(cfg.AccessKey, cfg.SecretKey, "")
+	} else {
+		creds = credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}, &credentials.IAM{}})
+	}
+	cli, err := minio.New(ep.Host, &minio.Options{Creds: creds, Secure: ep.Scheme == "https", Region: cfg.Region, BucketLookup: minio.BucketLookupPath})
+	if err != nil {
+		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
+	}
+	s := &Store{cli: cli, cfg: cfg, writer: writer, claims: map[string]string{}}
+	ok, err := cli.BucketExists(ctx, cfg.Bucket)
+	if err != nil {
+		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
+	}
+	if !ok {
+		if err := cli.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{Region: cfg.Region}); err != nil {
+			if ok2, _ := cli.BucketExists(ctx, cfg.Bucket); !ok2 {
+				return nil, fmt.Errorf("s3: create bucket %s: %w", cfg.Bucket, err)
+			}
+		}
+	}
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) key(rel string) string {
+	if s.cfg.Prefix == "" {
+		return rel
+	}
+	return s.cfg.Prefix + "/" + rel
+}
+
+func (s *Store) manifestKey(seq int64) string {
+	return s.key(fmt.Sprintf("_manifest/%020d.json", seq))
+}
+
+// refresh reads the log entries from s.next on. Callers hold no lock.
+func (s *Store) refresh(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, s.manifestKey(s.next), minio.GetObjectOptions{})
+		if err != nil {
+			return fmt.Errorf("s3: read manifest: %w", err)
+		}
+		data, err := io.ReadAll(obj)
+		obj.Close()
+		if err != nil {
+			if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+				return nil
+			}
+			return fmt.Errorf("s3: read manifest entry %d: %w", s.next, err)
+		}
+		var e schemas.ShardEntry
+		if err := json.Unmarshal(data, &e); err != nil {
+			return fmt.Errorf("s3: manifest entry %d: %w", s.next, err)
+		}
+		e.Seq = s.next
+		s.apply(e)
+		s.next++
+	}
+}
+
+func (s *Store) apply(e schemas.ShardEntry) {
+	s.entries = append(s.entries, e)
+	for _, c := range e.Claims {
+		s.claims[c] = e.Writer
+	}
+}
+
+// putIfAbsent uploads body under key unless an object exists there.
+func (s *Store) putIfAbsent(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
+	opts := minio.PutObjectOptions{ContentType: contentType}
+	opts.SetMatchETagExcept("*")
+	_, err := s.cli.PutObject(ctx, s.cfg.Bucket, key, body, size, opts)
+	if err != nil {
+		r := minio.ToErrorResponse(err)
+		if r.StatusCode == http.StatusPreconditionFailed || r.Code == "PreconditionFailed" {
+			return errExists
+		}
+		return fmt.Errorf("s3: put %s: %w", key, err)
+	}
+	return nil
+}
+
+// fenced reports a stream of e last claimed by another writer.
+func (s *Store) fenced(e *schemas.ShardEntry) string {
+	for stream := range e.Settled {
+		if w, ok := s.claims[stream]; ok && w != s.writer {
+			return stream
+		}
+	}
+	return ""
+}
+
+// Append adds e to the log (a create-only PUT of the next number, retried
+// after re-reading the log when another writer got there first). It fails
+// with ErrFenced if a stream e settles was claimed by another writer.
+func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
+	e.Writer = s.writer
+	for attempt := 0; ; attempt++ {
+		s.mu.Lock()
+		if st := s.fenced(&e); st != "" {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: %s", ErrFenced, st)
+		}
+		e.Seq = s.next
+		data, err := json.Marshal(e)
+		s.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("s3: encode manifest entry: %w", err)
+		}
+		err = s.putIfAbsent(ctx, s.manifestKey(e.Seq), bytes.NewReader(data), int64(len(data)), "application/json")
+		if err == nil {
+			s.mu.Lock()
+			if e.Seq == s.next {
+				s.apply(e)
+				s.next++
+			}
+			s.mu.Unlock()
+			return nil
+		}
+		if !errors.Is(err, errExists) {
+			return err
+		}
+		if err := s.refresh(ctx); err != nil {
+			return err
+		}
+		if attempt > 1000 {
+			return fmt.Errorf("s3: manifest append: too much contention")
+		}
+	}
+}
+
+// Claim appends a claim of streams for this writer; later commits by
+// their previous owners are fenced.
+func (s *Store) Claim(ctx context.Context, streams []string) error {
+	if len(streams) == 0 {
+		return nil
+	}
+	return s.Append(ctx, schemas.ShardEntry{Claims: streams, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()})
+}
+
+// Entries returns the log (a copy).
+func (s *Store) Entries() []schemas.ShardEntry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]schemas.ShardEntry(nil), s.entries...)
+}
+
+// Settled returns the union of the positions settled by every entry.
+func (s *Store) Settled() schemas.Settled {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := schemas.Settled{}
+	for _, e := range s.entries {
+		out.Union(e.Settled)
+	}
+	return out
+}
+
+// Refresh re-reads the log tail (for readers following a live writer).
+func (s *Store) Refresh(ctx context.Context) error { return s.refresh(ctx) }
+
+// RemoveOrphans deletes shard and dead-letter objects that no entry lists
+// and whose writer holds no claim (it is dead or fenced everywhere). It
+// returns the keys removed.
+func (s *Store) RemoveOrphans(ctx context.Context) ([]string, error) {
+	s.mu.Lock()
+	listed := map[string]bool{}
+	live := map[string]bool{s.writer: true}
+	for _, e := range s.entries {
+		if e.Path != "" {
+			listed[s.key(e.Path)] = true
+		}
+		if e.DeadLetters != nil {
+			listed[s.key(e.DeadLetters.File)] = true
+		}
+	}
+	for _, w := range s.claims {
+		live[w] = true
+	}
+	s.mu.Unlock()
+	var removed []string
+	for obj := range s.cli.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: s.key(""), Recursive: true}) {
+		if obj.Err != nil {
+			return removed, fmt.Errorf("s3: list: %w", obj.Err)
+		}
+		rel := strings.TrimPrefix(obj.Key, s.key(""))
+		isShard := strings.HasSuffix(rel, ".parquet") && !strings.HasPrefix(rel, "_") && !strings.Contains(rel, "/_")
+		isDLQ := strings.HasPrefix(rel, "_dlq/")
+		if (!isShard && !isDLQ) || listed[obj.Key] {
+			continue
+		}
+		if w := writerOf(path.Base(rel)); w == "" || live[w] {
+			continue
+		}
+		if err := s.cli.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil {
+			return removed, fmt.Errorf("s3: remove orphan %s: %w", obj.Key, err)
+		}
+		removed = append(removed, obj.Key)
+	}
+	sort.Strings(removed)
+	return removed, nil
+}
+
+// writerOf extracts the writer from part-<writer>-<seq>.parquet or
+// <writer>-<seq>.jsonl.
+func writerOf(name string) string {
+	name = strings.TrimPrefix(name, "part-")
+	i := strings.LastIndexByte(name, '-')
+	if i <= 0 {
+		return ""
+	}
+	if _, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(name[i+1:], ".parquet"), ".jsonl")); err != nil {
+		return ""
+	}
+	return name[:i]
+}
+
+// Pending buffers a shard in a temporary file until Commit uploads it.
+type Pending struct {
+	s    *Store
+	rel  string
+	f    *os.File
+	done bool
+}
+
+// Create starts a shard at rel (built from numbers and the writer only).
+func (s *Store) Create(ctx context.Context, rel string) (*Pending, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if rel == "" || strings.HasPrefix(rel, "_") || strings.Contains(rel, "..") || path.Clean(rel) != rel || path.IsAbs(rel) {
+		return nil, fmt.Errorf("s3: shard path %q is not a clean relative data path", rel)
+	}
+	f, err := os.CreateTemp("", "rllm-pipe-shard-*.parquet")
+	if err != nil {
+		return nil, fmt.Errorf("s3: temporary shard: %w", err)
+	}
+	return &Pending{s: s, rel: rel, f: f}, nil
+}
+
+// Write implements io.Writer.
+func (p *Pending) Write(b []byte) (int, error) { return p.f.Write(b) }
+
+// Commit uploads the shard create-only (multipart when large), then
+// appends e. A fenced or failed append leaves the upload as an orphan,
+// removed here on a best-effort basis and otherwise by the next Open.
+func (p *Pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
+	if p.done {
+		return errors.New("s3: shard already committed or aborted")
+	}
+	p.done = true
+	defer os.Remove(p.f.Name())
+	defer p.f.Close()
+	size, err := p.f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("s3: shard %s: %w", p.rel, err)
+	}
+	if _, err := p.f.Seek(0, io.SeekStart); err != nil {
+		return fmt.Errorf("s3: shard %s: %w", p.rel, err)
+	}
+	key := p.s.key(p.rel)
+	if err := p.s.putIfAbsent(ctx, key, p.f, size, "application/vnd.apache.parquet"); err != nil {
+		if errors.Is(err, errExists) {
+			return fmt.Errorf("s3: shard %s already exists", p.rel)
+		}
+		return err
+	}
+	e.Path, e.Bytes = p.rel, size
+	if err := p.s.Append(ctx, e); err != nil {
+		_ = p.s.cli.RemoveObject(context.WithoutCancel(ctx), p.s.cfg.Bucket, key, minio.RemoveObjectOptions{})
+		return err
+	}
+	return nil
+}
+
+// Abort discards the shard.
+func (p *Pending) Abort() error {
+	if p.done {
+		return nil
+	}
+	p.done = true
+	p.f.Close()
+	return os.Remove(p.f.Name())
+}
+
+// PutDeadLetters uploads a dead-letter object create-only and returns its
+// key relative to the prefix.
+func (s *Store) PutDeadLetters(ctx context.Context, seq int, data []byte) (string, error) {
+	rel := fmt.Sprintf("_dlq/%s-%06d.jsonl", s.writer, seq)
+	if err := s.putIfAbsent(ctx, s.key(rel), bytes.NewReader(data), int64(len(data)), "application/x-ndjson"); err != nil {
+		return "", err
+	}
+	return rel, nil
+}
+
+// Client exposes the minio client and bucket, for tests and readers.
+func (s *Store) Client() (*minio.Client, string) { return s.cli, s.cfg.Bucket }
+
+// Key returns the object key of rel under the prefix.
+func (s *Store) Key(rel string) string { return s.key(rel) }

@@ -1,0 +1,196 @@
+package s3
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/minio/minio-go/v7"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// testConfig points at the MinIO that `make test` starts
+// (scripts/services.sh); without it the integration tier is skipped here
+// and runs in CI.
+func testConfig(t *testing.T) Config {
+	t.Helper()
+	ep := os.Getenv("RLLM_S3_ENDPOINT")
+	if ep == "" {
+		t.Skip("RLLM_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
+	}
+	var b [4]byte
+	rand.Read(b[:])
+	cfg, err := ParseURL("s3://rllm-pipe-test/" + t.Name() + "-" + hex.EncodeToString(b[:]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Endpoint = ep
+	return cfg
+}
+
+func open(t *testing.T, cfg Config, writer string) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), cfg, writer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestIntegrationCreateOnlyRace(t *testing.T) {
+	cfg := testConfig(t)
+	s := open(t, cfg, "w")
+	const n = 16
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := []byte(fmt.Sprintf("writer %d", i))
+			errs[i] = s.putIfAbsent(context.Background(), s.key("race/obj"), bytes.NewReader(body), int64(len(body)), "text/plain")
+		}()
+	}
+	wg.Wait()
+	wins := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case !errors.Is(err, errExists):
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d create-only PUTs won, want exactly 1", wins)
+	}
+}
+
+func TestIntegrationCASWithStaleETagFails(t *testing.T) {
+	cfg := testConfig(t)
+	s := open(t, cfg, "w")
+	ctx := context.Background()
+	info, err := s.cli.PutObject(ctx, cfg.Bucket, s.key("cas"), bytes.NewReader([]byte("v1")), 2, minio.PutObjectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := info.ETag
+	o := minio.PutObjectOptions{}
+	o.SetMatchETag(stale)
+	if _, err := s.cli.PutObject(ctx, cfg.Bucket, s.key("cas"), bytes.NewReader([]byte("v2")), 2, o); err != nil {
+		t.Fatalf("CAS with the current ETag failed: %v", err)
+	}
+	if _, err := s.cli.PutObject(ctx, cfg.Bucket, s.key("cas"), bytes.NewReader([]byte("v3")), 2, o); err == nil {
+		t.Fatal("CAS with a stale ETag succeeded")
+	}
+}
+
+func TestIntegrationManifestLogIsLinear(t *testing.T) {
+	cfg := testConfig(t)
+	const writers, each = 6, 5
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := Open(context.Background(), cfg, fmt.Sprintf("w%d", w))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			for i := range each {
+				e := schemas.ShardEntry{Settled: schemas.Settled{fmt.Sprintf("stream-%d", w): {{int64(i), int64(i)}}}}
+				if err := s.Append(context.Background(), e); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	s := open(t, cfg, "reader")
+	entries := s.Entries()
+	if len(entries) != writers*each {
+		t.Fatalf("%d entries, want %d", len(entries), writers*each)
+	}
+	for i, e := range entries {
+		if e.Seq != int64(i) {
+			t.Fatalf("entry %d has seq %d", i, e.Seq)
+		}
+	}
+	for w := range writers {
+		if got := s.Settled()[fmt.Sprintf("stream-%d", w)].Len(); got != each {
+			t.Fatalf("stream %d: %d positions settled", w, got)
+		}
+	}
+}
+
+func TestIntegrationZombieIsFenced(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	a := open(t, cfg, "zombie")
+	if err := a.Claim(ctx, []string{"topic/0", "topic/1"}); err != nil {
+		t.Fatal(err)
+	}
+	// b takes partition 0 over while a still runs.
+	b := open(t, cfg, "heir")
+	if err := b.Claim(ctx, []string{"topic/0"}); err != nil {
+		t.Fatal(err)
+	}
+	// a's shard settles partition 0: it must be refused, and its upload
+	// must not stay behind.
+	p, err := a.Create(ctx, "policy=0/part-zombie-000001.parquet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Write([]byte("not really parquet"))
+	err = p.Commit(ctx, schemas.ShardEntry{Settled: schemas.Settled{"topic/0": {{0, 9}}}})
+	if !errors.Is(err, ErrFenced) {
+		t.Fatalf("zombie commit: %v, want ErrFenced", err)
+	}
+	if _, err := a.cli.StatObject(ctx, cfg.Bucket, a.key("policy=0/part-zombie-000001.parquet"), minio.StatObjectOptions{}); err == nil {
+		t.Fatal("fenced shard left in the bucket")
+	}
+	// a may still settle partition 1, which it holds.
+	if err := a.Append(ctx, schemas.ShardEntry{Settled: schemas.Settled{"topic/1": {{0, 3}}}}); err != nil {
+		t.Fatalf("commit on a held partition: %v", err)
+	}
+	// b settles partition 0.
+	if err := b.Append(ctx, schemas.ShardEntry{Settled: schemas.Settled{"topic/0": {{0, 9}}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestIntegrationOrphansRemoved(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	dead := open(t, cfg, "dead-1")
+	if err := dead.Claim(ctx, []string{"topic/0"}); err != nil {
+		t.Fatal(err)
+	}
+	// dead uploads a shard and dead letters, then crashes before appending.
+	if err := dead.putIfAbsent(ctx, dead.key("policy=0/part-dead-1-000001.parquet"), bytes.NewReader([]byte("x")), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dead.PutDeadLetters(ctx, 1, []byte("{}\n")); err != nil {
+		t.Fatal(err)
+	}
+	heir := open(t, cfg, "heir-1")
+	// While dead still holds its claim, its uploads may yet be committed.
+	if removed, err := heir.RemoveOrphans(ctx); err != nil || len(removed) != 0 {
+		t.Fatalf("removed %v (%v) while the writer holds a claim", removed, err)
+	}
+	if err := heir.Claim(ctx, []string{"topic/0"}); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := heir.RemoveOrphans(ctx)
+	if err != nil || len(removed) != 2 {
+		t.Fatalf("removed %v (%v), want the shard and the dead letters", removed, err)
+	}
+}
