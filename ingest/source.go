@@ -228,6 +228,9 @@ func isBlank(b []byte) bool {
 	return true
 }
 
+// Stream is the exactly-once identity of the input ("" for stdin).
+func (s *LineSource) Stream() string { return s.stream }
+
 // Close closes the underlying file, if any.
 func (s *LineSource) Close() error {
 	if s.closer == nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -20,8 +21,10 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
+	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -61,8 +64,8 @@ input skips groups already committed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.from, "from", "", "input: file:///path, a path, or - for stdin (env RLLM_FROM)")
-	f.StringVar(&o.to, "to", "", "output root: file:///path or a path (env RLLM_TO)")
+	f.StringVar(&o.from, "from", "", "input: file:///path, a path, - for stdin, or kafka://host:port[,host:port]/topic?group=NAME (env RLLM_FROM)")
+	f.StringVar(&o.to, "to", "", "output root: file:///path, a path, or s3://bucket/prefix (env RLLM_TO)")
 	f.StringVar(&o.dlq, "dlq", "", "dead-letter output file (default <to>/_dlq/<run>.jsonl)")
 	f.StringVar(&o.statsJSON, "stats-json", "", "also write the run's summary as JSON to this file")
 	f.IntVar(&o.groupSize, "group-size", 8, "trajectories per group (a trajectory record's group_size overrides it)")
@@ -108,155 +111,91 @@ func newRunID() string {
 	return time.Now().UTC().Format("20060102T150405Z") + "-" + hex.EncodeToString(b[:])
 }
 
-func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error {
-	start := time.Now()
-	from, err := localPath("from", o.from)
-	if err != nil {
-		return err
+// plan is the validated configuration of one ingest.
+type plan struct {
+	o         ingestOpts
+	shardSize int64
+	maxRecord int64
+	est       advantage.Estimator
+	label     string
+	distill   *advantage.Distill
+	filters   []transform.Filter
+	runID     string
+}
+
+func newPlan(o ingestOpts) (*plan, error) {
+	p := &plan{o: o, runID: newRunID()}
+	var err error
+	if p.shardSize, err = parseBytes(o.shardSize); err != nil {
+		return nil, usageErrorf("--shard-size: %v", err)
 	}
-	to, err := localPath("to", o.to)
-	if err != nil {
-		return err
-	}
-	shardSize, err := parseBytes(o.shardSize)
-	if err != nil {
-		return usageErrorf("--shard-size: %v", err)
-	}
-	maxRecord, err := parseBytes(o.maxRecord)
-	if err != nil {
-		return usageErrorf("--max-record-bytes: %v", err)
+	if p.maxRecord, err = parseBytes(o.maxRecord); err != nil {
+		return nil, usageErrorf("--max-record-bytes: %v", err)
 	}
 	if o.groupSize < 1 || o.minGroupSize < 1 {
-		return usageErrorf("--group-size and --min-group-size must be >= 1")
+		return nil, usageErrorf("--group-size and --min-group-size must be >= 1")
 	}
 	compat, err := advantage.CompatByName(o.compat)
 	if err != nil {
-		return usageErrorf("--compat: %v", err)
+		return nil, usageErrorf("--compat: %v", err)
 	}
-	est, err := advantage.New(o.estimator, advantage.Options{Compat: compat, NoStd: o.noStd})
-	if err != nil {
-		return usageErrorf("--estimator: %v", err)
+	if p.est, err = advantage.New(o.estimator, advantage.Options{Compat: compat, NoStd: o.noStd}); err != nil {
+		return nil, usageErrorf("--estimator: %v", err)
 	}
 	if o.noStd && o.estimator != "grpo" && o.estimator != "grpo_passk" {
-		return usageErrorf("--no-std applies to grpo and grpo_passk only")
+		return nil, usageErrorf("--no-std applies to grpo and grpo_passk only")
 	}
-	filters, err := transform.ParseFilters(o.filter)
-	if err != nil {
-		return usageErrorf("--filter: %v", err)
+	if p.filters, err = transform.ParseFilters(o.filter); err != nil {
+		return nil, usageErrorf("--filter: %v", err)
 	}
-	var distill *advantage.Distill
 	if o.klCoef != 0 {
 		if o.klClip < 0 || o.klDisc < 0 || o.klDisc > 1 {
-			return usageErrorf("--kl-clip must be >= 0 and --kl-discount in [0, 1]")
+			return nil, usageErrorf("--kl-clip must be >= 0 and --kl-discount in [0, 1]")
 		}
-		distill = &advantage.Distill{Coef: o.klCoef, Clip: o.klClip, Discount: o.klDisc}
+		p.distill = &advantage.Distill{Coef: o.klCoef, Clip: o.klClip, Discount: o.klDisc}
 	} else if o.klClip != 0 || o.klDisc != 0 {
-		return usageErrorf("--kl-clip and --kl-discount need --kl-coef")
+		return nil, usageErrorf("--kl-clip and --kl-discount need --kl-coef")
 	}
-	label := est.Name() + "/" + compat.Name
+	p.label = p.est.Name() + "/" + compat.Name
 	if o.noStd {
-		label += "/no-std"
+		p.label += "/no-std"
 	}
+	return p, nil
+}
 
-	src, err := ingest.OpenFile(from, int(maxRecord))
+func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error {
+	start := time.Now()
+	p, err := newPlan(o)
 	if err != nil {
 		return err
 	}
-	defer src.Close()
-	var inputBytes int64
-	if from != "-" {
-		if st, err := os.Stat(from); err == nil {
-			inputBytes = st.Size()
-		}
+	if o.from == "" {
+		return usageErrorf("--from is required")
 	}
-	store, err := local.Open(to)
+	out, err := openOutput(ctx, o, p.runID)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	runID := newRunID()
-	dlqPath := local.DeadLetterPath(store.Root(), runID)
-	if o.dlq != "" {
-		if dlqPath, err = localPath("dlq", o.dlq); err != nil {
-			return err
-		}
+	defer out.close()
+
+	st := ingestStats{RunID: p.runID, Output: out.name, Estimator: p.label, DeadLetters: map[string]int64{}}
+	var runErr error
+	if strings.HasPrefix(o.from, "kafka://") {
+		runErr = runKafka(ctx, soft, p, out, &st, stderr)
+	} else {
+		runErr = runFile(ctx, soft, p, out, &st)
 	}
-	dl := local.NewDeadLetterFile(dlqPath)
-	defer dl.Close()
-
-	settled := store.Settled()
-
-	mem := memory.DefaultAllocator
-	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: est, Label: label, Distill: distill, Filters: filters})
-	defer batcher.Release()
-	sk := sink.New(localStore{store}, sink.Config{
-		Settler:       deadLetterSettler{dl, store},
-		ShardSize:     shardSize,
-		FlushInterval: o.flushInterval,
-		RunID:         runID,
-		Parquet:       parquet.Options{ZstdLevel: o.zstdLevel, Allocator: mem},
-	})
-
-	tick := time.Second
-	if o.flushInterval > 0 && o.flushInterval/2 < tick {
-		tick = max(o.flushInterval/2, 10*time.Millisecond)
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	// Reading stops on a soft stop too; everything after it drains.
-	srcCtx, cancelSrc := context.WithCancel(gctx)
-	defer cancelSrc()
-	stopSoft := context.AfterFunc(soft, cancelSrc)
-	defer stopSoft()
-
-	decoded := make(chan ingest.Batch, 4)
-	batches := make(chan transform.Batch, 2)
-	var counters transform.Counters
-	g.Go(func() error {
-		err := ingest.DecodeStage(srcCtx, src, o.decoders, decoded)
-		if err != nil && soft.Err() != nil && gctx.Err() == nil {
-			return nil // a soft stop, not a failure
-		}
-		return err
-	})
-	g.Go(func() error {
-		var err error
-		counters, err = transform.Stage(gctx, decoded, batches, dl, batcher, transform.StageConfig{
-			Assembler: transform.Config{
-				GroupSize:     o.groupSize,
-				MinGroupSize:  o.minGroupSize,
-				Timeout:       o.groupTimeout,
-				MaxOpenGroups: o.maxOpenGroups,
-				Settled:       settled.Contains,
-			},
-			Tick:    tick,
-			Stopped: func() bool { return soft.Err() != nil },
-		})
-		return err
-	})
-	g.Go(func() error { return sink.Run(gctx, batches, sk, tick) })
-	runErr := g.Wait()
-	if err := dl.Close(); err != nil {
+	if err := out.closeDLQ(); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
-
-	st := ingestStats{
-		RunID:          runID,
-		Output:         store.Root(),
-		Stopped:        soft.Err() != nil,
-		ElapsedSeconds: time.Since(start).Seconds(),
-		InputBytes:     inputBytes,
-		Counters:       counters,
-		DeadLetters:    map[string]int64{},
-	}
-	st.Totals = sk.Totals
-	st.BatchCounters = batcher.Counters
-	st.Estimator = label
-	for r, n := range dl.Counts() {
+	st.Stopped = soft.Err() != nil
+	st.ElapsedSeconds = time.Since(start).Seconds()
+	for r, n := range out.counts() {
 		st.DeadLetters[string(r)] = n
 		st.DeadLettersTotal += n
 	}
 	if st.DeadLettersTotal > 0 {
-		st.DeadLetterFile = dlqPath
+		st.DeadLetterFile = out.dlqName
 	}
 	if !o.quiet {
 		printIngestSummary(stderr, st)
@@ -270,6 +209,199 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 		return fmt.Errorf("ingest: %w", runErr)
 	}
 	return nil
+}
+
+// runFile ingests a file or stdin to its end (or a stop).
+func runFile(ctx, soft context.Context, p *plan, out *output, st *ingestStats) error {
+	from, err := localPath("from", p.o.from)
+	if err != nil {
+		return err
+	}
+	src, err := ingest.OpenFile(from, int(p.maxRecord))
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	if from != "-" {
+		if info, err := os.Stat(from); err == nil {
+			st.InputBytes = info.Size()
+		}
+	}
+	if err := out.claim(ctx, []string{src.Stream()}); err != nil {
+		return err
+	}
+	res, err := runPipeline(ctx, soft, p, src, out)
+	st.add(res)
+	return err
+}
+
+// runKafka consumes generation after generation of the consumer group until
+// a stop. Each generation claims its partitions in the manifest (fencing
+// their previous owners), starts every partition at its first unsettled
+// offset, and runs the pipeline until the next rebalance; what it had not
+// committed by then is left to the next owner.
+func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, stderr io.Writer) error {
+	cfg, err := kafka.ParseURL(p.o.from)
+	if err != nil {
+		return usageErrorf("--from: %v", err)
+	}
+	consumer, err := kafka.NewConsumer(cfg)
+	if err != nil {
+		return err
+	}
+	defer consumer.Close()
+	for soft.Err() == nil {
+		gen, err := consumer.Next(soft)
+		if err != nil {
+			if soft.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		streams := gen.Streams()
+		if err := out.claim(ctx, streams); err != nil {
+			return err
+		}
+		firsts, err := gen.FirstOffsets(ctx)
+		if err != nil {
+			return err
+		}
+		settled := out.settled()
+		start := map[int]int64{}
+		for _, part := range gen.Partitions {
+			start[part] = kafka.ResumeOffset(settled[kafka.Stream(cfg.Topic, part)], firsts[part])
+		}
+		if !p.o.quiet {
+			fmt.Fprintf(stderr, "ingest %s: generation with partitions %v of %s, resuming at %v\n", p.runID, gen.Partitions, cfg.Topic, start)
+		}
+		out.resetDLQ()
+		hintCtx, stopHints := context.WithCancel(ctx)
+		go commitHints(hintCtx, gen, cfg.Topic, firsts, out)
+		res, err := runPipeline(ctx, soft, p, gen.Source(start), out)
+		stopHints()
+		st.add(res)
+		switch {
+		case errors.Is(err, kafka.ErrGenerationEnded), errors.Is(err, s3.ErrFenced):
+			// A rebalance: uncommitted work is the next owner's.
+			if !p.o.quiet {
+				fmt.Fprintf(stderr, "ingest %s: generation ended (%v); rejoining\n", p.runID, err)
+			}
+			continue
+		case err != nil:
+			return err
+		}
+	}
+	return nil
+}
+
+// commitHints records the resume offsets in Kafka every few seconds, after
+// the manifest: tools see the group's progress; ingest never trusts them.
+func commitHints(ctx context.Context, gen *kafka.Generation, topic string, firsts map[int]int64, out *output) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			settled := out.settled()
+			offs := map[int]int64{}
+			for _, part := range gen.Partitions {
+				offs[part] = kafka.ResumeOffset(settled[kafka.Stream(topic, part)], firsts[part])
+			}
+			_ = gen.CommitOffsets(offs)
+		}
+	}
+}
+
+// pipelineResult is what one run of the stages counted.
+type pipelineResult struct {
+	counters transform.Counters
+	batch    transform.BatchCounters
+	totals   sink.Totals
+}
+
+func (st *ingestStats) add(r pipelineResult) {
+	c := &st.Counters
+	c.Records += r.counters.Records
+	c.Blank += r.counters.Blank
+	c.Duplicates += r.counters.Duplicates
+	c.Repaired += r.counters.Repaired
+	c.SkippedCommitted += r.counters.SkippedCommitted
+	c.GroupsEmitted += r.counters.GroupsEmitted
+	c.PartialGroups += r.counters.PartialGroups
+	c.TrajectoriesEmitted += r.counters.TrajectoriesEmitted
+	c.StepsEmitted += r.counters.StepsEmitted
+	c.TimedOut += r.counters.TimedOut
+	c.Evicted += r.counters.Evicted
+	st.NoTeacher += r.batch.NoTeacher
+	if st.Filtered == nil {
+		st.Filtered = map[string]int64{}
+	}
+	for k, v := range r.batch.Filtered {
+		st.Filtered[k] += v
+	}
+	st.Shards += r.totals.Shards
+	st.Rows += r.totals.Rows
+	st.Bytes += r.totals.Bytes
+}
+
+// runPipeline runs source → decode → assemble → sink until the source ends
+// or stops.
+func runPipeline(ctx, soft context.Context, p *plan, src ingest.Source, out *output) (pipelineResult, error) {
+	var res pipelineResult
+	mem := memory.DefaultAllocator
+	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: p.est, Label: p.label, Distill: p.distill, Filters: p.filters})
+	defer batcher.Release()
+	sk := sink.New(out.store, sink.Config{
+		Settler:       out.settler,
+		ShardSize:     p.shardSize,
+		FlushInterval: p.o.flushInterval,
+		RunID:         p.runID,
+		Parquet:       parquet.Options{ZstdLevel: p.o.zstdLevel, Allocator: mem},
+	})
+	settled := out.settled()
+
+	tick := time.Second
+	if p.o.flushInterval > 0 && p.o.flushInterval/2 < tick {
+		tick = max(p.o.flushInterval/2, 10*time.Millisecond)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	// Reading stops on a soft stop too; everything after it drains.
+	srcCtx, cancelSrc := context.WithCancel(gctx)
+	defer cancelSrc()
+	stopSoft := context.AfterFunc(soft, cancelSrc)
+	defer stopSoft()
+
+	decoded := make(chan ingest.Batch, 4)
+	batches := make(chan transform.Batch, 2)
+	g.Go(func() error {
+		err := ingest.DecodeStage(srcCtx, src, p.o.decoders, decoded)
+		if err != nil && soft.Err() != nil && gctx.Err() == nil {
+			return nil // a soft stop, not a failure
+		}
+		return err
+	})
+	g.Go(func() error {
+		var err error
+		res.counters, err = transform.Stage(gctx, decoded, batches, out.dl, batcher, transform.StageConfig{
+			Assembler: transform.Config{
+				GroupSize:     p.o.groupSize,
+				MinGroupSize:  p.o.minGroupSize,
+				Timeout:       p.o.groupTimeout,
+				MaxOpenGroups: p.o.maxOpenGroups,
+				Settled:       settled.Contains,
+			},
+			Tick:    tick,
+			Stopped: func() bool { return soft.Err() != nil },
+		})
+		return err
+	})
+	g.Go(func() error { return sink.Run(gctx, batches, sk, tick) })
+	err := g.Wait()
+	res.totals = sk.Totals
+	res.batch = batcher.Counters
+	return res, err
 }
 
 func writeStatsJSON(path string, st ingestStats) error {
@@ -336,6 +468,113 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
 	}
 	fmt.Fprintf(w, "  output:     %s\n", st.Output)
+}
+
+// output is where an ingest writes: a local directory or an S3 prefix,
+// with its dead-letter writer and exactly-once bookkeeping.
+type output struct {
+	name     string // for the summary
+	dlqName  string
+	store    sink.Store
+	dl       transform.DeadLetters
+	settler  sink.Settler
+	counts   func() map[schemas.Reason]int64
+	settled  func() schemas.Settled
+	claim    func(ctx context.Context, streams []string) error
+	resetDLQ func()
+	closeDLQ func() error
+	close    func() error
+}
+
+func openOutput(ctx context.Context, o ingestOpts, runID string) (*output, error) {
+	if strings.HasPrefix(o.to, "s3://") {
+		cfg, err := s3.ParseURL(o.to)
+		if err != nil {
+			return nil, usageErrorf("--to: %v", err)
+		}
+		if o.dlq != "" {
+			return nil, usageErrorf("--dlq: with an s3:// output, dead letters are objects under <prefix>/_dlq/")
+		}
+		st, err := s3.Open(ctx, cfg, runID)
+		if err != nil {
+			return nil, err
+		}
+		out := &output{
+			name:     "s3://" + cfg.Bucket + "/" + cfg.Prefix,
+			dlqName:  "s3://" + cfg.Bucket + "/" + st.Key("_dlq/"),
+			store:    s3Store{st},
+			settled:  st.Settled,
+			close:    func() error { return nil },
+			closeDLQ: func() error { return nil },
+		}
+		counts := map[schemas.Reason]int64{}
+		var cur *s3.DeadLetters
+		out.resetDLQ = func() {
+			if cur != nil {
+				for k, v := range cur.Counts() {
+					counts[k] += v
+				}
+			}
+			cur = s3.NewDeadLetters(st)
+			out.dl, out.settler = cur, cur
+		}
+		out.resetDLQ()
+		out.counts = func() map[schemas.Reason]int64 {
+			m := map[schemas.Reason]int64{}
+			for k, v := range counts {
+				m[k] = v
+			}
+			for k, v := range cur.Counts() {
+				m[k] += v
+			}
+			return m
+		}
+		out.claim = func(ctx context.Context, streams []string) error {
+			streams = slices.DeleteFunc(streams, func(s string) bool { return s == "" }) // stdin
+			if err := st.Claim(ctx, streams); err != nil {
+				return err
+			}
+			_, err := st.RemoveOrphans(ctx)
+			return err
+		}
+		return out, nil
+	}
+	to, err := localPath("to", o.to)
+	if err != nil {
+		return nil, err
+	}
+	st, err := local.Open(to)
+	if err != nil {
+		return nil, err
+	}
+	dlqPath := local.DeadLetterPath(st.Root(), runID)
+	if o.dlq != "" {
+		if dlqPath, err = localPath("dlq", o.dlq); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
+	dl := local.NewDeadLetterFile(dlqPath)
+	return &output{
+		name:     st.Root(),
+		dlqName:  dlqPath,
+		store:    localStore{st},
+		dl:       dl,
+		settler:  deadLetterSettler{dl, st},
+		counts:   dl.Counts,
+		settled:  st.Settled,
+		claim:    func(context.Context, []string) error { return nil }, // one writer per directory
+		resetDLQ: func() {},
+		closeDLQ: dl.Close,
+		close:    st.Close,
+	}, nil
+}
+
+// s3Store adapts s3.Store to sink.Store.
+type s3Store struct{ *s3.Store }
+
+func (s s3Store) Create(ctx context.Context, rel string) (sink.Pending, error) {
+	return s.Store.Create(ctx, rel)
 }
 
 // localStore adapts local.Store to sink.Store.

@@ -1,0 +1,72 @@
+package kafka
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	kgo "github.com/segmentio/kafka-go"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+)
+
+// Producer sends wire-format records to a topic, keyed by their group so
+// that every record of a group lands in one partition (and so with one
+// ingest worker). It is the Go API for rollout workers; `rllm-pipe produce`
+// uses it too. Safe for concurrent use; every Send waits for all in-sync
+// replicas.
+//
+// kafka-go's producer is not idempotent: a retried send may duplicate a
+// record. Ingest drops such duplicates (same id, same content).
+type Producer struct {
+	w *kgo.Writer
+}
+
+// NewProducer writes to cfg.Topic, creating it if the broker allows.
+func NewProducer(cfg Config) (*Producer, error) {
+	d, err := cfg.dialer()
+	if err != nil {
+		return nil, err
+	}
+	tr := &kgo.Transport{TLS: d.TLS, SASL: d.SASLMechanism}
+	return &Producer{w: &kgo.Writer{
+		Addr:                   kgo.TCP(cfg.Brokers...),
+		Topic:                  cfg.Topic,
+		Balancer:               &kgo.Hash{},
+		RequiredAcks:           kgo.RequireAll,
+		BatchSize:              1000,
+		BatchBytes:             64 << 20,
+		BatchTimeout:           20 * time.Millisecond,
+		AllowAutoTopicCreation: true,
+		Transport:              tr,
+	}}, nil
+}
+
+// Key returns the partitioning key of a wire record: its group key, or
+// nil (any partition) for a record that does not decode.
+func Key(d *ingest.Decoder, record []byte) []byte {
+	rec, err := d.Decode(record)
+	if err != nil {
+		return nil
+	}
+	if rec.Step != nil {
+		return []byte(rec.Step.Key())
+	}
+	return []byte(rec.Trajectory.Key())
+}
+
+// Send writes records (one wire record each) and waits for the broker.
+func (p *Producer) Send(ctx context.Context, records ...[]byte) error {
+	var d ingest.Decoder
+	msgs := make([]kgo.Message, len(records))
+	for i, r := range records {
+		msgs[i] = kgo.Message{Key: Key(&d, r), Value: r}
+	}
+	if err := p.w.WriteMessages(ctx, msgs...); err != nil {
+		return fmt.Errorf("kafka: produce: %w", err)
+	}
+	return nil
+}
+
+// Close flushes and closes the producer.
+func (p *Producer) Close() error { return p.w.Close() }
