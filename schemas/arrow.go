@@ -39,12 +39,15 @@ const (
 	ColTokenAdvantages
 	ColFilterReason
 	ColEstimator
+	ColSourceTopic
+	ColSourcePartition
+	ColSourceOffset
 	NumColumns
 )
 
 // SchemaVersion is stored in every shard's key-value metadata and bumped
 // whenever a column is added, renamed or retyped.
-const SchemaVersion = "2"
+const SchemaVersion = "3"
 
 // StepSchema is the Arrow schema of committed shards: one row per step,
 // carrying its trajectory's and group's values. Token lists are LIST (not
@@ -82,8 +85,10 @@ var StepSchema = arrow.NewSchema([]arrow.Field{
 	ColMetadata:           {Name: "metadata", Type: arrow.BinaryTypes.String, Nullable: true},
 	ColTrajectoryMetadata: {Name: "trajectory_metadata", Type: arrow.BinaryTypes.String, Nullable: true},
 	ColSignals:            {Name: "signals", Type: arrow.MapOf(arrow.BinaryTypes.String, arrow.PrimitiveTypes.Float64), Nullable: true},
-	ColSourceFile:         {Name: "source_file", Type: arrow.BinaryTypes.String},
-	ColSourceLine:         {Name: "source_line", Type: arrow.PrimitiveTypes.Int64},
+	// Lineage: file and line for file inputs, topic, partition and offset
+	// for Kafka; the others are null.
+	ColSourceFile: {Name: "source_file", Type: arrow.BinaryTypes.String, Nullable: true},
+	ColSourceLine: {Name: "source_line", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
 	// Per-token advantages (on-policy distillation); null unless asked for
 	// and the step carries teacher logprobs.
 	ColTokenAdvantages: {Name: "token_advantages", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Float32), Nullable: true},
@@ -91,7 +96,10 @@ var StepSchema = arrow.NewSchema([]arrow.Field{
 	// kept. Several reasons are joined with ",".
 	ColFilterReason: {Name: "filter_reason", Type: arrow.BinaryTypes.String, Nullable: true},
 	// The estimator and conventions that produced advantage, e.g. "grpo/rllm".
-	ColEstimator: {Name: "estimator", Type: arrow.BinaryTypes.String},
+	ColEstimator:       {Name: "estimator", Type: arrow.BinaryTypes.String},
+	ColSourceTopic:     {Name: "source_topic", Type: arrow.BinaryTypes.String, Nullable: true},
+	ColSourcePartition: {Name: "source_partition", Type: arrow.PrimitiveTypes.Int32, Nullable: true},
+	ColSourceOffset:    {Name: "source_offset", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
 }, nil)
 
 // PartitionKey is the Hive-style folder key of a shard: policy=<N>, where N

@@ -135,6 +135,9 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 		srcFile   = b.Field(schemas.ColSourceFile).(*array.StringBuilder)
 		srcLine   = b.Field(schemas.ColSourceLine).(*array.Int64Builder)
 		filterR   = b.Field(schemas.ColFilterReason).(*array.StringBuilder)
+		srcTopic  = b.Field(schemas.ColSourceTopic).(*array.StringBuilder)
+		srcPart   = b.Field(schemas.ColSourcePartition).(*array.Int32Builder)
+		srcOff    = b.Field(schemas.ColSourceOffset).(*array.Int64Builder)
 		tokAdv    = b.Field(schemas.ColTokenAdvantages).(*array.ListBuilder)
 		estim     = b.Field(schemas.ColEstimator).(*array.StringBuilder)
 		promptV   = prompt.ValueBuilder().(*array.Int32Builder)
@@ -269,8 +272,19 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				} else {
 					signals.AppendNull()
 				}
-				srcFile.Append(s.Source.File)
-				srcLine.Append(s.Source.Line)
+				if s.Source.Topic != "" {
+					srcFile.AppendNull()
+					srcLine.AppendNull()
+					srcTopic.Append(s.Source.Topic)
+					srcPart.Append(s.Source.Partition)
+					srcOff.Append(s.Source.Offset)
+				} else {
+					srcFile.Append(s.Source.File)
+					srcLine.Append(s.Source.Line)
+					srcTopic.AppendNull()
+					srcPart.AppendNull()
+					srcOff.AppendNull()
+				}
 				optString(filterR, reason)
 				tokAdv.AppendNull() // replaced below when distillation is on
 				estim.Append(bt.cfg.Label)

@@ -2,7 +2,10 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	kgo "github.com/segmentio/kafka-go"
@@ -70,3 +73,46 @@ func (p *Producer) Send(ctx context.Context, records ...[]byte) error {
 
 // Close flushes and closes the producer.
 func (p *Producer) Close() error { return p.w.Close() }
+
+// EnsureTopic creates cfg.Topic with the given partitions if it does not
+// exist (replication factor 1 unless replicas > 1).
+func EnsureTopic(ctx context.Context, cfg Config, partitions, replicas int) error {
+	d, err := cfg.dialer()
+	if err != nil {
+		return err
+	}
+	conn, err := d.DialContext(ctx, "tcp", cfg.Brokers[0])
+	if err != nil {
+		return fmt.Errorf("kafka: dial %s: %w", cfg.Brokers[0], err)
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("kafka: controller: %w", err)
+	}
+	cc, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return fmt.Errorf("kafka: dial controller: %w", err)
+	}
+	defer cc.Close()
+	err = cc.CreateTopics(kgo.TopicConfig{Topic: cfg.Topic, NumPartitions: partitions, ReplicationFactor: max(replicas, 1)})
+	if err != nil && !errors.Is(err, kgo.TopicAlreadyExists) {
+		return fmt.Errorf("kafka: create topic %s: %w", cfg.Topic, err)
+	}
+	// Wait until every partition has a leader.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		parts, err := conn.ReadPartitions(cfg.Topic)
+		ok := err == nil && len(parts) > 0
+		for _, p := range parts {
+			ok = ok && p.Leader.Host != ""
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kafka: topic %s has no leaders yet: %v", cfg.Topic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -131,6 +131,9 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 	files := b.Record.Column(schemas.ColSourceFile).(*array.String)
 	lines := b.Record.Column(schemas.ColSourceLine).(*array.Int64).Int64Values()
 	for i, line := range lines {
+		if files.IsNull(i) {
+			continue // Kafka lineage: the settled offsets say it all
+		}
 		f := files.Value(i)
 		r := sh.sources[f]
 		if r == nil {
