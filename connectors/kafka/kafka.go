@@ -117,7 +117,7 @@ func NewConsumer(cfg Config) (*Consumer, error) {
 		Dialer:            d,
 		Topics:            []string{cfg.Topic},
 		StartOffset:       kgo.FirstOffset,
-		SessionTimeout:    10 * time.Second,
+		SessionTimeout:    6 * time.Second,
 		RebalanceTimeout:  10 * time.Second,
 		HeartbeatInterval: time.Second,
 		JoinGroupBackoff:  time.Second,

@@ -1,0 +1,278 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// integrationEnv returns the services `make test` started, or skips.
+func integrationEnv(t *testing.T) (brokers, s3Endpoint string) {
+	t.Helper()
+	brokers, s3Endpoint = os.Getenv("RLLM_KAFKA_BROKERS"), os.Getenv("RLLM_S3_ENDPOINT")
+	if brokers == "" || s3Endpoint == "" {
+		t.Skip("RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT not set: run `make test` (it starts Kafka and MinIO)")
+	}
+	return brokers, s3Endpoint
+}
+
+// serviceEnv is the environment for child processes: credentials and
+// endpoint of the test MinIO, no RLLM_* flag defaults.
+func serviceEnv() []string {
+	env := e2eEnv()
+	for _, k := range []string{"AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"} {
+		if v := os.Getenv(k); v != "" {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
+// TestIntegrationKafkaToS3CrashLoop produces 100k steps (and bad records)
+// to a real Kafka topic, runs ingest into a real MinIO and kills it with
+// SIGKILL at random moments, at least ten times, restarting it each time;
+// in the end every step is committed exactly once (read back with DuckDB)
+// and every bad record is dead-lettered exactly once.
+func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
+	brokers, _ := integrationEnv(t)
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	var rb [4]byte
+	rand.Read(rb[:])
+	id := hex.EncodeToString(rb[:])
+	topic, group, prefix := "crash-"+id, "g-"+id, "crash-"+id
+
+	gen := filepath.Join(work, "gen.jsonl")
+	r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "10000", "--group-size", "4", "--prompt-len", "24",
+		"--response-len", "12", "--messages=false", "--duplicates", "0.01", "--seed", "5", "--quiet")
+	if r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	data, err := os.ReadFile(gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines [][]byte
+	for i, l := range e2eSplitLines(data) {
+		lines = append(lines, l)
+		if i%1000 == 500 {
+			lines = append(lines, []byte(fmt.Sprintf(`{"type":"step","step_id":"bad-%d","task_id":`, i)))
+		}
+	}
+	in := filepath.Join(work, "in.jsonl")
+	if err := os.WriteFile(in, e2eJoinLines(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ref, err := refIngest(lines, in, 4, 2)
+	if err != nil {
+		t.Fatalf("reference: %v", err)
+	}
+	if len(ref.Rows) < 100_000 {
+		t.Fatalf("only %d steps generated", len(ref.Rows))
+	}
+	// Produce in 12 slices with pauses, while ingest is being killed and
+	// restarted, so that kills land mid-stream.
+	produced := make(chan error, 1)
+	go func() {
+		const slices = 12
+		for k := 0; k < slices; k++ {
+			part := filepath.Join(work, fmt.Sprintf("part-%d.jsonl", k))
+			lo, hi := k*len(lines)/slices, (k+1)*len(lines)/slices
+			if err := os.WriteFile(part, e2eJoinLines(lines[lo:hi]), 0o644); err != nil {
+				produced <- err
+				return
+			}
+			cmd := exec.Command(bin, "produce", "--to", "kafka://"+brokers+"/"+topic, "--partitions", "6", "--quiet", part)
+			cmd.Env = serviceEnv()
+			if out, err := cmd.CombinedOutput(); err != nil {
+				produced <- fmt.Errorf("produce: %v\n%s", err, out)
+				return
+			}
+			time.Sleep(2 * time.Second)
+		}
+		produced <- nil
+	}()
+
+	cfg, err := s3.ParseURL("s3://rllm-pipe-test/" + prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Endpoint = os.Getenv("RLLM_S3_ENDPOINT")
+	args := []string{"ingest", "--from", "kafka://" + brokers + "/" + topic + "?group=" + group, "--to", "s3://rllm-pipe-test/" + prefix,
+		"--group-size", "4", "--flush-interval", "300ms", "--shard-size", "512KiB", "--quiet"}
+	settledAll := func() int64 {
+		st, err := s3.Open(context.Background(), cfg, "observer")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		for _, r := range st.Settled() {
+			n += r.Len()
+		}
+		return n
+	}
+	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 2))
+	kills := 0
+	produceDone := false
+	for kills < 10 || !produceDone {
+		select {
+		case err := <-produced:
+			if err != nil {
+				t.Fatal(err)
+			}
+			produceDone = true
+		default:
+		}
+		c := exec.Command(bin, args...)
+		c.Env = serviceEnv()
+		var stderr bytes.Buffer
+		c.Stderr = &stderr
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Kill while it commits: once it has settled something new (or
+		// after 15 s), after a random extra moment.
+		before := settledAll()
+		for wait := time.Now(); time.Since(wait) < 15*time.Second && settledAll() == before && before < int64(len(lines)); {
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		c.Process.Kill()
+		c.Wait()
+		kills++
+		t.Logf("kill %d: %d positions settled", kills, settledAll())
+	}
+	// The last run goes on until every record is settled, then stops
+	// gracefully (SIGTERM).
+	c := exec.Command(bin, args...)
+	c.Env = serviceEnv()
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(4 * time.Minute)
+	for settledAll() < int64(len(lines)) {
+		if time.Now().After(deadline) {
+			c.Process.Kill()
+			c.Wait()
+			t.Fatalf("not every record settled after 4 minutes (%d of %d)\n%s", settledAll(), len(lines), stderr.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	c.Process.Signal(syscall.SIGTERM)
+	if err := c.Wait(); err != nil {
+		t.Fatalf("final ingest: %v\n%s", err, stderr.String())
+	}
+
+	// Read back: shards listed by the manifest, downloaded, through DuckDB.
+	st, err := s3.Open(context.Background(), cfg, "reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, bucket := st.Client()
+	local := filepath.Join(work, "shards")
+	var paths, dlq []string
+	for _, e := range st.Entries() {
+		if e.Path != "" {
+			p := filepath.Join(local, filepath.FromSlash(e.Path))
+			if err := cli.FGetObject(context.Background(), bucket, st.Key(e.Path), p, minio.GetObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			paths = append(paths, e2eSQLString(p))
+		}
+		if e.DeadLetters != nil {
+			dlq = append(dlq, e.DeadLetters.File)
+		}
+	}
+	db, err := sql.Open("duckdb", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows, err := db.Query(fmt.Sprintf("SELECT step_id, advantage FROM read_parquet([%s], hive_partitioning=false)", strings.Join(paths, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for rows.Next() {
+		var sid string
+		var adv float64
+		if err := rows.Scan(&sid, &adv); err != nil {
+			t.Fatal(err)
+		}
+		seen[sid]++
+		if exp, ok := ref.Rows[sid]; !ok {
+			t.Errorf("step %s is not a valid step", sid)
+		} else if math.Abs(exp.Advantage-adv) > 1e-6 {
+			t.Errorf("step %s: advantage %v, want %v", sid, adv, exp.Advantage)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	missing, doubled := 0, 0
+	for sid := range ref.Rows {
+		switch seen[sid] {
+		case 0:
+			missing++
+		case 1:
+		default:
+			doubled++
+		}
+	}
+	if missing > 0 || doubled > 0 {
+		t.Fatalf("%d steps missing, %d committed more than once (of %d)", missing, doubled, len(ref.Rows))
+	}
+	letters := 0
+	byRecord := map[string]int{}
+	for _, key := range dlq {
+		obj, err := cli.GetObject(context.Background(), bucket, st.Key(key), minio.GetObjectOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(obj)
+		obj.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(bytes.NewReader(b))
+		for sc.Scan() {
+			var l schemas.DeadLetterLine
+			if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+				t.Fatal(err)
+			}
+			letters++
+			byRecord[l.Record]++
+		}
+	}
+	if letters != len(ref.DeadLetters) {
+		t.Errorf("%d dead letters, want %d", letters, len(ref.DeadLetters))
+	}
+	for rec, n := range byRecord {
+		if n != 1 {
+			t.Errorf("dead letter %q appears %d times", e2eClip(rec, 80), n)
+		}
+	}
+	t.Logf("%d kills; %d steps exactly once in %d shards; %d dead letters", kills, len(ref.Rows), len(paths), letters)
+}
