@@ -9,8 +9,10 @@ import "time"
 type ShardEntry struct {
 	// Seq is the entry's place in an object-store manifest log.
 	Seq int64 `json:"seq,omitempty"`
-	// Writer is the run that appended the entry.
+	// Writer is the run that appended the entry; Nonce tells a retried
+	// append that its first attempt landed.
 	Writer string `json:"writer,omitempty"`
+	Nonce  string `json:"nonce,omitempty"`
 	// Claims lists the input streams this entry claims for Writer: from
 	// then on, only Writer may settle positions of those streams (a
 	// previous owner is fenced).

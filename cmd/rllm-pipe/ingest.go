@@ -250,21 +250,38 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 		return err
 	}
 	defer consumer.Close()
+	backoff := time.Second
+	pause := func(why error) {
+		if !p.o.quiet {
+			fmt.Fprintf(stderr, "ingest %s: %v; retrying in %s\n", p.runID, why, backoff)
+		}
+		select {
+		case <-soft.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
 	for soft.Err() == nil {
 		gen, err := consumer.Next(soft)
 		if err != nil {
 			if soft.Err() != nil {
 				return nil
 			}
-			return err
+			pause(err) // the broker is away: wait for it
+			continue
 		}
 		streams := gen.Streams()
 		if err := out.claim(ctx, streams); err != nil {
-			return err
+			if ctx.Err() != nil {
+				return err
+			}
+			pause(err)
+			continue
 		}
 		firsts, err := gen.FirstOffsets(ctx)
 		if err != nil {
-			return err
+			pause(err)
+			continue
 		}
 		settled := out.settled()
 		start := map[int]int64{}
@@ -281,14 +298,20 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 		stopHints()
 		st.add(res)
 		switch {
+		case err == nil, soft.Err() != nil:
+			backoff = time.Second
 		case errors.Is(err, kafka.ErrGenerationEnded), errors.Is(err, s3.ErrFenced):
 			// A rebalance: uncommitted work is the next owner's.
 			if !p.o.quiet {
 				fmt.Fprintf(stderr, "ingest %s: generation ended (%v); rejoining\n", p.runID, err)
 			}
-			continue
-		case err != nil:
+		case ctx.Err() != nil:
 			return err
+		default:
+			// A failure of this generation (an outage outlasting the
+			// retries, a broker error): what was not committed is not
+			// settled; rejoin and resume from the manifest.
+			pause(err)
 		}
 	}
 	return nil

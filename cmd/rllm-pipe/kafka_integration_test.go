@@ -185,6 +185,17 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 		t.Fatalf("final ingest: %v\n%s", err, stderr.String())
 	}
 
+	shards, letters := verifyS3Output(t, cfg, ref, work)
+	t.Logf("%d kills; %d steps exactly once in %d shards; %d dead letters", kills, len(ref.Rows), shards, letters)
+}
+
+
+// verifyS3Output reads the committed data under cfg (listed by the
+// manifest) with DuckDB and checks it against the reference: every valid
+// step exactly once with its advantage, every bad record dead-lettered
+// exactly once. It returns the number of shards and dead letters.
+func verifyS3Output(t *testing.T, cfg s3.Config, ref *refResult, work string) (int, int) {
+	t.Helper()
 	// Read back: shards listed by the manifest, downloaded, through DuckDB.
 	st, err := s3.Open(context.Background(), cfg, "reader")
 	if err != nil {
@@ -274,5 +285,5 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 			t.Errorf("dead letter %q appears %d times", e2eClip(rec, 80), n)
 		}
 	}
-	t.Logf("%d kills; %d steps exactly once in %d shards; %d dead letters", kills, len(ref.Rows), len(paths), letters)
+	return len(paths), letters
 }

@@ -35,10 +35,14 @@ package s3
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -47,6 +51,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/minio/minio-go/v7"
@@ -144,8 +150,8 @@ func Open(ctx context.Context, cfg Config, writer string) (*Store, error) {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
 	s := &Store{cli: cli, cfg: cfg, writer: writer, claims: map[string]string{}}
-	ok, err := cli.BucketExists(ctx, cfg.Bucket)
-	if err != nil {
+	var ok bool
+	if err := retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
 	}
 	if !ok {
@@ -177,17 +183,26 @@ func (s *Store) refresh(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, s.manifestKey(s.next), minio.GetObjectOptions{})
-		if err != nil {
-			return fmt.Errorf("s3: read manifest: %w", err)
-		}
-		data, err := io.ReadAll(obj)
-		obj.Close()
-		if err != nil {
-			if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+		var data []byte
+		missing := false
+		err := retry(ctx, func(int) error {
+			obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, s.manifestKey(s.next), minio.GetObjectOptions{})
+			if err != nil {
+				return err
+			}
+			defer obj.Close()
+			data, err = io.ReadAll(obj)
+			if err != nil && minio.ToErrorResponse(err).Code == "NoSuchKey" {
+				missing = true
 				return nil
 			}
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("s3: read manifest entry %d: %w", s.next, err)
+		}
+		if missing {
+			return nil
 		}
 		var e schemas.ShardEntry
 		if err := json.Unmarshal(data, &e); err != nil {
@@ -206,20 +221,84 @@ func (s *Store) apply(e schemas.ShardEntry) {
 	}
 }
 
-// putIfAbsent uploads body under key unless an object exists there.
-func (s *Store) putIfAbsent(ctx context.Context, key string, body io.Reader, size int64, contentType string) error {
-	opts := minio.PutObjectOptions{ContentType: contentType}
-	opts.SetMatchETagExcept("*")
-	_, err := s.cli.PutObject(ctx, s.cfg.Bucket, key, body, size, opts)
-	if err != nil {
-		r := minio.ToErrorResponse(err)
-		if r.StatusCode == http.StatusPreconditionFailed || r.Code == "PreconditionFailed" {
-			return errExists
-		}
-		return fmt.Errorf("s3: put %s: %w", key, err)
+// transient reports errors worth retrying: the network, throttling and
+// server errors. A lost precondition, a missing key or a refused
+// credential is final.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
-	return nil
+	var ne net.Error
+	var ue *url.Error
+	if errors.As(err, &ne) || errors.As(err, &ue) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) {
+		return true // no HTTP answer: connection refused, reset, timeout
+	}
+	var r minio.ErrorResponse
+	if !errors.As(err, &r) {
+		return false
+	}
+	switch {
+	case r.StatusCode >= 500, r.StatusCode == http.StatusTooManyRequests, r.StatusCode == http.StatusRequestTimeout:
+		return true
+	}
+	return false
 }
+
+// Retries counts operations retried after a transient error.
+var Retries atomicCounter
+
+// retry runs op until it succeeds, fails for good, or ctx ends, backing
+// off from 100 ms to 5 s between attempts: an object-store outage pauses
+// the pipeline instead of failing it. attempt is 0 on the first call.
+func retry(ctx context.Context, op func(attempt int) error) error {
+	delay := 100 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := op(attempt)
+		if !transient(err) {
+			return err
+		}
+		Retries.Add(1)
+		slog.Warn("s3: transient failure, retrying", "attempt", attempt+1, "in", delay, "err", err)
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+// putIfAbsent uploads body under key unless an object exists there. It
+// retries transient failures; ours reports whether an object found at the
+// key on a retry may be our own earlier attempt (whose answer was lost).
+func (s *Store) putIfAbsent(ctx context.Context, key string, body io.ReadSeeker, size int64, contentType string) error {
+	return retry(ctx, func(attempt int) error {
+		if _, err := body.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		opts := minio.PutObjectOptions{ContentType: contentType}
+		opts.SetMatchETagExcept("*")
+		_, err := s.cli.PutObject(ctx, s.cfg.Bucket, key, body, size, opts)
+		if err != nil {
+			r := minio.ToErrorResponse(err)
+			if r.StatusCode == http.StatusPreconditionFailed || r.Code == "PreconditionFailed" {
+				if attempt > 0 {
+					return errMaybeOurs
+				}
+				return errExists
+			}
+			if transient(err) {
+				return err
+			}
+			return fmt.Errorf("s3: put %s: %w", key, err)
+		}
+		return nil
+	})
+}
+
+// errMaybeOurs is an object found at the key on a retry: possibly written
+// by our own earlier attempt.
+var errMaybeOurs = fmt.Errorf("%w (after a retry)", errExists)
 
 // fenced reports a stream of e last claimed by another writer.
 func (s *Store) fenced(e *schemas.ShardEntry) string {
@@ -236,6 +315,9 @@ func (s *Store) fenced(e *schemas.ShardEntry) string {
 // with ErrFenced if a stream e settles was claimed by another writer.
 func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 	e.Writer = s.writer
+	var nb [8]byte
+	_, _ = rand.Read(nb[:])
+	e.Nonce = hex.EncodeToString(nb[:])
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
 		if st := s.fenced(&e); st != "" {
@@ -264,10 +346,25 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 		if err := s.refresh(ctx); err != nil {
 			return err
 		}
+		if errors.Is(err, errMaybeOurs) && s.isOurs(e.Seq, e.Nonce) {
+			return nil // our first attempt landed; its answer was lost
+		}
 		if attempt > 1000 {
 			return fmt.Errorf("s3: manifest append: too much contention")
 		}
 	}
+}
+
+// isOurs reports whether log entry seq carries nonce.
+func (s *Store) isOurs(seq int64, nonce string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := len(s.entries) - 1; i >= 0; i-- {
+		if s.entries[i].Seq == seq {
+			return s.entries[i].Nonce == nonce
+		}
+	}
+	return false
 }
 
 // Claim appends a claim of streams for this writer; later commits by
@@ -319,11 +416,22 @@ func (s *Store) RemoveOrphans(ctx context.Context) ([]string, error) {
 		live[w] = true
 	}
 	s.mu.Unlock()
-	var removed []string
-	for obj := range s.cli.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: s.key(""), Recursive: true}) {
-		if obj.Err != nil {
-			return removed, fmt.Errorf("s3: list: %w", obj.Err)
+	var objs []minio.ObjectInfo
+	err := retry(ctx, func(int) error {
+		objs = objs[:0]
+		for obj := range s.cli.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: s.key(""), Recursive: true}) {
+			if obj.Err != nil {
+				return obj.Err
+			}
+			objs = append(objs, obj)
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3: list: %w", err)
+	}
+	var removed []string
+	for _, obj := range objs {
 		rel := strings.TrimPrefix(obj.Key, s.key(""))
 		isShard := strings.HasSuffix(rel, ".parquet") && !strings.HasPrefix(rel, "_") && !strings.Contains(rel, "/_")
 		isDLQ := strings.HasPrefix(rel, "_dlq/")
@@ -333,7 +441,7 @@ func (s *Store) RemoveOrphans(ctx context.Context) ([]string, error) {
 		if w := writerOf(path.Base(rel)); w == "" || live[w] {
 			continue
 		}
-		if err := s.cli.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}); err != nil {
+		if err := retry(ctx, func(int) error { return s.cli.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}) }); err != nil {
 			return removed, fmt.Errorf("s3: remove orphan %s: %w", obj.Key, err)
 		}
 		removed = append(removed, obj.Key)
@@ -400,7 +508,9 @@ func (p *Pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
 		return fmt.Errorf("s3: shard %s: %w", p.rel, err)
 	}
 	key := p.s.key(p.rel)
-	if err := p.s.putIfAbsent(ctx, key, p.f, size, "application/vnd.apache.parquet"); err != nil {
+	if err := p.s.putIfAbsent(ctx, key, p.f, size, "application/vnd.apache.parquet"); err != nil && !errors.Is(err, errMaybeOurs) {
+		// A shard key is unique to its writer: found after a retry, the
+		// object is our own first attempt.
 		if errors.Is(err, errExists) {
 			return fmt.Errorf("s3: shard %s already exists", p.rel)
 		}
@@ -428,7 +538,7 @@ func (p *Pending) Abort() error {
 // key relative to the prefix.
 func (s *Store) PutDeadLetters(ctx context.Context, seq int, data []byte) (string, error) {
 	rel := fmt.Sprintf("_dlq/%s-%06d.jsonl", s.writer, seq)
-	if err := s.putIfAbsent(ctx, s.key(rel), bytes.NewReader(data), int64(len(data)), "application/x-ndjson"); err != nil {
+	if err := s.putIfAbsent(ctx, s.key(rel), bytes.NewReader(data), int64(len(data)), "application/x-ndjson"); err != nil && !errors.Is(err, errMaybeOurs) {
 		return "", err
 	}
 	return rel, nil
@@ -439,3 +549,10 @@ func (s *Store) Client() (*minio.Client, string) { return s.cli, s.cfg.Bucket }
 
 // Key returns the object key of rel under the prefix.
 func (s *Store) Key(rel string) string { return s.key(rel) }
+
+type atomicCounter struct{ n atomic.Int64 }
+
+func (c *atomicCounter) Add(d int64) { c.n.Add(d) }
+
+// Load returns the count.
+func (c *atomicCounter) Load() int64 { return c.n.Load() }
