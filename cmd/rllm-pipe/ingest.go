@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -121,6 +122,7 @@ type plan struct {
 	distill   *advantage.Distill
 	filters   []transform.Filter
 	runID     string
+	shardSeq  atomic.Int64 // shard numbers across the generations of the run
 }
 
 func newPlan(o ingestOpts) (*plan, error) {
@@ -381,6 +383,7 @@ func runPipeline(ctx, soft context.Context, p *plan, src ingest.Source, out *out
 		ShardSize:     p.shardSize,
 		FlushInterval: p.o.flushInterval,
 		RunID:         p.runID,
+		Seq:           &p.shardSeq,
 		Parquet:       parquet.Options{ZstdLevel: p.o.zstdLevel, Allocator: mem},
 	})
 	settled := out.settled()

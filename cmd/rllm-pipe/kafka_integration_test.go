@@ -189,7 +189,6 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 	t.Logf("%d kills; %d steps exactly once in %d shards; %d dead letters", kills, len(ref.Rows), shards, letters)
 }
 
-
 // verifyS3Output reads the committed data under cfg (listed by the
 // manifest) with DuckDB and checks it against the reference: every valid
 // step exactly once with its advantage, every bad record dead-lettered

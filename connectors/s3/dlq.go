@@ -16,7 +16,6 @@ type DeadLetters struct {
 	s       *Store
 	mu      sync.Mutex
 	buf     bytes.Buffer
-	seq     int
 	pending schemas.Settled
 	counts  map[schemas.Reason]int64
 }
@@ -59,10 +58,8 @@ func (d *DeadLetters) Checkpoint(ctx context.Context) (schemas.Settled, *schemas
 	}
 	var state *schemas.DeadLetterState
 	if d.buf.Len() > 0 {
-		d.seq++
-		rel, err := d.s.PutDeadLetters(ctx, d.seq, d.buf.Bytes())
+		rel, err := d.s.PutDeadLetters(ctx, int(d.s.dlqSeq.Add(1)), d.buf.Bytes())
 		if err != nil {
-			d.seq--
 			return nil, nil, err
 		}
 		state = &schemas.DeadLetterState{File: rel, Bytes: int64(d.buf.Len())}

@@ -129,6 +129,7 @@ type Store struct {
 	entries []schemas.ShardEntry // the log, in order
 	next    int64                // the next sequence number to try
 	claims  map[string]string    // stream → writer of its latest claim
+	dlqSeq  atomic.Int64         // numbers this writer's dead-letter objects
 }
 
 // Open connects, creates the bucket if needed, reads the manifest log and

@@ -12,6 +12,7 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -60,6 +61,9 @@ type Config struct {
 	Parquet parquet.Options
 	// Settler, if set, is checkpointed at every commit.
 	Settler Settler
+	// Seq, if set, numbers shards across the sinks of one run (one sink
+	// per Kafka generation), so that shard names never repeat.
+	Seq *atomic.Int64
 }
 
 // Totals are the sink's tallies.
@@ -103,6 +107,9 @@ func New(store Store, cfg Config) *Sink {
 	}
 	if cfg.RunID == "" {
 		cfg.RunID = "run"
+	}
+	if cfg.Seq == nil {
+		cfg.Seq = new(atomic.Int64)
 	}
 	return &Sink{cfg: cfg, store: store, open: map[int64]*shard{}}
 }
@@ -160,10 +167,10 @@ func (s *Sink) oldest() *shard {
 }
 
 func (s *Sink) create(ctx context.Context, version int64, now time.Time) (*shard, error) {
-	s.seq++
+	seq := s.cfg.Seq.Add(1)
 	// The path is built from numbers and the run id only: record ids never
 	// reach the file system.
-	rel := schemas.PartitionKey + "=" + strconv.FormatInt(version, 10) + "/part-" + s.cfg.RunID + "-" + fmt.Sprintf("%06d", s.seq) + ".parquet"
+	rel := schemas.PartitionKey + "=" + strconv.FormatInt(version, 10) + "/part-" + s.cfg.RunID + "-" + fmt.Sprintf("%06d", seq) + ".parquet"
 	p, err := s.store.Create(ctx, rel)
 	if err != nil {
 		return nil, fmt.Errorf("create shard: %w", err)
