@@ -32,6 +32,10 @@ type StageConfig struct {
 	// and will be assembled again on the next run) instead of being closed
 	// as at the end of the input.
 	Stopped func() bool
+	// Observe, if set, receives the counters and the number of open groups
+	// after every input batch and tick (for metrics); it runs on the
+	// stage's goroutine and must not block.
+	Observe func(c Counters, openGroups int)
 }
 
 // maxBatchBytes caps the raw bytes gathered into one batch, so that Arrow's
@@ -65,6 +69,9 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 	rows, bytes := 0, 0
 
 	collect := func() error {
+		if cfg.Observe != nil {
+			cfg.Observe(a.Counters, a.OpenGroups())
+		}
 		o := a.Take()
 		if err := dl.Write(ctx, o.Dead, o.Dropped); err != nil {
 			return fmt.Errorf("write dead letters: %w", err)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -47,6 +48,8 @@ type ingestOpts struct {
 	maxRecord                string
 	zstdLevel                int
 	quiet                    bool
+	metricsAddr              string
+	logFormat                string
 }
 
 func newIngestCmd(soft context.Context) *cobra.Command {
@@ -86,6 +89,8 @@ input skips groups already committed.`,
 	f.StringVar(&o.maxRecord, "max-record-bytes", "64MiB", "records larger than this are dead-lettered as too_large")
 	f.IntVar(&o.zstdLevel, "zstd-level", 1, "zstd compression level of shards")
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (host:port), at /metrics")
+	f.StringVar(&o.logFormat, "log-format", "text", "structured log format on stderr: text or json")
 	return cmd
 }
 
@@ -123,10 +128,12 @@ type plan struct {
 	filters   []transform.Filter
 	runID     string
 	shardSeq  atomic.Int64 // shard numbers across the generations of the run
+	m         *metrics
+	log       *slog.Logger
 }
 
 func newPlan(o ingestOpts) (*plan, error) {
-	p := &plan{o: o, runID: newRunID()}
+	p := &plan{o: o, runID: newRunID(), m: &metrics{}}
 	var err error
 	if p.shardSize, err = parseBytes(o.shardSize); err != nil {
 		return nil, usageErrorf("--shard-size: %v", err)
@@ -174,11 +181,28 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	if o.from == "" {
 		return usageErrorf("--from is required")
 	}
+	var h slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
+	if o.logFormat == "json" {
+		h = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
+	}
+	if o.quiet {
+		h = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
+	}
+	p.log = slog.New(h).With("run", p.runID)
+	slog.SetDefault(p.log)
 	out, err := openOutput(ctx, o, p.runID)
 	if err != nil {
 		return err
 	}
 	defer out.close()
+	p.m.deadLetter = out.counts
+	if o.metricsAddr != "" {
+		stop, err := serveMetrics(ctx, o.metricsAddr, p.m)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 
 	st := ingestStats{RunID: p.runID, Output: out.name, Estimator: p.label, DeadLetters: map[string]int64{}}
 	var runErr error
@@ -254,9 +278,7 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 	defer consumer.Close()
 	backoff := time.Second
 	pause := func(why error) {
-		if !p.o.quiet {
-			fmt.Fprintf(stderr, "ingest %s: %v; retrying in %s\n", p.runID, why, backoff)
-		}
+		p.log.Warn("kafka: retrying", "err", why, "in", backoff)
 		select {
 		case <-soft.Done():
 		case <-time.After(backoff):
@@ -290,13 +312,17 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 		for _, part := range gen.Partitions {
 			start[part] = kafka.ResumeOffset(settled[kafka.Stream(cfg.Topic, part)], firsts[part])
 		}
-		if !p.o.quiet {
-			fmt.Fprintf(stderr, "ingest %s: generation with partitions %v of %s, resuming at %v\n", p.runID, gen.Partitions, cfg.Topic, start)
-		}
+		p.log.Info("kafka: generation", "topic", cfg.Topic, "partitions", gen.Partitions, "resume", start)
 		out.resetDLQ()
 		hintCtx, stopHints := context.WithCancel(ctx)
 		go commitHints(hintCtx, gen, cfg.Topic, firsts, out)
-		res, err := runPipeline(ctx, soft, p, gen.Source(start), out)
+		src := gen.Source(start)
+		if l, ok := src.(interface{ Lag() int64 }); ok {
+			p.m.mu.Lock()
+			p.m.lag = l.Lag
+			p.m.mu.Unlock()
+		}
+		res, err := runPipeline(ctx, soft, p, src, out)
 		stopHints()
 		st.add(res)
 		switch {
@@ -304,9 +330,7 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 			backoff = time.Second
 		case errors.Is(err, kafka.ErrGenerationEnded), errors.Is(err, s3.ErrFenced):
 			// A rebalance: uncommitted work is the next owner's.
-			if !p.o.quiet {
-				fmt.Fprintf(stderr, "ingest %s: generation ended (%v); rejoining\n", p.runID, err)
-			}
+			p.log.Info("kafka: generation ended; rejoining", "reason", err)
 		case ctx.Err() != nil:
 			return err
 		default:
@@ -384,6 +408,7 @@ func runPipeline(ctx, soft context.Context, p *plan, src ingest.Source, out *out
 		FlushInterval: p.o.flushInterval,
 		RunID:         p.runID,
 		Seq:           &p.shardSeq,
+		OnCommit:      p.m.commit,
 		Parquet:       parquet.Options{ZstdLevel: p.o.zstdLevel, Allocator: mem},
 	})
 	settled := out.settled()
@@ -420,11 +445,13 @@ func runPipeline(ctx, soft context.Context, p *plan, src ingest.Source, out *out
 			},
 			Tick:    tick,
 			Stopped: func() bool { return soft.Err() != nil },
+			Observe: p.m.observe,
 		})
 		return err
 	})
 	g.Go(func() error { return sink.Run(gctx, batches, sk, tick) })
 	err := g.Wait()
+	p.m.endPipeline()
 	res.totals = sk.Totals
 	res.batch = batcher.Counters
 	return res, err

@@ -6,9 +6,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -84,8 +88,14 @@ func TestIntegrationOutages(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Endpoint = endpoint
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
 	c := exec.Command(bin, "ingest", "--from", "kafka://"+brokers+"/"+topic+"?group="+group, "--to", "s3://rllm-pipe-test/"+prefix,
-		"--group-size", "4", "--flush-interval", "300ms", "--shard-size", "256KiB")
+		"--group-size", "4", "--flush-interval", "300ms", "--shard-size", "256KiB", "--metrics-addr", metricsAddr)
 	c.Env = serviceEnv()
 	var stderr bytes.Buffer
 	c.Stderr = &stderr
@@ -120,6 +130,15 @@ func TestIntegrationOutages(t *testing.T) {
 	}
 	services(t, "minio-start")
 	waitFor("every record settled after MinIO returned", func() bool { return settledCount(t, cfg) == int64(len(lines)) })
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`rllm_pipe_s3_retries_total [1-9]`).Match(body) || !regexp.MustCompile(`rllm_pipe_shards_committed_total [1-9]`).Match(body) {
+		t.Errorf("metrics after the outage do not show retries and commits:\n%s", body)
+	}
 
 	// A broker restart with the stream quiet, then more records.
 	services(t, "kafka-stop")

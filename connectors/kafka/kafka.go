@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	kgo "github.com/segmentio/kafka-go"
@@ -210,6 +211,7 @@ func (g *Generation) CommitOffsets(offsets map[int]int64) error {
 // ends with kafka-go's ErrGenerationEnded on a rebalance.
 func (g *Generation) Source(start map[int]int64) ingest.Source {
 	s := &source{msgs: make(chan kgo.Message, 1024), errs: make(chan error, len(g.Partitions)), topic: g.c.cfg.Topic}
+	s.readers = make([]*kgo.Reader, 0, len(g.Partitions))
 	for _, p := range g.Partitions {
 		g.gen.Start(func(ctx context.Context) {
 			r := kgo.NewReader(kgo.ReaderConfig{
@@ -222,6 +224,9 @@ func (g *Generation) Source(start map[int]int64) ingest.Source {
 				MaxWait:   250 * time.Millisecond,
 			})
 			defer r.Close()
+			s.mu.Lock()
+			s.readers = append(s.readers, r)
+			s.mu.Unlock()
 			if err := r.SetOffset(start[p]); err != nil {
 				s.errs <- err
 				return
@@ -249,9 +254,23 @@ func (g *Generation) Source(start map[int]int64) ingest.Source {
 }
 
 type source struct {
-	topic string
-	msgs  chan kgo.Message
-	errs  chan error
+	topic   string
+	msgs    chan kgo.Message
+	errs    chan error
+	mu      sync.Mutex
+	readers []*kgo.Reader
+}
+
+// Lag is how many records the generation's partitions hold beyond what
+// has been read, as last reported by the readers.
+func (s *source) Lag() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for _, r := range s.readers {
+		n += max(r.Lag(), 0)
+	}
+	return n
 }
 
 // ErrGenerationEnded is returned by a generation's source on a rebalance.

@@ -64,6 +64,9 @@ type Config struct {
 	// Seq, if set, numbers shards across the sinks of one run (one sink
 	// per Kafka generation), so that shard names never repeat.
 	Seq *atomic.Int64
+	// OnCommit, if set, is called after every committed shard with its
+	// rows and how long the commit (footer, upload, manifest) took.
+	OnCommit func(rows int64, took time.Duration)
 }
 
 // Totals are the sink's tallies.
@@ -186,6 +189,7 @@ func (s *Sink) create(ctx context.Context, version int64, now time.Time) (*shard
 }
 
 func (s *Sink) commit(ctx context.Context, sh *shard) error {
+	began := time.Now()
 	delete(s.open, sh.version)
 	e := schemas.ShardEntry{
 		Path:          sh.rel,
@@ -224,6 +228,9 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 	s.Totals.Shards++
 	s.Totals.Rows += sh.rows
 	s.Totals.Bytes += sh.w.Written()
+	if s.cfg.OnCommit != nil {
+		s.cfg.OnCommit(sh.rows, time.Since(began))
+	}
 	return nil
 }
 
