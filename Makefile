@@ -39,8 +39,13 @@ services-down:
 test-short:
 	$(GO) test -short -count=1 ./...
 
+# bench: unit benchmarks (estimators, generator), then the service-backed
+# ones, run once each: Kafka→MinIO ingest next to a bare kafka-go drain of
+# the same topic, and the produce→commit delay at 1,000 steps/s.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/...
+	scripts/services.sh up >/dev/null
+	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench Integration -benchtime 1x -timeout 30m ./cmd/rllm-pipe/
 
 # fuzz: run the decoder fuzzer for FUZZTIME (default 60s).
 FUZZTIME ?= 60s

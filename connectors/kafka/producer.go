@@ -38,7 +38,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 		Balancer:               &kgo.Hash{},
 		RequiredAcks:           kgo.RequireAll,
 		BatchSize:              1000,
-		BatchBytes:             64 << 20,
+		BatchBytes:             1 << 20, // the broker's default message.max.bytes
 		BatchTimeout:           20 * time.Millisecond,
 		AllowAutoTopicCreation: true,
 		Transport:              tr,
