@@ -82,7 +82,7 @@ func (e *batchEstimator) ComputeBatch(mem memory.Allocator, b BatchGroups) (*arr
 }
 
 // centre writes r − μ_group into out. A group of one keeps r (baseline 0)
-// under verl's conventions and gets 0 under rLLM's and TRL's.
+// under verl's conventions and gets 0 (its own mean subtracted) otherwise.
 func centre(o Options, offsets []int32, r, out []float64) {
 	for gi := 0; gi+1 < len(offsets); gi++ {
 		lo, hi := offsets[gi], offsets[gi+1]
@@ -180,23 +180,9 @@ func prpo(o Options, _ []int32, r []float64, _ []int64, roles *array.String, out
 }
 
 // batchStd (TRL scale_rewards="batch"): (r − μ_group)/(σ_batch + ε), σ over
-// every reward of the batch.
+// every reward of the batch. A group of one gets 0 (r minus its own mean).
 func batchStd(o Options, offsets []int32, r []float64, _ []int64, _ *array.String, out []float64) {
-	for gi := 0; gi+1 < len(offsets); gi++ {
-		lo, hi := offsets[gi], offsets[gi+1]
-		if hi-lo == 1 && o.Compat.SingletonZero {
-			out[lo] = 0
-			continue
-		}
-		var sum float64
-		for _, v := range r[lo:hi] {
-			sum += v
-		}
-		mean := sum / float64(hi-lo)
-		for i := lo; i < hi; i++ {
-			out[i] = r[i] - mean
-		}
-	}
+	centre(Options{Compat: TRL}, offsets, r, out)
 	if len(r) < 2 && o.Compat.SampleStd {
 		return
 	}

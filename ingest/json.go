@@ -190,21 +190,11 @@ func (l *lexer) hex4() (rune, bool) {
 	if l.pos+4 > len(l.buf) {
 		return 0, false
 	}
-	var r rune
-	for _, c := range l.buf[l.pos : l.pos+4] {
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
+	r, ok := hexRune(l.buf[l.pos : l.pos+4])
+	if ok {
+		l.pos += 4
 	}
-	l.pos += 4
-	return r, true
+	return r, ok
 }
 
 // numToken returns the bytes of the number at the cursor, checking the
@@ -486,9 +476,9 @@ func (l *lexer) rawCopy(start, before int) []byte {
 			out = append(out, c)
 			i++
 		case inStr && c == '\\' && i+1 < len(text) && text[i+1] == 'u' && i+6 <= len(text):
-			r := hexRune(text[i+2 : i+6])
+			r, _ := hexRune(text[i+2 : i+6])
 			if r >= 0xd800 && r < 0xdc00 && i+12 <= len(text) && text[i+6] == '\\' && text[i+7] == 'u' {
-				if r2 := hexRune(text[i+8 : i+12]); r2 >= 0xdc00 && r2 < 0xe000 {
+				if r2, _ := hexRune(text[i+8 : i+12]); r2 >= 0xdc00 && r2 < 0xe000 {
 					out = append(out, text[i:i+12]...) // a valid pair
 					i += 12
 					continue
@@ -520,9 +510,8 @@ func (l *lexer) rawCopy(start, before int) []byte {
 	return out
 }
 
-// hexRune decodes four hex digits (already validated by the lexer).
-func hexRune(b []byte) rune {
-	var r rune
+// hexRune decodes four hex digits; ok is false if one is not a digit.
+func hexRune(b []byte) (r rune, ok bool) {
 	for _, c := range b {
 		switch {
 		case c >= '0' && c <= '9':
@@ -531,7 +520,9 @@ func hexRune(b []byte) rune {
 			r = r<<4 | rune(c-'a'+10)
 		case c >= 'A' && c <= 'F':
 			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
 		}
 	}
-	return r
+	return r, true
 }

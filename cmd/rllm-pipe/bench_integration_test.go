@@ -47,18 +47,6 @@ func benchBinary(b *testing.B) string {
 	return bin
 }
 
-func settledTotal(b *testing.B, cfg s3.Config) int64 {
-	st, err := s3.Open(context.Background(), cfg, "observer")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var n int64
-	for _, r := range st.Settled() {
-		n += r.Len()
-	}
-	return n
-}
-
 // BenchmarkIntegrationKafkaToS3 measures sustained ingest from Kafka into
 // MinIO next to the raw drain rate of a bare kafka-go reader over the same
 // topic, in the same run. Run once: go test -bench KafkaToS3 -benchtime 1x.
@@ -113,7 +101,7 @@ func BenchmarkIntegrationKafkaToS3(b *testing.B) {
 			if err := c.Start(); err != nil {
 				b.Fatal(err)
 			}
-			for settledTotal(b, cfg) < records {
+			for settledCount(b, cfg) < records {
 				time.Sleep(100 * time.Millisecond)
 			}
 			el := time.Since(start)

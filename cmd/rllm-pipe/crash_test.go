@@ -119,44 +119,14 @@ verify:
 	if len(files) != len(listed) {
 		t.Fatalf("%d committed files, manifest lists %d", len(files), len(listed))
 	}
-	db, err := sql.Open("duckdb", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
 	var paths []string
 	for _, f := range files {
 		if !listed[f] {
 			t.Fatalf("%s is not in the manifest", f)
 		}
-		paths = append(paths, e2eSQLString(filepath.Join(out, f)))
+		paths = append(paths, filepath.Join(out, f))
 	}
-	rows, err := db.Query(fmt.Sprintf("SELECT step_id, advantage FROM read_parquet([%s], hive_partitioning=false)", strings.Join(paths, ",")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]int{}
-	for rows.Next() {
-		var id string
-		var adv float64
-		if err := rows.Scan(&id, &adv); err != nil {
-			t.Fatal(err)
-		}
-		seen[id]++
-		if exp, ok := ref.Rows[id]; !ok {
-			t.Errorf("step %s is not a valid step", id)
-		} else if math.Abs(exp.Advantage-adv) > 1e-6 {
-			t.Errorf("step %s: advantage %v, want %v", id, adv, exp.Advantage)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	for id := range ref.Rows {
-		if seen[id] != 1 {
-			t.Errorf("step %s committed %d times", id, seen[id])
-		}
-	}
+	checkStepsExactlyOnce(t, paths, ref)
 
 	// Dead letters: every bad line exactly once, over all files.
 	dl := map[int]int{}
@@ -186,4 +156,55 @@ verify:
 		t.Errorf("%d lines dead-lettered, want %d", len(dl), len(ref.DeadLetters))
 	}
 	t.Logf("%d steps, %d dead letters, %d shards", len(ref.Rows), len(ref.DeadLetters), len(files))
+}
+
+// checkStepsExactlyOnce reads the shards at paths with DuckDB and checks
+// that every valid step of ref appears exactly once, with its advantage,
+// and nothing else does.
+func checkStepsExactlyOnce(t *testing.T, paths []string, ref *refResult) {
+	t.Helper()
+	db, err := sql.Open("duckdb", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	quoted := make([]string, len(paths))
+	for i, p := range paths {
+		quoted[i] = e2eSQLString(p)
+	}
+	rows, err := db.Query(fmt.Sprintf("SELECT step_id, advantage FROM read_parquet([%s], hive_partitioning=false)", strings.Join(quoted, ",")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	seen := map[string]int{}
+	for rows.Next() {
+		var id string
+		var adv float64
+		if err := rows.Scan(&id, &adv); err != nil {
+			t.Fatal(err)
+		}
+		seen[id]++
+		if exp, ok := ref.Rows[id]; !ok {
+			t.Errorf("step %s is not a valid step", id)
+		} else if math.Abs(exp.Advantage-adv) > 1e-6 {
+			t.Errorf("step %s: advantage %v, want %v", id, adv, exp.Advantage)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	missing, doubled := 0, 0
+	for id := range ref.Rows {
+		switch seen[id] {
+		case 0:
+			missing++
+		case 1:
+		default:
+			doubled++
+		}
+	}
+	if missing > 0 || doubled > 0 {
+		t.Fatalf("%d steps missing, %d committed more than once (of %d)", missing, doubled, len(ref.Rows))
+	}
 }

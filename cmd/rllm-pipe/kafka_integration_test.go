@@ -5,17 +5,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -120,17 +117,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 	cfg.Endpoint = os.Getenv("RLLM_S3_ENDPOINT")
 	args := []string{"ingest", "--from", "kafka://" + brokers + "/" + topic + "?group=" + group, "--to", "s3://rllm-pipe-test/" + prefix,
 		"--group-size", "4", "--flush-interval", "300ms", "--shard-size", "512KiB", "--quiet"}
-	settledAll := func() int64 {
-		st, err := s3.Open(context.Background(), cfg, "observer")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var n int64
-		for _, r := range st.Settled() {
-			n += r.Len()
-		}
-		return n
-	}
+	settledAll := func() int64 { return settledCount(t, cfg) }
 	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	kills := 0
 	produceDone := false
@@ -209,51 +196,13 @@ func verifyS3Output(t *testing.T, cfg s3.Config, ref *refResult, work string) (i
 			if err := cli.FGetObject(context.Background(), bucket, st.Key(e.Path), p, minio.GetObjectOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			paths = append(paths, e2eSQLString(p))
+			paths = append(paths, p)
 		}
 		if e.DeadLetters != nil {
 			dlq = append(dlq, e.DeadLetters.File)
 		}
 	}
-	db, err := sql.Open("duckdb", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	rows, err := db.Query(fmt.Sprintf("SELECT step_id, advantage FROM read_parquet([%s], hive_partitioning=false)", strings.Join(paths, ",")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[string]int{}
-	for rows.Next() {
-		var sid string
-		var adv float64
-		if err := rows.Scan(&sid, &adv); err != nil {
-			t.Fatal(err)
-		}
-		seen[sid]++
-		if exp, ok := ref.Rows[sid]; !ok {
-			t.Errorf("step %s is not a valid step", sid)
-		} else if math.Abs(exp.Advantage-adv) > 1e-6 {
-			t.Errorf("step %s: advantage %v, want %v", sid, adv, exp.Advantage)
-		}
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	missing, doubled := 0, 0
-	for sid := range ref.Rows {
-		switch seen[sid] {
-		case 0:
-			missing++
-		case 1:
-		default:
-			doubled++
-		}
-	}
-	if missing > 0 || doubled > 0 {
-		t.Fatalf("%d steps missing, %d committed more than once (of %d)", missing, doubled, len(ref.Rows))
-	}
+	checkStepsExactlyOnce(t, paths, ref)
 	letters := 0
 	byRecord := map[string]int{}
 	for _, key := range dlq {

@@ -30,7 +30,7 @@ func services(t *testing.T, args ...string) {
 }
 
 // settledCount is the number of positions the manifest under cfg settles.
-func settledCount(t *testing.T, cfg s3.Config) int64 {
+func settledCount(t testing.TB, cfg s3.Config) int64 {
 	t.Helper()
 	st, err := s3.Open(context.Background(), cfg, "observer")
 	if err != nil {
