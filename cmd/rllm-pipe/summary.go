@@ -37,15 +37,13 @@ func newSummaryCmd() *cobra.Command {
 }
 
 type versionSummary struct {
-	groups                 map[string]struct{}
-	partial                map[string]struct{}
-	trajs, steps           int64
-	promptToks, respToks   int64
-	rewardSum              float64
-	advSum, advSq          float64
-	advMin, advMax         float64
-	correct                int64
-	stepsWithTeacherTokens int64
+	groups               map[string]struct{}
+	partial              map[string]struct{}
+	trajs, steps         int64
+	promptToks, respToks int64
+	rewardSum            float64
+	advSum, advSq        float64
+	advMin, advMax       float64
 }
 
 // summarize reads the committed shards listed in the manifest, projecting
@@ -113,6 +111,7 @@ func summarize(ctx context.Context, root string, w io.Writer) error {
 	fmt.Fprintln(tw, "policy\tgroups\tpartial\ttrajectories\tsteps\tprompt tokens\tresponse tokens\tmean reward\tmean adv\tstd adv\tmin adv\tmax adv\t")
 	var tot versionSummary
 	tot.groups = map[string]struct{}{}
+	tot.partial = map[string]struct{}{}
 	for _, v := range versions {
 		s := by[v]
 		n := float64(s.trajs)
@@ -128,8 +127,10 @@ func summarize(ctx context.Context, root string, w io.Writer) error {
 		for g := range s.groups {
 			tot.groups[g] = struct{}{}
 		}
-		tot.correct += int64(len(s.partial))
+		for g := range s.partial {
+			tot.partial[g] = struct{}{}
+		}
 	}
-	fmt.Fprintf(tw, "all\t%d\t%d\t%d\t%d\t%d\t%d\t%.4f\t\t\t\t\t\n", len(tot.groups), tot.correct, tot.trajs, tot.steps, tot.promptToks, tot.respToks, tot.rewardSum/float64(tot.trajs))
+	fmt.Fprintf(tw, "all\t%d\t%d\t%d\t%d\t%d\t%d\t%.4f\t\t\t\t\t\n", len(tot.groups), len(tot.partial), tot.trajs, tot.steps, tot.promptToks, tot.respToks, tot.rewardSum/float64(tot.trajs))
 	return tw.Flush()
 }
