@@ -277,7 +277,10 @@ func (s *Store) putIfAbsent(ctx context.Context, key string, body io.ReadSeeker,
 		if _, err := body.Seek(0, io.SeekStart); err != nil {
 			return err
 		}
-		opts := minio.PutObjectOptions{ContentType: contentType}
+		// One PUT: the If-None-Match precondition is not honoured across a
+		// multipart upload (TestIntegrationLargeObjectCreateOnly), and a single
+		// PUT takes up to 5 GiB, far above the shard size.
+		opts := minio.PutObjectOptions{ContentType: contentType, DisableMultipart: true}
 		opts.SetMatchETagExcept("*")
 		_, err := s.cli.PutObject(ctx, s.cfg.Bucket, key, body, size, opts)
 		if err != nil {
@@ -491,7 +494,7 @@ func (s *Store) Create(ctx context.Context, rel string) (*Pending, error) {
 // Write implements io.Writer.
 func (p *Pending) Write(b []byte) (int, error) { return p.f.Write(b) }
 
-// Commit uploads the shard create-only (multipart when large), then
+// Commit uploads the shard create-only (one PUT, see putIfAbsent), then
 // appends e. A fenced or failed append leaves the upload as an orphan,
 // removed here on a best-effort basis and otherwise by the next Open.
 func (p *Pending) Commit(ctx context.Context, e schemas.ShardEntry) error {

@@ -194,3 +194,40 @@ func TestIntegrationOrphansRemoved(t *testing.T) {
 		t.Fatalf("removed %v (%v), want the shard and the dead letters", removed, err)
 	}
 }
+
+// TestIntegrationLargeObjectCreateOnly checks the create-only guarantee on
+// shards large enough that minio-go would upload them in parts (from 16
+// MiB): with multipart on, all three racers "won" here, so putIfAbsent
+// uploads in one PUT.
+func TestIntegrationLargeObjectCreateOnly(t *testing.T) {
+	cfg := testConfig(t)
+	s := open(t, cfg, "w")
+	body := bytes.Repeat([]byte("0123456789abcdef"), (20<<20)/16) // 20 MiB
+	const n = 3
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = s.putIfAbsent(context.Background(), s.key("big/obj"), bytes.NewReader(body), int64(len(body)), "")
+		}()
+	}
+	wg.Wait()
+	wins := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case !errors.Is(err, errExists):
+			t.Fatalf("unexpected error: %v", err)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d create-only uploads of 20 MiB won, want exactly 1", wins)
+	}
+	info, err := s.cli.StatObject(context.Background(), cfg.Bucket, s.key("big/obj"), minio.StatObjectOptions{})
+	if err != nil || info.Size != int64(len(body)) {
+		t.Fatalf("stat: %v size %d", err, info.Size)
+	}
+}
