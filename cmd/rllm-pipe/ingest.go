@@ -20,6 +20,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
@@ -50,6 +51,48 @@ type ingestOpts struct {
 	quiet                    bool
 	metricsAddr              string
 	logFormat                string
+	conn                     connFlags
+}
+
+// connFlags are the connection settings that may come from flags; secrets
+// come only from the environment (a flag would show in the process list).
+type connFlags struct {
+	kafkaTLS  bool
+	kafkaSASL string
+	kafkaUser string
+	s3Region  string
+	s3Endpt   string
+}
+
+func (c *connFlags) register(f *pflag.FlagSet) {
+	f.BoolVar(&c.kafkaTLS, "kafka-tls", false, "connect to Kafka over TLS")
+	f.StringVar(&c.kafkaSASL, "kafka-sasl-mechanism", "", "Kafka SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (password from RLLM_KAFKA_SASL_PASSWORD)")
+	f.StringVar(&c.kafkaUser, "kafka-sasl-username", "", "Kafka SASL user name")
+	f.StringVar(&c.s3Endpt, "s3-endpoint", "", "S3 endpoint URL (default AWS_ENDPOINT_URL; keys from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
+	f.StringVar(&c.s3Region, "s3-region", "", "S3 region (default AWS_REGION, else us-east-1)")
+}
+
+func (c *connFlags) kafka(cfg kafka.Config) kafka.Config {
+	if c.kafkaTLS {
+		cfg.TLS = true
+	}
+	if c.kafkaSASL != "" {
+		cfg.SASL = c.kafkaSASL
+	}
+	if c.kafkaUser != "" {
+		cfg.User = c.kafkaUser
+	}
+	return cfg
+}
+
+func (c *connFlags) s3(cfg s3.Config) s3.Config {
+	if c.s3Endpt != "" {
+		cfg.Endpoint = c.s3Endpt
+	}
+	if c.s3Region != "" {
+		cfg.Region = c.s3Region
+	}
+	return cfg
 }
 
 func newIngestCmd(soft context.Context) *cobra.Command {
@@ -91,6 +134,7 @@ input skips groups already committed.`,
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (host:port), at /metrics")
 	f.StringVar(&o.logFormat, "log-format", "text", "structured log format on stderr: text or json")
+	o.conn.register(f)
 	return cmd
 }
 
@@ -271,6 +315,7 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 	if err != nil {
 		return usageErrorf("--from: %v", err)
 	}
+	cfg = p.o.conn.kafka(cfg)
 	consumer, err := kafka.NewConsumer(cfg)
 	if err != nil {
 		return err
@@ -544,6 +589,10 @@ func openOutput(ctx context.Context, o ingestOpts, runID string) (*output, error
 		cfg, err := s3.ParseURL(o.to)
 		if err != nil {
 			return nil, usageErrorf("--to: %v", err)
+		}
+		cfg = o.conn.s3(cfg)
+		if size, _ := parseBytes(o.shardSize); size > 4<<30 {
+			return nil, usageErrorf("--shard-size: at most 4GiB on S3 (a shard is one create-only PUT)")
 		}
 		if o.dlq != "" {
 			return nil, usageErrorf("--dlq: with an s3:// output, dead letters are objects under <prefix>/_dlq/")

@@ -18,6 +18,7 @@ func newProduceCmd() *cobra.Command {
 		to         string
 		batch      int
 		partitions int
+		conn       connFlags
 		quiet      bool
 	)
 	cmd := &cobra.Command{
@@ -32,6 +33,7 @@ func newProduceCmd() *cobra.Command {
 			if err != nil {
 				return usageErrorf("--to: %v", err)
 			}
+			cfg = conn.kafka(cfg)
 			var in io.Reader = cmd.InOrStdin()
 			if len(args) == 1 && args[0] != "-" {
 				f, err := os.Open(args[0])
@@ -100,5 +102,6 @@ func newProduceCmd() *cobra.Command {
 	f.IntVar(&batch, "batch", 1000, "records per send")
 	f.IntVar(&partitions, "partitions", 8, "partitions of the topic when produce creates it")
 	f.BoolVar(&quiet, "quiet", false, "no summary on stderr")
+	conn.register(f)
 	return cmd
 }
