@@ -113,7 +113,7 @@ input skips groups already committed.`,
 	f := cmd.Flags()
 	f.StringVar(&o.from, "from", "", "input: file:///path, a path, - for stdin, or kafka://host:port[,host:port]/topic?group=NAME (env RLLM_FROM)")
 	f.StringVar(&o.to, "to", "", "output root: file:///path, a path, or s3://bucket/prefix (env RLLM_TO)")
-	f.StringVar(&o.dlq, "dlq", "", "dead-letter output file (default <to>/_dlq/<run>.jsonl)")
+	f.StringVar(&o.dlq, "dlq", "", "dead-letter output: a file, or kafka://host:port/topic (default <to>/_dlq/)")
 	f.StringVar(&o.statsJSON, "stats-json", "", "also write the run's summary as JSON to this file")
 	f.IntVar(&o.groupSize, "group-size", 8, "trajectories per group (a trajectory record's group_size overrides it)")
 	f.IntVar(&o.minGroupSize, "min-group-size", 2, "least complete trajectories to emit a group partial at timeout or end of input")
@@ -585,6 +585,28 @@ type output struct {
 }
 
 func openOutput(ctx context.Context, o ingestOpts, runID string) (*output, error) {
+	out, err := openStore(ctx, o, runID)
+	if err != nil || !strings.HasPrefix(o.dlq, "kafka://") {
+		return out, err
+	}
+	// Dead letters to a Kafka topic, whatever the output.
+	cfg, err := kafka.ParseURL(o.dlq)
+	if err != nil {
+		out.close()
+		return nil, usageErrorf("--dlq: %v", err)
+	}
+	dl, err := kafka.NewDeadLetters(ctx, o.conn.kafka(cfg))
+	if err != nil {
+		out.close()
+		return nil, err
+	}
+	out.dl, out.settler, out.counts = dl, dl, dl.Counts
+	out.dlqName = cfg.String()
+	out.resetDLQ, out.closeDLQ = dl.Reset, dl.Close
+	return out, nil
+}
+
+func openStore(ctx context.Context, o ingestOpts, runID string) (*output, error) {
 	if strings.HasPrefix(o.to, "s3://") {
 		cfg, err := s3.ParseURL(o.to)
 		if err != nil {
@@ -594,8 +616,8 @@ func openOutput(ctx context.Context, o ingestOpts, runID string) (*output, error
 		if size, _ := parseBytes(o.shardSize); size > 4<<30 {
 			return nil, usageErrorf("--shard-size: at most 4GiB on S3 (a shard is one create-only PUT)")
 		}
-		if o.dlq != "" {
-			return nil, usageErrorf("--dlq: with an s3:// output, dead letters are objects under <prefix>/_dlq/")
+		if o.dlq != "" && !strings.HasPrefix(o.dlq, "kafka://") {
+			return nil, usageErrorf("--dlq: with an s3:// output, dead letters are objects under <prefix>/_dlq/ or a kafka:// topic")
 		}
 		st, err := s3.Open(ctx, cfg, runID)
 		if err != nil {
@@ -650,7 +672,7 @@ func openOutput(ctx context.Context, o ingestOpts, runID string) (*output, error
 		return nil, err
 	}
 	dlqPath := local.DeadLetterPath(st.Root(), runID)
-	if o.dlq != "" {
+	if o.dlq != "" && !strings.HasPrefix(o.dlq, "kafka://") {
 		if dlqPath, err = localPath("dlq", o.dlq); err != nil {
 			st.Close()
 			return nil, err

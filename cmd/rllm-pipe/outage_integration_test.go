@@ -161,6 +161,6 @@ func TestIntegrationOutages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	shards, letters := verifyS3Output(t, cfg, ref, work)
+	shards, letters := verifyS3Output(t, cfg, ref, work, true)
 	t.Logf("%d steps exactly once in %d shards, %d dead letters; s3 retries logged:\n%s", len(ref.Rows), shards, letters, e2eClip(stderr.String(), 2000))
 }

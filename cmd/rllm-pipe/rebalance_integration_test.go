@@ -121,6 +121,6 @@ func TestIntegrationRebalance(t *testing.T) {
 			t.Fatalf("worker %d: %v\n%s", i+1, err, workers[i].stderr.String())
 		}
 	}
-	shards, letters := verifyS3Output(t, cfg, ref, work)
+	shards, letters := verifyS3Output(t, cfg, ref, work, true)
 	t.Logf("%d steps exactly once in %d shards, %d dead letters\nworker 1:\n%s", len(ref.Rows), shards, letters, e2eClip(workers[0].stderr.String(), 1500))
 }

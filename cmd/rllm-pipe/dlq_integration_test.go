@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	kgo "github.com/segmentio/kafka-go"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// TestIntegrationDeadLetterTopic sends bad records of many kinds through a
+// real topic: each reaches the dead-letter topic with its reason, and the
+// good records beside them are committed exactly once (the partitions
+// never stall).
+func TestIntegrationDeadLetterTopic(t *testing.T) {
+	brokers, endpoint := integrationEnv(t)
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	id := fmt.Sprint(time.Now().UnixNano())
+	topic, group, prefix := "dlq-"+id, "g-"+id, "dlq-"+id
+	gen := filepath.Join(work, "gen.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "300", "--group-size", "4", "--prompt-len", "16",
+		"--response-len", "8", "--messages=false", "--seed", "3", "--quiet"); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	data, _ := os.ReadFile(gen)
+	bad := [][]byte{
+		[]byte(`{"type":"step","step_id":`),
+		[]byte(`[1,2,3]`),
+		[]byte(`{"type":"episode","task_id":"x"}`),
+		[]byte(`{"type":"trajectory","trajectory_id":"t","task_id":"x","reward":NaN,"num_steps":1}`),
+		[]byte(`{"type":"step","step_id":"s","task_id":"x","trajectory_id":"t","step_index":0,"policy_version":0,"prompt_ids":[1],"response_ids":[1,2],"response_logprobs":[-1]}`),
+		[]byte(`{"type":"step","step_id":"s2","task_id":"x","trajectory_id":"t2","step_index":0,"policy_version":0,"prompt_ids":[-1],"response_ids":[],"response_logprobs":[]}`),
+		[]byte("{\"type\":\"step\",\"step_id\":\"\xff\""),
+	}
+	var lines [][]byte
+	for i, l := range e2eSplitLines(data) {
+		lines = append(lines, l)
+		if i%150 == 7 {
+			lines = append(lines, bad[(i/150)%len(bad)])
+		}
+	}
+	in := filepath.Join(work, "in.jsonl")
+	os.WriteFile(in, e2eJoinLines(lines), 0o644)
+	ref, err := refIngest(lines, in, 4, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "produce", "--to", "kafka://"+brokers+"/"+topic, "--partitions", "3", "--quiet", in)
+	cmd.Env = serviceEnv()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("produce: %v\n%s", err, out)
+	}
+	cfg, _ := s3.ParseURL("s3://rllm-pipe-test/" + prefix)
+	cfg.Endpoint = endpoint
+	dlqTopic := topic + ".dlq"
+	c := exec.Command(bin, "ingest", "--from", "kafka://"+brokers+"/"+topic+"?group="+group, "--to", "s3://rllm-pipe-test/"+prefix,
+		"--dlq", "kafka://"+brokers+"/"+dlqTopic, "--group-size", "4", "--flush-interval", "300ms", "--quiet")
+	c.Env = serviceEnv()
+	var stderr bytes.Buffer
+	c.Stderr = &stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); settledCount(t, cfg) < int64(len(lines)); time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.Process.Kill()
+			t.Fatalf("%d of %d settled\n%s", settledCount(t, cfg), len(lines), stderr.String())
+		}
+	}
+	c.Process.Signal(syscall.SIGTERM)
+	if err := c.Wait(); err != nil {
+		t.Fatalf("ingest: %v\n%s", err, stderr.String())
+	}
+	verifyS3Output(t, cfg, ref, work, false)
+
+	// The dead-letter topic holds each bad record once, with its reason.
+	r := kgo.NewReader(kgo.ReaderConfig{Brokers: strings.Split(brokers, ","), Topic: dlqTopic, Partition: 0, MaxWait: 200 * time.Millisecond})
+	defer r.Close()
+	want := map[string]string{} // record → reason
+	left := map[string]int{}    // record → letters still expected
+	for _, d := range ref.DeadLetters {
+		want[string(d.Raw)] = d.Reason
+		left[string(d.Raw)]++
+	}
+	got := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for got < len(ref.DeadLetters) {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("read dead-letter topic after %d of %d: %v", got, len(ref.DeadLetters), err)
+		}
+		var l schemas.DeadLetterLine
+		if err := json.Unmarshal(m.Value, &l); err != nil {
+			t.Fatal(err)
+		}
+		raw := l.Record
+		if l.RecordEncoding == "base64" {
+			raw = string(mustBase64(t, l.Record))
+		}
+		reason, ok := want[raw]
+		if !ok || left[raw] == 0 {
+			t.Fatalf("unexpected (or repeated) dead letter %s", m.Value)
+		}
+		left[raw]--
+		if string(l.Reason) != reason || l.Source.Topic != topic || !strings.HasPrefix(string(m.Key), topic+"/") {
+			t.Errorf("dead letter %s: reason %s (want %s), key %s", e2eClip(raw, 60), l.Reason, reason, m.Key)
+		}
+		got++
+	}
+	t.Logf("%d dead letters on %s; %d steps committed", got, dlqTopic, len(ref.Rows))
+}
+
+func mustBase64(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -1,0 +1,106 @@
+package kafka
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+
+	kgo "github.com/segmentio/kafka-go"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// DeadLetters sends dead letters to a Kafka topic (--dlq kafka://.../topic)
+// as JSON lines, keyed by their source position ("<stream>@<position>").
+// Letters are buffered and produced, waiting for all in-sync replicas, at
+// each checkpoint, before the manifest entry that settles their records:
+// a letter is never lost. A crash between the two makes the next owner
+// dead-letter the record again: the topic is at-least-once, and the key
+// tells a repeat from a new letter.
+type DeadLetters struct {
+	w       *kgo.Writer
+	mu      sync.Mutex
+	buf     []kgo.Message
+	pending schemas.Settled
+	counts  map[schemas.Reason]int64
+}
+
+// NewDeadLetters writes to cfg.Topic (created if missing).
+func NewDeadLetters(ctx context.Context, cfg Config) (*DeadLetters, error) {
+	if err := EnsureTopic(ctx, cfg, 1, 1); err != nil {
+		return nil, err
+	}
+	p, err := NewProducer(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p.w.Balancer = &kgo.LeastBytes{}
+	return &DeadLetters{w: p.w, pending: schemas.Settled{}, counts: map[schemas.Reason]int64{}}, nil
+}
+
+// Write buffers letters and notes the positions of letters and dropped
+// records as pending.
+func (d *DeadLetters) Write(ctx context.Context, letters []schemas.DeadLetter, dropped []schemas.Source) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, l := range letters {
+		v, err := json.Marshal(l.Line())
+		if err != nil {
+			return fmt.Errorf("kafka: encode dead letter: %w", err)
+		}
+		key := l.Source.Stream + "@" + strconv.FormatInt(l.Source.Position(), 10)
+		d.buf = append(d.buf, kgo.Message{Key: []byte(key), Value: v})
+		d.counts[l.Reason]++
+		d.pending.Add(l.Source.Stream, l.Source.Position())
+	}
+	for _, s := range dropped {
+		d.pending.Add(s.Stream, s.Position())
+	}
+	return nil
+}
+
+// Checkpoint produces the buffered letters and hands over the positions
+// they, and the dropped records, settle.
+func (d *DeadLetters) Checkpoint(ctx context.Context) (schemas.Settled, *schemas.DeadLetterState, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.buf) > 0 {
+		if err := d.w.WriteMessages(ctx, d.buf...); err != nil {
+			return nil, nil, fmt.Errorf("kafka: produce dead letters: %w", err)
+		}
+		d.buf = d.buf[:0]
+	}
+	if len(d.pending) == 0 {
+		return nil, nil, nil
+	}
+	p := d.pending
+	d.pending = schemas.Settled{}
+	return p, nil, nil
+}
+
+// Reset drops letters not yet checkpointed (a generation that ended: their
+// records are the next owner's).
+func (d *DeadLetters) Reset() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.buf, d.pending = d.buf[:0], schemas.Settled{}
+}
+
+// Counts returns the dead letters written, by reason.
+func (d *DeadLetters) Counts() map[schemas.Reason]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[schemas.Reason]int64, len(d.counts))
+	for k, v := range d.counts {
+		out[k] = v
+	}
+	return out
+}
+
+// Close flushes nothing (Checkpoint does) and closes the writer.
+func (d *DeadLetters) Close() error { return d.w.Close() }
