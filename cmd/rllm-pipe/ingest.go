@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"sort"
 	"strings"
@@ -51,6 +52,7 @@ type ingestOpts struct {
 	quiet                    bool
 	metricsAddr              string
 	logFormat                string
+	cpuProfile               string
 	conn                     connFlags
 }
 
@@ -135,6 +137,7 @@ input skips groups already committed.`,
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (host:port), at /metrics")
 	f.StringVar(&o.logFormat, "log-format", "text", "structured log format on stderr: text or json")
 	o.conn.register(f)
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	return cmd
 }
 
@@ -221,6 +224,17 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	p, err := newPlan(o)
 	if err != nil {
 		return err
+	}
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cpuprofile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if o.from == "" {
 		return usageErrorf("--from is required")
