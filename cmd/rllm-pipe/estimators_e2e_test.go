@@ -180,7 +180,7 @@ func TestEstimatorReferenceLiterals(t *testing.T) {
 	near("single trl", estAdvantages("rloo", tr, false, []float64{0.7}, nil), 0)
 	near("single trl reinforce", estAdvantages("reinforce", tr, false, []float64{0.7}, nil), 0.7)
 	near("distill", estTokenAdvantages(1, []float32{-1, -1, -1}, []float32{-0.5, 0, -3}, 0.5, 1, 0.5),
-		1+0.5*(0.5+0.5*(1+0.5*-2)), 1+0.5*(1+0.5*-2), 1-1)
+		1+0.5*(0.5+0.5*(1+0.5*-2)), 1+0.5*(1+0.5*-2), 0)
 }
 
 // ---------------------------------------------------------------------------

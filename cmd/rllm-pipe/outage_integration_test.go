@@ -65,10 +65,6 @@ func TestIntegrationOutages(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := e2eSplitLines(data)
-	ref, err := refIngest(lines, gen, 4, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
 	half := len(lines) / 2
 	produce := func(part [][]byte, name string) {
 		p := filepath.Join(work, name)
@@ -157,7 +153,7 @@ func TestIntegrationOutages(t *testing.T) {
 	if err := <-exited; err != nil {
 		t.Fatalf("ingest: %v\n%s", err, stderr.String())
 	}
-	ref, err = refIngest(all, gen, 4, 2)
+	ref, err := refIngest(all, gen, 4, 2)
 	if err != nil {
 		t.Fatal(err)
 	}

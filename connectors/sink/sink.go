@@ -81,7 +81,6 @@ type Sink struct {
 	cfg    Config
 	store  Store
 	open   map[int64]*shard
-	seq    int
 	Totals Totals
 }
 
