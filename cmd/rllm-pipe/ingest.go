@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -53,6 +54,7 @@ type ingestOpts struct {
 	metricsAddr              string
 	logFormat                string
 	cpuProfile               string
+	memoryLimit              string
 	conn                     connFlags
 }
 
@@ -138,6 +140,7 @@ input skips groups already committed.`,
 	f.StringVar(&o.logFormat, "log-format", "text", "structured log format on stderr: text or json")
 	o.conn.register(f)
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
+	f.StringVar(&o.memoryLimit, "memory-limit", "420MiB", "soft memory limit of the Go heap (the GC works harder near it; GOMEMLIMIT wins; off to disable)")
 	return cmd
 }
 
@@ -224,6 +227,13 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	p, err := newPlan(o)
 	if err != nil {
 		return err
+	}
+	if o.memoryLimit != "off" && os.Getenv("GOMEMLIMIT") == "" {
+		limit, err := parseBytes(o.memoryLimit)
+		if err != nil {
+			return usageErrorf("--memory-limit: %v", err)
+		}
+		debug.SetMemoryLimit(limit)
 	}
 	if o.cpuProfile != "" {
 		f, err := os.Create(o.cpuProfile)
