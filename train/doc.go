@@ -1,9 +1,8 @@
-// Package train will hold the trainer-side consumers of committed shards:
-// asynchronous consumption with staleness bounds, consumer groups with
-// leases, and token-budget batching (issue 5). It reads shards only through
-// the manifest written by connectors/local (and later connectors/s3), and
-// computes batch-level advantages with the kernels of package advantage.
+// Package train is the trainer side: it reads committed shards (only those
+// a manifest lists), skips groups staler than the trainer allows and rows
+// a filter marked, and forms micro-batches by token budget without ever
+// splitting a group, applying a batch-level advantage estimator when asked.
 //
-// Nothing is implemented here yet; the folder exists so that the layout of
-// the repository shows where trainer code goes.
+// Consumer groups with leases, checkpoints in the store, an Arrow Flight
+// endpoint and the Python client build on this (issue 5, in progress).
 package train
