@@ -16,7 +16,9 @@ type ShardEntry struct {
 	// Claims lists the input streams this entry claims for Writer: from
 	// then on, only Writer may settle positions of those streams (a
 	// previous owner is fenced).
-	Claims        []string      `json:"claims,omitempty"`
+	Claims []string `json:"claims,omitempty"`
+	// Generation is the Kafka consumer-group generation of a claim.
+	Generation    int64         `json:"generation,omitempty"`
 	Path          string        `json:"path,omitempty"`
 	Rows          int64         `json:"rows"`
 	Bytes         int64         `json:"bytes"`

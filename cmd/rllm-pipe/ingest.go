@@ -17,6 +17,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -321,11 +322,14 @@ func runFile(ctx, soft context.Context, p *plan, out *output, st *ingestStats) e
 			st.InputBytes = info.Size()
 		}
 	}
-	if err := out.claim(ctx, []string{src.Stream()}); err != nil {
+	if err := out.claim(ctx, []string{src.Stream()}, 0); err != nil {
 		return err
 	}
 	res, err := runPipeline(ctx, soft, p, src, out)
 	st.add(res)
+	if err == nil {
+		err = out.sweep(ctx)
+	}
 	return err
 }
 
@@ -344,7 +348,7 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 	if err != nil {
 		return err
 	}
-	defer consumer.Close()
+	defer func() { consumer.Close() }()
 	backoff := time.Second
 	pause := func(why error) {
 		p.log.Warn("kafka: retrying", "err", why, "in", backoff)
@@ -353,6 +357,19 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 30*time.Second)
+	}
+	// rejoin leaves the group and joins again: the way to give up a
+	// generation that failed without a rebalance (Next would wait for the
+	// current one to end, and heartbeats keep it alive).
+	rejoin := func(why error) error {
+		consumer.Close()
+		pause(why)
+		c, err := kafka.NewConsumer(cfg)
+		if err != nil {
+			return err
+		}
+		consumer = c
+		return nil
 	}
 	for soft.Err() == nil {
 		gen, err := consumer.Next(soft)
@@ -363,53 +380,68 @@ func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, 
 			pause(err) // the broker is away: wait for it
 			continue
 		}
-		streams := gen.Streams()
-		if err := out.claim(ctx, streams); err != nil {
-			if ctx.Err() != nil {
+		if err := runGeneration(ctx, soft, p, out, st, cfg, gen); err != nil {
+			switch {
+			case errors.Is(err, kafka.ErrGenerationEnded):
+				// A rebalance: uncommitted work is the next owner's.
+				p.log.Info("kafka: generation ended; rejoining", "reason", err)
+				backoff = time.Second
+			case ctx.Err() != nil:
 				return err
+			default:
+				// Fenced, an outage outlasting the retries, a broker error:
+				// nothing uncommitted is settled; rejoin and resume from the
+				// manifest.
+				if err := rejoin(err); err != nil {
+					return err
+				}
 			}
-			pause(err)
 			continue
 		}
-		firsts, err := gen.FirstOffsets(ctx)
-		if err != nil {
-			pause(err)
-			continue
-		}
-		settled := out.settled()
-		start := map[int]int64{}
-		for _, part := range gen.Partitions {
-			start[part] = kafka.ResumeOffset(settled[kafka.Stream(cfg.Topic, part)], firsts[part])
-		}
-		p.log.Info("kafka: generation", "topic", cfg.Topic, "partitions", gen.Partitions, "resume", start)
-		out.resetDLQ()
-		hintCtx, stopHints := context.WithCancel(ctx)
-		go commitHints(hintCtx, gen, cfg.Topic, firsts, out)
-		src := gen.Source(start)
-		if l, ok := src.(interface{ Lag() int64 }); ok {
-			p.m.mu.Lock()
-			p.m.lag = l.Lag
-			p.m.mu.Unlock()
-		}
-		res, err := runPipeline(ctx, soft, p, src, out)
-		stopHints()
-		st.add(res)
-		switch {
-		case err == nil, soft.Err() != nil:
-			backoff = time.Second
-		case errors.Is(err, kafka.ErrGenerationEnded), errors.Is(err, s3.ErrFenced):
-			// A rebalance: uncommitted work is the next owner's.
-			p.log.Info("kafka: generation ended; rejoining", "reason", err)
-		case ctx.Err() != nil:
-			return err
-		default:
-			// A failure of this generation (an outage outlasting the
-			// retries, a broker error): what was not committed is not
-			// settled; rejoin and resume from the manifest.
-			pause(err)
-		}
+		backoff = time.Second
 	}
 	return nil
+}
+
+// runGeneration claims the generation's partitions (fencing their previous
+// owners), starts each at its first unsettled offset and runs the pipeline
+// until the generation ends; it then removes this writer's unlisted
+// objects.
+func runGeneration(ctx, soft context.Context, p *plan, out *output, st *ingestStats, cfg kafka.Config, gen *kafka.Generation) error {
+	if err := out.claim(ctx, gen.Streams(), gen.ID()); err != nil {
+		return err
+	}
+	firsts, err := gen.FirstOffsets(ctx)
+	if err != nil {
+		return err
+	}
+	settled := out.settled()
+	start := map[int]int64{}
+	for _, part := range gen.Partitions {
+		start[part] = kafka.ResumeOffset(settled[kafka.Stream(cfg.Topic, part)], firsts[part])
+	}
+	p.log.Info("kafka: generation", "id", gen.ID(), "topic", cfg.Topic, "partitions", gen.Partitions, "resume", start)
+	out.resetDLQ()
+	hintCtx, stopHints := context.WithCancel(ctx)
+	go commitHints(hintCtx, gen, cfg.Topic, firsts, out)
+	src := gen.Source(start)
+	if l, ok := src.(interface{ Lag() int64 }); ok {
+		p.m.mu.Lock()
+		p.m.lag = l.Lag
+		p.m.mu.Unlock()
+	}
+	res, err := runPipeline(ctx, soft, p, src, out)
+	stopHints()
+	st.add(res)
+	// No commit of ours is in flight now: what we uploaded without
+	// listing it goes.
+	if serr := out.sweep(ctx); serr != nil {
+		p.log.Warn("sweeping unlisted objects", "err", serr)
+	}
+	if soft.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // commitHints records the resume offsets in Kafka every few seconds, after
@@ -602,7 +634,8 @@ type output struct {
 	settler  sink.Settler
 	counts   func() map[schemas.Reason]int64
 	settled  func() schemas.Settled
-	claim    func(ctx context.Context, streams []string) error
+	claim    func(ctx context.Context, streams []string, generation int64) error
+	sweep    func(ctx context.Context) error // remove this writer's unlisted objects
 	resetDLQ func()
 	closeDLQ func() error
 	close    func() error
@@ -655,9 +688,12 @@ func openStore(ctx context.Context, o ingestOpts, runID string) (*output, error)
 			close:    func() error { return nil },
 			closeDLQ: func() error { return nil },
 		}
+		var mu sync.Mutex // the metrics handler reads counts during a reset
 		counts := map[schemas.Reason]int64{}
 		var cur *s3.DeadLetters
 		out.resetDLQ = func() {
+			mu.Lock()
+			defer mu.Unlock()
 			if cur != nil {
 				for k, v := range cur.Counts() {
 					counts[k] += v
@@ -668,6 +704,8 @@ func openStore(ctx context.Context, o ingestOpts, runID string) (*output, error)
 		}
 		out.resetDLQ()
 		out.counts = func() map[schemas.Reason]int64 {
+			mu.Lock()
+			defer mu.Unlock()
 			m := map[schemas.Reason]int64{}
 			for k, v := range counts {
 				m[k] = v
@@ -677,9 +715,13 @@ func openStore(ctx context.Context, o ingestOpts, runID string) (*output, error)
 			}
 			return m
 		}
-		out.claim = func(ctx context.Context, streams []string) error {
+		out.sweep = func(ctx context.Context) error {
+			_, err := st.RemoveOwnOrphans(ctx)
+			return err
+		}
+		out.claim = func(ctx context.Context, streams []string, generation int64) error {
 			streams = slices.DeleteFunc(streams, func(s string) bool { return s == "" }) // stdin
-			if err := st.Claim(ctx, streams); err != nil {
+			if err := st.Claim(ctx, streams, generation); err != nil {
 				return err
 			}
 			_, err := st.RemoveOrphans(ctx)
@@ -711,7 +753,8 @@ func openStore(ctx context.Context, o ingestOpts, runID string) (*output, error)
 		settler:  deadLetterSettler{dl, st},
 		counts:   dl.Counts,
 		settled:  st.Settled,
-		claim:    func(context.Context, []string) error { return nil }, // one writer per directory
+		claim:    func(context.Context, []string, int64) error { return nil }, // one writer per directory
+		sweep:    func(context.Context) error { return nil },
 		resetDLQ: func() {},
 		closeDLQ: dl.Close,
 		close:    st.Close,

@@ -154,6 +154,9 @@ func (c *Consumer) Next(ctx context.Context) (*Generation, error) {
 	return out, nil
 }
 
+// ID is the consumer-group generation; later generations have larger IDs.
+func (g *Generation) ID() int64 { return int64(g.gen.ID) }
+
 // Streams names the generation's partitions as exactly-once streams.
 func (g *Generation) Streams() []string {
 	var s []string
@@ -167,7 +170,13 @@ func (g *Generation) Streams() []string {
 func (g *Generation) FirstOffsets(ctx context.Context) (map[int]int64, error) {
 	out := map[int]int64{}
 	for _, p := range g.Partitions {
-		conn, err := g.c.dialer.DialLeader(ctx, "tcp", g.c.cfg.Brokers[0], g.c.cfg.Topic, p)
+		var conn *kgo.Conn
+		var err error
+		for _, b := range g.c.cfg.Brokers { // any broker can point at the leader
+			if conn, err = g.c.dialer.DialLeader(ctx, "tcp", b, g.c.cfg.Topic, p); err == nil {
+				break
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("kafka: leader of %s: %w", Stream(g.c.cfg.Topic, p), err)
 		}
@@ -210,8 +219,14 @@ func (g *Generation) CommitOffsets(offsets map[int]int64) error {
 // into one stream of chunks (records of a partition stay in order). It
 // ends with kafka-go's ErrGenerationEnded on a rebalance.
 func (g *Generation) Source(start map[int]int64) ingest.Source {
-	s := &source{msgs: make(chan kgo.Message, 1024), errs: make(chan error, len(g.Partitions)), topic: g.c.cfg.Topic}
+	s := &source{msgs: make(chan kgo.Message, 1024), errs: make(chan error, len(g.Partitions)+1), topic: g.c.cfg.Topic}
 	s.readers = make([]*kgo.Reader, 0, len(g.Partitions))
+	// The end of the generation reaches Read even with no partition
+	// assigned (more workers than partitions).
+	g.gen.Start(func(ctx context.Context) {
+		<-ctx.Done()
+		s.errs <- kgo.ErrGenerationEnded
+	})
 	for _, p := range g.Partitions {
 		g.gen.Start(func(ctx context.Context) {
 			r := kgo.NewReader(kgo.ReaderConfig{

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/rllm-pipe/rllm-pipe/ingest"
@@ -50,11 +51,16 @@ func TestKeyIsTheGroup(t *testing.T) {
 	var d ingest.Decoder
 	step := `{"type":"step","step_id":"s","task_id":"t","role":"judge","trajectory_id":"r","step_index":0,"policy_version":0,"prompt_ids":[],"response_ids":[],"response_logprobs":[]}`
 	traj := `{"type":"trajectory","trajectory_id":"r","task_id":"t","role":"judge","reward":1,"num_steps":1}`
-	if k := string(Key(&d, []byte(step))); k != "t:judge" {
+	// Keyed by task (roles of a task share a partition), so that a record
+	// omitting the role still meets its group.
+	if k := string(Key(&d, []byte(step))); k != "t" {
 		t.Fatalf("step key %q", k)
 	}
-	if k := string(Key(&d, []byte(traj))); k != "t:judge" {
+	if k := string(Key(&d, []byte(strings.Replace(traj, `"role":"judge",`, "", 1)))); k != "t" {
 		t.Fatalf("trajectory key %q", k)
+	}
+	if k := string(Key(&d, []byte(strings.Replace(traj, `"role":"judge"`, `"group_id":"g7"`, 1)))); k != "g7" {
+		t.Fatalf("explicit group key %q", k)
 	}
 	if k := Key(&d, []byte("{broken")); k != nil {
 		t.Fatalf("bad record key %q", k)

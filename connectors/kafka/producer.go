@@ -45,17 +45,25 @@ func NewProducer(cfg Config) (*Producer, error) {
 	}}, nil
 }
 
-// Key returns the partitioning key of a wire record: its group key, or
-// nil (any partition) for a record that does not decode.
+// Key returns the partitioning key of a wire record: its group_id when
+// set, else its task_id — not task_id:role, so that a record that omits
+// the role (and inherits its trajectory's group) lands with the rest of
+// its group; nil (any partition) for a record that does not decode.
 func Key(d *ingest.Decoder, record []byte) []byte {
 	rec, err := d.Decode(record)
 	if err != nil {
 		return nil
 	}
-	if rec.Step != nil {
-		return []byte(rec.Step.Key())
+	if s := rec.Step; s != nil {
+		if s.GroupID != "" {
+			return []byte(s.GroupID)
+		}
+		return []byte(s.TaskID)
 	}
-	return []byte(rec.Trajectory.Key())
+	if t := rec.Trajectory; t.GroupID != "" {
+		return []byte(t.GroupID)
+	}
+	return []byte(rec.Trajectory.TaskID)
 }
 
 // Send writes records (one wire record each) and waits for the broker.

@@ -128,7 +128,7 @@ type Store struct {
 	mu      sync.Mutex
 	entries []schemas.ShardEntry // the log, in order
 	next    int64                // the next sequence number to try
-	claims  map[string]string    // stream → writer of its latest claim
+	claims  map[string]claim     // stream → its latest claim
 	dlqSeq  atomic.Int64         // numbers this writer's dead-letter objects
 }
 
@@ -146,11 +146,13 @@ func Open(ctx context.Context, cfg Config, writer string) (*Store, error) {
 	} else {
 		creds = credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}, &credentials.IAM{}})
 	}
-	cli, err := minio.New(ep.Host, &minio.Options{Creds: creds, Secure: ep.Scheme == "https", Region: cfg.Region, BucketLookup: minio.BucketLookupPath})
+	// MaxRetries 1: retries happen in retry(), which knows that a PUT
+	// refused on a second attempt may be our own first one.
+	cli, err := minio.New(ep.Host, &minio.Options{Creds: creds, Secure: ep.Scheme == "https", Region: cfg.Region, BucketLookup: minio.BucketLookupPath, MaxRetries: 1})
 	if err != nil {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
-	s := &Store{cli: cli, cfg: cfg, writer: writer, claims: map[string]string{}}
+	s := &Store{cli: cli, cfg: cfg, writer: writer, claims: map[string]claim{}}
 	var ok bool
 	if err := retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
@@ -215,10 +217,16 @@ func (s *Store) refresh(ctx context.Context) error {
 	}
 }
 
+// claim is who last claimed a stream, in which Kafka generation.
+type claim struct {
+	writer     string
+	generation int64
+}
+
 func (s *Store) apply(e schemas.ShardEntry) {
 	s.entries = append(s.entries, e)
 	for _, c := range e.Claims {
-		s.claims[c] = e.Writer
+		s.claims[c] = claim{e.Writer, e.Generation}
 	}
 }
 
@@ -307,7 +315,15 @@ var errMaybeOurs = fmt.Errorf("%w (after a retry)", errExists)
 // fenced reports a stream of e last claimed by another writer.
 func (s *Store) fenced(e *schemas.ShardEntry) string {
 	for stream := range e.Settled {
-		if w, ok := s.claims[stream]; ok && w != s.writer {
+		if c, ok := s.claims[stream]; ok && c.writer != s.writer {
+			return stream
+		}
+	}
+	// A claim from an older generation than the stream's latest (a slow
+	// worker's, landing after the rebalance that moved the stream on) must
+	// not take the stream back.
+	for _, stream := range e.Claims {
+		if c, ok := s.claims[stream]; ok && c.generation > e.Generation {
 			return stream
 		}
 	}
@@ -350,8 +366,8 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 		if err := s.refresh(ctx); err != nil {
 			return err
 		}
-		if errors.Is(err, errMaybeOurs) && s.isOurs(e.Seq, e.Nonce) {
-			return nil // our first attempt landed; its answer was lost
+		if s.isOurs(e.Seq, e.Nonce) {
+			return nil // an earlier attempt landed; its answer was lost
 		}
 		if attempt > 1000 {
 			return fmt.Errorf("s3: manifest append: too much contention")
@@ -371,13 +387,14 @@ func (s *Store) isOurs(seq int64, nonce string) bool {
 	return false
 }
 
-// Claim appends a claim of streams for this writer; later commits by
-// their previous owners are fenced.
-func (s *Store) Claim(ctx context.Context, streams []string) error {
+// Claim appends a claim of streams for this writer in a Kafka generation
+// (0 for files); later commits by their previous owners are fenced, and a
+// claim older than a stream's latest is refused with ErrFenced.
+func (s *Store) Claim(ctx context.Context, streams []string, generation int64) error {
 	if len(streams) == 0 {
 		return nil
 	}
-	return s.Append(ctx, schemas.ShardEntry{Claims: streams, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()})
+	return s.Append(ctx, schemas.ShardEntry{Claims: streams, Generation: generation, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()})
 }
 
 // Entries returns the log (a copy).
@@ -405,21 +422,20 @@ func (s *Store) Refresh(ctx context.Context) error { return s.refresh(ctx) }
 // and whose writer holds no claim (it is dead or fenced everywhere). It
 // returns the keys removed.
 func (s *Store) RemoveOrphans(ctx context.Context) ([]string, error) {
-	s.mu.Lock()
-	listed := map[string]bool{}
-	live := map[string]bool{s.writer: true}
-	for _, e := range s.entries {
-		if e.Path != "" {
-			listed[s.key(e.Path)] = true
-		}
-		if e.DeadLetters != nil {
-			listed[s.key(e.DeadLetters.File)] = true
-		}
-	}
-	for _, w := range s.claims {
-		live[w] = true
-	}
-	s.mu.Unlock()
+	return s.removeUnlisted(ctx, func(w string, live map[string]bool) bool { return w != "" && !live[w] })
+}
+
+// RemoveOwnOrphans deletes this writer's objects that no entry lists: call
+// it when none of its commits is in flight (a generation ended, the run
+// ends), so that a glob over the prefix never sees them.
+func (s *Store) RemoveOwnOrphans(ctx context.Context) ([]string, error) {
+	return s.removeUnlisted(ctx, func(w string, _ map[string]bool) bool { return w == s.writer })
+}
+
+// removeUnlisted lists the objects first and reads the log after, so that
+// an object committed between the two is seen as listed: a writer claims
+// before it uploads and uploads before it appends.
+func (s *Store) removeUnlisted(ctx context.Context, doomed func(writer string, live map[string]bool) bool) ([]string, error) {
 	var objs []minio.ObjectInfo
 	err := retry(ctx, func(int) error {
 		objs = objs[:0]
@@ -434,15 +450,30 @@ func (s *Store) RemoveOrphans(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("s3: list: %w", err)
 	}
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	listed := map[string]bool{}
+	live := map[string]bool{s.writer: true}
+	for _, e := range s.entries {
+		if e.Path != "" {
+			listed[s.key(e.Path)] = true
+		}
+		if e.DeadLetters != nil {
+			listed[s.key(e.DeadLetters.File)] = true
+		}
+	}
+	for _, c := range s.claims {
+		live[c.writer] = true
+	}
+	s.mu.Unlock()
 	var removed []string
 	for _, obj := range objs {
 		rel := strings.TrimPrefix(obj.Key, s.key(""))
 		isShard := strings.HasSuffix(rel, ".parquet") && !strings.HasPrefix(rel, "_") && !strings.Contains(rel, "/_")
 		isDLQ := strings.HasPrefix(rel, "_dlq/")
-		if (!isShard && !isDLQ) || listed[obj.Key] {
-			continue
-		}
-		if w := writerOf(path.Base(rel)); w == "" || live[w] {
+		if (!isShard && !isDLQ) || listed[obj.Key] || !doomed(writerOf(path.Base(rel)), live) {
 			continue
 		}
 		if err := retry(ctx, func(int) error { return s.cli.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}) }); err != nil {
@@ -512,17 +543,19 @@ func (p *Pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
 		return fmt.Errorf("s3: shard %s: %w", p.rel, err)
 	}
 	key := p.s.key(p.rel)
-	if err := p.s.putIfAbsent(ctx, key, p.f, size, "application/vnd.apache.parquet"); err != nil && !errors.Is(err, errMaybeOurs) {
-		// A shard key is unique to its writer: found after a retry, the
-		// object is our own first attempt.
-		if errors.Is(err, errExists) {
-			return fmt.Errorf("s3: shard %s already exists", p.rel)
-		}
+	// A shard key is unique to its writer: an object already there is our
+	// own earlier attempt.
+	if err := p.s.putIfAbsent(ctx, key, p.f, size, "application/vnd.apache.parquet"); err != nil && !errors.Is(err, errExists) {
 		return err
 	}
 	e.Path, e.Bytes = p.rel, size
 	if err := p.s.Append(ctx, e); err != nil {
-		_ = p.s.cli.RemoveObject(context.WithoutCancel(ctx), p.s.cfg.Bucket, key, minio.RemoveObjectOptions{})
+		// Only a fenced append is known not to have landed; after any other
+		// failure the entry may be in the log, and the shard must stay (it
+		// is removed by RemoveOwnOrphans if it is not listed).
+		if errors.Is(err, ErrFenced) {
+			_ = p.s.cli.RemoveObject(context.WithoutCancel(ctx), p.s.cfg.Bucket, key, minio.RemoveObjectOptions{})
+		}
 		return err
 	}
 	return nil
@@ -542,7 +575,7 @@ func (p *Pending) Abort() error {
 // key relative to the prefix.
 func (s *Store) PutDeadLetters(ctx context.Context, seq int, data []byte) (string, error) {
 	rel := fmt.Sprintf("_dlq/%s-%06d.jsonl", s.writer, seq)
-	if err := s.putIfAbsent(ctx, s.key(rel), bytes.NewReader(data), int64(len(data)), "application/x-ndjson"); err != nil && !errors.Is(err, errMaybeOurs) {
+	if err := s.putIfAbsent(ctx, s.key(rel), bytes.NewReader(data), int64(len(data)), "application/x-ndjson"); err != nil && !errors.Is(err, errExists) {
 		return "", err
 	}
 	return rel, nil

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -135,12 +136,12 @@ func TestIntegrationZombieIsFenced(t *testing.T) {
 	cfg := testConfig(t)
 	ctx := context.Background()
 	a := open(t, cfg, "zombie")
-	if err := a.Claim(ctx, []string{"topic/0", "topic/1"}); err != nil {
+	if err := a.Claim(ctx, []string{"topic/0", "topic/1"}, 1); err != nil {
 		t.Fatal(err)
 	}
 	// b takes partition 0 over while a still runs.
 	b := open(t, cfg, "heir")
-	if err := b.Claim(ctx, []string{"topic/0"}); err != nil {
+	if err := b.Claim(ctx, []string{"topic/0"}, 2); err != nil {
 		t.Fatal(err)
 	}
 	// a's shard settles partition 0: it must be refused, and its upload
@@ -165,13 +166,50 @@ func TestIntegrationZombieIsFenced(t *testing.T) {
 	if err := b.Append(ctx, schemas.ShardEntry{Settled: schemas.Settled{"topic/0": {{0, 9}}}}); err != nil {
 		t.Fatal(err)
 	}
+	// A claim from an older generation, landing late, cannot take the
+	// partition back.
+	if err := a.Claim(ctx, []string{"topic/0"}, 1); !errors.Is(err, ErrFenced) {
+		t.Fatalf("stale claim: %v, want ErrFenced", err)
+	}
+	if err := b.Append(ctx, schemas.ShardEntry{Settled: schemas.Settled{"topic/0": {{10, 19}}}}); err != nil {
+		t.Fatalf("owner fenced by a stale claim: %v", err)
+	}
+}
+
+func TestIntegrationOwnOrphansSwept(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	w := open(t, cfg, "w-1")
+	if err := w.Claim(ctx, []string{"topic/0"}, 1); err != nil {
+		t.Fatal(err)
+	}
+	p, err := w.Create(ctx, "policy=0/part-w-1-000001.parquet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Write([]byte("listed"))
+	if err := p.Commit(ctx, schemas.ShardEntry{Settled: schemas.Settled{"topic/0": {{0, 1}}}}); err != nil {
+		t.Fatal(err)
+	}
+	// An upload whose entry never landed (a commit cut short).
+	if err := w.putIfAbsent(ctx, w.key("policy=0/part-w-1-000002.parquet"), bytes.NewReader([]byte("x")), 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	other := open(t, cfg, "w-2")
+	if removed, _ := other.RemoveOrphans(ctx); len(removed) != 0 {
+		t.Fatalf("another writer removed a live writer's objects: %v", removed)
+	}
+	removed, err := w.RemoveOwnOrphans(ctx)
+	if err != nil || len(removed) != 1 || !strings.HasSuffix(removed[0], "000002.parquet") {
+		t.Fatalf("removed %v (%v), want the unlisted upload only", removed, err)
+	}
 }
 
 func TestIntegrationOrphansRemoved(t *testing.T) {
 	cfg := testConfig(t)
 	ctx := context.Background()
 	dead := open(t, cfg, "dead-1")
-	if err := dead.Claim(ctx, []string{"topic/0"}); err != nil {
+	if err := dead.Claim(ctx, []string{"topic/0"}, 1); err != nil {
 		t.Fatal(err)
 	}
 	// dead uploads a shard and dead letters, then crashes before appending.
@@ -186,7 +224,7 @@ func TestIntegrationOrphansRemoved(t *testing.T) {
 	if removed, err := heir.RemoveOrphans(ctx); err != nil || len(removed) != 0 {
 		t.Fatalf("removed %v (%v) while the writer holds a claim", removed, err)
 	}
-	if err := heir.Claim(ctx, []string{"topic/0"}); err != nil {
+	if err := heir.Claim(ctx, []string{"topic/0"}, 2); err != nil {
 		t.Fatal(err)
 	}
 	removed, err := heir.RemoveOrphans(ctx)
