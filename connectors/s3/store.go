@@ -12,16 +12,27 @@
 // read everything before its entry.
 //
 // A writer claims input streams (a file, a Kafka partition) by appending an
-// entry with Claims. A commit that settles positions of a stream whose
-// latest claim is another writer's is refused (ErrFenced): a zombie that
-// lost its partition cannot commit, because to append it must read the
-// claim that fenced it.
+// entry with Claims and its Kafka generation. A commit that settles
+// positions of a stream whose latest claim is another writer's is refused
+// (ErrFenced): a zombie that lost its partition cannot commit, because to
+// append it must read the claim that fenced it. A claim from an older
+// generation than the stream's latest is refused too, so a slow worker
+// cannot take a partition back after a rebalance moved it on.
+//
+// A PUT whose answer was lost may have landed: minio-go's own retries are
+// off, and after every re-read of the log an append looks for its nonce
+// before trying again, so an entry is never appended twice.
 //
 // A shard is uploaded create-only under its final key, then its entry is
 // appended. What is durable when:
-//   - shard uploaded, entry not appended (crash, or fenced): an orphan,
-//     invisible to readers of the manifest, deleted by the next writer
-//     that opens the store (when its writer holds no claim any more);
+//   - shard uploaded, entry not appended (crash, fenced, cut short): an
+//     orphan, invisible to readers of the manifest, deleted by the writer
+//     itself when its generation ends (RemoveOwnOrphans) or by the next
+//     writer that claims once its writer holds no claim (RemoveOrphans,
+//     which lists objects before re-reading the log, so an object
+//     committed meanwhile counts as listed); a shard is deleted at once
+//     only when its append was fenced, the one failure known not to have
+//     landed;
 //   - entry appended: the shard is committed, and the positions it settles
 //     are skipped by every later run (the resume point of a stream is its
 //     first unsettled position);
