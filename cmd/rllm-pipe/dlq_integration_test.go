@@ -5,10 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,7 +12,6 @@ import (
 
 	kgo "github.com/segmentio/kafka-go"
 
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -25,17 +20,8 @@ import (
 // good records beside them are committed exactly once (the partitions
 // never stall).
 func TestIntegrationDeadLetterTopic(t *testing.T) {
-	brokers, endpoint := integrationEnv(t)
-	bin := e2eBinary(t)
-	work := t.TempDir()
-	id := fmt.Sprint(time.Now().UnixNano())
-	topic, group, prefix := "dlq-"+id, "g-"+id, "dlq-"+id
-	gen := filepath.Join(work, "gen.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "300", "--group-size", "4", "--prompt-len", "16",
-		"--response-len", "8", "--messages=false", "--seed", "3", "--quiet"); r.code != 0 {
-		t.Fatalf("gen: %s", r.stderr)
-	}
-	data, _ := os.ReadFile(gen)
+	sc := newScenario(t, "dlq", "--groups", "300", "--seed", "3")
+	brokers, topic := sc.brokers, sc.topic
 	bad := [][]byte{
 		[]byte(`{"type":"step","step_id":`),
 		[]byte(`[1,2,3]`),
@@ -46,29 +32,20 @@ func TestIntegrationDeadLetterTopic(t *testing.T) {
 		[]byte("{\"type\":\"step\",\"step_id\":\"\xff\""),
 	}
 	var lines [][]byte
-	for i, l := range e2eSplitLines(data) {
+	for i, l := range sc.lines {
 		lines = append(lines, l)
 		if i%150 == 7 {
 			lines = append(lines, bad[(i/150)%len(bad)])
 		}
 	}
-	in := filepath.Join(work, "in.jsonl")
-	os.WriteFile(in, e2eJoinLines(lines), 0o644)
-	ref, err := refIngest(lines, in, 4, 2)
-	if err != nil {
+	sc.setLines(lines)
+	ref := sc.reference(lines)
+	if err := sc.produce(lines, "all.jsonl", 3); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "produce", "--to", "kafka://"+brokers+"/"+topic, "--partitions", "3", "--quiet", in)
-	cmd.Env = serviceEnv()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("produce: %v\n%s", err, out)
-	}
-	cfg, _ := s3.ParseURL("s3://rllm-pipe-test/" + prefix)
-	cfg.Endpoint = endpoint
+	cfg := sc.cfg
 	dlqTopic := topic + ".dlq"
-	c := exec.Command(bin, "ingest", "--from", "kafka://"+brokers+"/"+topic+"?group="+group, "--to", "s3://rllm-pipe-test/"+prefix,
-		"--dlq", "kafka://"+brokers+"/"+dlqTopic, "--group-size", "4", "--flush-interval", "300ms", "--quiet")
-	c.Env = serviceEnv()
+	c := sc.ingest("--dlq", "kafka://"+brokers+"/"+dlqTopic, "--quiet")
 	var stderr bytes.Buffer
 	c.Stderr = &stderr
 	if err := c.Start(); err != nil {
@@ -84,7 +61,7 @@ func TestIntegrationDeadLetterTopic(t *testing.T) {
 	if err := c.Wait(); err != nil {
 		t.Fatalf("ingest: %v\n%s", err, stderr.String())
 	}
-	verifyS3Output(t, cfg, ref, work, false)
+	verifyS3Output(t, cfg, ref, sc.work, false)
 
 	// The dead-letter topic holds each bad record once, with its reason.
 	r := kgo.NewReader(kgo.ReaderConfig{Brokers: strings.Split(brokers, ","), Topic: dlqTopic, Partition: 0, MaxWait: 200 * time.Millisecond})

@@ -3,13 +3,10 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -47,52 +44,23 @@ func settledCount(t testing.TB, cfg s3.Config) int64 {
 // while one ingest runs: it must retry with backoff, not exit, commit
 // nothing partial, and in the end hold every step exactly once.
 func TestIntegrationOutages(t *testing.T) {
-	brokers, endpoint := integrationEnv(t)
-	bin := e2eBinary(t)
-	work := t.TempDir()
-	var rb [4]byte
-	rand.Read(rb[:])
-	id := hex.EncodeToString(rb[:])
-	topic, group, prefix := "outage-"+id, "g-"+id, "outage-"+id
-
-	gen := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "3000", "--group-size", "4", "--prompt-len", "24",
-		"--response-len", "12", "--messages=false", "--seed", "9", "--quiet"); r.code != 0 {
-		t.Fatalf("gen: %s", r.stderr)
-	}
-	data, err := os.ReadFile(gen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := e2eSplitLines(data)
+	sc := newScenario(t, "outage", "--groups", "3000", "--seed", "9")
+	lines, cfg := sc.lines, sc.cfg
 	half := len(lines) / 2
 	produce := func(part [][]byte, name string) {
-		p := filepath.Join(work, name)
-		if err := os.WriteFile(p, e2eJoinLines(part), 0o644); err != nil {
+		if err := sc.produce(part, name, 4); err != nil {
 			t.Fatal(err)
-		}
-		cmd := exec.Command(bin, "produce", "--to", "kafka://"+brokers+"/"+topic, "--partitions", "4", "--quiet", p)
-		cmd.Env = serviceEnv()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("produce: %v\n%s", err, out)
 		}
 	}
 	produce(lines[:half], "a.jsonl")
 
-	cfg, err := s3.ParseURL("s3://rllm-pipe-test/" + prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Endpoint = endpoint
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	metricsAddr := ln.Addr().String()
 	ln.Close()
-	c := exec.Command(bin, "ingest", "--from", "kafka://"+brokers+"/"+topic+"?group="+group, "--to", "s3://rllm-pipe-test/"+prefix,
-		"--group-size", "4", "--flush-interval", "300ms", "--shard-size", "256KiB", "--metrics-addr", metricsAddr)
-	c.Env = serviceEnv()
+	c := sc.ingest("--shard-size", "256KiB", "--metrics-addr", metricsAddr)
 	var stderr bytes.Buffer
 	c.Stderr = &stderr
 	if err := c.Start(); err != nil {
@@ -153,10 +121,7 @@ func TestIntegrationOutages(t *testing.T) {
 	if err := <-exited; err != nil {
 		t.Fatalf("ingest: %v\n%s", err, stderr.String())
 	}
-	ref, err := refIngest(all, gen, 4, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	shards, letters := verifyS3Output(t, cfg, ref, work, true)
+	ref := sc.reference(all)
+	shards, letters := verifyS3Output(t, cfg, ref, sc.work, true)
 	t.Logf("%d steps exactly once in %d shards, %d dead letters; s3 retries logged:\n%s", len(ref.Rows), shards, letters, e2eClip(stderr.String(), 2000))
 }

@@ -2,17 +2,11 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
 
 // TestIntegrationRebalance runs three ingest workers in one consumer group,
@@ -20,47 +14,11 @@ import (
 // (fencing it in the manifest) and in the end every step is committed
 // exactly once.
 func TestIntegrationRebalance(t *testing.T) {
-	brokers, endpoint := integrationEnv(t)
-	bin := e2eBinary(t)
-	work := t.TempDir()
-	var rb [4]byte
-	rand.Read(rb[:])
-	id := hex.EncodeToString(rb[:])
-	topic, group, prefix := "rebalance-"+id, "g-"+id, "rebalance-"+id
-
-	gen := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "4000", "--group-size", "4", "--prompt-len", "24",
-		"--response-len", "12", "--messages=false", "--duplicates", "0.01", "--seed", "13", "--quiet"); r.code != 0 {
-		t.Fatalf("gen: %s", r.stderr)
-	}
-	data, err := os.ReadFile(gen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lines := e2eSplitLines(data)
-	ref, err := refIngest(lines, gen, 4, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := s3.ParseURL("s3://rllm-pipe-test/" + prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Endpoint = endpoint
-
+	sc := newScenario(t, "rebalance", "--groups", "4000", "--duplicates", "0.01", "--seed", "13")
+	lines, cfg := sc.lines, sc.cfg
+	ref := sc.reference(lines)
+	produce := func(part [][]byte, name string) error { return sc.produce(part, name, 6) }
 	// Create the topic (6 partitions) before the workers join.
-	produce := func(part [][]byte, name string) error {
-		p := filepath.Join(work, name)
-		if err := os.WriteFile(p, e2eJoinLines(part), 0o644); err != nil {
-			return err
-		}
-		cmd := exec.Command(bin, "produce", "--to", "kafka://"+brokers+"/"+topic, "--partitions", "6", "--quiet", p)
-		cmd.Env = serviceEnv()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("produce: %v\n%s", err, out)
-		}
-		return nil
-	}
 	if err := produce(lines[:len(lines)/10], "p0.jsonl"); err != nil {
 		t.Fatal(err)
 	}
@@ -71,9 +29,7 @@ func TestIntegrationRebalance(t *testing.T) {
 		done   chan error
 	}
 	start := func() *worker {
-		c := exec.Command(bin, "ingest", "--from", "kafka://"+brokers+"/"+topic+"?group="+group, "--to", "s3://rllm-pipe-test/"+prefix,
-			"--group-size", "4", "--flush-interval", "300ms", "--shard-size", "256KiB")
-		c.Env = serviceEnv()
+		c := sc.ingest("--shard-size", "256KiB")
 		w := &worker{cmd: c, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
 		c.Stderr = w.stderr
 		if err := c.Start(); err != nil {
@@ -121,6 +77,6 @@ func TestIntegrationRebalance(t *testing.T) {
 			t.Fatalf("worker %d: %v\n%s", i+1, err, workers[i].stderr.String())
 		}
 	}
-	shards, letters := verifyS3Output(t, cfg, ref, work, true)
+	shards, letters := verifyS3Output(t, cfg, ref, sc.work, true)
 	t.Logf("%d steps exactly once in %d shards, %d dead letters\nworker 1:\n%s", len(ref.Rows), shards, letters, e2eClip(workers[0].stderr.String(), 1500))
 }

@@ -2,17 +2,11 @@ package main
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
 
 // TestIntegrationIdleWorkerTakesOver runs two workers on a one-partition
@@ -20,45 +14,22 @@ import (
 // the owner is killed, the idle worker's empty generation must end and it
 // must take the partition over.
 func TestIntegrationIdleWorkerTakesOver(t *testing.T) {
-	brokers, endpoint := integrationEnv(t)
-	bin := e2eBinary(t)
-	work := t.TempDir()
-	var rb [4]byte
-	rand.Read(rb[:])
-	id := hex.EncodeToString(rb[:])
-	topic, group, prefix := "takeover-"+id, "g-"+id, "takeover-"+id
-	gen := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "600", "--group-size", "4", "--prompt-len", "16",
-		"--response-len", "8", "--messages=false", "--seed", "21", "--quiet"); r.code != 0 {
-		t.Fatalf("gen: %s", r.stderr)
-	}
-	data, _ := os.ReadFile(gen)
-	lines := e2eSplitLines(data)
-	ref, err := refIngest(lines, gen, 4, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScenario(t, "takeover", "--groups", "600", "--seed", "21")
+	lines, cfg := sc.lines, sc.cfg
+	ref := sc.reference(lines)
 	produce := func(part [][]byte, name string) {
-		p := filepath.Join(work, name)
-		os.WriteFile(p, e2eJoinLines(part), 0o644)
-		cmd := exec.Command(bin, "produce", "--to", "kafka://"+brokers+"/"+topic, "--partitions", "1", "--quiet", p)
-		cmd.Env = serviceEnv()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("produce: %v\n%s", err, out)
+		if err := sc.produce(part, name, 1); err != nil {
+			t.Fatal(err)
 		}
 	}
 	half := len(lines) / 2
 	produce(lines[:half], "a.jsonl")
-	cfg, _ := s3.ParseURL("s3://rllm-pipe-test/" + prefix)
-	cfg.Endpoint = endpoint
 	type worker struct {
 		cmd    *exec.Cmd
 		stderr *bytes.Buffer
 	}
 	start := func() *worker {
-		c := exec.Command(bin, "ingest", "--from", "kafka://"+brokers+"/"+topic+"?group="+group, "--to", "s3://rllm-pipe-test/"+prefix,
-			"--group-size", "4", "--flush-interval", "300ms")
-		c.Env = serviceEnv()
+		c := sc.ingest()
 		w := &worker{cmd: c, stderr: &bytes.Buffer{}}
 		c.Stderr = w.stderr
 		if err := c.Start(); err != nil {
@@ -98,5 +69,5 @@ func TestIntegrationIdleWorkerTakesOver(t *testing.T) {
 	if err := idle.cmd.Wait(); err != nil {
 		t.Fatalf("worker: %v\n%s", err, idle.stderr.String())
 	}
-	verifyS3Output(t, cfg, ref, work, true)
+	verifyS3Output(t, cfg, ref, sc.work, true)
 }

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+)
+
+// scenario is a Kafka topic, a consumer group and an S3 prefix of a test's
+// own, with generated input (groups of 4) and the binary to drive them.
+type scenario struct {
+	t                    *testing.T
+	bin, work, brokers   string
+	topic, group, prefix string
+	cfg                  s3.Config
+	in                   string
+	lines                [][]byte
+}
+
+// newScenario generates input with `rllm-pipe gen` (small token lists, no
+// messages) plus genArgs.
+func newScenario(t *testing.T, name string, genArgs ...string) *scenario {
+	t.Helper()
+	brokers, endpoint := integrationEnv(t)
+	var rb [4]byte
+	rand.Read(rb[:])
+	id := hex.EncodeToString(rb[:])
+	s := &scenario{t: t, bin: e2eBinary(t), work: t.TempDir(), brokers: brokers,
+		topic: name + "-" + id, group: "g-" + id, prefix: name + "-" + id}
+	s.in = filepath.Join(s.work, "in.jsonl")
+	args := append([]string{"gen", "--out", s.in, "--group-size", "4", "--prompt-len", "24", "--response-len", "12",
+		"--messages=false", "--quiet"}, genArgs...)
+	if r := e2eRun(t, s.bin, s.work, args...); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	data, err := os.ReadFile(s.in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.lines = e2eSplitLines(data)
+	cfg, err := s3.ParseURL("s3://rllm-pipe-test/" + s.prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Endpoint = endpoint
+	s.cfg = cfg
+	return s
+}
+
+// setLines replaces the input (for tests that add bad records).
+func (s *scenario) setLines(lines [][]byte) {
+	s.lines = lines
+	if err := os.WriteFile(s.in, e2eJoinLines(lines), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// reference computes what the committed output must hold for lines.
+func (s *scenario) reference(lines [][]byte) *refResult {
+	s.t.Helper()
+	ref, err := refIngest(lines, s.in, 4, 2)
+	if err != nil {
+		s.t.Fatalf("reference: %v", err)
+	}
+	return ref
+}
+
+// produce sends part to the topic (created with the given partitions).
+func (s *scenario) produce(part [][]byte, name string, partitions int) error {
+	p := filepath.Join(s.work, name)
+	if err := os.WriteFile(p, e2eJoinLines(part), 0o644); err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, "produce", "--to", "kafka://"+s.brokers+"/"+s.topic, "--partitions", fmt.Sprint(partitions), "--quiet", p)
+	cmd.Env = serviceEnv()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("produce: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// ingest returns (not started) an ingest worker of the scenario's group
+// into its prefix.
+func (s *scenario) ingest(extra ...string) *exec.Cmd {
+	args := append([]string{"ingest", "--from", "kafka://" + s.brokers + "/" + s.topic + "?group=" + s.group,
+		"--to", "s3://rllm-pipe-test/" + s.prefix, "--group-size", "4", "--flush-interval", "300ms"}, extra...)
+	c := exec.Command(s.bin, args...)
+	c.Env = serviceEnv()
+	return c
+}
