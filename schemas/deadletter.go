@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"encoding/base64"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -45,4 +46,64 @@ func (d DeadLetter) Line() DeadLetterLine {
 		l.RecordEncoding = "base64"
 	}
 	return l
+}
+
+// Ledger is the bookkeeping every dead-letter writer shares: the positions
+// of the records it dead-lettered or saw dropped since its last checkpoint
+// (what the next manifest entry settles), and counts by reason. Safe for
+// concurrent use.
+type Ledger struct {
+	mu      sync.Mutex
+	pending Settled
+	counts  map[Reason]int64
+}
+
+// Note records letters and dropped records.
+func (l *Ledger) Note(letters []DeadLetter, dropped []Source) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending == nil {
+		l.pending = Settled{}
+	}
+	if l.counts == nil {
+		l.counts = map[Reason]int64{}
+	}
+	for _, d := range letters {
+		l.counts[d.Reason]++
+		l.pending.Add(d.Source.Stream, d.Source.Position())
+	}
+	for _, s := range dropped {
+		l.pending.Add(s.Stream, s.Position())
+	}
+}
+
+// Take hands over the pending positions (nil when there are none).
+func (l *Ledger) Take() Settled {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pending) == 0 {
+		return nil
+	}
+	p := l.pending
+	l.pending = Settled{}
+	return p
+}
+
+// Drop forgets the pending positions (their records go back to the
+// stream's next owner).
+func (l *Ledger) Drop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending = Settled{}
+}
+
+// Counts returns the letters noted, by reason.
+func (l *Ledger) Counts() map[Reason]int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make(map[Reason]int64, len(l.counts))
+	for k, v := range l.counts {
+		out[k] = v
+	}
+	return out
 }

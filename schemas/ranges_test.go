@@ -46,3 +46,23 @@ func TestSettled(t *testing.T) {
 		t.Fatalf("%v", s)
 	}
 }
+
+func TestLedger(t *testing.T) {
+	var l Ledger
+	l.Drop() // before any note: must leave the ledger usable
+	l.Note([]DeadLetter{{Reason: ReasonLate, Source: Source{Stream: "s", Line: 3}}}, []Source{{Stream: "s", Line: 4}, {Line: 9}})
+	if c := l.Counts(); c[ReasonLate] != 1 || len(c) != 1 {
+		t.Fatalf("counts %v", c)
+	}
+	if p := l.Take(); len(p["s"]) != 1 || p["s"][0] != [2]int64{3, 4} {
+		t.Fatalf("taken %v", p)
+	}
+	if p := l.Take(); p != nil {
+		t.Fatalf("taken twice: %v", p)
+	}
+	l.Note(nil, []Source{{Stream: "s", Line: 5}})
+	l.Drop()
+	if p := l.Take(); p != nil {
+		t.Fatalf("dropped positions came back: %v", p)
+	}
+}

@@ -20,11 +20,10 @@ import (
 // dead-letter the record again: the topic is at-least-once, and the key
 // tells a repeat from a new letter.
 type DeadLetters struct {
-	w       *kgo.Writer
-	mu      sync.Mutex
-	buf     []kgo.Message
-	pending schemas.Settled
-	counts  map[schemas.Reason]int64
+	schemas.Ledger
+	w   *kgo.Writer
+	mu  sync.Mutex
+	buf []kgo.Message
 }
 
 // NewDeadLetters writes to cfg.Topic (created if missing).
@@ -37,7 +36,7 @@ func NewDeadLetters(ctx context.Context, cfg Config) (*DeadLetters, error) {
 		return nil, err
 	}
 	p.w.Balancer = &kgo.LeastBytes{}
-	return &DeadLetters{w: p.w, pending: schemas.Settled{}, counts: map[schemas.Reason]int64{}}, nil
+	return &DeadLetters{w: p.w}, nil
 }
 
 // Write buffers letters and notes the positions of letters and dropped
@@ -55,12 +54,8 @@ func (d *DeadLetters) Write(ctx context.Context, letters []schemas.DeadLetter, d
 		}
 		key := l.Source.Stream + "@" + strconv.FormatInt(l.Source.Position(), 10)
 		d.buf = append(d.buf, kgo.Message{Key: []byte(key), Value: v})
-		d.counts[l.Reason]++
-		d.pending.Add(l.Source.Stream, l.Source.Position())
 	}
-	for _, s := range dropped {
-		d.pending.Add(s.Stream, s.Position())
-	}
+	d.Note(letters, dropped)
 	return nil
 }
 
@@ -75,12 +70,7 @@ func (d *DeadLetters) Checkpoint(ctx context.Context) (schemas.Settled, *schemas
 		}
 		d.buf = d.buf[:0]
 	}
-	if len(d.pending) == 0 {
-		return nil, nil, nil
-	}
-	p := d.pending
-	d.pending = schemas.Settled{}
-	return p, nil, nil
+	return d.Take(), nil, nil
 }
 
 // Reset drops letters not yet checkpointed (a generation that ended: their
@@ -88,18 +78,8 @@ func (d *DeadLetters) Checkpoint(ctx context.Context) (schemas.Settled, *schemas
 func (d *DeadLetters) Reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.buf, d.pending = d.buf[:0], schemas.Settled{}
-}
-
-// Counts returns the dead letters written, by reason.
-func (d *DeadLetters) Counts() map[schemas.Reason]int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[schemas.Reason]int64, len(d.counts))
-	for k, v := range d.counts {
-		out[k] = v
-	}
-	return out
+	d.buf = d.buf[:0]
+	d.Drop()
 }
 
 // Close flushes nothing (Checkpoint does) and closes the writer.

@@ -17,21 +17,18 @@ import (
 // on the first dead letter. Counts are kept by reason. Safe for concurrent
 // use.
 type DeadLetterFile struct {
+	schemas.Ledger
 	path    string
 	mu      sync.Mutex
 	f       *os.File
 	w       *bufio.Writer
 	written int64
 	dirty   bool // written since the last sync
-	counts  map[schemas.Reason]int64
-	// pending holds the positions dead-lettered or dropped since the last
-	// Checkpoint.
-	pending schemas.Settled
 }
 
 // NewDeadLetterFile writes to path (its folder is created as needed).
 func NewDeadLetterFile(path string) *DeadLetterFile {
-	return &DeadLetterFile{path: path, counts: map[schemas.Reason]int64{}, pending: schemas.Settled{}}
+	return &DeadLetterFile{path: path}
 }
 
 // Path is the file's path.
@@ -50,10 +47,8 @@ func (d *DeadLetterFile) Write(ctx context.Context, letters []schemas.DeadLetter
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	for _, s := range dropped {
-		d.pending.Add(s.Stream, s.Position())
-	}
 	if len(letters) == 0 {
+		d.Note(nil, dropped)
 		return nil
 	}
 	if d.f == nil {
@@ -78,9 +73,8 @@ func (d *DeadLetterFile) Write(ctx context.Context, letters []schemas.DeadLetter
 		if err := enc.Encode(l.Line()); err != nil {
 			return fmt.Errorf("write dead letter: %w", err)
 		}
-		d.counts[l.Reason]++
-		d.pending.Add(l.Source.Stream, l.Source.Position())
 	}
+	d.Note(letters, dropped)
 	d.written += cw.n
 	d.dirty = true
 	return nil
@@ -103,26 +97,23 @@ func (c *countWriter) Write(p []byte) (int, error) {
 func (d *DeadLetterFile) Checkpoint() (schemas.Settled, int64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.pending) == 0 && !d.dirty {
-		return nil, d.written, nil
-	}
-	if d.f != nil {
-		if err := d.w.Flush(); err != nil {
-			return nil, 0, fmt.Errorf("flush dead letters: %w", err)
+	if d.dirty {
+		if err := d.flush(); err != nil {
+			return nil, 0, err
 		}
-		if err := d.f.Sync(); err != nil {
-			return nil, 0, fmt.Errorf("sync dead letters: %w", err)
-		}
+		d.dirty = false
 	}
-	p := d.pending
-	d.pending, d.dirty = schemas.Settled{}, false
-	return p, d.written, nil
+	return d.Take(), d.written, nil
 }
 
 // Flush writes buffered lines and syncs the file.
 func (d *DeadLetterFile) Flush() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.flush()
+}
+
+func (d *DeadLetterFile) flush() error {
 	if d.f == nil {
 		return nil
 	}
@@ -133,17 +124,6 @@ func (d *DeadLetterFile) Flush() error {
 		return fmt.Errorf("sync dead letters: %w", err)
 	}
 	return nil
-}
-
-// Counts returns the dead letters written, by reason.
-func (d *DeadLetterFile) Counts() map[schemas.Reason]int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[schemas.Reason]int64, len(d.counts))
-	for k, v := range d.counts {
-		out[k] = v
-	}
-	return out
 }
 
 // Close flushes and closes the file. It is safe to call twice.

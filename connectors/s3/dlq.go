@@ -13,16 +13,15 @@ import (
 // DeadLetters buffers dead letters and, at each checkpoint, uploads them
 // as one create-only object that the settling manifest entry references.
 type DeadLetters struct {
-	s       *Store
-	mu      sync.Mutex
-	buf     bytes.Buffer
-	pending schemas.Settled
-	counts  map[schemas.Reason]int64
+	schemas.Ledger
+	s   *Store
+	mu  sync.Mutex
+	buf bytes.Buffer
 }
 
 // NewDeadLetters writes dead letters under <prefix>/_dlq/.
 func NewDeadLetters(s *Store) *DeadLetters {
-	return &DeadLetters{s: s, pending: schemas.Settled{}, counts: map[schemas.Reason]int64{}}
+	return &DeadLetters{s: s}
 }
 
 // Write buffers letters and notes the positions of letters and dropped
@@ -39,12 +38,8 @@ func (d *DeadLetters) Write(ctx context.Context, letters []schemas.DeadLetter, d
 		if err := enc.Encode(l.Line()); err != nil {
 			return fmt.Errorf("s3: encode dead letter: %w", err)
 		}
-		d.counts[l.Reason]++
-		d.pending.Add(l.Source.Stream, l.Source.Position())
 	}
-	for _, s := range dropped {
-		d.pending.Add(s.Stream, s.Position())
-	}
+	d.Note(letters, dropped)
 	return nil
 }
 
@@ -53,9 +48,6 @@ func (d *DeadLetters) Write(ctx context.Context, letters []schemas.DeadLetter, d
 func (d *DeadLetters) Checkpoint(ctx context.Context) (schemas.Settled, *schemas.DeadLetterState, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.pending) == 0 && d.buf.Len() == 0 {
-		return nil, nil, nil
-	}
 	var state *schemas.DeadLetterState
 	if d.buf.Len() > 0 {
 		rel, err := d.s.PutDeadLetters(ctx, int(d.s.dlqSeq.Add(1)), d.buf.Bytes())
@@ -65,18 +57,5 @@ func (d *DeadLetters) Checkpoint(ctx context.Context) (schemas.Settled, *schemas
 		state = &schemas.DeadLetterState{File: rel, Bytes: int64(d.buf.Len())}
 		d.buf.Reset()
 	}
-	p := d.pending
-	d.pending = schemas.Settled{}
-	return p, state, nil
-}
-
-// Counts returns the dead letters written, by reason.
-func (d *DeadLetters) Counts() map[schemas.Reason]int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[schemas.Reason]int64, len(d.counts))
-	for k, v := range d.counts {
-		out[k] = v
-	}
-	return out
+	return d.Take(), state, nil
 }
