@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -46,7 +45,7 @@ func TestIntegrationDeadLetterTopic(t *testing.T) {
 	cfg := sc.cfg
 	dlqTopic := topic + ".dlq"
 	c := sc.ingest("--dlq", "kafka://"+brokers+"/"+dlqTopic, "--quiet")
-	var stderr bytes.Buffer
+	var stderr syncBuffer
 	c.Stderr = &stderr
 	if err := c.Start(); err != nil {
 		t.Fatal(err)

@@ -132,7 +132,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 		}
 		c := exec.Command(bin, args...)
 		c.Env = serviceEnv()
-		var stderr bytes.Buffer
+		var stderr syncBuffer
 		c.Stderr = &stderr
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
@@ -153,7 +153,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 	// gracefully (SIGTERM).
 	c := exec.Command(bin, args...)
 	c.Env = serviceEnv()
-	var stderr bytes.Buffer
+	var stderr syncBuffer
 	c.Stderr = &stderr
 	if err := c.Start(); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -61,7 +60,7 @@ func TestIntegrationOutages(t *testing.T) {
 	metricsAddr := ln.Addr().String()
 	ln.Close()
 	c := sc.ingest("--shard-size", "256KiB", "--metrics-addr", metricsAddr)
-	var stderr bytes.Buffer
+	var stderr syncBuffer
 	c.Stderr = &stderr
 	if err := c.Start(); err != nil {
 		t.Fatal(err)

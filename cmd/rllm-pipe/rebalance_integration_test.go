@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os/exec"
 	"syscall"
@@ -25,12 +24,12 @@ func TestIntegrationRebalance(t *testing.T) {
 
 	type worker struct {
 		cmd    *exec.Cmd
-		stderr *bytes.Buffer
+		stderr *syncBuffer
 		done   chan error
 	}
 	start := func() *worker {
 		c := sc.ingest("--shard-size", "256KiB")
-		w := &worker{cmd: c, stderr: &bytes.Buffer{}, done: make(chan error, 1)}
+		w := &worker{cmd: c, stderr: &syncBuffer{}, done: make(chan error, 1)}
 		c.Stderr = w.stderr
 		if err := c.Start(); err != nil {
 			t.Fatal(err)

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
@@ -93,4 +95,23 @@ func (s *scenario) ingest(extra ...string) *exec.Cmd {
 	c := exec.Command(s.bin, args...)
 	c.Env = serviceEnv()
 	return c
+}
+
+// syncBuffer is a bytes.Buffer safe to read while a child process writes
+// to it (exec copies its output on another goroutine).
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

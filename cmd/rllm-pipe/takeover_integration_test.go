@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -26,11 +25,11 @@ func TestIntegrationIdleWorkerTakesOver(t *testing.T) {
 	produce(lines[:half], "a.jsonl")
 	type worker struct {
 		cmd    *exec.Cmd
-		stderr *bytes.Buffer
+		stderr *syncBuffer
 	}
 	start := func() *worker {
 		c := sc.ingest()
-		w := &worker{cmd: c, stderr: &bytes.Buffer{}}
+		w := &worker{cmd: c, stderr: &syncBuffer{}}
 		c.Stderr = w.stderr
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
