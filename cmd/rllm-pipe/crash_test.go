@@ -156,6 +156,16 @@ verify:
 		t.Errorf("%d lines dead-lettered, want %d", len(dl), len(ref.DeadLetters))
 	}
 	t.Logf("%d steps, %d dead letters, %d shards", len(ref.Rows), len(ref.DeadLetters), len(files))
+
+	// The summary reads the same output (its manifest holds checkpoints
+	// without shards too).
+	sum := e2eRun(t, bin, work, "summary", "--from", out)
+	if sum.code != 0 || !strings.Contains(sum.stdout, fmt.Sprintf("%d committed shards", len(files))) {
+		t.Fatalf("summary: exit %d\n%s%s", sum.code, sum.stdout, sum.stderr)
+	}
+	if !strings.Contains(sum.stdout, fmt.Sprintf(" %d ", len(ref.Rows))) {
+		t.Errorf("summary does not report %d steps:\n%s", len(ref.Rows), sum.stdout)
+	}
 }
 
 // checkStepsExactlyOnce reads the shards at paths with DuckDB and checks

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 func newSummaryCmd() *cobra.Command {
@@ -49,9 +50,15 @@ type versionSummary struct {
 // summarize reads the committed shards listed in the manifest, projecting
 // only the columns it reports on.
 func summarize(ctx context.Context, root string, w io.Writer) error {
-	entries, err := local.ReadManifest(root)
+	all, err := local.ReadManifest(root)
 	if err != nil {
 		return err
+	}
+	var entries []schemas.ShardEntry
+	for _, e := range all {
+		if e.Path != "" { // checkpoints settle dead letters and list no shard
+			entries = append(entries, e)
+		}
 	}
 	if len(entries) == 0 {
 		return fmt.Errorf("summary: no committed shards under %s", root)
