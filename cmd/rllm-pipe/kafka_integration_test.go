@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -51,39 +49,16 @@ func serviceEnv() []string {
 // in the end every step is committed exactly once (read back with DuckDB)
 // and every bad record is dead-lettered exactly once.
 func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
-	brokers, _ := integrationEnv(t)
-	bin := e2eBinary(t)
-	work := t.TempDir()
-	var rb [4]byte
-	rand.Read(rb[:])
-	id := hex.EncodeToString(rb[:])
-	topic, group, prefix := "crash-"+id, "g-"+id, "crash-"+id
-
-	gen := filepath.Join(work, "gen.jsonl")
-	r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "10000", "--group-size", "4", "--prompt-len", "24",
-		"--response-len", "12", "--messages=false", "--duplicates", "0.01", "--seed", "5", "--quiet")
-	if r.code != 0 {
-		t.Fatalf("gen: %s", r.stderr)
-	}
-	data, err := os.ReadFile(gen)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newScenario(t, "crash", "--groups", "10000", "--duplicates", "0.01", "--seed", "5")
 	var lines [][]byte
-	for i, l := range e2eSplitLines(data) {
+	for i, l := range sc.lines {
 		lines = append(lines, l)
 		if i%1000 == 500 {
 			lines = append(lines, []byte(fmt.Sprintf(`{"type":"step","step_id":"bad-%d","task_id":`, i)))
 		}
 	}
-	in := filepath.Join(work, "in.jsonl")
-	if err := os.WriteFile(in, e2eJoinLines(lines), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ref, err := refIngest(lines, in, 4, 2)
-	if err != nil {
-		t.Fatalf("reference: %v", err)
-	}
+	sc.setLines(lines)
+	ref := sc.reference(lines)
 	if len(ref.Rows) < 100_000 {
 		t.Fatalf("only %d steps generated", len(ref.Rows))
 	}
@@ -93,16 +68,9 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 	go func() {
 		const slices = 12
 		for k := 0; k < slices; k++ {
-			part := filepath.Join(work, fmt.Sprintf("part-%d.jsonl", k))
 			lo, hi := k*len(lines)/slices, (k+1)*len(lines)/slices
-			if err := os.WriteFile(part, e2eJoinLines(lines[lo:hi]), 0o644); err != nil {
+			if err := sc.produce(lines[lo:hi], fmt.Sprintf("part-%d.jsonl", k), 6); err != nil {
 				produced <- err
-				return
-			}
-			cmd := exec.Command(bin, "produce", "--to", "kafka://"+brokers+"/"+topic, "--partitions", "6", "--quiet", part)
-			cmd.Env = serviceEnv()
-			if out, err := cmd.CombinedOutput(); err != nil {
-				produced <- fmt.Errorf("produce: %v\n%s", err, out)
 				return
 			}
 			time.Sleep(2 * time.Second)
@@ -110,13 +78,8 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 		produced <- nil
 	}()
 
-	cfg, err := s3.ParseURL("s3://rllm-pipe-test/" + prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Endpoint = os.Getenv("RLLM_S3_ENDPOINT")
-	args := []string{"ingest", "--from", "kafka://" + brokers + "/" + topic + "?group=" + group, "--to", "s3://rllm-pipe-test/" + prefix,
-		"--group-size", "4", "--flush-interval", "300ms", "--shard-size", "512KiB", "--quiet"}
+	cfg := sc.cfg
+	newIngest := func() *exec.Cmd { return sc.ingest("--shard-size", "512KiB", "--quiet") }
 	settledAll := func() int64 { return settledCount(t, cfg) }
 	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 2))
 	kills := 0
@@ -130,8 +93,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 			produceDone = true
 		default:
 		}
-		c := exec.Command(bin, args...)
-		c.Env = serviceEnv()
+		c := newIngest()
 		var stderr syncBuffer
 		c.Stderr = &stderr
 		if err := c.Start(); err != nil {
@@ -151,8 +113,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 	}
 	// The last run goes on until every record is settled, then stops
 	// gracefully (SIGTERM).
-	c := exec.Command(bin, args...)
-	c.Env = serviceEnv()
+	c := newIngest()
 	var stderr syncBuffer
 	c.Stderr = &stderr
 	if err := c.Start(); err != nil {
@@ -172,7 +133,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 		t.Fatalf("final ingest: %v\n%s", err, stderr.String())
 	}
 
-	shards, letters := verifyS3Output(t, cfg, ref, work, true)
+	shards, letters := verifyS3Output(t, cfg, ref, sc.work, true)
 	t.Logf("%d kills; %d steps exactly once in %d shards; %d dead letters", kills, len(ref.Rows), shards, letters)
 }
 

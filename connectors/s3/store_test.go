@@ -45,18 +45,18 @@ func open(t *testing.T, cfg Config, writer string) *Store {
 	return s
 }
 
-func TestIntegrationCreateOnlyRace(t *testing.T) {
-	cfg := testConfig(t)
-	s := open(t, cfg, "w")
-	const n = 16
+// raceCreateOnly has n goroutines PUT body(i) create-only at key at once
+// and returns how many won; any error but "exists" fails the test.
+func raceCreateOnly(t *testing.T, s *Store, key string, n int, body func(i int) []byte) int {
+	t.Helper()
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body := []byte(fmt.Sprintf("writer %d", i))
-			errs[i] = s.putIfAbsent(context.Background(), s.key("race/obj"), bytes.NewReader(body), int64(len(body)), "text/plain")
+			b := body(i)
+			errs[i] = s.putIfAbsent(context.Background(), s.key(key), bytes.NewReader(b), int64(len(b)), "")
 		}()
 	}
 	wg.Wait()
@@ -69,7 +69,12 @@ func TestIntegrationCreateOnlyRace(t *testing.T) {
 			t.Fatalf("unexpected error: %v", err)
 		}
 	}
-	if wins != 1 {
+	return wins
+}
+
+func TestIntegrationCreateOnlyRace(t *testing.T) {
+	s := open(t, testConfig(t), "w")
+	if wins := raceCreateOnly(t, s, "race/obj", 16, func(i int) []byte { return []byte(fmt.Sprintf("writer %d", i)) }); wins != 1 {
 		t.Fatalf("%d create-only PUTs won, want exactly 1", wins)
 	}
 }
@@ -241,27 +246,7 @@ func TestIntegrationLargeObjectCreateOnly(t *testing.T) {
 	cfg := testConfig(t)
 	s := open(t, cfg, "w")
 	body := bytes.Repeat([]byte("0123456789abcdef"), (20<<20)/16) // 20 MiB
-	const n = 3
-	var wg sync.WaitGroup
-	errs := make([]error, n)
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = s.putIfAbsent(context.Background(), s.key("big/obj"), bytes.NewReader(body), int64(len(body)), "")
-		}()
-	}
-	wg.Wait()
-	wins := 0
-	for _, err := range errs {
-		switch {
-		case err == nil:
-			wins++
-		case !errors.Is(err, errExists):
-			t.Fatalf("unexpected error: %v", err)
-		}
-	}
-	if wins != 1 {
+	if wins := raceCreateOnly(t, s, "big/obj", 3, func(int) []byte { return body }); wins != 1 {
 		t.Fatalf("%d create-only uploads of 20 MiB won, want exactly 1", wins)
 	}
 	info, err := s.cli.StatObject(context.Background(), cfg.Bucket, s.key("big/obj"), minio.StatObjectOptions{})
