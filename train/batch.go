@@ -49,34 +49,104 @@ type Counters struct {
 	SkippedStale    int64 `json:"groups_skipped_stale"`
 	SkippedFiltered int64 `json:"rows_skipped_filtered"`
 	Oversized       int64 `json:"oversized_batches"`
+	// SkippedEmpty counts groups left with no row after filtering.
+	SkippedEmpty int64 `json:"groups_skipped_empty"`
 }
 
-// group is the rows of one group: slices of reader batches.
-type group struct {
-	key     string
-	version int64
-	parts   []arrow.RecordBatch // retained slices
-	tokens  int64
-	rows    int64
+// former gathers admitted groups into batches within the token budget.
+type former struct {
+	cfg      *Config
+	mem      memory.Allocator
+	counters *Counters
+	pending  []*group
+	tokens   int64
 }
 
-func (g *group) release() {
-	for _, p := range g.parts {
-		p.Release()
+// stale reports whether g is more than MaxStaleness versions behind
+// policyVersion.
+func (f *former) stale(g *group, policyVersion int64) bool {
+	return f.cfg.MaxStaleness >= 0 && policyVersion-g.version > f.cfg.MaxStaleness
+}
+
+// fits reports whether g can join the pending batch (an empty batch
+// takes any group, however large).
+func (f *former) fits(g *group) bool {
+	return len(f.pending) == 0 || (f.cfg.MaxTokens > 0 && f.tokens+g.tokens <= f.cfg.MaxTokens)
+}
+
+func (f *former) add(g *group) {
+	f.pending = append(f.pending, g)
+	f.tokens += g.tokens
+}
+
+// take forms one batch of the pending groups (nil when none) and hands
+// them back; the caller releases them.
+func (f *former) take() (*Batch, []*group, error) {
+	if len(f.pending) == 0 {
+		return nil, nil, nil
 	}
-	g.parts = nil
+	groups := f.pending
+	f.pending, f.tokens = nil, 0
+	var parts []arrow.RecordBatch
+	b := &Batch{}
+	for _, g := range groups {
+		parts = append(parts, g.parts...)
+		b.Groups = append(b.Groups, g.key)
+		b.Tokens += g.tokens
+	}
+	rec, err := concat(f.mem, parts)
+	if err != nil {
+		return nil, groups, err
+	}
+	if f.cfg.Batch != nil {
+		out, err := applyBatchEstimator(f.mem, f.cfg.Batch, rec)
+		rec.Release()
+		if err != nil {
+			return nil, groups, err
+		}
+		rec = out
+	}
+	b.Record = rec
+	b.Oversized = len(groups) == 1 && f.cfg.MaxTokens > 0 && b.Tokens > f.cfg.MaxTokens
+	f.counters.Batches++
+	f.counters.Groups += int64(len(groups))
+	f.counters.Rows += rec.NumRows()
+	if b.Oversized {
+		f.counters.Oversized++
+	}
+	return b, groups, nil
 }
 
-// Reader forms batches from shards.
+// dropStale removes and returns the pending groups that policyVersion
+// has made stale since they were admitted.
+func (f *former) dropStale(policyVersion int64) []*group {
+	var stale []*group
+	kept := f.pending[:0]
+	for _, g := range f.pending {
+		if f.stale(g, policyVersion) {
+			stale = append(stale, g)
+			f.tokens -= g.tokens
+		} else {
+			kept = append(kept, g)
+		}
+	}
+	f.pending = kept
+	return stale
+}
+
+func (f *former) discard() {
+	for _, g := range f.pending {
+		g.release()
+	}
+	f.pending, f.tokens = nil, 0
+}
+
+// Reader forms batches from a fixed list of shard files, without
+// coordination (a Consumer is the coordinated, following form).
 type Reader struct {
 	cfg      Config
 	mem      memory.Allocator
 	Counters Counters
-
-	cur     *group
-	pending []*group
-	tokens  int64
-	emit    func(Batch) error
 }
 
 // NewReader returns a Reader with cfg.
@@ -88,152 +158,63 @@ func NewReader(cfg Config) *Reader {
 	return &Reader{cfg: cfg, mem: mem}
 }
 
-// ReadShards reads the shards at paths, in order, calling emit with every
-// batch; it flushes the last batch at the end.
+// ReadShards reads the shard files at paths, in order, calling emit with
+// every batch; it flushes the last batch at the end.
 func (r *Reader) ReadShards(ctx context.Context, paths []string, emit func(Batch) error) error {
-	r.emit = emit
-	defer r.discard()
+	f := &former{cfg: &r.cfg, mem: r.mem, counters: &r.Counters}
+	defer f.discard()
+	flush := func() error {
+		b, groups, err := f.take()
+		releaseGroups(groups)
+		if err != nil || b == nil {
+			return err
+		}
+		return emit(*b)
+	}
 	for _, p := range paths {
-		if err := parquet.ReadFile(ctx, p, nil, r.mem, r.add); err != nil {
-			return err
-		}
-		// A group never spans shards: the next shard's first rows, even
-		// under the same key, are another group.
-		if err := r.closeGroup(); err != nil {
-			return err
-		}
-	}
-	return r.flush()
-}
-
-// add splits a reader batch at group boundaries (rows of a group are
-// contiguous in a shard, possibly across reader batches).
-func (r *Reader) add(rec arrow.RecordBatch) error {
-	if !rec.Schema().HasField("group_version") {
-		return fmt.Errorf("train: shard without group_version (schema %s)", rec.Schema())
-	}
-	col := func(name string) arrow.Array { return rec.Column(rec.Schema().FieldIndices(name)[0]) }
-	gid := col("group_id").(*array.String)
-	ver := col("group_version").(*array.Int64)
-	prompt := col("prompt_ids").(*array.List)
-	resp := col("response_ids").(*array.List)
-	fr := col("filter_reason").(*array.String)
-	n := int(rec.NumRows())
-	for i := 0; i < n; {
-		key := gid.Value(i)
-		end := i + 1
-		for end < n && gid.Value(end) == key {
-			end++
-		}
-		if r.cur != nil && r.cur.key != key {
-			if err := r.closeGroup(); err != nil {
-				return err
-			}
-		}
-		if r.cur == nil {
-			r.cur = &group{key: key, version: ver.Value(i)}
-		}
-		// Keep the runs of rows in [i, end) that pass the filter.
-		for j := i; j < end; {
-			if !r.cfg.IncludeFiltered && fr.IsValid(j) {
-				r.Counters.SkippedFiltered++
-				j++
-				continue
-			}
-			k := j
-			for k < end && (r.cfg.IncludeFiltered || fr.IsNull(k)) {
-				ps, pe := prompt.ValueOffsets(k)
-				rs, re := resp.ValueOffsets(k)
-				r.cur.tokens += (pe - ps) + (re - rs)
-				k++
-			}
-			r.cur.parts = append(r.cur.parts, rec.NewSlice(int64(j), int64(k)))
-			r.cur.rows += int64(k - j)
-			j = k
-		}
-		i = end
-	}
-	return nil
-}
-
-// closeGroup admits the current group (staleness) into the pending batch.
-func (r *Reader) closeGroup() error {
-	g := r.cur
-	r.cur = nil
-	if g == nil {
-		return nil
-	}
-	if r.cfg.MaxStaleness >= 0 && r.cfg.PolicyVersion-g.version > r.cfg.MaxStaleness {
-		r.Counters.SkippedStale++
-		g.release()
-		return nil
-	}
-	if g.rows == 0 {
-		g.release()
-		return nil
-	}
-	if len(r.pending) > 0 && (r.cfg.MaxTokens <= 0 || r.tokens+g.tokens > r.cfg.MaxTokens) {
-		if err := r.flush(); err != nil {
-			g.release()
-			return err
-		}
-	}
-	r.pending = append(r.pending, g)
-	r.tokens += g.tokens
-	return nil
-}
-
-// flush emits the pending groups as one batch.
-func (r *Reader) flush() error {
-	if len(r.pending) == 0 {
-		return nil
-	}
-	groups := r.pending
-	r.pending, r.tokens = nil, 0
-	defer func() {
-		for _, g := range groups {
-			g.release()
-		}
-	}()
-	var parts []arrow.RecordBatch
-	b := Batch{}
-	for _, g := range groups {
-		parts = append(parts, g.parts...)
-		b.Groups = append(b.Groups, g.key)
-		b.Tokens += g.tokens
-	}
-	rec, err := concat(r.mem, parts)
-	if err != nil {
-		return err
-	}
-	if r.cfg.Batch != nil {
-		out, err := applyBatchEstimator(r.mem, r.cfg.Batch, rec)
-		rec.Release()
+		rd, err := parquet.OpenFile(ctx, p, nil, r.mem)
 		if err != nil {
 			return err
 		}
-		rec = out
+		sr := newShardReader(p, rd, r.cfg.IncludeFiltered)
+		err = func() error {
+			defer sr.close()
+			for {
+				g, err := sr.next()
+				if err != nil || g == nil {
+					return err
+				}
+				r.Counters.SkippedFiltered += g.filtered
+				if f.stale(g, r.cfg.PolicyVersion) {
+					r.Counters.SkippedStale++
+					g.release()
+					continue
+				}
+				if g.rows == 0 {
+					r.Counters.SkippedEmpty++
+					g.release()
+					continue
+				}
+				if !f.fits(g) {
+					if err := flush(); err != nil {
+						g.release()
+						return err
+					}
+				}
+				f.add(g)
+			}
+		}()
+		if err != nil {
+			return err
+		}
 	}
-	b.Record = rec
-	b.Oversized = len(groups) == 1 && r.cfg.MaxTokens > 0 && b.Tokens > r.cfg.MaxTokens
-	r.Counters.Batches++
-	r.Counters.Groups += int64(len(groups))
-	r.Counters.Rows += rec.NumRows()
-	if b.Oversized {
-		r.Counters.Oversized++
-	}
-	return r.emit(b)
+	return flush()
 }
 
-func (r *Reader) discard() {
-	if r.cur != nil {
-		r.cur.release()
-		r.cur = nil
-	}
-	for _, g := range r.pending {
+func releaseGroups(groups []*group) {
+	for _, g := range groups {
 		g.release()
 	}
-	r.pending = nil
 }
 
 // concat joins record slices of one schema into one record.

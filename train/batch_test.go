@@ -31,6 +31,13 @@ func (s store) Create(ctx context.Context, rel string) (sink.Pending, error) {
 func writeShards(t *testing.T, n int) []string {
 	t.Helper()
 	root := t.TempDir()
+	return writeShardsTo(t, root, 0, n)
+}
+
+// writeShardsTo commits groups first..first+n-1 under root (appending to
+// its manifest) and returns all shard paths there.
+func writeShardsTo(t *testing.T, root string, first, n int) []string {
+	t.Helper()
 	st, err := local.Open(root)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +46,7 @@ func writeShards(t *testing.T, n int) []string {
 	a := transform.NewAssembler(transform.Config{GroupSize: 2})
 	var d ingest.Decoder
 	line := int64(0)
-	for g := 0; g < n; g++ {
+	for g := first; g < first+n; g++ {
 		for tr := 0; tr < 2; tr++ {
 			finish := "stop"
 			if g%5 == 0 && tr == 1 {
@@ -70,7 +77,7 @@ func writeShards(t *testing.T, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sk := sink.New(store{st}, sink.Config{RunID: "r", ShardSize: 2 << 10}) // small shards: groups straddle reader batches and files
+	sk := sink.New(store{st}, sink.Config{RunID: fmt.Sprintf("r%d", first), ShardSize: 2 << 10}) // small shards: groups straddle reader batches and files
 	for _, b := range batches {
 		if err := sk.Write(context.Background(), b, time.Now()); err != nil {
 			t.Fatal(err)

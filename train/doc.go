@@ -3,6 +3,12 @@
 // a filter marked, and forms micro-batches by token budget without ever
 // splitting a group, applying a batch-level advantage estimator when asked.
 //
-// Consumer groups with leases, checkpoints in the store, an Arrow Flight
-// endpoint and the Python client build on this (issue 5, in progress).
+// A Reader reads a fixed list of shard files. A Consumer is a member of a
+// consumer group: it follows the manifest as shards commit, shares the
+// shards with the other members through leases recorded in a log of
+// create-only objects in the store itself (no server), and settles every
+// group exactly once by acknowledgement or skip, so a restart resumes
+// after the last acknowledgement and a crashed member's work moves on
+// after its lease times out. Package train/flight serves Consumers to
+// trainers over Arrow Flight.
 package train

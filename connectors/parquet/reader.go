@@ -8,6 +8,7 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/file"
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
 )
@@ -16,48 +17,104 @@ import (
 // Parquet file at path (all columns when columns is empty). Batches are
 // released after fn returns; fn must Retain what it keeps.
 func ReadFile(ctx context.Context, path string, columns []string, mem memory.Allocator, fn func(arrow.RecordBatch) error) error {
+	rd, err := OpenFile(ctx, path, columns, mem)
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	for {
+		rec, err := rd.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := fn(rec); err != nil {
+			return err
+		}
+	}
+}
+
+// Reader pulls record batches from one Parquet file.
+type Reader struct {
+	name string
+	pf   *file.Reader
+	rr   pqarrow.RecordReader
+}
+
+// OpenFile opens the Parquet file at path for reading the named columns
+// (all when columns is empty).
+func OpenFile(ctx context.Context, path string, columns []string, mem memory.Allocator) (*Reader, error) {
 	pf, err := file.OpenParquetFile(path, false, file.WithReadProps(nil))
 	if err != nil {
-		return fmt.Errorf("open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	defer pf.Close()
+	return newReader(ctx, path, pf, columns, mem)
+}
+
+// Open reads a Parquet file from r (for instance a downloaded object);
+// name is used in errors.
+func Open(ctx context.Context, name string, r parquet.ReaderAtSeeker, columns []string, mem memory.Allocator) (*Reader, error) {
+	pf, err := file.NewParquetReader(r)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	return newReader(ctx, name, pf, columns, mem)
+}
+
+func newReader(ctx context.Context, name string, pf *file.Reader, columns []string, mem memory.Allocator) (*Reader, error) {
 	fr, err := pqarrow.NewFileReader(pf, pqarrow.ArrowReadProperties{BatchSize: 8192}, mem)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
+		pf.Close()
+		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	var idx []int
 	if len(columns) > 0 {
 		sc, err := fr.Schema()
 		if err != nil {
-			return fmt.Errorf("schema of %s: %w", path, err)
+			pf.Close()
+			return nil, fmt.Errorf("schema of %s: %w", name, err)
 		}
 		for _, c := range columns {
 			fi := sc.FieldIndices(c)
 			if len(fi) == 0 {
-				return fmt.Errorf("%s has no column %q", path, c)
+				pf.Close()
+				return nil, fmt.Errorf("%s has no column %q", name, c)
 			}
 			// Map the Arrow field to its Parquet leaf columns.
 			leaves, err := leafIndices(fr, fi[0])
 			if err != nil {
-				return err
+				pf.Close()
+				return nil, err
 			}
 			idx = append(idx, leaves...)
 		}
 	}
 	rr, err := fr.GetRecordReader(ctx, idx, nil)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
+		pf.Close()
+		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	defer rr.Release()
-	for rr.Next() {
-		if err := fn(rr.RecordBatch()); err != nil {
-			return err
-		}
+	return &Reader{name: name, pf: pf, rr: rr}, nil
+}
+
+// Next returns the next record batch, valid until the following call to
+// Next or Close (Retain it to keep it), or io.EOF after the last.
+func (r *Reader) Next() (arrow.RecordBatch, error) {
+	if r.rr.Next() {
+		return r.rr.RecordBatch(), nil
 	}
-	if err := rr.Err(); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("read %s: %w", path, err)
+	if err := r.rr.Err(); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("read %s: %w", r.name, err)
 	}
-	return nil
+	return nil, io.EOF
+}
+
+// Close releases the reader and closes the file.
+func (r *Reader) Close() error {
+	r.rr.Release()
+	return r.pf.Close()
 }
 
 func leafIndices(fr *pqarrow.FileReader, field int) ([]int, error) {

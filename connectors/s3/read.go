@@ -1,0 +1,160 @@
+package s3
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/minio/minio-go/v7"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Committed re-reads the manifest log and returns the committed shard
+// entries in log order (claims and checkpoints, which list no shard, are
+// left out).
+func (s *Store) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []schemas.ShardEntry
+	for _, e := range s.entries {
+		if e.Path != "" {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// ReadShard downloads a committed shard to a temporary file (removed when
+// the reader is closed) and opens it for reading the named columns.
+func (s *Store) ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error) {
+	if e.Path == "" || strings.Contains(e.Path, "..") {
+		return nil, fmt.Errorf("s3: shard path %q is not a clean relative path", e.Path)
+	}
+	f, err := os.CreateTemp("", "rllm-shard-*.parquet")
+	if err != nil {
+		return nil, fmt.Errorf("s3: temporary file for %s: %w", e.Path, err)
+	}
+	tmp := &removeOnClose{File: f}
+	err = retry(ctx, func(int) error {
+		if err := f.Truncate(0); err != nil {
+			return err
+		}
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, s.key(e.Path), minio.GetObjectOptions{})
+		if err != nil {
+			return err
+		}
+		defer obj.Close()
+		_, err = io.Copy(f, obj)
+		return err
+	})
+	if err != nil {
+		tmp.Close()
+		return nil, fmt.Errorf("s3: download %s: %w", e.Path, err)
+	}
+	rd, err := parquet.Open(ctx, e.Path, tmp, columns, mem)
+	if err != nil {
+		tmp.Close()
+		return nil, err
+	}
+	return rd, nil
+}
+
+// removeOnClose is a temporary file that removes itself when closed.
+type removeOnClose struct{ *os.File }
+
+func (r *removeOnClose) Close() error {
+	err := r.File.Close()
+	os.Remove(r.File.Name())
+	return err
+}
+
+// Objects returns the folder dir under the prefix as a set of small
+// create-only objects (If-None-Match: * PUTs).
+func (s *Store) Objects(dir string) (*Objects, error) {
+	dir = strings.Trim(dir, "/")
+	if dir == "" || strings.Contains(dir, "..") {
+		return nil, fmt.Errorf("s3: objects folder %q is not a clean relative path", dir)
+	}
+	return &Objects{s: s, dir: dir}, nil
+}
+
+// Objects is a folder of small objects, each created at most once.
+type Objects struct {
+	s   *Store
+	dir string
+}
+
+func (o *Objects) key(name string) string { return o.s.key(o.dir + "/" + name) }
+
+// Create writes name with data unless it exists (fs.ErrExist). After a
+// retried PUT, fs.ErrExist may mean that the first attempt landed: callers
+// put a nonce in data and read it back.
+func (o *Objects) Create(ctx context.Context, name string, data []byte) error {
+	err := o.s.putIfAbsent(ctx, o.key(name), bytes.NewReader(data), int64(len(data)), "application/json")
+	if errors.Is(err, errExists) {
+		return fmt.Errorf("s3: %s: %w", name, fs.ErrExist)
+	}
+	return err
+}
+
+// Get reads name (fs.ErrNotExist if absent).
+func (o *Objects) Get(ctx context.Context, name string) ([]byte, error) {
+	var data []byte
+	missing := false
+	err := retry(ctx, func(int) error {
+		obj, err := o.s.cli.GetObject(ctx, o.s.cfg.Bucket, o.key(name), minio.GetObjectOptions{})
+		if err != nil {
+			return err
+		}
+		defer obj.Close()
+		data, err = io.ReadAll(obj)
+		if err != nil && minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			missing = true
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3: get %s: %w", name, err)
+	}
+	if missing {
+		return nil, fmt.Errorf("s3: %s: %w", name, fs.ErrNotExist)
+	}
+	return data, nil
+}
+
+// List returns the names in the folder starting with prefix, sorted.
+func (o *Objects) List(ctx context.Context, prefix string) ([]string, error) {
+	var out []string
+	err := retry(ctx, func(int) error {
+		out = out[:0]
+		base := o.s.key(o.dir + "/")
+		for obj := range o.s.cli.ListObjects(ctx, o.s.cfg.Bucket, minio.ListObjectsOptions{Prefix: base + prefix}) {
+			if obj.Err != nil {
+				return obj.Err
+			}
+			out = append(out, strings.TrimPrefix(obj.Key, base))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3: list %s: %w", o.dir, err)
+	}
+	sort.Strings(out)
+	return out, nil
+}

@@ -1,0 +1,598 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Shards is the committed data a consumer reads: the manifest, followed
+// as it grows, and the shard files.
+type Shards interface {
+	// Committed returns the committed shard entries in manifest order.
+	Committed(ctx context.Context) ([]schemas.ShardEntry, error)
+	// ReadShard opens a committed shard (all columns when none named).
+	ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error)
+}
+
+// ConsumerConfig says what a trainer accepts and how it shares the stream.
+type ConsumerConfig struct {
+	Config
+	// Name is the member's stable name in the group; a restart under the
+	// same name takes its own unfinished shards back at once, another name
+	// waits for their leases to expire.
+	Name string
+	// LeaseTimeout is how long a shard stays with a member that stopped
+	// renewing (crashed); renewals happen every third of it. Default 30s.
+	LeaseTimeout time.Duration
+	// MaxInflight bounds the batches delivered and not yet acknowledged;
+	// Next waits for acknowledgements beyond it. Default 4.
+	MaxInflight int
+	// Follow keeps waiting for new shards; without it Next returns io.EOF
+	// once every committed shard is done (acknowledged or skipped by the
+	// group, including shards other members held and abandoned).
+	Follow bool
+	// Poll is how often the manifest and the group's log are re-read when
+	// there is nothing to deliver. Default 1s.
+	Poll time.Duration
+}
+
+// Delivery is a batch handed to a trainer, to acknowledge by ID.
+type Delivery struct {
+	ID uint64
+	Batch
+}
+
+// AckResult says what an acknowledgement settled.
+type AckResult struct {
+	Groups int `json:"groups"` // acknowledged now
+	Lost   int `json:"lost"`   // refused: the shard went to another member
+}
+
+// Stats are a consumer's tallies.
+type Stats struct {
+	Counters
+	Member        string `json:"member"`
+	PolicyVersion int64  `json:"policy_version"`
+	Inflight      int    `json:"inflight_batches"`
+	GroupsAcked   int64  `json:"groups_acked"`
+	GroupsLost    int64  `json:"groups_lost"`
+	ShardsLeased  int64  `json:"shards_leased"`
+	Takeovers     int64  `json:"shards_taken_over"`
+}
+
+// Consumer is one member of a consumer group over committed shards. Next
+// is called from one goroutine; Ack, SetPolicyVersion and Stats from any.
+//
+// Work is shared by shard: a member leases shards (in manifest order) in
+// the group's log, reads them group by group, and settles every group by
+// acknowledgement or skip; a shard whose groups are all settled is done.
+// A member renews its leases while it lives; a crashed member's shards go
+// to whoever leases them after the timeout, and their settled groups are
+// not delivered again. An acknowledgement is accepted only while the
+// member holds the shard, so every group is acknowledged exactly once
+// across the group; a batch whose acknowledgement was refused was (or
+// will be) delivered to another member.
+type Consumer struct {
+	cfg    ConsumerConfig
+	shards Shards
+	coord  *coordinator
+	mem    memory.Allocator
+	policy atomic.Int64
+
+	// Next's own state (one goroutine).
+	form     *former
+	cur      *shardReader
+	curDone  map[int32]bool // groups of cur settled before it was leased
+	entries  []schemas.ShardEntry
+	lastPoll time.Time
+
+	mu       sync.Mutex
+	stats    Stats
+	inflight map[uint64][]marks
+	nextID   uint64
+	held     map[string]bool // leased and not lost
+	read     map[string]bool // held and read to the end in this run
+	skips    []marks         // settled by skipping, not yet in the log
+	totals   map[string]int32
+	acked    chan struct{} // signalled on every acknowledgement
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// NewConsumer joins the consumer group whose log is obj.
+func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerConfig) (*Consumer, error) {
+	if err := CheckName("consumer name", cfg.Name); err != nil {
+		return nil, err
+	}
+	if cfg.LeaseTimeout <= 0 {
+		cfg.LeaseTimeout = 30 * time.Second
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = 4
+	}
+	if cfg.Poll <= 0 {
+		cfg.Poll = time.Second
+	}
+	mem := cfg.Allocator
+	if mem == nil {
+		mem = memory.DefaultAllocator
+	}
+	member := newMemberID(cfg.Name)
+	coord, err := openCoordinator(ctx, obj, member)
+	if err != nil {
+		return nil, err
+	}
+	c := &Consumer{
+		cfg: cfg, shards: shards, coord: coord, mem: mem,
+		inflight: map[uint64][]marks{}, held: map[string]bool{}, read: map[string]bool{}, totals: map[string]int32{},
+		acked: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	c.stats.Member = member
+	c.policy.Store(cfg.PolicyVersion)
+	c.form = &former{cfg: &c.cfg.Config, mem: mem, counters: &c.stats.Counters}
+	go c.renew()
+	return c, nil
+}
+
+// SetPolicyVersion sets the trainer's current policy version: staleness
+// is judged against it from the next group on.
+func (c *Consumer) SetPolicyVersion(v int64) { c.policy.Store(v) }
+
+// Stats returns the consumer's tallies.
+func (c *Consumer) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.PolicyVersion = c.policy.Load()
+	s.Inflight = len(c.inflight)
+	return s
+}
+
+// Next returns the next batch: whole groups, within the token budget
+// (a group alone over it is its own batch, flagged Oversized). The
+// receiver releases Record and acknowledges the ID. Next returns io.EOF
+// when not following and every committed shard is done.
+func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
+	for {
+		if err := c.waitInflight(ctx); err != nil {
+			return nil, err
+		}
+		g, err := c.nextGroup(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if g == nil {
+			// Nothing more to read now: hand over what is pending.
+			if d, err := c.deliver(); d != nil || err != nil {
+				return d, err
+			}
+			if err := c.flushMarks(ctx); err != nil {
+				return nil, err
+			}
+			if !c.cfg.Follow && c.allDone() {
+				return nil, io.EOF
+			}
+			if err := c.wait(ctx, c.cfg.Poll); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		c.mu.Lock()
+		c.stats.SkippedFiltered += g.filtered
+		skip := ""
+		switch {
+		case c.form.stale(g, c.policy.Load()):
+			c.stats.SkippedStale++
+			skip = "stale"
+		case g.rows == 0:
+			c.stats.SkippedEmpty++
+			skip = "empty"
+		}
+		if skip != "" {
+			c.skips = append(c.skips, marks{Shard: g.shard, Groups: []int32{g.ordinal}})
+			c.mu.Unlock()
+			g.release()
+			continue
+		}
+		c.mu.Unlock()
+		if !c.form.fits(g) {
+			d, err := c.deliver()
+			c.form.add(g)
+			if d != nil || err != nil {
+				return d, err
+			}
+			continue // every pending group had gone stale
+		}
+		c.form.add(g)
+	}
+}
+
+// deliver forms a batch of the pending groups (nil when none).
+func (c *Consumer) deliver() (*Delivery, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// The bound holds at delivery: the trainer may have moved on since
+	// these groups were admitted.
+	for _, g := range c.form.dropStale(c.policy.Load()) {
+		c.stats.SkippedStale++
+		c.skips = append(c.skips, marks{Shard: g.shard, Groups: []int32{g.ordinal}})
+		g.release()
+	}
+	b, groups, err := c.form.take()
+	defer releaseGroups(groups)
+	if err != nil || b == nil {
+		return nil, err
+	}
+	by := map[string][]int32{}
+	var order []string
+	for _, g := range groups {
+		if by[g.shard] == nil {
+			order = append(order, g.shard)
+		}
+		by[g.shard] = append(by[g.shard], g.ordinal)
+	}
+	ms := make([]marks, 0, len(order))
+	for _, s := range order {
+		ms = append(ms, marks{Shard: s, Groups: by[s]})
+	}
+	c.nextID++
+	c.inflight[c.nextID] = ms
+	return &Delivery{ID: c.nextID, Batch: *b}, nil
+}
+
+// Ack acknowledges a delivered batch. Groups of shards the member lost
+// are refused (AckResult.Lost, and ErrLeaseLost).
+func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
+	c.mu.Lock()
+	ms, ok := c.inflight[id]
+	c.mu.Unlock()
+	if !ok {
+		return AckResult{}, fmt.Errorf("train: batch %d is not awaiting acknowledgement", id)
+	}
+	var res AckResult
+	skips, totals := c.pendingMarks()
+	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
+		res = AckResult{}
+		e.Ack = e.Ack[:0]
+		for _, m := range ms {
+			s := st.Shards[m.Shard]
+			if s != nil && s.Holder == c.coord.member && !s.Done {
+				e.Ack = append(e.Ack, m)
+				for _, o := range m.Groups {
+					if !s.settled(o) {
+						res.Groups++
+					}
+				}
+			} else {
+				res.Lost += len(m.Groups)
+			}
+		}
+		e.Skip, e.Totals = skips, totals
+		return true
+	})
+	if err != nil {
+		return AckResult{}, err
+	}
+	c.mu.Lock()
+	c.clearMarks(skips, totals)
+	delete(c.inflight, id)
+	c.stats.GroupsAcked += int64(res.Groups)
+	c.stats.GroupsLost += int64(res.Lost)
+	c.mu.Unlock()
+	select {
+	case c.acked <- struct{}{}:
+	default:
+	}
+	if res.Lost > 0 {
+		return res, fmt.Errorf("%w (%d of the batch's groups)", ErrLeaseLost, res.Lost)
+	}
+	return res, nil
+}
+
+// pendingMarks returns the skips and totals not yet in the log.
+func (c *Consumer) pendingMarks() ([]marks, map[string]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	skips := append([]marks(nil), c.skips...)
+	totals := make(map[string]int32, len(c.totals))
+	for k, v := range c.totals {
+		totals[k] = v
+	}
+	return skips, totals
+}
+
+// clearMarks forgets marks that reached the log. Callers hold c.mu.
+func (c *Consumer) clearMarks(skips []marks, totals map[string]int32) {
+	c.skips = c.skips[len(skips):]
+	for k := range totals {
+		delete(c.totals, k)
+	}
+}
+
+// flushMarks appends pending skips and totals.
+func (c *Consumer) flushMarks(ctx context.Context) error {
+	skips, totals := c.pendingMarks()
+	if len(skips) == 0 && len(totals) == 0 {
+		return nil
+	}
+	err := c.coord.append(ctx, func(_ *groupState, e *event) bool {
+		e.Skip, e.Totals = skips, totals
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.clearMarks(skips, totals)
+	c.mu.Unlock()
+	c.refreshHeld()
+	return nil
+}
+
+// nextGroup returns the next unsettled group of a leased shard, leasing
+// the next shard when the current one is read; nil when none is
+// available now.
+func (c *Consumer) nextGroup(ctx context.Context) (*group, error) {
+	for {
+		if c.cur != nil {
+			c.mu.Lock()
+			lost := !c.held[c.cur.path]
+			c.mu.Unlock()
+			if lost {
+				c.closeCur()
+				continue
+			}
+			g, err := c.cur.next()
+			if err != nil {
+				c.closeCur()
+				return nil, err
+			}
+			if g != nil {
+				if c.curDone[g.ordinal] {
+					g.release()
+					continue
+				}
+				return g, nil
+			}
+			c.mu.Lock()
+			c.totals[c.cur.path] = c.cur.groups()
+			c.read[c.cur.path] = true
+			c.mu.Unlock()
+			c.closeCur()
+			continue
+		}
+		e, settled, err := c.leaseNext(ctx)
+		if err != nil || e == nil {
+			return nil, err
+		}
+		rd, err := c.shards.ReadShard(ctx, *e, nil, c.mem)
+		if err != nil {
+			return nil, fmt.Errorf("train: shard %s: %w", e.Path, err)
+		}
+		c.cur, c.curDone = newShardReader(e.Path, rd, c.cfg.IncludeFiltered), settled
+	}
+}
+
+func (c *Consumer) closeCur() {
+	if c.cur != nil {
+		_ = c.cur.close()
+		c.cur, c.curDone = nil, nil
+	}
+}
+
+// leaseNext re-reads the manifest (at most every Poll) and leases the
+// first shard the member may take; it returns the shard and its groups
+// already settled, or nil when none can be leased now.
+func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int32]bool, error) {
+	if time.Since(c.lastPoll) >= c.cfg.Poll || c.entries == nil {
+		entries, err := c.shards.Committed(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		c.entries, c.lastPoll = entries, time.Now()
+	}
+	var (
+		picked   *schemas.ShardEntry
+		settled  map[int32]bool
+		previous string
+	)
+	skips, totals := c.pendingMarks()
+	c.mu.Lock()
+	read := make(map[string]bool, len(c.read))
+	for k := range c.read {
+		read[k] = true
+	}
+	c.mu.Unlock()
+	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
+		picked = nil
+		for i := range c.entries {
+			p := c.entries[i].Path
+			if read[p] {
+				continue
+			}
+			s := st.Shards[p]
+			if s == nil || s.leasable(c.coord.member, e.Time) {
+				picked = &c.entries[i]
+				if s != nil {
+					previous = s.Holder
+				}
+				break
+			}
+		}
+		if picked == nil {
+			return false
+		}
+		e.Lease = []string{picked.Path}
+		e.Until = e.Time.Add(c.cfg.LeaseTimeout)
+		e.Skip, e.Totals = skips, totals
+		return true
+	})
+	if err != nil || picked == nil {
+		return nil, nil, err
+	}
+	var ok bool
+	c.coord.view(func(st *groupState) {
+		s := st.Shards[picked.Path]
+		if ok = s != nil && s.Holder == c.coord.member; ok {
+			settled = make(map[int32]bool, len(s.Acked)+len(s.Skips))
+			for o := range s.Acked {
+				settled[o] = true
+			}
+			for o := range s.Skips {
+				settled[o] = true
+			}
+		}
+	})
+	c.mu.Lock()
+	c.clearMarks(skips, totals)
+	if ok {
+		c.held[picked.Path] = true
+		c.stats.ShardsLeased++
+		if previous != "" && memberName(previous) != memberName(c.coord.member) {
+			c.stats.Takeovers++
+			slog.Info("train: took over a shard", "shard", picked.Path, "from", previous)
+		}
+	}
+	c.mu.Unlock()
+	if !ok {
+		return nil, nil, nil
+	}
+	return picked, settled, nil
+}
+
+// allDone reports whether every committed shard is done.
+func (c *Consumer) allDone() bool {
+	done := true
+	c.coord.view(func(st *groupState) {
+		for _, e := range c.entries {
+			if s := st.Shards[e.Path]; s == nil || !s.Done {
+				done = false
+				return
+			}
+		}
+	})
+	return done
+}
+
+// waitInflight blocks while MaxInflight batches await acknowledgement.
+func (c *Consumer) waitInflight(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		n := len(c.inflight)
+		c.mu.Unlock()
+		if n < c.cfg.MaxInflight {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.acked:
+		}
+	}
+}
+
+// wait sleeps d, or until an acknowledgement or cancellation.
+func (c *Consumer) wait(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	case <-c.acked:
+	}
+	return c.coord.refresh(ctx)
+}
+
+// renew extends the member's leases every third of the timeout and
+// notices shards taken over by others.
+func (c *Consumer) renew() {
+	defer close(c.done)
+	t := time.NewTicker(c.cfg.LeaseTimeout / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.LeaseTimeout/3)
+		err := c.coord.append(ctx, func(st *groupState, e *event) bool {
+			e.Lease = e.Lease[:0]
+			for p, s := range st.Shards {
+				if s.Holder == c.coord.member && !s.Done {
+					e.Lease = append(e.Lease, p)
+				}
+			}
+			sort.Strings(e.Lease)
+			e.Until = e.Time.Add(c.cfg.LeaseTimeout)
+			return len(e.Lease) > 0
+		})
+		cancel()
+		if err != nil {
+			slog.Warn("train: lease renewal failed", "member", c.coord.member, "err", err)
+			continue
+		}
+		c.refreshHeld()
+	}
+}
+
+// refreshHeld drops shards that are done or that another member took.
+func (c *Consumer) refreshHeld() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.coord.view(func(st *groupState) {
+		for p := range c.held {
+			s := st.Shards[p]
+			if s == nil || s.Holder != c.coord.member {
+				if s == nil || !s.Done {
+					slog.Warn("train: lost a shard's lease", "shard", p, "member", c.coord.member)
+				}
+				delete(c.held, p)
+				delete(c.read, p) // read it again if it comes back
+			}
+		}
+	})
+}
+
+// Close stops renewing and releases the member's shards: batches not
+// acknowledged go to other members at once. Pending skips are recorded
+// first.
+func (c *Consumer) Close(ctx context.Context) error {
+	close(c.stop)
+	<-c.done
+	c.closeCur()
+	c.form.discard()
+	skips, totals := c.pendingMarks()
+	return c.coord.append(ctx, func(st *groupState, e *event) bool {
+		for p, s := range st.Shards {
+			if s.Holder == c.coord.member {
+				e.Release = append(e.Release, p)
+			}
+		}
+		sort.Strings(e.Release)
+		e.Skip, e.Totals = skips, totals
+		return len(e.Release) > 0 || len(skips) > 0 || len(totals) > 0
+	})
+}
+
+// abandon stops renewing without releasing anything, as a crash would
+// (tests).
+func (c *Consumer) abandon() {
+	close(c.stop)
+	<-c.done
+	c.closeCur()
+	c.form.discard()
+}

@@ -1,0 +1,300 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// openGroup returns the committed shards under root and a consumer
+// group's log there.
+func openGroup(t *testing.T, root, group string) (*local.Shards, *local.Objects) {
+	t.Helper()
+	sh, err := local.OpenShards(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := sh.Objects(GroupDir(group))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sh, obj
+}
+
+// ledger records acknowledged groups across consumers.
+type ledger struct {
+	mu    sync.Mutex
+	acked map[string]int
+}
+
+func (l *ledger) add(keys []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		l.acked[k]++
+	}
+}
+
+// consume reads and acknowledges batches until EOF, or until stopAfter
+// batches (0: no limit); it checks every batch against the budget and
+// that it holds exactly its groups.
+func consume(t *testing.T, c *Consumer, l *ledger, maxTokens int64, stopAfter int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for n := 0; stopAfter == 0 || n < stopAfter; n++ {
+		d, err := c.Next(ctx)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if maxTokens > 0 && d.Tokens > maxTokens && !(d.Oversized && len(d.Groups) == 1) {
+			t.Errorf("batch of %d tokens over the budget %d", d.Tokens, maxTokens)
+		}
+		gid := d.Record.Column(schemas.ColGroupID).(*array.String)
+		seen := map[string]bool{}
+		for i := 0; i < gid.Len(); i++ {
+			seen[gid.Value(i)] = true
+		}
+		if len(seen) != len(d.Groups) {
+			t.Errorf("batch lists %d groups, holds %d", len(d.Groups), len(seen))
+		}
+		d.Record.Release()
+		res, err := c.Ack(ctx, d.ID)
+		if err != nil && !errors.Is(err, ErrLeaseLost) {
+			return err
+		}
+		if res.Lost == 0 {
+			l.add(d.Groups)
+		}
+	}
+	return nil
+}
+
+func TestConsumersShareWorkAndSurviveACrash(t *testing.T) {
+	root := t.TempDir()
+	writeShardsTo(t, root, 0, 300)
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	cfg := func(name string) ConsumerConfig {
+		return ConsumerConfig{
+			Config:       Config{MaxStaleness: -1, MaxTokens: 40, IncludeFiltered: true, Allocator: mem},
+			Name:         name,
+			LeaseTimeout: 600 * time.Millisecond,
+			Poll:         20 * time.Millisecond,
+			MaxInflight:  2,
+		}
+	}
+	l := &ledger{acked: map[string]int{}}
+	sh, obj := openGroup(t, root, "trainers")
+
+	// The victim acknowledges a few batches, takes one more without
+	// acknowledging it, and dies holding its shards.
+	victim, err := NewConsumer(context.Background(), sh, obj, cfg("victim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := consume(t, victim, l, 40, 3); err != nil {
+		t.Fatal(err)
+	}
+	d, err := victim.Next(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Record.Release()
+	victim.abandon()
+
+	var wg sync.WaitGroup
+	var survivors []*Consumer
+	for _, name := range []string{"a", "b"} {
+		sh, obj := openGroup(t, root, "trainers")
+		c, err := NewConsumer(context.Background(), sh, obj, cfg(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		survivors = append(survivors, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := consume(t, c, l, 40, 0); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	// The dead member's late acknowledgement is refused: its shard moved on.
+	if _, err := victim.Ack(context.Background(), d.ID); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("late ack of a dead member: %v, want ErrLeaseLost", err)
+	}
+	var takeovers int64
+	for _, c := range survivors {
+		takeovers += c.Stats().Takeovers
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if takeovers == 0 {
+		t.Error("no shard was taken over from the dead member")
+	}
+	if len(l.acked) != 300 {
+		t.Errorf("%d groups acknowledged, want 300", len(l.acked))
+	}
+	for k, n := range l.acked {
+		if n != 1 {
+			t.Errorf("group %s acknowledged %d times", k, n)
+		}
+	}
+	p, err := GroupProgress(context.Background(), obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.GroupsAcked != 300 || p.Done != p.Shards || p.GroupsSkip != 0 {
+		t.Errorf("log progress %+v, want 300 groups acknowledged, every shard done", p)
+	}
+}
+
+func TestConsumerRestartResumesAfterLastAck(t *testing.T) {
+	root := t.TempDir()
+	writeShardsTo(t, root, 0, 120)
+	sh, obj := openGroup(t, root, "g")
+	cfg := ConsumerConfig{Config: Config{MaxStaleness: -1, MaxTokens: 16, IncludeFiltered: true}, Name: "trainer-0", LeaseTimeout: time.Hour, Poll: 10 * time.Millisecond}
+	l := &ledger{acked: map[string]int{}}
+	first, err := NewConsumer(context.Background(), sh, obj, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := consume(t, first, l, 16, 25); err != nil {
+		t.Fatal(err)
+	}
+	// One batch delivered, never acknowledged: it must come again.
+	d, err := first.Next(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unacked := d.Groups
+	d.Record.Release()
+	first.abandon() // crash: the lease (an hour) is still held
+
+	// The same name takes its shards back at once, despite the lease.
+	second, err := NewConsumer(context.Background(), sh, obj, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(l.acked)
+	if before != 50 {
+		t.Fatalf("%d groups acknowledged before the crash, want 50 (25 batches of 2)", before)
+	}
+	l2 := &ledger{acked: map[string]int{}}
+	if err := consume(t, second, l2, 16, 0); err != nil {
+		t.Fatal(err)
+	}
+	for k := range l2.acked {
+		if l.acked[k] > 0 {
+			t.Errorf("group %s delivered again after its acknowledgement", k)
+		}
+	}
+	for _, k := range unacked {
+		if l2.acked[k] != 1 {
+			t.Errorf("unacknowledged group %s not delivered after the restart", k)
+		}
+	}
+	if len(l.acked)+len(l2.acked) != 120 {
+		t.Errorf("%d + %d groups, want 120", len(l.acked), len(l2.acked))
+	}
+	if err := second.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConsumerStalenessFollowsPolicyVersion(t *testing.T) {
+	root := t.TempDir()
+	writeShardsTo(t, root, 0, 80) // versions g%4
+	sh, obj := openGroup(t, root, "g")
+	c, err := NewConsumer(context.Background(), sh, obj, ConsumerConfig{
+		Config: Config{PolicyVersion: 3, MaxStaleness: 1, MaxTokens: 8},
+		Name:   "t", Poll: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var versions []int64
+	for {
+		d, err := c.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		ver := d.Record.Column(schemas.ColGroupVersion).(*array.Int64)
+		for i := 0; i < ver.Len(); i++ {
+			if c.policy.Load()-ver.Value(i) > 1 {
+				t.Errorf("row of version %d delivered at policy version %d", ver.Value(i), c.policy.Load())
+			}
+		}
+		versions = append(versions, ver.Value(0))
+		d.Record.Release()
+		if _, err := c.Ack(ctx, d.ID); err != nil {
+			t.Fatal(err)
+		}
+		if len(versions) == 10 {
+			c.SetPolicyVersion(5) // from now on only version 4 passes (no 5 exists)
+		}
+	}
+	st := c.Stats()
+	// Groups 0..79, one per batch (8-token budget, filtered rows dropped).
+	if st.GroupsAcked+st.SkippedStale+st.SkippedEmpty != 80 {
+		t.Errorf("acked %d + stale %d + empty %d != 80", st.GroupsAcked, st.SkippedStale, st.SkippedEmpty)
+	}
+	if st.SkippedStale < 40 {
+		t.Errorf("only %d stale groups skipped", st.SkippedStale)
+	}
+	p, _ := GroupProgress(ctx, obj)
+	if p.Done != p.Shards || p.GroupsAcked+p.GroupsSkip != 80 {
+		t.Errorf("log progress %+v: skipped groups must settle their shards", p)
+	}
+	_ = c.Close(ctx)
+}
+
+func TestConsumerFollowsNewShards(t *testing.T) {
+	root := t.TempDir()
+	writeShardsTo(t, root, 0, 10)
+	sh, obj := openGroup(t, root, "g")
+	c, err := NewConsumer(context.Background(), sh, obj, ConsumerConfig{
+		Config: Config{MaxStaleness: -1, IncludeFiltered: true}, Name: "t", Follow: true, Poll: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := map[string]bool{}
+	for len(got) < 25 {
+		if len(got) == 10 {
+			writeShardsTo(t, root, 10, 15)
+		}
+		d, err := c.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d groups: %v", len(got), err)
+		}
+		for _, g := range d.Groups {
+			got[g] = true
+		}
+		d.Record.Release()
+		if _, err := c.Ack(ctx, d.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = c.Close(ctx)
+}

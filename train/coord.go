@@ -1,0 +1,402 @@
+package train
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Objects is a folder of small objects in the shard store, each created
+// at most once: the consumer group's log lives there, so coordination
+// needs no server beyond the store.
+type Objects interface {
+	// Create writes name unless it exists (an error wrapping fs.ErrExist).
+	Create(ctx context.Context, name string, data []byte) error
+	// Get reads name (an error wrapping fs.ErrNotExist if absent).
+	Get(ctx context.Context, name string) ([]byte, error)
+	// List returns the names that start with prefix, sorted.
+	List(ctx context.Context, prefix string) ([]string, error)
+}
+
+// GroupDir is the folder of a consumer group's log under the store root.
+func GroupDir(group string) string { return "_consumers/" + group }
+
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// CheckName rejects consumer-group and member names that are not safe as
+// one path element: letters, digits, '.', '_' and '-', at most 64.
+func CheckName(kind, name string) error {
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("train: %s %q: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", kind, name)
+	}
+	return nil
+}
+
+// ErrLeaseLost is an acknowledgement refused because the member no longer
+// holds the shard: its lease expired and another member took the shard
+// over (the groups are delivered again there).
+var ErrLeaseLost = errors.New("train: lease lost: another consumer took the shard over")
+
+// event is one entry of a consumer group's log. The log is a sequence of
+// objects <seq>.json created at most once each; a member appends by
+// creating the next number, so every member that appends has read every
+// event before its own, and the state replayed from the log is the same
+// for everyone. Lease expiry is judged with the appender's clock (Time),
+// so replay is deterministic.
+type event struct {
+	Seq    int64     `json:"seq"`
+	Nonce  string    `json:"nonce"`
+	Member string    `json:"member"`
+	Time   time.Time `json:"time"`
+	// Lease takes or renews shards until Until.
+	Lease []string  `json:"lease,omitempty"`
+	Until time.Time `json:"until,omitempty"`
+	// Ack and Skip settle groups of shards the member holds: delivered and
+	// acknowledged, or passed over (stale, emptied by filters).
+	Ack  []marks `json:"ack,omitempty"`
+	Skip []marks `json:"skip,omitempty"`
+	// Totals gives the number of groups of shards read to the end.
+	Totals map[string]int32 `json:"totals,omitempty"`
+	// Release gives shards up.
+	Release []string `json:"release,omitempty"`
+}
+
+// marks are group ordinals of one shard.
+type marks struct {
+	Shard  string  `json:"shard"`
+	Groups []int32 `json:"groups"`
+}
+
+// shardState is what the log says of one shard.
+type shardState struct {
+	Holder string         `json:"holder,omitempty"`
+	Until  time.Time      `json:"until,omitempty"`
+	Total  int32          `json:"total,omitempty"` // 0: not read to the end yet
+	Acked  map[int32]bool `json:"acked,omitempty"`
+	Skips  map[int32]bool `json:"skipped,omitempty"`
+	NAcked int32          `json:"n_acked"`
+	NSkip  int32          `json:"n_skipped"`
+	Done   bool           `json:"done,omitempty"`
+}
+
+func (s *shardState) settled(o int32) bool { return s.Done || s.Acked[o] || s.Skips[o] }
+
+func (s *shardState) finish() {
+	if s.Total > 0 && s.NAcked+s.NSkip >= s.Total {
+		s.Done, s.Holder, s.Until, s.Acked, s.Skips = true, "", time.Time{}, nil, nil
+	}
+}
+
+// memberName is the stable part of a member id (name/incarnation).
+func memberName(id string) string {
+	if i := strings.LastIndexByte(id, '/'); i >= 0 {
+		return id[:i]
+	}
+	return id
+}
+
+// leasable reports whether member may lease s at time now: a shard not
+// done whose lease is free, expired, or held by member or by an earlier
+// incarnation of the same name (a restarted consumer takes its own shards
+// back at once).
+func (s *shardState) leasable(member string, now time.Time) bool {
+	return !s.Done && (s.Holder == "" || memberName(s.Holder) == memberName(member) || !now.Before(s.Until))
+}
+
+// groupState is the replayed log.
+type groupState struct {
+	Next   int64                  `json:"next"` // the next sequence number
+	Shards map[string]*shardState `json:"shards"`
+}
+
+func (st *groupState) shard(p string) *shardState {
+	s := st.Shards[p]
+	if s == nil {
+		s = &shardState{}
+		st.Shards[p] = s
+	}
+	return s
+}
+
+// apply replays e; the rules are those the appender checked.
+func (st *groupState) apply(e *event) {
+	for _, p := range e.Lease {
+		s := st.shard(p)
+		if s.leasable(e.Member, e.Time) {
+			s.Holder, s.Until = e.Member, e.Until
+		}
+	}
+	settle := func(ms []marks, acked bool) {
+		for _, m := range ms {
+			s := st.shard(m.Shard)
+			if s.Holder != e.Member || s.Done {
+				continue
+			}
+			for _, o := range m.Groups {
+				if s.settled(o) {
+					continue
+				}
+				if acked {
+					if s.Acked == nil {
+						s.Acked = map[int32]bool{}
+					}
+					s.Acked[o] = true
+					s.NAcked++
+				} else {
+					if s.Skips == nil {
+						s.Skips = map[int32]bool{}
+					}
+					s.Skips[o] = true
+					s.NSkip++
+				}
+			}
+		}
+	}
+	settle(e.Ack, true)
+	settle(e.Skip, false)
+	for p, n := range e.Totals {
+		if s := st.shard(p); s.Holder == e.Member && !s.Done {
+			s.Total = n
+		}
+	}
+	for _, p := range e.Release {
+		if s := st.shard(p); s.Holder == e.Member {
+			s.Holder, s.Until = "", time.Time{}
+		}
+	}
+	for _, p := range touched(e) {
+		st.shard(p).finish()
+	}
+	st.Next = e.Seq + 1
+}
+
+func touched(e *event) []string {
+	out := append([]string(nil), e.Lease...)
+	for _, m := range e.Ack {
+		out = append(out, m.Shard)
+	}
+	for _, m := range e.Skip {
+		out = append(out, m.Shard)
+	}
+	for p := range e.Totals {
+		out = append(out, p)
+	}
+	return out
+}
+
+func (st *groupState) clone() *groupState {
+	data, _ := json.Marshal(st)
+	var c groupState
+	_ = json.Unmarshal(data, &c)
+	if c.Shards == nil {
+		c.Shards = map[string]*shardState{}
+	}
+	return &c
+}
+
+// SnapshotEvery is how many events separate two snapshots of the state
+// (snap-<seq>.json): a member opening the log reads the latest snapshot
+// and the events after it, not the whole history.
+const SnapshotEvery = 256
+
+func eventName(seq int64) string { return fmt.Sprintf("%020d.json", seq) }
+func snapName(seq int64) string  { return fmt.Sprintf("snap-%020d.json", seq) }
+
+// coordinator is one member's view of a consumer group's log. Safe for
+// concurrent use; appends are serialised.
+type coordinator struct {
+	obj    Objects
+	member string
+
+	appendMu sync.Mutex
+	mu       sync.Mutex
+	st       *groupState
+}
+
+// newMemberID returns name/incarnation: the incarnation tells two runs of
+// one name apart, so a dead run's late acknowledgement is refused.
+func newMemberID(name string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return name + "/" + hex.EncodeToString(b[:])
+}
+
+// openCoordinator reads the latest snapshot and the events after it.
+func openCoordinator(ctx context.Context, obj Objects, member string) (*coordinator, error) {
+	c := &coordinator{obj: obj, member: member, st: &groupState{Shards: map[string]*shardState{}}}
+	snaps, err := obj.List(ctx, "snap-")
+	if err != nil {
+		return nil, fmt.Errorf("train: list snapshots: %w", err)
+	}
+	if len(snaps) > 0 {
+		data, err := obj.Get(ctx, snaps[len(snaps)-1])
+		if err != nil {
+			return nil, fmt.Errorf("train: read snapshot: %w", err)
+		}
+		var st groupState
+		if err := json.Unmarshal(data, &st); err != nil {
+			return nil, fmt.Errorf("train: snapshot %s: %w", snaps[len(snaps)-1], err)
+		}
+		if st.Shards == nil {
+			st.Shards = map[string]*shardState{}
+		}
+		c.st = &st
+	}
+	if err := c.refresh(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// refresh applies the events appended since the last read.
+func (c *coordinator) refresh(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		next := c.st.Next
+		c.mu.Unlock()
+		data, err := c.obj.Get(ctx, eventName(next))
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("train: read consumer-group event %d: %w", next, err)
+		}
+		var e event
+		if err := json.Unmarshal(data, &e); err != nil {
+			return fmt.Errorf("train: consumer-group event %d: %w", next, err)
+		}
+		e.Seq = next
+		c.mu.Lock()
+		if c.st.Next == next {
+			c.st.apply(&e)
+		}
+		c.mu.Unlock()
+	}
+}
+
+// append builds an event against the current state and appends it at the
+// next number, re-reading the log and rebuilding when another member got
+// there first. build returns false when there is nothing to append. The
+// state after the event is returned.
+func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *event) bool) error {
+	c.appendMu.Lock()
+	defer c.appendMu.Unlock()
+	var nb [8]byte
+	_, _ = rand.Read(nb[:])
+	nonce := hex.EncodeToString(nb[:])
+	for attempt := 0; ; attempt++ {
+		if err := c.refresh(ctx); err != nil {
+			return err
+		}
+		e := event{Nonce: nonce, Member: c.member, Time: time.Now().UTC()}
+		c.mu.Lock()
+		ok := build(c.st, &e)
+		e.Seq = c.st.Next
+		c.mu.Unlock()
+		if !ok {
+			return nil
+		}
+		data, err := json.Marshal(&e)
+		if err != nil {
+			return fmt.Errorf("train: encode event: %w", err)
+		}
+		err = c.obj.Create(ctx, eventName(e.Seq), data)
+		if err == nil {
+			c.mu.Lock()
+			if c.st.Next == e.Seq {
+				c.st.apply(&e)
+			}
+			snap := e.Seq%SnapshotEvery == 0 && e.Seq > 0
+			var st *groupState
+			if snap {
+				st = c.st.clone()
+			}
+			c.mu.Unlock()
+			if snap {
+				c.snapshot(ctx, st)
+			}
+			return nil
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("train: append consumer-group event %d: %w", e.Seq, err)
+		}
+		// Lost the race, or an earlier attempt of ours landed and its answer
+		// was lost: the nonce tells.
+		data, gerr := c.obj.Get(ctx, eventName(e.Seq))
+		if gerr == nil {
+			var got event
+			if json.Unmarshal(data, &got) == nil && got.Nonce == nonce {
+				return c.refresh(ctx)
+			}
+		}
+		if attempt > 1000 {
+			return fmt.Errorf("train: consumer-group log: too much contention")
+		}
+	}
+}
+
+// snapshot writes the state after st.Next-1; a failure only costs readers
+// time, so it is not an error.
+func (c *coordinator) snapshot(ctx context.Context, st *groupState) {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return
+	}
+	_ = c.obj.Create(ctx, snapName(st.Next-1), data)
+}
+
+// view runs fn on the current state under the lock.
+func (c *coordinator) view(fn func(st *groupState)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fn(c.st)
+}
+
+// Progress is a consumer group's position, from its log.
+type Progress struct {
+	Shards      int   `json:"shards"`      // shards the log knows of
+	Done        int   `json:"shards_done"` // every group acknowledged or skipped
+	Leased      int   `json:"shards_leased"`
+	GroupsAcked int64 `json:"groups_acked"`
+	GroupsSkip  int64 `json:"groups_skipped"`
+	Events      int64 `json:"events"`
+}
+
+// GroupProgress replays a consumer group's log and counts what the group
+// has consumed.
+func GroupProgress(ctx context.Context, obj Objects) (Progress, error) {
+	c, err := openCoordinator(ctx, obj, "")
+	if err != nil {
+		return Progress{}, err
+	}
+	var p Progress
+	c.view(func(st *groupState) {
+		p.Events = st.Next
+		keys := make([]string, 0, len(st.Shards))
+		for k := range st.Shards {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			s := st.Shards[k]
+			p.Shards++
+			if s.Done {
+				p.Done++
+			} else if s.Holder != "" {
+				p.Leased++
+			}
+			p.GroupsAcked += int64(s.NAcked)
+			p.GroupsSkip += int64(s.NSkip)
+		}
+	})
+	return p, nil
+}

@@ -1,0 +1,157 @@
+package train
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+)
+
+// group is the rows of one group in one shard: slices of reader batches.
+type group struct {
+	shard   string // the shard's path
+	ordinal int32  // the group's place in its shard (rows of a group are contiguous)
+	key     string
+	version int64
+	parts   []arrow.RecordBatch // retained slices
+	tokens  int64
+	rows    int64
+	// filtered counts rows dropped because a filter marked them.
+	filtered int64
+}
+
+func (g *group) release() {
+	for _, p := range g.parts {
+		p.Release()
+	}
+	g.parts = nil
+}
+
+// shardReader splits a shard's record batches into groups, in order,
+// numbering them from 0.
+type shardReader struct {
+	path            string
+	rd              *parquet.Reader
+	includeFiltered bool
+
+	rec     arrow.RecordBatch // retained; nil before the first or after the last
+	row     int
+	ordinal int32
+	eof     bool
+	// cols of rec
+	gid          *array.String
+	ver          *array.Int64
+	prompt, resp *array.List
+	filterReason *array.String
+}
+
+func newShardReader(path string, rd *parquet.Reader, includeFiltered bool) *shardReader {
+	return &shardReader{path: path, rd: rd, includeFiltered: includeFiltered}
+}
+
+// load makes s.rec the next non-empty record batch; false at the end.
+func (s *shardReader) load() (bool, error) {
+	for s.rec == nil || s.row >= int(s.rec.NumRows()) {
+		if s.rec != nil {
+			s.rec.Release()
+			s.rec = nil
+		}
+		if s.eof {
+			return false, nil
+		}
+		rec, err := s.rd.Next()
+		if err == io.EOF {
+			s.eof = true
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		sc := rec.Schema()
+		for _, name := range []string{"group_id", "group_version", "prompt_ids", "response_ids", "filter_reason"} {
+			if !sc.HasField(name) {
+				return false, fmt.Errorf("train: shard %s has no column %s", s.path, name)
+			}
+		}
+		col := func(name string) arrow.Array { return rec.Column(sc.FieldIndices(name)[0]) }
+		var ok bool
+		if s.gid, ok = col("group_id").(*array.String); !ok {
+			return false, fmt.Errorf("train: shard %s: group_id is %s", s.path, col("group_id").DataType())
+		}
+		s.ver, _ = col("group_version").(*array.Int64)
+		s.prompt, _ = col("prompt_ids").(*array.List)
+		s.resp, _ = col("response_ids").(*array.List)
+		s.filterReason, _ = col("filter_reason").(*array.String)
+		if s.ver == nil || s.prompt == nil || s.resp == nil || s.filterReason == nil {
+			return false, fmt.Errorf("train: shard %s: unexpected column types (schema %s)", s.path, sc)
+		}
+		rec.Retain()
+		s.rec, s.row = rec, 0
+	}
+	return true, nil
+}
+
+// next returns the shard's next group, or nil after the last. Rows a
+// filter marked are dropped (and counted) unless includeFiltered.
+func (s *shardReader) next() (*group, error) {
+	var g *group
+	for {
+		ok, err := s.load()
+		if err != nil {
+			if g != nil {
+				g.release()
+			}
+			return nil, err
+		}
+		if !ok {
+			return g, nil
+		}
+		key := s.gid.Value(s.row)
+		if g != nil && g.key != key {
+			return g, nil
+		}
+		if g == nil {
+			g = &group{shard: s.path, ordinal: s.ordinal, key: key, version: s.ver.Value(s.row)}
+			s.ordinal++
+		}
+		n := int(s.rec.NumRows())
+		end := s.row + 1
+		for end < n && s.gid.Value(end) == key {
+			end++
+		}
+		// Keep the runs of rows in [row, end) that pass the filter.
+		for j := s.row; j < end; {
+			if !s.includeFiltered && s.filterReason.IsValid(j) {
+				g.filtered++
+				j++
+				continue
+			}
+			k := j
+			for k < end && (s.includeFiltered || s.filterReason.IsNull(k)) {
+				ps, pe := s.prompt.ValueOffsets(k)
+				rs, re := s.resp.ValueOffsets(k)
+				g.tokens += (pe - ps) + (re - rs)
+				k++
+			}
+			g.parts = append(g.parts, s.rec.NewSlice(int64(j), int64(k)))
+			g.rows += int64(k - j)
+			j = k
+		}
+		s.row = end
+	}
+}
+
+// groups is the number of groups read so far (all of them after next
+// returned nil).
+func (s *shardReader) groups() int32 { return s.ordinal }
+
+func (s *shardReader) close() error {
+	if s.rec != nil {
+		s.rec.Release()
+		s.rec = nil
+	}
+	return s.rd.Close()
+}
