@@ -6,7 +6,7 @@ BIN     := bin/rllm-pipe
 DATA    ?= data
 GROUPS  ?= 2000
 
-.PHONY: all build run test test-short bench fuzz lint fmt clean services-up services-down
+.PHONY: all build run test test-python test-short bench fuzz lint fmt clean services-up services-down
 
 all: lint test
 
@@ -25,10 +25,17 @@ run: build
 # installs (once, cached) and starts a real Kafka broker and MinIO server
 # (scripts/services.sh; Java 17 and Go are all it needs) for the
 # TestIntegration* tier, which reads RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT.
+# Then the Python client's tests against a real `rllm-pipe serve`
+# (scripts/pytest.sh: a cached virtualenv with pyarrow and pytest from PyPI).
 test:
 	$(GO) vet ./...
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -race -count=1 -timeout 60m ./...
+	scripts/pytest.sh
+
+# test-python: only the Python client's tests.
+test-python:
+	scripts/pytest.sh
 
 services-up:
 	scripts/services.sh up

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# scripts/pytest.sh: the Python client's tests (train/python) against a real
+# `rllm-pipe serve`. Builds the binary, makes (once, cached) a virtualenv with
+# the pinned packages of train/python/requirements-test.txt from PyPI, and
+# runs pytest. Extra arguments go to pytest.
+#
+# Environment:
+#   RLLM_CACHE   cache folder for the virtualenv (default ~/.cache/rllm-pipe)
+#   PYTHON       interpreter to build it from (default python3; 3.9 or newer)
+set -euo pipefail
+
+REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
+CACHE_DIR=${RLLM_CACHE:-${HOME:?HOME is not set}/.cache/rllm-pipe}
+PYTHON=${PYTHON:-python3}
+REQS=$REPO_DIR/train/python/requirements-test.txt
+
+command -v "$PYTHON" >/dev/null || { echo "pytest.sh: $PYTHON not found (Python 3.9+ is needed for the client tests)" >&2; exit 1; }
+key=$( (cat "$REQS"; "$PYTHON" --version) | sha256sum | cut -c1-12)
+VENV=$CACHE_DIR/venv-$key
+
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
+	echo "pytest.sh: building $VENV" >&2
+	rm -rf "$VENV"
+	mkdir -p "$CACHE_DIR"
+	if ! "$PYTHON" -m venv "$VENV" 2>/dev/null; then
+		# No ensurepip (a Debian python3 without python3-venv): use virtualenv.
+		rm -rf "$VENV"
+		"$PYTHON" -m pip install --quiet --user virtualenv
+		"$PYTHON" -m virtualenv --quiet "$VENV"
+	fi
+	"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQS"
+	touch "$VENV/.complete"
+fi
+
+cd "$REPO_DIR"
+go build -o bin/rllm-pipe ./cmd/rllm-pipe
+cd train/python
+RLLM_PIPE_BIN=$REPO_DIR/bin/rllm-pipe PYTHONPATH=$PWD exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

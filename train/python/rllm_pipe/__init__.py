@@ -1,0 +1,23 @@
+"""rllm_pipe: the trainer side of rllm-pipe.
+
+Connect to ``rllm-pipe serve``, iterate token-budget batches of whole
+groups (Arrow record batches), acknowledge them once trained on, and report
+the trainer's policy version so stale groups are skipped::
+
+    from rllm_pipe import Client
+
+    with Client("grpc://127.0.0.1:8815", consumer="trainer-0", policy_version=0) as client:
+        for batch in client.batches():
+            ids, offsets = batch.tokens("response_ids")   # numpy views, no copy
+            ...                                           # train on the batch
+            batch.ack()
+            client.set_policy_version(new_version)
+
+Only pyarrow is required; numpy comes with pyarrow's numpy conversions and
+torch is used when installed (``Batch.tensors``).
+"""
+
+from .client import Batch, Client, TokenColumn
+
+__all__ = ["Batch", "Client", "TokenColumn"]
+__version__ = "0.1.0"
