@@ -214,8 +214,9 @@ func snapName(seq int64) string  { return fmt.Sprintf("snap-%020d.json", seq) }
 // coordinator is one member's view of a consumer group's log. Safe for
 // concurrent use; appends are serialised.
 type coordinator struct {
-	obj    Objects
-	member string
+	obj       Objects
+	member    string
+	snapEvery int64
 
 	appendMu sync.Mutex
 	mu       sync.Mutex
@@ -232,29 +233,39 @@ func newMemberID(name string) string {
 
 // openCoordinator reads the latest snapshot and the events after it.
 func openCoordinator(ctx context.Context, obj Objects, member string) (*coordinator, error) {
-	c := &coordinator{obj: obj, member: member, st: &groupState{Shards: map[string]*shardState{}}}
-	snaps, err := obj.List(ctx, "snap-")
-	if err != nil {
-		return nil, fmt.Errorf("train: list snapshots: %w", err)
-	}
-	if len(snaps) > 0 {
-		data, err := obj.Get(ctx, snaps[len(snaps)-1])
-		if err != nil {
-			return nil, fmt.Errorf("train: read snapshot: %w", err)
-		}
-		var st groupState
-		if err := json.Unmarshal(data, &st); err != nil {
-			return nil, fmt.Errorf("train: snapshot %s: %w", snaps[len(snaps)-1], err)
-		}
-		if st.Shards == nil {
-			st.Shards = map[string]*shardState{}
-		}
-		c.st = &st
+	c := &coordinator{obj: obj, member: member, snapEvery: SnapshotEvery, st: &groupState{Shards: map[string]*shardState{}}}
+	if err := c.load(ctx); err != nil {
+		return nil, err
 	}
 	if err := c.refresh(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// load starts from the latest snapshot, if any.
+func (c *coordinator) load(ctx context.Context) error {
+	obj := c.obj
+	snaps, err := obj.List(ctx, "snap-")
+	if err != nil {
+		return fmt.Errorf("train: list snapshots: %w", err)
+	}
+	if len(snaps) == 0 {
+		return nil
+	}
+	data, err := obj.Get(ctx, snaps[len(snaps)-1])
+	if err != nil {
+		return fmt.Errorf("train: read snapshot: %w", err)
+	}
+	var st groupState
+	if err := json.Unmarshal(data, &st); err != nil {
+		return fmt.Errorf("train: snapshot %s: %w", snaps[len(snaps)-1], err)
+	}
+	if st.Shards == nil {
+		st.Shards = map[string]*shardState{}
+	}
+	c.st = &st
+	return nil
 }
 
 // refresh applies the events appended since the last read.
@@ -315,7 +326,7 @@ func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *
 			if c.st.Next == e.Seq {
 				c.st.apply(&e)
 			}
-			snap := e.Seq%SnapshotEvery == 0 && e.Seq > 0
+			snap := e.Seq%c.snapEvery == 0 && e.Seq > 0
 			var st *groupState
 			if snap {
 				st = c.st.clone()

@@ -1,0 +1,178 @@
+package flight
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/flight"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/train"
+
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// group joins members over a directory of shards.
+type group struct {
+	sh  *local.Shards
+	obj *local.Objects
+}
+
+func (g group) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {
+	cfg := train.ConsumerConfig{Config: train.Config{MaxStaleness: -1, IncludeFiltered: true}, Name: name, Poll: 10 * time.Millisecond, MaxInflight: 2}
+	return train.NewConsumer(ctx, g.sh, g.obj, cfg)
+}
+
+// writeShard commits one shard of n one-row groups.
+func writeShard(t *testing.T, root string, n int) {
+	t.Helper()
+	st, err := local.Open(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	b := array.NewRecordBuilder(memory.DefaultAllocator, schemas.StepSchema)
+	defer b.Release()
+	for i := 0; i < n; i++ {
+		for f := 0; f < b.Schema().NumFields(); f++ {
+			switch fb := b.Field(f).(type) {
+			case *array.StringBuilder:
+				if f == schemas.ColGroupID {
+					fb.Append(fmt.Sprintf("g%03d", i))
+				} else {
+					fb.AppendNull()
+				}
+			case *array.ListBuilder:
+				fb.Append(true)
+			default:
+				fb.AppendEmptyValue()
+			}
+		}
+	}
+	rec := b.NewRecordBatch()
+	defer rec.Release()
+	p, err := st.Create(context.Background(), "part-0.parquet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := parquet.NewWriter(p, rec.Schema(), parquet.Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(context.Background(), schemas.ShardEntry{Rows: int64(n), Groups: n}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestServerProtocol(t *testing.T) {
+	root := t.TempDir()
+	writeShard(t, root, 6)
+	sh, err := local.OpenShards(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := sh.Objects(train.GroupDir("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr := make(chan string, 1)
+	srvCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- Serve(srvCtx, "127.0.0.1:0", NewServer(group{sh, obj}), func(a string) { addr <- a }) }()
+	cli, err := flight.NewClientWithMiddleware(<-addr, nil, nil, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	action := func(kind string, body any) ([]byte, error) {
+		data, _ := json.Marshal(body)
+		st, err := cli.DoAction(ctx, &flight.Action{Type: kind, Body: data})
+		if err != nil {
+			return nil, err
+		}
+		r, err := st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		return r.Body, nil
+	}
+
+	stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"t0"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := flight.NewRecordReader(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Release()
+	// A second stream under a name already streaming is refused.
+	dup, _ := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"t0"}`)})
+	if _, err := dup.Recv(); status.Code(err) != codes.AlreadyExists {
+		t.Errorf("duplicate consumer: %v, want AlreadyExists", err)
+	}
+	if _, err := action("nope", nil); status.Code(err) != codes.Unimplemented {
+		t.Errorf("unknown action: %v", err)
+	}
+	if _, err := action("ack", map[string]any{"consumer": "t0", "batch_ids": []int{99}}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("ack of a batch never delivered: %v", err)
+	}
+	var groups []string
+	for rd.Next() {
+		var m BatchMeta
+		if err := json.Unmarshal(rd.LatestAppMetadata(), &m); err != nil {
+			t.Fatal(err)
+		}
+		if m.Rows != rd.RecordBatch().NumRows() || len(m.Groups) != 1 {
+			t.Errorf("metadata %+v for a batch of %d rows", m, rd.RecordBatch().NumRows())
+		}
+		groups = append(groups, m.Groups...)
+		body, err := action("ack", map[string]any{"consumer": "t0", "batch_ids": []uint64{m.BatchID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res train.AckResult
+		_ = json.Unmarshal(body, &res)
+		if res.Groups != 1 || res.Lost != 0 {
+			t.Errorf("ack result %+v", res)
+		}
+	}
+	if rd.Err() != nil {
+		t.Fatal(rd.Err())
+	}
+	if len(groups) != 6 {
+		t.Errorf("%d groups streamed, want 6", len(groups))
+	}
+	// Tallies outlive the stream.
+	body, err := action("stats", map[string]string{"consumer": "t0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st train.Stats
+	_ = json.Unmarshal(body, &st)
+	if st.GroupsAcked != 6 || st.Batches != 6 {
+		t.Errorf("stats %+v", st)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
