@@ -61,7 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case <-hard.Done():
 			return
 		}
-		fmt.Fprintln(stderr, "rllm-pipe: stopping: committing assembled groups (signal again to abort)")
+		fmt.Fprintln(stderr, "rllm-pipe: stopping cleanly: finishing what is in hand (signal again to abort)")
 		cancelSoft()
 		select {
 		case <-sigs:

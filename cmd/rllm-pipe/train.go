@@ -233,6 +233,14 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 			if format != "jsonl" && format != "arrow" {
 				return usageErrorf("--format: jsonl or arrow")
 			}
+			if noAck {
+				// Peeking: nothing is acknowledged, so every batch stays in
+				// flight; the member must be allowed them all.
+				if maxBatches <= 0 {
+					return usageErrorf("--no-ack needs --max-batches")
+				}
+				o.maxInflight = max(o.maxInflight, maxBatches)
+			}
 			if o.name == "" {
 				o.name = defaultMemberName()
 			}
