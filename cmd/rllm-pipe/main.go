@@ -102,7 +102,7 @@ func newRoot(soft context.Context) *cobra.Command {
 			return applyEnv(cmd.Flags())
 		},
 	}
-	root.AddCommand(newIngestCmd(soft), newGenCmd(), newSummaryCmd(), newProduceCmd(), newServeCmd(soft), newConsumeCmd(soft))
+	root.AddCommand(newIngestCmd(soft), newGenCmd(), newSummaryCmd(), newProduceCmd(), newServeCmd(soft), newConsumeCmd(soft), newExportCmd(soft), newSQLCmd(soft))
 	return root
 }
 

@@ -101,18 +101,25 @@ func (o *trainOpts) openShards(ctx context.Context) (shardStore, error) {
 	if err := train.CheckName("--consumer-group", o.group); err != nil {
 		return nil, usageErrorf("%v", err)
 	}
-	if strings.HasPrefix(o.from, "s3://") {
-		cfg, err := s3.ParseURL(o.from)
+	return openShardStore(ctx, o.from, o.conn)
+}
+
+// openShardStore opens the committed shards at from (an output root or
+// s3://bucket/prefix) for reading; nothing is written there but consumer
+// groups' logs.
+func openShardStore(ctx context.Context, from string, conn connFlags) (shardStore, error) {
+	if strings.HasPrefix(from, "s3://") {
+		cfg, err := s3.ParseURL(from)
 		if err != nil {
 			return nil, usageErrorf("--from: %v", err)
 		}
-		st, err := s3.Open(ctx, o.conn.s3(cfg), "reader-"+newRunID())
+		st, err := s3.Open(ctx, conn.s3(cfg), "reader-"+newRunID())
 		if err != nil {
 			return nil, err
 		}
 		return s3Shards{st}, nil
 	}
-	root, err := localPath("from", o.from)
+	root, err := localPath("from", from)
 	if err != nil {
 		return nil, err
 	}

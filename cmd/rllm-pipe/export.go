@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rllm-pipe/rllm-pipe/train/export"
+)
+
+func newExportCmd(soft context.Context) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "export",
+		Short: "Write SFT or distillation datasets from committed shards",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(newExportSFTCmd(soft), newExportDistillCmd(soft))
+	return cmd
+}
+
+type exportOpts struct {
+	from, to  string
+	statsJSON string
+	quiet     bool
+	conn      connFlags
+}
+
+func (o *exportOpts) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
+	f.StringVar(&o.to, "to", "", "the dataset file")
+	f.StringVar(&o.statsJSON, "stats-json", "", "also write the export's counts as JSON to this file")
+	f.BoolVar(&o.quiet, "quiet", false, "no progress bar or summary on stderr")
+	o.conn.register(f)
+}
+
+func newExportSFTCmd(soft context.Context) *cobra.Command {
+	var (
+		o         exportOpts
+		minReward float64
+		cfg       export.SFTConfig
+	)
+	cmd := &cobra.Command{
+		Use:   "sft --from URL --to FILE.{parquet,jsonl}",
+		Short: "Supervised fine-tuning rows in TRL's formats from the chosen trajectories",
+		Long: `export sft writes one row per conversation of every chosen trajectory, built
+from the messages of its steps: {"messages": [...]} or, with --format
+prompt-completion, {"prompt": [...], "completion": [...]} (the completion is
+the final run of assistant messages), with a "tools" column when the
+conversation called tools (the tools a step's metadata declared, else schemas
+inferred from the calls). Trajectories with rows a filter marked are left out
+unless --include-filtered; --min-reward keeps rewards at or above a floor;
+--best-of-n K keeps the K best trajectories of each task (ties: the smaller
+trajectory_id); --dedupe drops repeated conversations. The output type
+follows the file's extension (.parquet, .jsonl).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("min-reward") {
+				cfg.MinReward = &minReward
+			}
+			if cfg.BestOfN < 0 {
+				return usageErrorf("--best-of-n: want 0 (all) or more")
+			}
+			if cfg.Format != export.FormatMessages && cfg.Format != export.FormatPromptCompletion {
+				return usageErrorf("--format: %s or %s", export.FormatMessages, export.FormatPromptCompletion)
+			}
+			ext := strings.ToLower(filepath.Ext(o.to))
+			if ext != ".parquet" && ext != ".jsonl" {
+				return usageErrorf("--to %q: name a .parquet or .jsonl file", o.to)
+			}
+			src, err := openShardStore(cmd.Context(), o.from, o.conn)
+			if err != nil {
+				return err
+			}
+			bar := newProgressBar(cmd.ErrOrStderr(), "export sft", o.quiet)
+			cfg.Progress = bar.update
+			var st export.SFTStats
+			err = writeAtomically(o.to, func(w io.Writer) error {
+				var rows export.Rows
+				if ext == ".parquet" {
+					pr, err := export.NewParquetRows(w, []string{"messages", "prompt", "completion", "tools", "task_id", "trajectory_id", "reward"})
+					if err != nil {
+						return err
+					}
+					rows = pr
+				} else {
+					rows = export.NewJSONLines(w)
+				}
+				st, err = export.SFT(soft, src, cfg, rows)
+				if err != nil {
+					return err
+				}
+				return rows.Close()
+			})
+			bar.done()
+			if err != nil {
+				return err
+			}
+			if !o.quiet {
+				fmt.Fprintf(cmd.ErrOrStderr(), "export sft: %d rows (%d with tools) from %d of %d trajectories in %d shards; left out: %d filtered, %d under --min-reward, %d beyond --best-of-n, %d without messages, %d duplicates, %d without a completion\n",
+					st.Rows, st.RowsWithTools, st.Chosen, st.Trajectories, st.Shards, st.SkippedFiltered, st.SkippedReward, st.SkippedBestOfN, st.NoMessages, st.Duplicates, st.NoCompletion)
+			}
+			return writeJSONFile(o.statsJSON, st)
+		},
+	}
+	o.register(cmd)
+	f := cmd.Flags()
+	f.Float64Var(&minReward, "min-reward", 0, "keep trajectories whose reward is at least this")
+	f.IntVar(&cfg.BestOfN, "best-of-n", 0, "keep the N best trajectories of each task by reward (0: all)")
+	f.StringVar(&cfg.Format, "format", export.FormatMessages, "row format: messages or prompt-completion")
+	f.BoolVar(&cfg.IncludeFiltered, "include-filtered", false, "keep trajectories with rows a filter marked")
+	f.BoolVar(&cfg.Dedupe, "dedupe", false, "drop rows whose conversation and tools repeat an earlier row")
+	f.BoolVar(&cfg.WithIDs, "with-ids", false, "add task_id, trajectory_id and reward columns")
+	return cmd
+}
+
+func newExportDistillCmd(soft context.Context) *cobra.Command {
+	var (
+		o          exportOpts
+		requests   string
+		noRequests bool
+		cfg        export.DistillConfig
+	)
+	cmd := &cobra.Command{
+		Use:   "distill --from URL --to FILE.parquet",
+		Short: "On-policy distillation data: student tokens and logprobs, teacher logprobs, per-token advantages",
+		Long: `export distill writes one Parquet row per step with teacher logprobs: ids,
+prompt_ids, response_ids (the student's tokens), response_logprobs (the
+student's), teacher_logprobs, advantage and token_advantages (as ingest
+computed them with --kl-coef; recomputed as advantage + clip(coef·D) with
+this command's --kl-* flags when a step has none or when --kl-coef is given).
+Groups holding steps without teacher logprobs go to --requests as wire-format
+JSON lines (trajectory records and every step; the steps to score lack
+teacher_logprobs): a teacher server fills teacher_logprobs, one per response
+token, and the file goes back through ingest into a new output.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if strings.ToLower(filepath.Ext(o.to)) != ".parquet" {
+				return usageErrorf("--to %q: name a .parquet file", o.to)
+			}
+			cfg.Recompute = cmd.Flags().Changed("kl-coef")
+			if !noRequests && requests == "" {
+				requests = strings.TrimSuffix(o.to, filepath.Ext(o.to)) + ".requests.jsonl"
+			}
+			if noRequests {
+				requests = ""
+			}
+			src, err := openShardStore(cmd.Context(), o.from, o.conn)
+			if err != nil {
+				return err
+			}
+			bar := newProgressBar(cmd.ErrOrStderr(), "export distill", o.quiet)
+			cfg.Progress = bar.update
+			var st export.DistillStats
+			err = writeAtomically(o.to, func(w io.Writer) error {
+				if requests == "" {
+					st, err = export.Distill(soft, src, cfg, w, nil)
+					return err
+				}
+				return writeAtomically(requests, func(rw io.Writer) error {
+					st, err = export.Distill(soft, src, cfg, w, rw)
+					return err
+				})
+			})
+			bar.done()
+			if err != nil {
+				return err
+			}
+			if !o.quiet {
+				fmt.Fprintf(cmd.ErrOrStderr(), "export distill: %d of %d steps exported (%d token advantages recomputed); %d steps without teacher logprobs", st.Scored, st.Steps, st.Recomputed, st.Unscored)
+				if requests != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "; %d groups (%d steps) to score in %s", st.RequestGroups, st.RequestSteps, requests)
+				}
+				fmt.Fprintln(cmd.ErrOrStderr())
+			}
+			return writeJSONFile(o.statsJSON, st)
+		},
+	}
+	o.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&requests, "requests", "", "scoring requests file (default: next to --to, .requests.jsonl)")
+	f.BoolVar(&noRequests, "no-requests", false, "write no scoring requests")
+	f.Float64Var(&cfg.Distill.Coef, "kl-coef", 1, "λ of token_advantages = advantage + clip(λ·D) when recomputed")
+	f.Float64Var(&cfg.Distill.Clip, "kl-clip", 0, "clip the distillation term to [-c, c] (0: no clipping)")
+	f.Float64Var(&cfg.Distill.Discount, "kl-discount", 0, "discount γ of D_t = Σ γ^(k-t) d_k (0: D_t = d_t)")
+	return cmd
+}
+
+// writeAtomically writes path through fn into a temporary file beside it,
+// synced and renamed into place only when fn succeeds: a failed or
+// interrupted export leaves no partial file.
+func writeAtomically(path string, fn func(io.Writer) error) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("create %s: %w", path, err)
+	}
+	defer os.Remove(f.Name())
+	if err := fn(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return fmt.Errorf("chmod %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("publish %s: %w", path, err)
+	}
+	return nil
+}
+
+func writeJSONFile(path string, v any) error {
+	if path == "" {
+		return nil
+	}
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(data, '\n'), 0o644)
+}
+
+// progressBar draws "label  42% [=====>    ] 1.2 GiB / 2.9 GiB" on a
+// terminal, at most ten times a second; on anything else it stays quiet.
+type progressBar struct {
+	w     io.Writer
+	label string
+	on    bool
+	last  time.Time
+	drawn bool
+}
+
+func newProgressBar(w io.Writer, label string, quiet bool) *progressBar {
+	on := false
+	if f, ok := w.(*os.File); ok && !quiet {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			on = true
+		}
+	}
+	return &progressBar{w: w, label: label, on: on}
+}
+
+func (p *progressBar) update(done, total int64) {
+	if !p.on || total <= 0 || (time.Since(p.last) < 100*time.Millisecond && done < total) {
+		return
+	}
+	p.last = time.Now()
+	frac := float64(done) / float64(total)
+	const width = 30
+	fill := int(frac * width)
+	bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
+	fmt.Fprintf(p.w, "\r%s %3.0f%% [%s] %s / %s ", p.label, frac*100, bar, humanBytes(done), humanBytes(total))
+	p.drawn = true
+}
+
+func (p *progressBar) done() {
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}
+
+func humanBytes(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

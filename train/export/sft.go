@@ -1,0 +1,355 @@
+package export
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/train"
+)
+
+// SFT formats.
+const (
+	FormatMessages         = "messages"          // {"messages": [...]}
+	FormatPromptCompletion = "prompt-completion" // {"prompt": [...], "completion": [...]}
+)
+
+// SFTConfig chooses trajectories and the row format.
+type SFTConfig struct {
+	// MinReward keeps trajectories whose reward is at least *MinReward.
+	MinReward *float64
+	// BestOfN keeps, per task, the N trajectories of highest reward (ties:
+	// the smaller trajectory_id); 0 keeps all.
+	BestOfN int
+	// Format is FormatMessages (default) or FormatPromptCompletion.
+	Format string
+	// IncludeFiltered keeps trajectories with rows a filter marked.
+	IncludeFiltered bool
+	// Dedupe drops rows whose conversation (and tools) repeat an earlier row.
+	Dedupe bool
+	// WithIDs adds task_id, trajectory_id and reward columns.
+	WithIDs bool
+	// Progress, if set, is called with bytes of shards read so far and
+	// the total to read.
+	Progress  func(done, total int64)
+	Allocator memory.Allocator
+}
+
+// SFTStats counts what the export chose and wrote.
+type SFTStats struct {
+	Shards          int   `json:"shards"`
+	Trajectories    int64 `json:"trajectories"`
+	SkippedFiltered int64 `json:"skipped_filtered"`
+	SkippedReward   int64 `json:"skipped_min_reward"`
+	SkippedBestOfN  int64 `json:"skipped_best_of_n"`
+	Chosen          int64 `json:"chosen"`
+	NoMessages      int64 `json:"chosen_without_messages"`
+	BadMessages     int64 `json:"steps_with_bad_messages"`
+	NoCompletion    int64 `json:"conversations_without_completion"`
+	Duplicates      int64 `json:"duplicates_dropped"`
+	Rows            int64 `json:"rows"`
+	RowsWithTools   int64 `json:"rows_with_tools"`
+}
+
+// trajectory is what the first pass keeps of a trajectory.
+type trajectory struct {
+	shard    int
+	task     string
+	id       string // group_id + NUL + trajectory_id
+	tid      string
+	reward   float64
+	filtered bool
+}
+
+// SFT writes one row per conversation of every chosen trajectory: pass
+// one reads ids, rewards and filter marks to choose; pass two reads the
+// messages of the shards holding chosen trajectories.
+func SFT(ctx context.Context, src train.Shards, cfg SFTConfig, out Rows) (SFTStats, error) {
+	var st SFTStats
+	if cfg.Format == "" {
+		cfg.Format = FormatMessages
+	}
+	if cfg.Format != FormatMessages && cfg.Format != FormatPromptCompletion {
+		return st, fmt.Errorf("export: format %q: want %s or %s", cfg.Format, FormatMessages, FormatPromptCompletion)
+	}
+	mem := cfg.Allocator
+	if mem == nil {
+		mem = memory.DefaultAllocator
+	}
+	entries, err := src.Committed(ctx)
+	if err != nil {
+		return st, err
+	}
+	st.Shards = len(entries)
+	prog := newProgress(cfg.Progress, entries)
+
+	// Pass one: choose.
+	var trajs []*trajectory
+	byID := map[string]*trajectory{}
+	for i, e := range entries {
+		err := readColumns(ctx, src, e, mem, []string{"task_id", "group_id", "trajectory_id", "reward", "filter_reason"}, func(rec arrow.RecordBatch) error {
+			task := rec.Column(0).(*array.String)
+			gid := rec.Column(1).(*array.String)
+			tid := rec.Column(2).(*array.String)
+			rew := rec.Column(3).(*array.Float64)
+			fr := rec.Column(4).(*array.String)
+			for r := 0; r < int(rec.NumRows()); r++ {
+				key := fmt.Sprintf("%d\x00%s\x00%s", i, gid.Value(r), tid.Value(r))
+				t := byID[key]
+				if t == nil {
+					t = &trajectory{shard: i, task: task.Value(r), id: key, tid: tid.Value(r), reward: rew.Value(r)}
+					byID[key] = t
+					trajs = append(trajs, t)
+				}
+				if fr.IsValid(r) {
+					t.filtered = true
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return st, err
+		}
+		prog.add(e.Bytes)
+	}
+	st.Trajectories = int64(len(trajs))
+	chosen := choose(trajs, cfg, &st)
+
+	// Pass two: the conversations of the chosen, shard by shard.
+	need := map[int]bool{}
+	for _, t := range chosen {
+		need[t.shard] = true
+	}
+	prog.total = prog.done
+	for i, e := range entries {
+		if need[i] {
+			prog.total += e.Bytes
+		}
+	}
+	dedupe := map[[32]byte]bool{}
+	for i, e := range entries {
+		if !need[i] {
+			continue
+		}
+		type step struct {
+			index    int32
+			messages []byte
+			metadata []byte
+		}
+		steps := map[string][]step{}
+		var order []string
+		err := readColumns(ctx, src, e, mem, []string{"group_id", "trajectory_id", "step_index", "messages", "metadata"}, func(rec arrow.RecordBatch) error {
+			gid := rec.Column(0).(*array.String)
+			tid := rec.Column(1).(*array.String)
+			idx := rec.Column(2).(*array.Int32)
+			msgs := rec.Column(3).(*array.String)
+			meta := rec.Column(4).(*array.String)
+			for r := 0; r < int(rec.NumRows()); r++ {
+				key := fmt.Sprintf("%d\x00%s\x00%s", i, gid.Value(r), tid.Value(r))
+				if !chosen[key].isChosen() {
+					continue
+				}
+				if steps[key] == nil {
+					order = append(order, key)
+				}
+				s := step{index: idx.Value(r)}
+				if msgs.IsValid(r) {
+					s.messages = []byte(msgs.Value(r))
+				}
+				if meta.IsValid(r) {
+					s.metadata = []byte(meta.Value(r))
+				}
+				steps[key] = append(steps[key], s)
+			}
+			return nil
+		})
+		if err != nil {
+			return st, err
+		}
+		for _, key := range order {
+			ss := steps[key]
+			sort.SliceStable(ss, func(a, b int) bool { return ss[a].index < ss[b].index })
+			var parsed [][]message
+			var declared []any
+			for _, s := range ss {
+				if declared == nil && s.metadata != nil {
+					var m struct {
+						Tools []any `json:"tools"`
+					}
+					if json.Unmarshal(s.metadata, &m) == nil && len(m.Tools) > 0 {
+						declared = m.Tools
+					}
+				}
+				if s.messages == nil {
+					continue
+				}
+				ms, err := parseMessages(s.messages)
+				if err != nil {
+					st.BadMessages++
+					continue
+				}
+				parsed = append(parsed, ms)
+			}
+			convs := conversations(parsed)
+			if len(convs) == 0 {
+				st.NoMessages++
+				continue
+			}
+			t := chosen[key]
+			for _, conv := range convs {
+				row := map[string]any{}
+				if cfg.Format == FormatMessages {
+					row["messages"] = values(conv)
+				} else {
+					p, c, ok := splitCompletion(conv)
+					if !ok {
+						st.NoCompletion++
+						continue
+					}
+					row["prompt"], row["completion"] = values(p), values(c)
+				}
+				if usesTools(conv) {
+					row["tools"] = toolSchemas(conv, declared)
+				}
+				if cfg.Dedupe {
+					data, _ := json.Marshal(row)
+					sum := sha256.Sum256(data)
+					if dedupe[sum] {
+						st.Duplicates++
+						continue
+					}
+					dedupe[sum] = true
+				}
+				if cfg.WithIDs {
+					row["task_id"], row["trajectory_id"], row["reward"] = t.task, t.tid, t.reward
+				}
+				if err := out.Write(row); err != nil {
+					return st, err
+				}
+				st.Rows++
+				if row["tools"] != nil {
+					st.RowsWithTools++
+				}
+			}
+		}
+		prog.add(e.Bytes)
+	}
+	return st, nil
+}
+
+// chosenSet maps trajectory keys to the chosen ones.
+type chosenSet map[string]*trajectory
+
+func (t *trajectory) isChosen() bool { return t != nil }
+
+// choose applies the filter mark, the reward floor and best-of-n.
+func choose(trajs []*trajectory, cfg SFTConfig, st *SFTStats) chosenSet {
+	byTask := map[string][]*trajectory{}
+	var tasks []string
+	for _, t := range trajs {
+		switch {
+		case t.filtered && !cfg.IncludeFiltered:
+			st.SkippedFiltered++
+			continue
+		case cfg.MinReward != nil && t.reward < *cfg.MinReward:
+			st.SkippedReward++
+			continue
+		}
+		if byTask[t.task] == nil {
+			tasks = append(tasks, t.task)
+		}
+		byTask[t.task] = append(byTask[t.task], t)
+	}
+	out := chosenSet{}
+	for _, task := range tasks {
+		ts := byTask[task]
+		if cfg.BestOfN > 0 && len(ts) > cfg.BestOfN {
+			sort.SliceStable(ts, func(a, b int) bool {
+				if ts[a].reward != ts[b].reward {
+					return ts[a].reward > ts[b].reward
+				}
+				return ts[a].tid < ts[b].tid
+			})
+			st.SkippedBestOfN += int64(len(ts) - cfg.BestOfN)
+			ts = ts[:cfg.BestOfN]
+		}
+		for _, t := range ts {
+			out[t.id] = t
+		}
+	}
+	st.Chosen = int64(len(out))
+	return out
+}
+
+// readColumns calls fn with record batches of the named columns of shard
+// e (in the order named).
+func readColumns(ctx context.Context, src train.Shards, e schemas.ShardEntry, mem memory.Allocator, cols []string, fn func(arrow.RecordBatch) error) error {
+	rd, err := src.ReadShard(ctx, e, cols, mem)
+	if err != nil {
+		return fmt.Errorf("export: shard %s: %w", e.Path, err)
+	}
+	defer rd.Close()
+	for {
+		rec, err := rd.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("export: shard %s: %w", e.Path, err)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		// Projected columns come in schema order; put them in the order asked.
+		sc := rec.Schema()
+		arrs := make([]arrow.Array, len(cols))
+		fields := make([]arrow.Field, len(cols))
+		for i, c := range cols {
+			idx := sc.FieldIndices(c)
+			if len(idx) == 0 {
+				return fmt.Errorf("export: shard %s has no column %s", e.Path, c)
+			}
+			arrs[i], fields[i] = rec.Column(idx[0]), sc.Field(idx[0])
+		}
+		view := array.NewRecordBatch(arrow.NewSchema(fields, nil), arrs, rec.NumRows())
+		err = fn(view)
+		view.Release()
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// progress reports bytes of shards read.
+type progress struct {
+	fn          func(done, total int64)
+	done, total int64
+}
+
+func newProgress(fn func(done, total int64), entries []schemas.ShardEntry) *progress {
+	p := &progress{fn: fn}
+	for _, e := range entries {
+		p.total += e.Bytes
+	}
+	p.report()
+	return p
+}
+
+func (p *progress) add(n int64) {
+	p.done += n
+	p.report()
+}
+
+func (p *progress) report() {
+	if p.fn != nil {
+		p.fn(p.done, p.total)
+	}
+}
