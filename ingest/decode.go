@@ -535,6 +535,13 @@ func (d *Decoder) tokenList(f field, start int) error {
 	if d.lx.peek() != '[' {
 		return d.reject(f, start, schemas.ReasonWrongType, "%s must be an array of token ids", fieldNames[f])
 	}
+	if fastLists {
+		if ints, ok := d.lx.fastInts(d.ints[:0]); ok {
+			d.ints = ints
+			d.setTokens(f)
+			return nil
+		}
+	}
 	d.ints = d.ints[:0]
 	err := d.list(func(i int) error {
 		c := d.lx.peek()
@@ -560,6 +567,12 @@ func (d *Decoder) tokenList(f field, start int) error {
 	if err != nil {
 		return d.finishList(f, start, err)
 	}
+	d.setTokens(f)
+	return nil
+}
+
+// setTokens stores a copy of d.ints as the step's field f.
+func (d *Decoder) setTokens(f field) {
 	ids := make([]int32, len(d.ints))
 	copy(ids, d.ints)
 	if f == fPromptIDs {
@@ -567,12 +580,18 @@ func (d *Decoder) tokenList(f field, start int) error {
 	} else {
 		d.step.ResponseIDs = ids
 	}
-	return nil
 }
 
 func (d *Decoder) floatList(f field, start int) error {
 	if d.lx.peek() != '[' {
 		return d.reject(f, start, schemas.ReasonWrongType, "%s must be an array of numbers", fieldNames[f])
+	}
+	if fastLists {
+		if floats, ok := d.lx.fastFloats(d.floats[:0]); ok {
+			d.floats = floats
+			d.setFloats(f)
+			return nil
+		}
 	}
 	d.floats = d.floats[:0]
 	err := d.list(func(i int) error {
@@ -598,6 +617,12 @@ func (d *Decoder) floatList(f field, start int) error {
 	if err != nil {
 		return d.finishList(f, start, err)
 	}
+	d.setFloats(f)
+	return nil
+}
+
+// setFloats stores a copy of d.floats as the step's field f.
+func (d *Decoder) setFloats(f field) {
 	vals := make([]float32, len(d.floats))
 	copy(vals, d.floats)
 	if f == fResponseLogprobs {
@@ -605,7 +630,6 @@ func (d *Decoder) floatList(f field, start int) error {
 	} else {
 		d.step.TeacherLogprobs, d.step.HasTeacher = vals, true
 	}
-	return nil
 }
 
 func (d *Decoder) versionList(f field, start int) error {

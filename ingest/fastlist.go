@@ -1,0 +1,230 @@
+package ingest
+
+import (
+	"math"
+	"strconv"
+	"unsafe"
+)
+
+// Fast paths for the two lists that make up most of every record: token
+// ids and logprobs. They accept the common spelling only (plain integers;
+// decimals with an optional exponent) and report false on anything else,
+// leaving the cursor where it was, so the general path re-reads the list
+// and produces exactly its results and errors. Tested against the general
+// path (TestFastListsAgree, FuzzFastLists).
+
+// fastLists switches the fast paths on; tests switch them off to compare.
+var fastLists = true
+
+// isWS reports JSON whitespace.
+func isWS(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
+
+// fastInts appends the token ids of the array at the cursor to dst. ok is
+// false (cursor unchanged) unless every element is a plain integer in
+// [0, MaxInt32] written without sign, fraction or exponent.
+func (l *lexer) fastInts(dst []int32) (out []int32, ok bool) {
+	b := l.buf
+	i := l.pos
+	if i >= len(b) || b[i] != '[' {
+		return dst, false
+	}
+	i++
+	for i < len(b) && isWS(b[i]) {
+		i++
+	}
+	if i < len(b) && b[i] == ']' {
+		l.pos = i + 1
+		return dst, true
+	}
+	for {
+		if i >= len(b) {
+			return dst, false
+		}
+		c := b[i]
+		var v uint64
+		switch {
+		case c == '0':
+			i++
+		case c >= '1' && c <= '9':
+			v = uint64(c - '0')
+			i++
+			for n := 1; i < len(b) && b[i] >= '0' && b[i] <= '9'; n++ {
+				if n >= 10 {
+					return dst, false // more than 10 digits: the general path decides
+				}
+				v = v*10 + uint64(b[i]-'0')
+				i++
+			}
+			if v > math.MaxInt32 {
+				return dst, false
+			}
+		default:
+			return dst, false
+		}
+		if i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E' || (b[i] >= '0' && b[i] <= '9')) {
+			return dst, false // 3.0, 1e3, 012: the general path's call
+		}
+		dst = append(dst, int32(v))
+		for i < len(b) && isWS(b[i]) {
+			i++
+		}
+		if i >= len(b) {
+			return dst, false
+		}
+		switch b[i] {
+		case ',':
+			i++
+			for i < len(b) && isWS(b[i]) {
+				i++
+			}
+		case ']':
+			l.pos = i + 1
+			return dst, true
+		default:
+			return dst, false
+		}
+	}
+}
+
+// pow10 holds the powers of ten that float64 represents exactly.
+var pow10 = [...]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
+	1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
+
+// fastFloats appends the float32 values of the array at the cursor to dst,
+// each parsed exactly as floatValue (correctly rounded to float64) and
+// then rounded to float32. ok is false (cursor unchanged) on NaN or
+// Infinity tokens, values that are not finite as float32, and anything
+// that is not plain JSON number syntax.
+func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
+	b := l.buf
+	i := l.pos
+	if i >= len(b) || b[i] != '[' {
+		return dst, false
+	}
+	i++
+	for i < len(b) && isWS(b[i]) {
+		i++
+	}
+	if i < len(b) && b[i] == ']' {
+		l.pos = i + 1
+		return dst, true
+	}
+	for {
+		start := i
+		neg := false
+		if i < len(b) && b[i] == '-' {
+			neg = true
+			i++
+		}
+		// Mantissa digits (up to 19 significant), the decimal exponent.
+		var m uint64
+		digits, exp := 0, 0
+		if i >= len(b) {
+			return dst, false
+		}
+		switch c := b[i]; {
+		case c == '0':
+			i++
+		case c >= '1' && c <= '9':
+			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+				if digits < 19 {
+					m = m*10 + uint64(b[i]-'0')
+					if m != 0 {
+						digits++
+					}
+				} else {
+					exp++
+				}
+				i++
+			}
+		default:
+			return dst, false
+		}
+		if i < len(b) && b[i] == '.' {
+			i++
+			d := i
+			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+				if digits < 19 {
+					m = m*10 + uint64(b[i]-'0')
+					exp--
+					if m != 0 {
+						digits++
+					}
+				}
+				i++
+			}
+			if i == d {
+				return dst, false
+			}
+		}
+		if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+			i++
+			eneg := false
+			if i < len(b) && (b[i] == '+' || b[i] == '-') {
+				eneg = b[i] == '-'
+				i++
+			}
+			d, e := i, 0
+			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+				if e < 10000 {
+					e = e*10 + int(b[i]-'0')
+				}
+				i++
+			}
+			if i == d {
+				return dst, false
+			}
+			if eneg {
+				e = -e
+			}
+			exp += e
+		}
+		var f float64
+		switch {
+		case m == 0:
+			f = 0
+		case digits < 19 && m < 1<<53 && exp >= -22 && exp <= 22:
+			// Exact operands, one correctly rounded operation (Clinger).
+			f = float64(m)
+			if exp < 0 {
+				f /= pow10[-exp]
+			} else {
+				f *= pow10[exp]
+			}
+		default:
+			tok := b[start:i]
+			var err error
+			f, err = strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
+			if err != nil {
+				return dst, false
+			}
+			neg = false // the sign is in the token
+		}
+		if neg {
+			f = -f
+		}
+		v32 := float32(f)
+		if math.IsInf(float64(v32), 0) {
+			return dst, false
+		}
+		dst = append(dst, v32)
+		for i < len(b) && isWS(b[i]) {
+			i++
+		}
+		if i >= len(b) {
+			return dst, false
+		}
+		switch b[i] {
+		case ',':
+			i++
+			for i < len(b) && isWS(b[i]) {
+				i++
+			}
+		case ']':
+			l.pos = i + 1
+			return dst, true
+		default:
+			return dst, false
+		}
+	}
+}

@@ -1,0 +1,112 @@
+package ingest
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// decodeBoth decodes line with and without the fast list paths.
+func decodeBoth(line string) (fast, slow Record, fastErr, slowErr error) {
+	var d Decoder
+	fast, fastErr = d.Decode([]byte(line))
+	fastLists = false
+	defer func() { fastLists = true }()
+	var d2 Decoder
+	slow, slowErr = d2.Decode([]byte(line))
+	return
+}
+
+// stepWith makes a step with as many response tokens as logprobs has
+// commas plus one, so that the values are compared, not a length error.
+func stepWith(prompt, logprobs string) string {
+	n := strings.Count(logprobs, ",") + 1
+	resp := strings.TrimSuffix(strings.Repeat("1,", n), ",")
+	return `{"type":"step","step_id":"s","task_id":"t","trajectory_id":"r","step_index":0,"policy_version":1,` +
+		`"prompt_ids":` + prompt + `,"response_ids":[` + resp + `],"response_logprobs":` + logprobs + `}`
+}
+
+func sameRecords(t *testing.T, line string) {
+	t.Helper()
+	fast, slow, fe, se := decodeBoth(line)
+	if fmt.Sprint(fe) != fmt.Sprint(se) {
+		t.Fatalf("%s\nfast error %v, general error %v", line, fe, se)
+	}
+	if fe != nil {
+		return
+	}
+	compared++
+	if !reflect.DeepEqual(fast.Step.PromptIDs, slow.Step.PromptIDs) {
+		t.Fatalf("%s\nprompt_ids %v vs %v", line, fast.Step.PromptIDs, slow.Step.PromptIDs)
+	}
+	fl, sl := fast.Step.ResponseLogprobs, slow.Step.ResponseLogprobs
+	if len(fl) != len(sl) {
+		t.Fatalf("%s\nlogprobs %v vs %v", line, fl, sl)
+	}
+	for i := range fl {
+		if math.Float32bits(fl[i]) != math.Float32bits(sl[i]) {
+			t.Fatalf("%s\nlogprob %d: %v (%x) vs %v (%x)", line, i, fl[i], math.Float32bits(fl[i]), sl[i], math.Float32bits(sl[i]))
+		}
+	}
+}
+
+// compared counts records whose values were compared.
+var compared int
+
+func TestFastListsAgree(t *testing.T) {
+	for _, c := range []struct{ prompt, logprobs string }{
+		{"[]", "[-0.5,-1]"},
+		{"[ 1 , 2 ,3 ]", "[ -0.0132 , -1.204,-0.0007 ]"},
+		{"[0,2147483647]", "[0,-0,1e-5,-1E+2,123456789012345678901234567890,1e-400,-4.9e-324]"},
+		{"[2147483648]", "[1e39]"},                         // out of range: general path's errors
+		{"[3.0,1e3,012]", "[NaN]"},                         // unusual spellings
+		{"[-1]", "[Infinity]"},                             // negative id
+		{"[1,]", "[1.]"},                                   // syntax
+		{"[99999999999]", "[0.1,0.2,0.30000000000000004]"}, // 11 digits
+		{"[1 2]", "[-.5]"},
+		{"[\"1\"]", "[true]"},
+	} {
+		sameRecords(t, stepWith(c.prompt, "[-0.25]"))
+		sameRecords(t, stepWith("[1]", c.logprobs))
+	}
+	rng := rand.New(rand.NewSource(1))
+	for n := 0; n < 3000; n++ {
+		var ids, lps []string
+		for k := 0; k < 1+rng.Intn(20); k++ {
+			ids = append(ids, fmt.Sprint(rng.Int63n(1<<31)))
+			var v float64
+			switch rng.Intn(4) {
+			case 0:
+				v = -rng.ExpFloat64()
+			case 1:
+				v = -rng.Float64() * math.Pow(10, float64(-rng.Intn(30)))
+			case 2:
+				v = float64(float32(-rng.ExpFloat64()))
+			default:
+				v = -float64(rng.Intn(1000)) / 1000
+			}
+			format := []byte{'g', 'e', 'f'}[rng.Intn(3)]
+			lps = append(lps, strconvFormat(v, format, rng.Intn(20)-1))
+		}
+		sameRecords(t, stepWith("["+strings.Join(ids, ",")+"]", "["+strings.Join(lps, ", ")+"]"))
+	}
+	if compared < 3000 {
+		t.Fatalf("only %d records decoded without error: the values were hardly compared", compared)
+	}
+}
+
+func strconvFormat(v float64, format byte, prec int) string {
+	return fmt.Sprintf("%."+fmt.Sprint(max(prec, 0))+string(format), v)
+}
+
+func FuzzFastLists(f *testing.F) {
+	f.Add("[1,2,3]", "[-0.5,-1e-3]")
+	f.Add("[0]", "[1e400]")
+	f.Add("[ 7 ]", "[-0.0000001234567890123456789]")
+	f.Fuzz(func(t *testing.T, prompt, logprobs string) {
+		sameRecords(t, stepWith(prompt, logprobs))
+	})
+}
