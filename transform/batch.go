@@ -100,6 +100,43 @@ func (bt *Batcher) Build(groups []*Group) ([]Batch, error) {
 	return out, nil
 }
 
+// reserve sizes the builders for groups once, so that appending never
+// grows (copies and clears) a buffer.
+func (bt *Batcher) reserve(groups []*Group, b *array.RecordBuilder) {
+	var rows, prompt, resp, teacher, versions, msgs, meta, stepIDs, trajIDs, taskIDs, groupIDs int
+	for _, g := range groups {
+		for _, t := range g.Trajectories {
+			for _, s := range t.Steps {
+				rows++
+				prompt += len(s.PromptIDs)
+				resp += len(s.ResponseIDs)
+				teacher += len(s.TeacherLogprobs)
+				versions += len(s.TokenVersions)
+				msgs += len(s.Messages)
+				meta += len(s.Metadata)
+				stepIDs += len(s.StepID)
+				trajIDs += len(s.TrajectoryID)
+				taskIDs += len(s.TaskID)
+				groupIDs += len(g.Key)
+			}
+		}
+	}
+	for i := 0; i < b.Schema().NumFields(); i++ {
+		b.Field(i).Reserve(rows)
+	}
+	b.Field(schemas.ColPromptIDs).(*array.ListBuilder).ValueBuilder().Reserve(prompt)
+	b.Field(schemas.ColResponseIDs).(*array.ListBuilder).ValueBuilder().Reserve(resp)
+	b.Field(schemas.ColResponseLogprobs).(*array.ListBuilder).ValueBuilder().Reserve(resp)
+	b.Field(schemas.ColTeacherLogprobs).(*array.ListBuilder).ValueBuilder().Reserve(teacher)
+	b.Field(schemas.ColTokenVersions).(*array.ListBuilder).ValueBuilder().Reserve(versions)
+	b.Field(schemas.ColMessages).(*array.StringBuilder).ReserveData(msgs)
+	b.Field(schemas.ColMetadata).(*array.StringBuilder).ReserveData(meta)
+	b.Field(schemas.ColStepID).(*array.StringBuilder).ReserveData(stepIDs)
+	b.Field(schemas.ColTrajectoryID).(*array.StringBuilder).ReserveData(trajIDs)
+	b.Field(schemas.ColTaskID).(*array.StringBuilder).ReserveData(taskIDs)
+	b.Field(schemas.ColGroupID).(*array.StringBuilder).ReserveData(groupIDs)
+}
+
 func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	b := bt.b
 	var (
@@ -162,6 +199,8 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 			}
 		}
 	)
+
+	bt.reserve(groups, b)
 
 	// Trajectory-level columns for the estimator.
 	bt.offs = append(bt.offs[:0], 0)
