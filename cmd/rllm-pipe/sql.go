@@ -2,12 +2,246 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
 
-// newSQLCmd is being written (issue 6): DuckDB views and reports.
+// sqlOpts are the flags of `rllm-pipe sql`.
+type sqlOpts struct {
+	from        string
+	report      string
+	k           []int
+	format      string
+	viewsSQL    bool
+	downloadDir string
+	conn        connFlags
+}
+
 func newSQLCmd(soft context.Context) *cobra.Command {
-	return &cobra.Command{Use: "sql", Short: "DuckDB over committed shards", Hidden: true, Args: cobra.ArbitraryArgs,
-		RunE: func(*cobra.Command, []string) error { return usageErrorf("sql: not built yet") }}
+	var o sqlOpts
+	cmd := &cobra.Command{
+		Use:   "sql --from URL [QUERY | --report NAME]",
+		Short: "Query committed shards with DuckDB: views steps, trajectories, groups, shards, dead_letters, and named reports",
+		Long: `sql opens an in-memory DuckDB over the committed data of an ingest output
+(a path, file:///path or s3://bucket/prefix) and runs QUERY (- reads it from
+stdin), or a named --report; with neither it lists the views, their columns
+and the reports. Only what the manifest commits is visible: the shards it
+lists (never a folder glob) and the committed lines of the dead letters.
+S3 shards are downloaded to a temporary folder first (removed on exit, or
+kept in --download-dir). Nothing is written to the output.
+
+Views: steps (every committed row), trajectories, groups, shards (the
+manifest), dead_letters. A trajectory passes when
+coalesce(is_correct, reward > 0).
+
+Reports: reward-by-version, pass-at-k (--k), staleness, token-lengths,
+advantage, dead-letters. --views-sql prints the view definitions (and the
+query or report, if given) for the DuckDB CLI.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return runSQL(soft, o, args, cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
+	f.StringVar(&o.report, "report", "", "run a named report: "+strings.Join(reportNames(), ", "))
+	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of --report pass-at-k")
+	f.StringVar(&o.format, "format", duckdb.FormatTable, "output: table (aligned, for terminals), csv or jsonl")
+	f.BoolVar(&o.viewsSQL, "views-sql", false, "print the CREATE VIEW statements (over absolute local paths) for the DuckDB CLI instead of running anything")
+	f.StringVar(&o.downloadDir, "download-dir", "", "keep the local copies of S3 shards and dead letters here (default: a temporary folder removed on exit)")
+	o.conn.register(f)
+	return cmd
+}
+
+func reportNames() []string {
+	var out []string
+	for _, r := range duckdb.Reports() {
+		out = append(out, r.Name)
+	}
+	return out
+}
+
+func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
+	if o.from == "" {
+		return usageErrorf("--from is required")
+	}
+	if !validFormat(o.format) {
+		return usageErrorf("--format %q: want %s", o.format, strings.Join(duckdb.Formats(), ", "))
+	}
+	query := strings.TrimSpace(strings.Join(args, " "))
+	if query == "-" {
+		data, err := io.ReadAll(stdin)
+		if err != nil {
+			return fmt.Errorf("read query from stdin: %w", err)
+		}
+		query = strings.TrimSpace(string(data))
+		if query == "" {
+			return usageErrorf("empty query on stdin")
+		}
+	}
+	if query != "" && o.report != "" {
+		return usageErrorf("give a QUERY or --report, not both")
+	}
+	if o.report != "" {
+		q, err := duckdb.Report(o.report, duckdb.ReportOptions{K: o.k})
+		if err != nil {
+			return usageErrorf("--report: %v", err)
+		}
+		query = q
+	}
+	isS3 := strings.HasPrefix(o.from, "s3://")
+	if o.viewsSQL && isS3 && o.downloadDir == "" {
+		return usageErrorf("--views-sql over S3 needs --download-dir: the views name local copies, which are removed on exit otherwise")
+	}
+
+	db, err := openSQL(ctx, o, isS3)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := db.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close: %w", cerr)
+		}
+	}()
+	for _, w := range db.Warnings() {
+		fmt.Fprintf(stderr, "rllm-pipe sql: warning: %s\n", w)
+	}
+
+	if o.viewsSQL {
+		out := db.ViewsSQL()
+		if query != "" {
+			what := "query"
+			if o.report != "" {
+				what = "report " + o.report
+			}
+			out += "\n-- " + what + "\n" + strings.TrimSuffix(query, ";") + ";\n"
+		}
+		_, err := io.WriteString(stdout, out)
+		return err
+	}
+	if query == "" {
+		return listViews(ctx, db, o.format, stdout)
+	}
+	rows, err := db.Query(ctx, query)
+	if err != nil {
+		return sqlError(err)
+	}
+	defer rows.Close()
+	if _, err := duckdb.WriteRows(stdout, rows, o.format); err != nil {
+		return sqlError(err)
+	}
+	return nil
+}
+
+func validFormat(f string) bool {
+	for _, x := range duckdb.Formats() {
+		if f == x {
+			return true
+		}
+	}
+	return false
+}
+
+// sqlError makes a query DuckDB refused a usage error (exit 2).
+func sqlError(err error) error {
+	if errors.Is(err, duckdb.ErrBadQuery) {
+		return &exitError{code: exitUsage, err: err}
+	}
+	return err
+}
+
+// openSQL opens the views over --from, read only.
+func openSQL(ctx context.Context, o sqlOpts, isS3 bool) (*duckdb.DB, error) {
+	opts := duckdb.Options{DownloadDir: o.downloadDir}
+	if isS3 {
+		cfg, err := s3.ParseURL(o.from)
+		if err != nil {
+			return nil, usageErrorf("--from: %v", err)
+		}
+		st, err := s3.Open(ctx, o.conn.s3(cfg), "sql-reader-"+newRunID())
+		if err != nil {
+			return nil, err
+		}
+		return duckdb.OpenS3(ctx, st, opts)
+	}
+	root, err := localPath("from", o.from)
+	if err != nil {
+		return nil, err
+	}
+	if root == "-" {
+		return nil, usageErrorf("--from: shards cannot come from stdin")
+	}
+	return duckdb.OpenLocal(ctx, root, opts)
+}
+
+// listViews prints the views with their columns, then the reports: a
+// readable listing for the table format, rows (kind, name, column, type,
+// doc) for csv and jsonl.
+func listViews(ctx context.Context, db *duckdb.DB, format string, w io.Writer) error {
+	type row struct{ kind, name, column, typ, doc string }
+	var rows []row
+	for _, v := range db.Views() {
+		cols, err := db.Columns(ctx, v.Name)
+		if err != nil {
+			return err
+		}
+		for _, c := range cols {
+			rows = append(rows, row{"view", v.Name, c.Name, c.Type, v.Doc})
+		}
+	}
+	for _, r := range duckdb.Reports() {
+		rows = append(rows, row{"report", r.Name, "", "", r.Doc})
+	}
+	if format != duckdb.FormatTable {
+		q := "SELECT * FROM (VALUES "
+		var args []any
+		for i, r := range rows {
+			if i > 0 {
+				q += ", "
+			}
+			q += "(?::VARCHAR, ?::VARCHAR, ?::VARCHAR, ?::VARCHAR, ?::VARCHAR)"
+			args = append(args, r.kind, r.name, nullIfEmpty(r.column), nullIfEmpty(r.typ), r.doc)
+		}
+		q += ") AS t(kind, name, \"column\", type, doc)"
+		res, err := db.Query(ctx, q, args...)
+		if err != nil {
+			return err
+		}
+		defer res.Close()
+		_, err = duckdb.WriteRows(w, res, format)
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Views (%d committed shards):\n", db.Shards())
+	last := ""
+	for _, r := range rows {
+		if r.kind != "view" {
+			continue
+		}
+		if r.name != last {
+			fmt.Fprintf(&b, "\n%s: %s\n", r.name, r.doc)
+			last = r.name
+		}
+		fmt.Fprintf(&b, "  %-22s %s\n", r.column, r.typ)
+	}
+	b.WriteString("\nReports (--report NAME):\n")
+	for _, r := range duckdb.Reports() {
+		fmt.Fprintf(&b, "  %-18s %s\n", r.Name, r.Doc)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func nullIfEmpty(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
 }

@@ -1,0 +1,52 @@
+// Package duckdb is the analysis edge of the pipeline: an in-memory DuckDB
+// (embedded through duckdb-go) over the committed output of ingest, a
+// local directory or an s3://bucket/prefix, with views for SQL and named
+// reports that answer the usual questions of an RL run (reward and pass
+// rate by policy version, pass@k per task, staleness, token lengths,
+// advantages, dead letters). It backs `rllm-pipe sql`.
+//
+// # Committed data only
+//
+// The views read exactly what the manifest commits, never a folder glob:
+// the shards listed by manifest entries (an orphan or half-published
+// Parquet file in a partition folder is invisible), and, of each
+// dead-letter file, the prefix whose length the latest manifest entry
+// naming it made durable (lines beyond belong to records that are not
+// settled yet; a restart writes them again). On S3 the committed shards
+// and dead-letter objects are downloaded to a local folder first (DuckDB's
+// httpfs extension is not available in the embedded build), removed by
+// Close unless Options.DownloadDir keeps them. Nothing is ever written
+// under the output root.
+//
+// # Views
+//
+//   - steps: every row of the committed shards (schemas.StepSchema, one
+//     row per step), plus shard, the manifest path of the row's shard.
+//   - trajectories: one row per (group_id, group_version, trajectory_id):
+//     task_id, role, reward, num_steps, steps (rows), prompt_tokens and
+//     response_tokens (sums of the list lengths over the steps),
+//     min_policy_version and max_policy_version, is_correct,
+//     termination_reason, partial, filter_reason, advantage (of the first
+//     step; ingest broadcasts one value per trajectory), estimator,
+//     group_size, expected_group_size, shard, and pass.
+//   - groups: one row per (group_id, group_version): task_id, role,
+//     trajectories, steps, reward_mean, reward_std (population, ddof 0),
+//     reward_min, reward_max, passes, partial, group_size,
+//     expected_group_size, shard.
+//   - shards: the manifest entries that list a shard, in manifest order:
+//     seq (the entry's place in the manifest: its line number, from 0, in a
+//     local _manifest/shards.jsonl, its log number on S3), path, rows,
+//     bytes, groups, policy_version, committed_at, run_id, writer,
+//     recovered, schema_version, file (the local file read).
+//   - dead_letters: the committed dead-letter lines: reason, error, stream
+//     and position (topic/partition and offset for Kafka input, file and
+//     line for files), the raw source fields, record (base64 when
+//     record_encoding says so), truncated, size, dlq_file.
+//
+// A trajectory passes when coalesce(is_correct, reward > 0): its
+// is_correct flag when the reward function set one, else a positive
+// reward.
+//
+// This package imports schemas and the local and s3 connectors; nothing
+// in the pipeline imports it.
+package duckdb

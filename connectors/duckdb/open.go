@@ -1,0 +1,534 @@
+package duckdb
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	duckdbdrv "github.com/duckdb/duckdb-go/v2"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// ErrBadQuery marks a query DuckDB could not parse or bind (a syntax
+// error, an unknown table or column): the caller's mistake, not a
+// failure of the data.
+var ErrBadQuery = errors.New("bad query")
+
+// Options tune Open.
+type Options struct {
+	// DownloadDir receives the files that must be local copies: the
+	// shards and dead letters of an S3 output, and the committed prefix
+	// of a local dead-letter file that has an uncommitted tail. They are
+	// kept, so ViewsSQL stays usable after Close. Empty: a temporary
+	// folder, removed by Close. It must not lie under a local output root.
+	DownloadDir string
+	// Parallel is how many S3 objects download at once. Default 4.
+	Parallel int
+}
+
+// DB is an in-memory DuckDB with the views over one output root's
+// committed data. Queries may run concurrently; Close once done.
+type DB struct {
+	db       *sql.DB
+	from     string
+	views    []View
+	shards   int
+	dlqFiles int
+	warnings []string
+	work     string // temporary folder removed by Close
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// OpenLocal opens the views over the committed data of a local output
+// root (an ingest --to folder). It reads the manifest and stats the
+// files it lists; it writes nothing under root.
+func OpenLocal(ctx context.Context, root string, o Options) (*DB, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: output root %q: %w", root, err)
+	}
+	if info, err := os.Stat(abs); err != nil {
+		return nil, fmt.Errorf("duckdb: output root: %w", err)
+	} else if !info.IsDir() {
+		return nil, fmt.Errorf("duckdb: output root %s is not a folder", abs)
+	}
+	if o.DownloadDir != "" {
+		dd, err := filepath.Abs(o.DownloadDir)
+		if err != nil {
+			return nil, fmt.Errorf("duckdb: download folder %q: %w", o.DownloadDir, err)
+		}
+		if rel, err := filepath.Rel(abs, dd); err == nil && !strings.HasPrefix(rel, "..") {
+			return nil, fmt.Errorf("duckdb: download folder %s lies under the output root %s (which is read only)", dd, abs)
+		}
+	}
+	d, err := newDB(abs, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.openLocal(ctx, abs, o); err != nil {
+		return nil, errors.Join(err, d.Close())
+	}
+	return d, nil
+}
+
+func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
+	entries, err := local.ReadManifest(root)
+	if err != nil {
+		return fmt.Errorf("duckdb: %w", err)
+	}
+	if len(entries) == 0 {
+		if _, err := os.Stat(filepath.Join(root, local.ManifestDir, local.ManifestFile)); errors.Is(err, fs.ErrNotExist) {
+			d.warnf("%s has no manifest (%s/%s): nothing is committed there", root, local.ManifestDir, local.ManifestFile)
+		}
+	}
+	l := &layout{base: root}
+	seen := map[string]bool{}
+	for i, e := range entries {
+		if e.Path == "" {
+			continue
+		}
+		if err := checkRel(e.Path); err != nil {
+			return fmt.Errorf("duckdb: manifest line %d: %w", i+1, err)
+		}
+		if seen[e.Path] {
+			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
+			continue
+		}
+		seen[e.Path] = true
+		file := filepath.Join(root, filepath.FromSlash(e.Path))
+		if _, err := os.Stat(file); err != nil {
+			return fmt.Errorf("duckdb: committed shard %s: %w", e.Path, err)
+		}
+		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), file: file})
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dir, err := d.downloadDir(o)
+	if err != nil {
+		return err
+	}
+	for _, c := range committedDeadLetters(entries) {
+		p := c.File
+		if !filepath.IsAbs(p) {
+			if err := checkRel(p); err != nil {
+				return fmt.Errorf("duckdb: dead-letter file %q: %w", c.File, err)
+			}
+			p = filepath.Join(root, filepath.FromSlash(c.File))
+		}
+		f, err := d.localDeadLetters(ctx, c, p, dir)
+		if err != nil {
+			return err
+		}
+		if f != nil {
+			l.dlq = append(l.dlq, *f)
+		}
+	}
+	return d.define(ctx, l)
+}
+
+// committedDeadLetters returns, per dead-letter file, the durable length
+// recorded by the latest manifest entry naming it, in order of first
+// mention.
+func committedDeadLetters(entries []schemas.ShardEntry) []schemas.DeadLetterState {
+	idx := map[string]int{}
+	var out []schemas.DeadLetterState
+	for _, e := range entries {
+		dl := e.DeadLetters
+		if dl == nil || dl.File == "" {
+			continue
+		}
+		if i, ok := idx[dl.File]; ok {
+			out[i].Bytes = dl.Bytes
+			continue
+		}
+		idx[dl.File] = len(out)
+		out = append(out, *dl)
+	}
+	return out
+}
+
+// localDeadLetters returns the committed lines of the dead-letter file at
+// p: the file itself when all of it is committed, else a copy of its
+// committed prefix under dir.
+func (d *DB) localDeadLetters(ctx context.Context, c schemas.DeadLetterState, p, dir string) (*dlqFile, error) {
+	if c.Bytes <= 0 {
+		return nil, nil
+	}
+	f, err := os.Open(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		d.warnf("committed dead-letter file %s is missing: its %d bytes are not shown", c.File, c.Bytes)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: dead letters: %w", err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: dead letters: %w", err)
+	}
+	n := c.Bytes
+	if info.Size() < n {
+		d.warnf("dead-letter file %s holds %d bytes, fewer than the %d committed: reading what is there", c.File, info.Size(), n)
+		n = info.Size()
+	}
+	longest, complete, err := scanLines(ctx, io.LimitReader(f, n))
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
+	}
+	if complete == 0 {
+		return nil, nil
+	}
+	if complete == info.Size() {
+		return &dlqFile{rel: c.File, file: p, longest: longest}, nil
+	}
+	// An uncommitted tail (a writer at work, or a crashed run no writer
+	// has reopened yet): copy the committed lines.
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
+	}
+	dst := filepath.Join(dir, "_dlq-prefix", strings.NewReplacer("/", "_", "\\", "_", ":", "_").Replace(c.File))
+	if err := writeFile(dst, io.LimitReader(f, complete)); err != nil {
+		return nil, fmt.Errorf("duckdb: copy committed dead letters of %s: %w", c.File, err)
+	}
+	return &dlqFile{rel: c.File, file: dst, longest: longest}, nil
+}
+
+// scanLines reads r and returns its longest line and the length of its
+// prefix made of complete lines (ending with '\n').
+func scanLines(ctx context.Context, r io.Reader) (longest int, complete int64, err error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	var cur int
+	var n int64
+	for i := 0; ; i++ {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return 0, 0, err
+			}
+		}
+		chunk, err := br.ReadSlice('\n')
+		cur += len(chunk)
+		n += int64(len(chunk))
+		if err == nil {
+			longest = max(longest, cur)
+			complete = n
+			cur = 0
+			continue
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			return longest, complete, nil
+		}
+		return 0, 0, err
+	}
+}
+
+func writeFile(dst string, r io.Reader) error {
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// checkRel rejects manifest paths that could leave the root.
+func checkRel(rel string) error {
+	if rel == "" || path.IsAbs(rel) || path.Clean(rel) != rel || rel == ".." || strings.HasPrefix(rel, "../") ||
+		strings.ContainsAny(rel, "\\\x00") {
+		return fmt.Errorf("path %q is not a clean relative path", rel)
+	}
+	return nil
+}
+
+// OpenS3 opens the views over the committed data of an S3 output: it
+// re-reads the manifest log of st, downloads every committed shard and
+// dead-letter object to the download folder (Options.DownloadDir, else a
+// temporary one that Close removes) and reads them there. It writes
+// nothing to the bucket.
+func OpenS3(ctx context.Context, st *s3.Store, o Options) (*DB, error) {
+	_, bucket := st.Client()
+	d, err := newDB("s3://"+bucket+"/"+strings.TrimSuffix(st.Key(""), "/"), o)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.openS3(ctx, st, o); err != nil {
+		return nil, errors.Join(err, d.Close())
+	}
+	return d, nil
+}
+
+func (d *DB) openS3(ctx context.Context, st *s3.Store, o Options) error {
+	if err := st.Refresh(ctx); err != nil {
+		return fmt.Errorf("duckdb: %w", err)
+	}
+	entries := st.Entries()
+	dir, err := d.downloadDir(o)
+	if err != nil {
+		return err
+	}
+	base := filepath.Join(dir, "shards")
+	l := &layout{base: base}
+	seen := map[string]bool{}
+	for _, e := range entries {
+		if e.Path == "" {
+			continue
+		}
+		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
+			return fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
+		}
+		if seen[e.Path] {
+			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
+			continue
+		}
+		seen[e.Path] = true
+		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+	}
+	dls := committedDeadLetters(entries)
+	l.dlq = make([]dlqFile, len(dls))
+	par := o.Parallel
+	if par <= 0 {
+		par = 4
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(par)
+	for _, s := range l.shards {
+		g.Go(func() error {
+			data, err := getObject(gctx, st, s.entry.Path)
+			if err != nil {
+				return err
+			}
+			if err := writeFile(s.file, bytes.NewReader(data)); err != nil {
+				return fmt.Errorf("duckdb: save shard %s: %w", s.entry.Path, err)
+			}
+			return nil
+		})
+	}
+	for i, c := range dls {
+		g.Go(func() error {
+			if err := checkRel(c.File); err != nil {
+				return fmt.Errorf("duckdb: dead-letter object: %w", err)
+			}
+			data, err := getObject(gctx, st, c.File)
+			if err != nil {
+				return err
+			}
+			if int64(len(data)) > c.Bytes {
+				data = data[:c.Bytes]
+			}
+			longest, complete, err := scanLines(gctx, bytes.NewReader(data))
+			if err != nil {
+				return err
+			}
+			if complete == 0 {
+				return nil
+			}
+			file := filepath.Join(dir, "dead-letters", filepath.FromSlash(c.File))
+			if err := writeFile(file, bytes.NewReader(data[:complete])); err != nil {
+				return fmt.Errorf("duckdb: save dead letters %s: %w", c.File, err)
+			}
+			l.dlq[i] = dlqFile{rel: c.File, file: file, longest: longest}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	kept := l.dlq[:0]
+	for _, f := range l.dlq {
+		if f.file != "" {
+			kept = append(kept, f)
+		}
+	}
+	l.dlq = kept
+	return d.define(ctx, l)
+}
+
+// getObject reads the object at rel under the store's prefix (the store
+// retries transient errors).
+func getObject(ctx context.Context, st *s3.Store, rel string) ([]byte, error) {
+	dir, name := path.Split(rel)
+	obj, err := st.Objects(strings.TrimSuffix(dir, "/"))
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: %w", err)
+	}
+	data, err := obj.Get(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: download %s: %w", rel, err)
+	}
+	return data, nil
+}
+
+func newDB(from string, o Options) (*DB, error) {
+	work, err := os.MkdirTemp("", "rllm-pipe-sql-*")
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: temporary folder: %w", err)
+	}
+	db, err := sql.Open("duckdb", "")
+	if err != nil {
+		os.RemoveAll(work)
+		return nil, fmt.Errorf("duckdb: open: %w", err)
+	}
+	d := &DB{db: db, from: from, work: work}
+	for _, set := range []string{
+		// Spill to our folder, not to the working directory (which may be
+		// the output root).
+		"SET temp_directory = " + sqlString(filepath.Join(work, "spill")),
+		// Every query over steps binds the view again, reading each
+		// shard's footer (union_by_name): keep them in memory.
+		"SET parquet_metadata_cache = true",
+	} {
+		if _, err := db.Exec(set); err != nil {
+			return nil, errors.Join(fmt.Errorf("duckdb: %s: %w", set, err), d.Close())
+		}
+	}
+	return d, nil
+}
+
+// downloadDir is where local copies go.
+func (d *DB) downloadDir(o Options) (string, error) {
+	if o.DownloadDir == "" {
+		return filepath.Join(d.work, "files"), nil
+	}
+	dir, err := filepath.Abs(o.DownloadDir)
+	if err != nil {
+		return "", fmt.Errorf("duckdb: download folder %q: %w", o.DownloadDir, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("duckdb: download folder: %w", err)
+	}
+	return dir, nil
+}
+
+// define creates the views.
+func (d *DB) define(ctx context.Context, l *layout) error {
+	for i := range l.dlq {
+		l.dlq[i].longest = min(l.dlq[i].longest, math.MaxUint32-1024)
+	}
+	views, err := l.views()
+	if err != nil {
+		return fmt.Errorf("duckdb: %w", err)
+	}
+	for _, v := range views {
+		if _, err := d.db.ExecContext(ctx, v.SQL); err != nil {
+			return fmt.Errorf("duckdb: create view %s: %w", v.Name, err)
+		}
+	}
+	d.views, d.shards, d.dlqFiles = views, len(l.shards), len(l.dlq)
+	return nil
+}
+
+func (d *DB) warnf(format string, args ...any) {
+	d.warnings = append(d.warnings, fmt.Sprintf(format, args...))
+}
+
+// Views returns the views, in creation order.
+func (d *DB) Views() []View { return append([]View(nil), d.views...) }
+
+// ViewsSQL returns the CREATE VIEW statements, to paste into the DuckDB
+// CLI. They name local files: with an S3 output, those live only as long
+// as the DB unless Options.DownloadDir keeps them.
+func (d *DB) ViewsSQL() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "-- rllm-pipe sql: views over the committed data of %s (%d shards, %d dead-letter files)\n", d.from, d.shards, d.dlqFiles)
+	for _, v := range d.views {
+		fmt.Fprintf(&b, "\n-- %s: %s\n%s", v.Name, v.Doc, v.SQL)
+	}
+	return b.String()
+}
+
+// Shards is the number of committed shards the views read.
+func (d *DB) Shards() int { return d.shards }
+
+// Warnings lists what Open noticed and worked around (a missing manifest,
+// a shorter dead-letter file than committed, ...).
+func (d *DB) Warnings() []string { return append([]string(nil), d.warnings...) }
+
+// SQL is the underlying database, for callers that need more than Query.
+func (d *DB) SQL() *sql.DB { return d.db }
+
+// Query runs q. A parse, binding or catalog error is wrapped as
+// ErrBadQuery. The caller closes the rows; cancelling ctx interrupts the
+// query.
+func (d *DB) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	rows, err := d.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, classify(err)
+	}
+	return rows, nil
+}
+
+// classify wraps DuckDB's errors about the query text as ErrBadQuery.
+func classify(err error) error {
+	var de *duckdbdrv.Error
+	if errors.As(err, &de) {
+		switch de.Type {
+		case duckdbdrv.ErrorTypeParser, duckdbdrv.ErrorTypeSyntax, duckdbdrv.ErrorTypeBinder, duckdbdrv.ErrorTypeCatalog,
+			duckdbdrv.ErrorTypeParameterNotResolved, duckdbdrv.ErrorTypeParameterNotAllowed:
+			return fmt.Errorf("%w: %w", ErrBadQuery, err)
+		}
+	}
+	return fmt.Errorf("query: %w", err)
+}
+
+// Close closes the database and removes the temporary folder. It is safe
+// to call twice.
+func (d *DB) Close() error {
+	d.closeOnce.Do(func() {
+		d.closeErr = errors.Join(d.db.Close(), os.RemoveAll(d.work))
+	})
+	return d.closeErr
+}
+
+// Column is a column of a view.
+type Column struct {
+	Name, Type string
+}
+
+// Columns returns the columns of the named view, in order.
+func (d *DB) Columns(ctx context.Context, view string) ([]Column, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT column_name, data_type FROM information_schema.columns
+WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position`, view)
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: columns of %s: %w", view, err)
+	}
+	defer rows.Close()
+	var out []Column
+	for rows.Next() {
+		var c Column
+		if err := rows.Scan(&c.Name, &c.Type); err != nil {
+			return nil, fmt.Errorf("duckdb: columns of %s: %w", view, err)
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("duckdb: columns of %s: %w", view, err)
+	}
+	return out, nil
+}

@@ -1,0 +1,181 @@
+package duckdb
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// ErrUnknownReport is returned by Report for a name not in Reports.
+var ErrUnknownReport = errors.New("unknown report")
+
+// ReportOptions parametrise the reports.
+type ReportOptions struct {
+	// K lists the k of pass@k (positive, in the order given, duplicates
+	// dropped). Default 1, 2, 4, 8.
+	K []int
+}
+
+// ReportInfo names a report and says what it answers.
+type ReportInfo struct {
+	Name, Doc string
+}
+
+// Report names.
+const (
+	ReportRewardByVersion = "reward-by-version"
+	ReportPassAtK         = "pass-at-k"
+	ReportStaleness       = "staleness"
+	ReportTokenLengths    = "token-lengths"
+	ReportAdvantage       = "advantage"
+	ReportDeadLetters     = "dead-letters"
+)
+
+// Reports lists the named reports in a stable order.
+func Reports() []ReportInfo {
+	return []ReportInfo{
+		{ReportRewardByVersion, "per group_version: groups, trajectories, mean reward (over trajectories), pass rate (passing trajectories / trajectories)"},
+		{ReportPassAtK, "per task: n trajectories, c passing, unbiased pass@k = 1 - C(n-c,k)/C(n,k) for each --k (null when k > n); last row the mean over tasks"},
+		{ReportStaleness, "groups by staleness: newest group_version committed at or before the group's shard (manifest order) minus the group's group_version"},
+		{ReportTokenLengths, "prompt and response tokens per step: steps, mean, quantiles p50/p90/p99 (quantile_cont: linear interpolation), min, max"},
+		{ReportAdvantage, "per estimator, over trajectories: count, mean, std (population), min, p01, p50, p99 (quantile_cont), max, fraction exactly zero"},
+		{ReportDeadLetters, "committed dead letters by reason code, with their share"},
+	}
+}
+
+// Report returns the query of the named report. Reports read the views
+// only, so they run in the DuckDB CLI over the statements of ViewsSQL too.
+func Report(name string, o ReportOptions) (string, error) {
+	switch name {
+	case ReportRewardByVersion:
+		return rewardByVersionSQL, nil
+	case ReportPassAtK:
+		ks, err := passKs(o.K)
+		if err != nil {
+			return "", err
+		}
+		return passAtKSQL(ks), nil
+	case ReportStaleness:
+		return stalenessSQL, nil
+	case ReportTokenLengths:
+		return tokenLengthsSQL, nil
+	case ReportAdvantage:
+		return advantageSQL, nil
+	case ReportDeadLetters:
+		return deadLettersReportSQL, nil
+	}
+	var names []string
+	for _, r := range Reports() {
+		names = append(names, r.Name)
+	}
+	sort.Strings(names)
+	return "", fmt.Errorf("%w %q (reports: %s)", ErrUnknownReport, name, strings.Join(names, ", "))
+}
+
+const rewardByVersionSQL = `SELECT group_version,
+  count(DISTINCT group_id) AS groups,
+  count(*) AS trajectories,
+  avg(reward) AS mean_reward,
+  avg(CASE WHEN pass THEN 1.0::DOUBLE ELSE 0.0::DOUBLE END) AS pass_rate
+FROM trajectories
+GROUP BY group_version
+ORDER BY group_version`
+
+func passKs(in []int) ([]int, error) {
+	if len(in) == 0 {
+		return []int{1, 2, 4, 8}, nil
+	}
+	seen := map[int]bool{}
+	var ks []int
+	for _, k := range in {
+		if k <= 0 {
+			return nil, fmt.Errorf("pass@k: k must be positive, not %d", k)
+		}
+		if !seen[k] {
+			seen[k] = true
+			ks = append(ks, k)
+		}
+	}
+	return ks, nil
+}
+
+// passAtKSQL is the unbiased estimator of Chen et al. (2021), in its
+// numerically stable product form:
+//
+//	pass@k = 1 - C(n-c, k)/C(n, k) = 1 - prod_{i=n-c+1..n} (1 - k/i)
+//
+// 1 when n - c < k (every k-subset holds a pass), 0 when c = 0, null
+// when k > n (no k-subset exists). The mean row averages over the tasks
+// where pass@k is defined.
+func passAtKSQL(ks []int) string {
+	var per, mean, cols []string
+	for _, k := range ks {
+		col := fmt.Sprintf(`"pass@%d"`, k)
+		kk := itoa(k)
+		per = append(per, fmt.Sprintf(`  CASE WHEN %[1]s > n THEN NULL::DOUBLE WHEN c = 0 THEN 0::DOUBLE WHEN n - c < %[1]s THEN 1::DOUBLE
+    ELSE 1::DOUBLE - list_product(list_transform(range(n - c + 1, n + 1), i -> 1::DOUBLE - %[1]s::DOUBLE / i)) END AS %[2]s`, kk, col))
+		mean = append(mean, fmt.Sprintf("avg(%[1]s) AS %[1]s", col))
+		cols = append(cols, col)
+	}
+	return `WITH per_task AS (
+  SELECT task_id, count(*) AS n, count(*) FILTER (WHERE pass) AS c
+  FROM trajectories
+  GROUP BY task_id
+), estimates AS (
+  SELECT task_id, n, c,
+` + strings.Join(per, ",\n") + `
+  FROM per_task
+)
+SELECT task_id, n, c, ` + strings.Join(cols, ", ") + `
+FROM (
+  SELECT 0 AS part, * FROM estimates
+  UNION ALL
+  SELECT 1, '(mean)', NULL::BIGINT, NULL::BIGINT, ` + strings.Join(mean, ", ") + ` FROM estimates
+)
+ORDER BY part, task_id`
+}
+
+// stalenessSQL: a shard's newest version is the running maximum of
+// group_version over the shards committed up to it (manifest order); a
+// group's staleness is that, at its shard, minus its own group_version:
+// how many versions behind the newest policy it was when it landed.
+const stalenessSQL = `WITH shard_version AS (
+  SELECT s.seq, s.path, max(g.group_version) AS version
+  FROM shards s LEFT JOIN groups g ON g.shard = s.path
+  GROUP BY s.seq, s.path
+), newest AS (
+  SELECT path, max(version) OVER (ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS newest
+  FROM shard_version
+), staleness AS (
+  SELECT n.newest - g.group_version AS staleness
+  FROM groups g JOIN newest n ON n.path = g.shard
+)
+SELECT staleness, count(*) AS groups, count(*) / sum(count(*)) OVER () AS share
+FROM staleness
+GROUP BY staleness
+ORDER BY staleness`
+
+const tokenLengthsSQL = `SELECT tokens, count(*) AS steps, avg(len) AS mean,
+  quantile_cont(len, 0.5) AS p50, quantile_cont(len, 0.9) AS p90, quantile_cont(len, 0.99) AS p99,
+  min(len) AS min, max(len) AS max
+FROM (
+  SELECT 'prompt' AS tokens, 0 AS o, len(prompt_ids) AS len FROM steps
+  UNION ALL
+  SELECT 'response', 1, len(response_ids) FROM steps
+)
+GROUP BY tokens, o
+ORDER BY o`
+
+const advantageSQL = `SELECT estimator, count(*) AS trajectories, avg(advantage) AS mean, stddev_pop(advantage) AS std,
+  min(advantage) AS min, quantile_cont(advantage, 0.01) AS p01, quantile_cont(advantage, 0.5) AS p50,
+  quantile_cont(advantage, 0.99) AS p99, max(advantage) AS max,
+  avg(CASE WHEN advantage = 0 THEN 1.0::DOUBLE ELSE 0.0::DOUBLE END) AS zero_fraction
+FROM trajectories
+GROUP BY estimator
+ORDER BY estimator`
+
+const deadLettersReportSQL = `SELECT reason, count(*) AS dead_letters, count(*) / sum(count(*)) OVER () AS share
+FROM dead_letters
+GROUP BY reason
+ORDER BY dead_letters DESC, reason`

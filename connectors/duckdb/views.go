@@ -1,0 +1,286 @@
+package duckdb
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/apache/arrow-go/v18/arrow"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// View is one view over the committed data.
+type View struct {
+	Name string
+	// Doc says in a line what a row is.
+	Doc string
+	// SQL is the CREATE OR REPLACE VIEW statement (over absolute local
+	// paths), ready to paste into the DuckDB CLI.
+	SQL string
+}
+
+// shardFile is a committed shard and the local file holding it.
+type shardFile struct {
+	entry schemas.ShardEntry
+	seq   int64  // place in the manifest
+	file  string // absolute local path
+}
+
+// dlqFile is the committed part of one dead-letter file.
+type dlqFile struct {
+	rel  string // as the manifest names it
+	file string // absolute local path of a file holding exactly the committed lines
+	// longest is the longest line, in bytes (DuckDB's JSON reader needs a
+	// bound on object size).
+	longest int
+}
+
+// layout is what the views read.
+type layout struct {
+	// base is the folder the shard files lie under, as base + "/" + path.
+	base   string
+	shards []shardFile
+	dlq    []dlqFile
+}
+
+// View names, in the order they are created (each reads the ones before).
+const (
+	ViewShards       = "shards"
+	ViewSteps        = "steps"
+	ViewTrajectories = "trajectories"
+	ViewGroups       = "groups"
+	ViewDeadLetters  = "dead_letters"
+)
+
+func (l *layout) views() ([]View, error) {
+	steps, err := l.stepsSQL()
+	if err != nil {
+		return nil, err
+	}
+	return []View{
+		{ViewShards, "one row per committed shard (manifest entries, in manifest order)", l.shardsSQL()},
+		{ViewSteps, "one row per committed step: every row of the committed shards, plus shard (its manifest path)", steps},
+		{ViewTrajectories, "one row per trajectory (group_id, group_version, trajectory_id); pass = coalesce(is_correct, reward > 0)", trajectoriesSQL},
+		{ViewGroups, "one row per group (group_id, group_version); reward_std is the population std", groupsSQL},
+		{ViewDeadLetters, "one row per committed dead letter", l.deadLettersSQL()},
+	}, nil
+}
+
+// sqlString quotes s as a SQL string literal.
+func sqlString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+func sqlNullString(s string) string {
+	if s == "" {
+		return "NULL"
+	}
+	return sqlString(s)
+}
+
+func (l *layout) shardsSQL() string {
+	var b strings.Builder
+	b.WriteString("CREATE OR REPLACE VIEW shards AS\n")
+	cols := "seq, path, \"rows\", bytes, \"groups\", policy_version, committed_at, run_id, writer, recovered, schema_version, file"
+	if len(l.shards) == 0 {
+		b.WriteString("SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS path, NULL::BIGINT AS \"rows\", NULL::BIGINT AS bytes, NULL::BIGINT AS \"groups\",\n")
+		b.WriteString("  NULL::BIGINT AS policy_version, NULL::TIMESTAMPTZ AS committed_at, NULL::VARCHAR AS run_id, NULL::VARCHAR AS writer,\n")
+		b.WriteString("  NULL::BOOLEAN AS recovered, NULL::VARCHAR AS schema_version, NULL::VARCHAR AS file\nWHERE false;\n")
+		return b.String()
+	}
+	b.WriteString("SELECT seq::BIGINT AS seq, path::VARCHAR AS path, \"rows\"::BIGINT AS \"rows\", bytes::BIGINT AS bytes, \"groups\"::BIGINT AS \"groups\",\n")
+	b.WriteString("  policy_version::BIGINT AS policy_version, committed_at::TIMESTAMPTZ AS committed_at, run_id::VARCHAR AS run_id,\n")
+	b.WriteString("  writer::VARCHAR AS writer, recovered::BOOLEAN AS recovered, schema_version::VARCHAR AS schema_version, file::VARCHAR AS file\n")
+	b.WriteString("FROM (VALUES\n")
+	for i, s := range l.shards {
+		e := s.entry
+		committed := "NULL"
+		if !e.CommittedAt.IsZero() {
+			committed = sqlString(e.CommittedAt.UTC().Format(time.RFC3339Nano))
+		}
+		fmt.Fprintf(&b, "  (%d, %s, %d, %d, %d, %d, %s, %s, %s, %t, %s, %s)", s.seq, sqlString(e.Path), e.Rows, e.Bytes, e.Groups,
+			e.PolicyVersion, committed, sqlNullString(e.RunID), sqlNullString(e.Writer), e.Recovered, sqlNullString(e.SchemaVersion), sqlString(s.file))
+		if i < len(l.shards)-1 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, ") AS t(%s);\n", cols)
+	return b.String()
+}
+
+// stepsSQL reads the listed files, never a glob. Hive partitioning is off
+// (the policy=<N> folder is not a column); union_by_name lets shards of
+// older schema versions, missing newer columns, be read with the others.
+func (l *layout) stepsSQL() (string, error) {
+	var b strings.Builder
+	b.WriteString("CREATE OR REPLACE VIEW steps AS\n")
+	if len(l.shards) == 0 {
+		b.WriteString("SELECT ")
+		for _, f := range schemas.StepSchema.Fields() {
+			t, err := duckType(f.Type)
+			if err != nil {
+				return "", fmt.Errorf("column %s: %w", f.Name, err)
+			}
+			fmt.Fprintf(&b, "NULL::%s AS %s, ", t, f.Name)
+		}
+		b.WriteString("NULL::VARCHAR AS shard\nWHERE false;\n")
+		return b.String(), nil
+	}
+	// DuckDB reports each row's file name as given: strip base + "/"
+	// (substr counts code points).
+	fmt.Fprintf(&b, "SELECT * EXCLUDE (filename), substr(filename, %d) AS shard\nFROM read_parquet([\n", utf8.RuneCountInString(l.base)+2)
+	for i, s := range l.shards {
+		b.WriteString("  " + sqlString(s.file))
+		if i < len(l.shards)-1 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("], hive_partitioning = false, union_by_name = true, filename = true);\n")
+	return b.String(), nil
+}
+
+// duckType is DuckDB's name of an Arrow type of StepSchema.
+func duckType(t arrow.DataType) (string, error) {
+	switch t := t.(type) {
+	case *arrow.StringType:
+		return "VARCHAR", nil
+	case *arrow.BooleanType:
+		return "BOOLEAN", nil
+	case *arrow.Int32Type:
+		return "INTEGER", nil
+	case *arrow.Int64Type:
+		return "BIGINT", nil
+	case *arrow.Float32Type:
+		return "FLOAT", nil
+	case *arrow.Float64Type:
+		return "DOUBLE", nil
+	case *arrow.TimestampType:
+		if t.TimeZone != "" {
+			return "TIMESTAMPTZ", nil
+		}
+		return "TIMESTAMP", nil
+	case *arrow.ListType:
+		e, err := duckType(t.Elem())
+		if err != nil {
+			return "", err
+		}
+		return e + "[]", nil
+	case *arrow.MapType:
+		k, err := duckType(t.KeyType())
+		if err != nil {
+			return "", err
+		}
+		v, err := duckType(t.ItemType())
+		if err != nil {
+			return "", err
+		}
+		return "MAP(" + k + ", " + v + ")", nil
+	}
+	return "", fmt.Errorf("no DuckDB type for %s", t)
+}
+
+// trajectoriesSQL folds the steps of a trajectory. Trajectory and group
+// values are repeated on every step row, so any_value (which skips nulls)
+// reads them; advantage is the first step's (ingest broadcasts one value
+// per trajectory; token-level advantages stay in steps).
+const trajectoriesSQL = `CREATE OR REPLACE VIEW trajectories AS
+SELECT group_id, group_version, trajectory_id,
+  any_value(task_id) AS task_id,
+  any_value(role) AS role,
+  any_value(reward) AS reward,
+  any_value(num_steps) AS num_steps,
+  count(*) AS steps,
+  sum(len(prompt_ids))::BIGINT AS prompt_tokens,
+  sum(len(response_ids))::BIGINT AS response_tokens,
+  min(policy_version) AS min_policy_version,
+  max(policy_version) AS max_policy_version,
+  any_value(is_correct) AS is_correct,
+  any_value(termination_reason) AS termination_reason,
+  bool_or(partial) AS partial,
+  any_value(filter_reason) AS filter_reason,
+  arg_min(advantage, step_index) AS advantage,
+  any_value(estimator) AS estimator,
+  any_value(group_size) AS group_size,
+  any_value(expected_group_size) AS expected_group_size,
+  any_value(shard) AS shard,
+  coalesce(any_value(is_correct), any_value(reward) > 0) AS pass
+FROM steps
+GROUP BY group_id, group_version, trajectory_id;
+`
+
+const groupsSQL = `CREATE OR REPLACE VIEW groups AS
+SELECT group_id, group_version,
+  any_value(task_id) AS task_id,
+  any_value(role) AS role,
+  count(*) AS trajectories,
+  sum(steps)::BIGINT AS steps,
+  avg(reward) AS reward_mean,
+  stddev_pop(reward) AS reward_std,
+  min(reward) AS reward_min,
+  max(reward) AS reward_max,
+  count(*) FILTER (WHERE pass) AS passes,
+  bool_or(partial) AS partial,
+  any_value(group_size) AS group_size,
+  any_value(expected_group_size) AS expected_group_size,
+  any_value(shard) AS shard
+FROM trajectories
+GROUP BY group_id, group_version;
+`
+
+// deadLetterColumns is the JSON form of schemas.DeadLetterLine.
+const deadLetterColumns = `{'reason': 'VARCHAR', 'error': 'VARCHAR', ` +
+	`'source': 'STRUCT("file" VARCHAR, "line" BIGINT, "topic" VARCHAR, "partition" INTEGER, "offset" BIGINT)', ` +
+	`'record': 'VARCHAR', 'record_encoding': 'VARCHAR', 'truncated': 'BOOLEAN', 'size': 'BIGINT'}`
+
+// deadLettersSQL reads the committed dead-letter lines. The source
+// position fields are omitted from the JSON when zero, so a Kafka record
+// at partition 0 or offset 0 reads them back as 0.
+func (l *layout) deadLettersSQL() string {
+	var b strings.Builder
+	b.WriteString("CREATE OR REPLACE VIEW dead_letters AS\n")
+	if len(l.dlq) == 0 {
+		b.WriteString("SELECT NULL::VARCHAR AS reason, NULL::VARCHAR AS error, NULL::VARCHAR AS stream, NULL::BIGINT AS position,\n")
+		b.WriteString("  NULL::VARCHAR AS source_file, NULL::BIGINT AS source_line, NULL::VARCHAR AS source_topic,\n")
+		b.WriteString("  NULL::INTEGER AS source_partition, NULL::BIGINT AS source_offset, NULL::VARCHAR AS record,\n")
+		b.WriteString("  NULL::VARCHAR AS record_encoding, NULL::BOOLEAN AS truncated, NULL::BIGINT AS size, NULL::VARCHAR AS dlq_file\nWHERE false;\n")
+		return b.String()
+	}
+	longest := 16 << 20 // DuckDB's default
+	for _, d := range l.dlq {
+		longest = max(longest, d.longest+1024)
+	}
+	b.WriteString(`SELECT reason, error,
+  CASE WHEN source.topic IS NOT NULL THEN source.topic || '/' || coalesce(source."partition", 0) ELSE source.file END AS stream,
+  CASE WHEN source.topic IS NOT NULL THEN coalesce(source."offset", 0) ELSE source.line END AS position,
+  source.file AS source_file, source.line AS source_line, source.topic AS source_topic,
+  CASE WHEN source.topic IS NOT NULL THEN coalesce(source."partition", 0) END AS source_partition,
+  CASE WHEN source.topic IS NOT NULL THEN coalesce(source."offset", 0) END AS source_offset,
+  record, record_encoding, coalesce(truncated, false) AS truncated, size, f.dlq_file
+FROM read_json([
+`)
+	for i, d := range l.dlq {
+		b.WriteString("  " + sqlString(d.file))
+		if i < len(l.dlq)-1 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "], format = 'newline_delimited', filename = true, maximum_object_size = %d,\n  columns = %s) AS d\n",
+		longest, deadLetterColumns)
+	b.WriteString("JOIN (VALUES\n")
+	for i, d := range l.dlq {
+		fmt.Fprintf(&b, "  (%s, %s)", sqlString(d.file), sqlString(d.rel))
+		if i < len(l.dlq)-1 {
+			b.WriteString(",")
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString(") AS f(filename, dlq_file) ON f.filename = d.filename;\n")
+	return b.String()
+}
+
+// itoa is strconv.Itoa for report SQL.
+func itoa(n int) string { return strconv.Itoa(n) }
