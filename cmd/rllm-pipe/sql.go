@@ -165,7 +165,7 @@ func openSQL(ctx context.Context, o sqlOpts, isS3 bool) (*duckdb.DB, error) {
 		if err != nil {
 			return nil, usageErrorf("--from: %v", err)
 		}
-		st, err := s3.Open(ctx, o.conn.s3(cfg), "sql-reader-"+newRunID())
+		st, err := s3.OpenReader(ctx, o.conn.s3(cfg), "sql-reader-"+newRunID())
 		if err != nil {
 			return nil, err
 		}

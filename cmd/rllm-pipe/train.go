@@ -113,7 +113,7 @@ func openShardStore(ctx context.Context, from string, conn connFlags) (shardStor
 		if err != nil {
 			return nil, usageErrorf("--from: %v", err)
 		}
-		st, err := s3.Open(ctx, conn.s3(cfg), "reader-"+newRunID())
+		st, err := s3.OpenReader(ctx, conn.s3(cfg), "reader-"+newRunID())
 		if err != nil {
 			return nil, err
 		}

@@ -229,7 +229,8 @@ func readManifest(p string) ([]schemas.ShardEntry, int64, error) {
 	return out, valid, nil
 }
 
-// ReadManifest returns the committed shards listed under root.
+// ReadManifest returns the manifest entries under root: committed shards
+// and checkpoints (entries without a Path, which settle dead letters).
 func ReadManifest(root string) ([]schemas.ShardEntry, error) {
 	e, _, err := readManifest(filepath.Join(root, ManifestDir, ManifestFile))
 	return e, err

@@ -143,10 +143,21 @@ type Store struct {
 	dlqSeq  atomic.Int64         // numbers this writer's dead-letter objects
 }
 
-// Open connects, creates the bucket if needed, reads the manifest log and
-// removes orphans left by writers that hold no claim any more. writer names
-// this run in entries and object keys; it must be unique per run.
+// Open connects, creates the bucket if needed, and reads the manifest log
+// (orphans are removed by RemoveOrphans, not here). writer names this run
+// in entries and object keys; it must be unique per run.
 func Open(ctx context.Context, cfg Config, writer string) (*Store, error) {
+	return openStore(ctx, cfg, writer, true)
+}
+
+// OpenReader connects to an existing bucket and reads the manifest log,
+// for readers of committed shards: a missing bucket is an error (a typo
+// must not create an empty bucket that reads as no data).
+func OpenReader(ctx context.Context, cfg Config, name string) (*Store, error) {
+	return openStore(ctx, cfg, name, false)
+}
+
+func openStore(ctx context.Context, cfg Config, writer string, create bool) (*Store, error) {
 	ep, err := url.Parse(cfg.Endpoint)
 	if err != nil || ep.Host == "" {
 		return nil, fmt.Errorf("s3: endpoint %q is not a URL", cfg.Endpoint)
@@ -167,6 +178,9 @@ func Open(ctx context.Context, cfg Config, writer string) (*Store, error) {
 	var ok bool
 	if err := retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
+	}
+	if !ok && !create {
+		return nil, fmt.Errorf("s3: bucket %s does not exist at %s", cfg.Bucket, cfg.Endpoint)
 	}
 	if !ok {
 		if err := cli.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{Region: cfg.Region}); err != nil {
