@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -26,11 +27,14 @@ type Raw struct {
 }
 
 // Chunk is a run of consecutive raw records. Its Data slices are owned by
-// the chunk and stay valid until the chunk is dropped.
+// the chunk and stay valid until the chunk is dropped or released.
 type Chunk struct {
 	Records []Raw
 	// Blank counts whitespace-only lines skipped while reading the chunk.
 	Blank int64
+	// Release, if set, hands the chunk's memory back to its source for
+	// reuse; the caller calls it once no Data slice is used any more.
+	Release func()
 }
 
 // Source yields raw records in order. Read blocks until at least one record
@@ -61,6 +65,8 @@ type LineSource struct {
 	maxRecord int
 	chunkSize int
 	done      bool
+	pending   *pendingLine
+	pool      sync.Pool // released chunk buffers
 }
 
 // OpenFile opens path ("-" for stdin) as a LineSource. maxRecord <= 0 means
@@ -114,43 +120,37 @@ func NewLineSource(name string, r io.Reader, closer io.Closer, maxRecord int) *L
 // Read returns about a megabyte of lines at a time.
 func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 	var c Chunk
-	if s.done {
+	if s.done && s.pending == nil {
 		return c, io.EOF
 	}
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	// One allocation holds the chunk's lines; records point into it.
-	buf := make([]byte, 0, s.chunkSize+4096)
-	for len(buf) < s.chunkSize {
+	// One allocation holds the chunk's lines; records point into it. A line
+	// that would not fit waits for the next chunk (growing the buffer would
+	// copy the whole chunk).
+	buf := s.buffer()
+	c.Release = func() { s.pool.Put(&buf) }
+	if p := s.pending; p != nil {
+		s.pending = nil
+		buf = s.add(&c, buf, p.data, p.truncated, p.size)
+	}
+	for !s.done && len(buf) < s.chunkSize {
 		data, truncated, size, err := s.readLine()
 		if s.line == 0 {
 			data = bytes.TrimPrefix(data, utf8BOM) // a byte-order mark is not part of the record
 		}
-		if len(data) > 0 || truncated {
-			s.line++
-			if isBlank(data) && !truncated {
-				c.Blank++
-			} else {
-				start := len(buf)
-				buf = append(buf, data...)
-				c.Records = append(c.Records, Raw{
-					Data:      buf[start:len(buf):len(buf)],
-					Source:    schemas.Source{Stream: s.stream, File: s.name, Line: s.line},
-					Truncated: truncated,
-					Size:      size,
-				})
-			}
-		} else if err == nil {
-			s.line++ // an empty line
-			c.Blank++
-		}
 		if err == io.EOF {
 			s.done = true
+		} else if err != nil {
+			return c, fmt.Errorf("read %s line %d: %w", s.name, s.line+1, err)
+		}
+		if len(buf) > 0 && len(buf)+len(data) > cap(buf) {
+			s.pending = &pendingLine{data: append([]byte(nil), data...), truncated: truncated, size: size}
 			break
 		}
-		if err != nil {
-			return c, fmt.Errorf("read %s line %d: %w", s.name, s.line+1, err)
+		if len(data) > 0 || truncated || err == nil {
+			buf = s.add(&c, buf, data, truncated, size)
 		}
 		// On a quiet stream (stdin, a pipe) hand over what has arrived
 		// rather than wait for a full chunk.
@@ -158,15 +158,46 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 			break
 		}
 	}
-	if len(c.Records) == 0 && c.Blank == 0 && s.done {
-		return c, io.EOF
+	if len(c.Records) == 0 && c.Blank == 0 && s.done && s.pending == nil {
+		return Chunk{}, io.EOF
 	}
 	return c, nil
 }
 
-// readLine reads one line without its newline. Lines longer than the limit
-// are consumed to their end; only their first keepTooLarge bytes are
-// returned, with truncated set and size the full length.
+// buffer returns an empty chunk buffer, reused when one was released.
+func (s *LineSource) buffer() []byte {
+	if b, ok := s.pool.Get().(*[]byte); ok {
+		return (*b)[:0]
+	}
+	return make([]byte, 0, s.chunkSize+64<<10)
+}
+
+// pendingLine is a line read but left for the next chunk.
+type pendingLine struct {
+	data      []byte
+	truncated bool
+	size      int64
+}
+
+// add numbers the next line and appends it to the chunk (blank lines are
+// only counted).
+func (s *LineSource) add(c *Chunk, buf, data []byte, truncated bool, size int64) []byte {
+	s.line++
+	if isBlank(data) && !truncated {
+		c.Blank++
+		return buf
+	}
+	start := len(buf)
+	buf = append(buf, data...)
+	c.Records = append(c.Records, Raw{
+		Data:      buf[start:len(buf):len(buf)],
+		Source:    schemas.Source{Stream: s.stream, File: s.name, Line: s.line},
+		Truncated: truncated,
+		Size:      size,
+	})
+	return buf
+}
+
 func (s *LineSource) readLine() (data []byte, truncated bool, size int64, err error) {
 	var long []byte
 	for {

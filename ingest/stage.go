@@ -112,7 +112,11 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 		g.Go(func() error {
 			var d Decoder
 			for j := range jobs {
-				j.done <- decodeChunk(&d, j.chunk)
+				b := decodeChunk(&d, j.chunk)
+				if j.chunk.Release != nil {
+					j.chunk.Release() // decodeChunk copied what it keeps
+				}
+				j.done <- b
 			}
 			return nil
 		})
