@@ -1,7 +1,9 @@
 package ingest
 
 import (
+	"encoding/binary"
 	"math"
+	"math/bits"
 	"strconv"
 	"unsafe"
 )
@@ -36,54 +38,84 @@ func (l *lexer) fastInts(dst []int32) (out []int32, ok bool) {
 		l.pos = i + 1
 		return dst, true
 	}
-	for {
-		if i >= len(b) {
-			return dst, false
-		}
-		c := b[i]
+	for i < len(b) {
 		var v uint64
-		switch {
-		case c == '0':
-			i++
-		case c >= '1' && c <= '9':
-			v = uint64(c - '0')
-			i++
-			for n := 1; i < len(b) && b[i] >= '0' && b[i] <= '9'; n++ {
-				if n >= 10 {
-					return dst, false // more than 10 digits: the general path decides
+		if i+8 <= len(b) {
+			// Up to seven digits at once (SWAR): the digit run's length from
+			// a mask of the bytes that are not digits, then the digits
+			// combined pairwise.
+			d := binary.LittleEndian.Uint64(b[i:]) - 0x3030303030303030
+			notDigit := (d | (d + 0x7676767676767676)) & 0x8080808080808080
+			n := bits.TrailingZeros64(notDigit) >> 3
+			if n == 0 {
+				return dst, false // a sign, a string, ...: the general path decides
+			}
+			if n < 8 {
+				if n > 1 && b[i] == '0' {
+					return dst, false // 012
 				}
-				v = v*10 + uint64(b[i]-'0')
+				v = d << (64 - 8*uint(n))
+				v = (v*10 + v>>8) & 0x00FF00FF00FF00FF
+				v = (v*100 + v>>16) & 0x0000FFFF0000FFFF
+				v = (v*10000 + v>>32) & 0xFFFFFFFF
+				i += n
+				goto end
+			}
+		}
+		{
+			d := b[i] - '0'
+			if d > 9 {
+				return dst, false
+			}
+			i++
+			v = uint64(d)
+			if d == 0 {
+				goto end
+			}
+			for n := 1; i < len(b); n++ {
+				d := b[i] - '0'
+				if d > 9 {
+					break
+				}
+				if n == 10 {
+					return dst, false // more than 10 digits
+				}
+				v = v*10 + uint64(d)
 				i++
 			}
 			if v > math.MaxInt32 {
 				return dst, false
 			}
-		default:
-			return dst, false
 		}
-		if i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E' || (b[i] >= '0' && b[i] <= '9')) {
-			return dst, false // 3.0, 1e3, 012: the general path's call
-		}
-		dst = append(dst, int32(v))
-		for i < len(b) && isWS(b[i]) {
-			i++
-		}
+	end:
 		if i >= len(b) {
 			return dst, false
 		}
-		switch b[i] {
+		c := b[i]
+		if isWS(c) {
+			for i < len(b) && isWS(b[i]) {
+				i++
+			}
+			if i >= len(b) {
+				return dst, false
+			}
+			c = b[i]
+		}
+		switch c {
 		case ',':
+			dst = append(dst, int32(v))
 			i++
 			for i < len(b) && isWS(b[i]) {
 				i++
 			}
 		case ']':
 			l.pos = i + 1
-			return dst, true
+			return append(dst, int32(v)), true
 		default:
-			return dst, false
+			return dst, false // 3.0, 1e3, 012: the general path's call
 		}
 	}
+	return dst, false
 }
 
 // pow10 holds the powers of ten that float64 represents exactly.

@@ -110,3 +110,32 @@ func FuzzFastLists(f *testing.F) {
 		sameRecords(t, stepWith(prompt, logprobs))
 	})
 }
+
+// skipStr must end where str ends, with the same error and repair count.
+func sameSkip(t *testing.T, in string) {
+	t.Helper()
+	var a, b lexer
+	a.reset([]byte(in))
+	b.reset([]byte(in))
+	_, errA := a.str()
+	errB := b.skipStr()
+	if (errA == nil) != (errB == nil) || (errA == nil && (a.pos != b.pos || a.repaired != b.repaired)) {
+		t.Fatalf("%q: str (%v, pos %d, repaired %d), skipStr (%v, pos %d, repaired %d)", in, errA, a.pos, a.repaired, errB, b.pos, b.repaired)
+	}
+}
+
+func TestSkipStrAgrees(t *testing.T) {
+	for _, in := range []string{
+		`""`, `"plain ascii text longer than eight bytes"`, `"tab\tand\nnewline escapes \" \\ \/ \u00e9"`,
+		`"pair \ud83d\ude00 and lone \ud83d and \ude00 end"`, "\"raw \xff\xfe bytes and \xc3\xa9\"", "\"control \x01\"",
+		`"unterminated`, `"bad \x escape"`, `"\u12"`, "\"" + strings.Repeat("é", 20) + "\"",
+	} {
+		sameSkip(t, in)
+	}
+}
+
+func FuzzSkipStr(f *testing.F) {
+	f.Add(`"a\nb\u00e9\ud800"`)
+	f.Add("\"\xff long enough to take the eight-byte path \\\"\"")
+	f.Fuzz(func(t *testing.T, s string) { sameSkip(t, `"`+s) })
+}

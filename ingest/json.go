@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"encoding/binary"
 	"errors"
 	"math"
 	"strconv"
@@ -91,7 +92,10 @@ func (l *lexer) str() ([]byte, error) {
 	}
 	l.pos++
 	start := l.pos
-	// Fast path: no escapes, all ASCII.
+	// Fast path: no escapes, all ASCII; eight bytes at a time first.
+	for l.pos+8 <= len(l.buf) && !special8(binary.LittleEndian.Uint64(l.buf[l.pos:])) {
+		l.pos += 8
+	}
 	for l.pos < len(l.buf) {
 		c := l.buf[l.pos]
 		if c == '"' {
@@ -132,6 +136,45 @@ func (l *lexer) str() ([]byte, error) {
 		}
 	}
 	return nil, errSyntax
+}
+
+// skipStr consumes the JSON string at the cursor exactly as str does
+// (the same errors, the same repair count) without building its text.
+func (l *lexer) skipStr() error {
+	if l.peek() != '"' {
+		return errSyntax
+	}
+	l.pos++
+	b := l.buf
+	for {
+		for l.pos+8 <= len(b) && !special8(binary.LittleEndian.Uint64(b[l.pos:])) {
+			l.pos += 8
+		}
+		if l.pos >= len(b) {
+			return errSyntax
+		}
+		switch c := b[l.pos]; {
+		case c == '"':
+			l.pos++
+			return nil
+		case c < 0x20:
+			return errSyntax
+		case c == '\\':
+			l.scratch = l.scratch[:0]
+			if err := l.escape(); err != nil {
+				return err
+			}
+		case c < 0x80:
+			l.pos++
+		default:
+			r, n := utf8.DecodeRune(b[l.pos:])
+			if r == utf8.RuneError && n <= 1 {
+				l.repaired++
+				n = 1
+			}
+			l.pos += n
+		}
+	}
 }
 
 func (l *lexer) escape() error {
@@ -182,6 +225,22 @@ func (l *lexer) escape() error {
 		return errSyntax
 	}
 	return nil
+}
+
+// special8 reports whether any of the eight bytes in w (little endian)
+// may end the ASCII fast path of str: a quote, a backslash, a control
+// character or a non-ASCII byte. False positives are allowed (the byte
+// loop decides), false negatives are not.
+func special8(w uint64) bool {
+	const (
+		ones  = 0x0101010101010101
+		highs = 0x8080808080808080
+	)
+	zero := func(x uint64) uint64 { return (x - ones) & ^x & highs }
+	quote := zero(w ^ (ones * '"'))
+	backslash := zero(w ^ (ones * '\\'))
+	control := (w - ones*0x20) & ^w & highs // a byte below 0x20 (exact for ASCII bytes)
+	return (quote|backslash|control)|(w&highs) != 0
 }
 
 func utf16IsSurrogate(r rune) bool { return r >= 0xd800 && r < 0xe000 }
@@ -403,7 +462,7 @@ func (l *lexer) skip(depth int) error {
 			return nil
 		}
 		for {
-			if _, err := l.str(); err != nil {
+			if err := l.skipStr(); err != nil {
 				return err
 			}
 			if err := l.expect(':'); err != nil {
@@ -443,8 +502,7 @@ func (l *lexer) skip(depth int) error {
 			}
 		}
 	case '"':
-		_, err := l.str()
-		return err
+		return l.skipStr()
 	case 't':
 		return l.literal("true")
 	case 'f':

@@ -48,7 +48,7 @@ type ingestOpts struct {
 	noStd                    bool
 	klCoef, klClip, klDisc   float64
 	filter                   string
-	decoders                 int
+	decoders, encoders       int
 	maxRecord                string
 	zstdLevel                int
 	quiet                    bool
@@ -134,6 +134,7 @@ input skips groups already committed.`,
 	f.Float64Var(&o.klDisc, "kl-discount", 0, "discount of the future sum D_t = sum_k gamma^(k-t) d_k within a step (0: D_t = d_t)")
 	f.StringVar(&o.filter, "filter", "", "mark (never drop) rows: zero-variance, truncated, termination=ERROR|TIMEOUT, comma-separated")
 	f.IntVar(&o.decoders, "decoders", runtime.NumCPU(), "decoder goroutines")
+	f.IntVar(&o.encoders, "encoders", runtime.NumCPU(), "shards of one partition encoded at once (each on its own goroutine)")
 	f.StringVar(&o.maxRecord, "max-record-bytes", "64MiB", "records larger than this are dead-lettered as too_large")
 	f.IntVar(&o.zstdLevel, "zstd-level", 1, "zstd compression level of shards")
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
@@ -511,6 +512,7 @@ func runPipeline(ctx, soft context.Context, p *plan, src ingest.Source, out *out
 		Seq:           &p.shardSeq,
 		OnCommit:      p.m.commit,
 		Parquet:       parquet.Options{ZstdLevel: p.o.zstdLevel, Allocator: mem},
+		Lanes:         max(p.o.encoders, 1),
 	})
 	settled := out.settled()
 

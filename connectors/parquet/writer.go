@@ -39,6 +39,7 @@ type Writer struct {
 	cw     *countingWriter
 	rgMax  int64
 	closed bool
+	direct bool // the last record was written as its own row group
 }
 
 type countingWriter struct {
@@ -90,13 +91,23 @@ func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]
 	return &Writer{fw: fw, cw: cw, rgMax: opts.RowGroupBytes}, nil
 }
 
-// Write appends rec to the current row group, starting a new one when the
-// current one has reached the row-group size. rec stays owned by the caller.
+// Write adds rec to the file. rec stays owned by the caller. A record of
+// at least half a row group is written as a row group of its own, column
+// by column straight to the output (nothing is buffered); smaller ones are
+// gathered in a buffered row group, cut once it reaches the row-group size.
 func (w *Writer) Write(rec arrow.RecordBatch) error {
-	if w.fw.RowGroupTotalCompressedBytes()+w.fw.RowGroupTotalBytesWritten() >= w.rgMax {
+	if RecordBytes(rec) >= w.rgMax/2 {
+		if err := w.fw.Write(rec); err != nil {
+			return fmt.Errorf("parquet: write: %w", err)
+		}
+		w.direct = true
+		return nil
+	}
+	if w.direct || w.fw.RowGroupTotalCompressedBytes()+w.fw.RowGroupTotalBytesWritten() >= w.rgMax {
 		if err := w.fw.NewBufferedRowGroupChecked(); err != nil {
 			return fmt.Errorf("parquet: new row group: %w", err)
 		}
+		w.direct = false
 	}
 	if err := w.fw.WriteBuffered(rec); err != nil {
 		return fmt.Errorf("parquet: write: %w", err)
@@ -133,3 +144,24 @@ func (w *Writer) Close() error {
 
 // Written is the number of bytes written to the underlying writer.
 func (w *Writer) Written() int64 { return w.cw.n }
+
+// RecordBytes is the size of rec's buffers (shared buffers of slices count
+// whole: an upper bound).
+func RecordBytes(rec arrow.RecordBatch) int64 {
+	var n int64
+	var walk func(d arrow.ArrayData)
+	walk = func(d arrow.ArrayData) {
+		for _, b := range d.Buffers() {
+			if b != nil {
+				n += int64(b.Len())
+			}
+		}
+		for _, c := range d.Children() {
+			walk(c)
+		}
+	}
+	for _, c := range rec.Columns() {
+		walk(c.Data())
+	}
+	return n
+}

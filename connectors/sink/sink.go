@@ -1,7 +1,11 @@
 // Package sink rolls Arrow batches into Parquet shards and commits them to
-// a Store: one open shard per partition (group policy version), cut when
-// it reaches the shard size or the flush interval, so quiet streams still
-// land. Each committed shard carries its manifest entry in its footer too.
+// a Store: open shards per partition (group policy version), cut when they
+// reach the shard size or the flush interval, so quiet streams still land.
+// Each committed shard carries its manifest entry in its footer too.
+//
+// Encoding (Parquet pages, zstd) is the costliest step of ingest, so each
+// open shard encodes on its own goroutine, and a partition has Lanes open
+// shards that batches take in turn: one partition still uses every core.
 package sink
 
 import (
@@ -15,6 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
@@ -53,9 +58,12 @@ type Config struct {
 	// FlushInterval commits a shard this long after its first row, however
 	// small. Default 30 s.
 	FlushInterval time.Duration
-	// MaxOpenShards bounds the shards open at once (one per partition);
-	// opening one more commits the oldest. Default 4.
+	// MaxOpenShards bounds the shards open at once; opening one more
+	// commits the oldest. Default 4 × Lanes.
 	MaxOpenShards int
+	// Lanes is the number of shards of one partition open at once, each
+	// encoded on its own goroutine; batches take them in turn. Default 1.
+	Lanes int
 	// RunID names this run's shards.
 	RunID   string
 	Parquet parquet.Options
@@ -80,13 +88,20 @@ type Totals struct {
 type Sink struct {
 	cfg    Config
 	store  Store
-	open   map[int64]*shard
+	open   map[lane]*shard
+	turn   map[int64]int // the lane of each partition's next batch
 	Totals Totals
+}
+
+// lane names an open shard: its partition and lane.
+type lane struct {
+	version int64
+	n       int
 }
 
 type shard struct {
 	rel     string
-	version int64
+	lane    lane
 	p       Pending
 	w       *parquet.Writer
 	opened  time.Time
@@ -94,6 +109,55 @@ type shard struct {
 	rows    int64
 	sources map[string]*schemas.SourceRange
 	settled schemas.Settled
+
+	// The encoder goroutine takes records from work, writes them with w,
+	// and reports the first error on done when work is closed.
+	work    chan arrow.RecordBatch
+	done    chan error
+	size    atomic.Int64 // w.Size() after the last record encoded
+	encoded atomic.Int64 // Arrow bytes of the records encoded
+	queued  atomic.Int64 // Arrow bytes of the records waiting
+	err     atomic.Pointer[error]
+}
+
+// encode writes the records from work until it is closed. After an error
+// it releases what still comes without writing it.
+func (sh *shard) encode(work <-chan arrow.RecordBatch) {
+	var first error
+	for rec := range work {
+		n := parquet.RecordBytes(rec)
+		if first == nil {
+			if err := sh.w.Write(rec); err != nil {
+				first = fmt.Errorf("shard %s: %w", sh.rel, err)
+				sh.err.Store(&first)
+			}
+			sh.size.Store(sh.w.Size())
+			sh.encoded.Add(n)
+		}
+		sh.queued.Add(-n)
+		rec.Release()
+	}
+	sh.done <- first
+}
+
+// estimate is the shard's size so far: what is encoded, plus the records
+// waiting at the compression ratio seen (at face value before any).
+func (sh *shard) estimate() int64 {
+	size, enc, q := sh.size.Load(), sh.encoded.Load(), sh.queued.Load()
+	if enc > 0 {
+		return size + q*size/enc
+	}
+	return size + q
+}
+
+// finish stops the encoder and returns its error.
+func (sh *shard) finish() error {
+	if sh.work != nil {
+		close(sh.work)
+		sh.work = nil
+		return <-sh.done
+	}
+	return nil
 }
 
 // New returns a sink writing to store.
@@ -104,8 +168,11 @@ func New(store Store, cfg Config) *Sink {
 	if cfg.FlushInterval <= 0 {
 		cfg.FlushInterval = 30 * time.Second
 	}
+	if cfg.Lanes <= 0 {
+		cfg.Lanes = 1
+	}
 	if cfg.MaxOpenShards <= 0 {
-		cfg.MaxOpenShards = 4
+		cfg.MaxOpenShards = 4 * cfg.Lanes
 	}
 	if cfg.RunID == "" {
 		cfg.RunID = "run"
@@ -113,26 +180,31 @@ func New(store Store, cfg Config) *Sink {
 	if cfg.Seq == nil {
 		cfg.Seq = new(atomic.Int64)
 	}
-	return &Sink{cfg: cfg, store: store, open: map[int64]*shard{}}
+	return &Sink{cfg: cfg, store: store, open: map[lane]*shard{}, turn: map[int64]int{}}
 }
 
-// Write appends b to the shard of its partition and releases b.Record.
+// Write hands b to an open shard of its partition (the lanes in turn) and
+// releases b.Record once encoded.
 func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) error {
-	defer b.Record.Release()
-	sh := s.open[b.Version]
+	ln := lane{b.Version, s.turn[b.Version]}
+	s.turn[b.Version] = (ln.n + 1) % s.cfg.Lanes
+	sh := s.open[ln]
 	if sh == nil {
 		if len(s.open) >= s.cfg.MaxOpenShards {
 			if err := s.commit(ctx, s.oldest()); err != nil {
+				b.Record.Release()
 				return err
 			}
 		}
 		var err error
-		if sh, err = s.create(ctx, b.Version, now); err != nil {
+		if sh, err = s.create(ctx, ln, now); err != nil {
+			b.Record.Release()
 			return err
 		}
 	}
-	if err := sh.w.Write(b.Record); err != nil {
-		return fmt.Errorf("shard %s: %w", sh.rel, err)
+	if perr := sh.err.Load(); perr != nil {
+		b.Record.Release()
+		return *perr
 	}
 	sh.rows += b.Record.NumRows()
 	sh.groups = append(sh.groups, b.Groups...)
@@ -152,7 +224,14 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 		r.FirstLine = min(r.FirstLine, line)
 		r.LastLine = max(r.LastLine, line)
 	}
-	if sh.w.Size() >= s.cfg.ShardSize {
+	sh.queued.Add(parquet.RecordBytes(b.Record))
+	select {
+	case sh.work <- b.Record: // the encoder releases it
+	case <-ctx.Done():
+		b.Record.Release()
+		return ctx.Err()
+	}
+	if sh.estimate() >= s.cfg.ShardSize {
 		return s.commit(ctx, sh)
 	}
 	return nil
@@ -168,11 +247,11 @@ func (s *Sink) oldest() *shard {
 	return o
 }
 
-func (s *Sink) create(ctx context.Context, version int64, now time.Time) (*shard, error) {
+func (s *Sink) create(ctx context.Context, ln lane, now time.Time) (*shard, error) {
 	seq := s.cfg.Seq.Add(1)
 	// The path is built from numbers and the run id only: record ids never
 	// reach the file system.
-	rel := schemas.PartitionKey + "=" + strconv.FormatInt(version, 10) + "/part-" + s.cfg.RunID + "-" + fmt.Sprintf("%06d", seq) + ".parquet"
+	rel := schemas.PartitionKey + "=" + strconv.FormatInt(ln.version, 10) + "/part-" + s.cfg.RunID + "-" + fmt.Sprintf("%06d", seq) + ".parquet"
 	p, err := s.store.Create(ctx, rel)
 	if err != nil {
 		return nil, fmt.Errorf("create shard: %w", err)
@@ -182,19 +261,25 @@ func (s *Sink) create(ctx context.Context, version int64, now time.Time) (*shard
 		p.Abort()
 		return nil, err
 	}
-	sh := &shard{rel: rel, version: version, p: p, w: w, opened: now, sources: map[string]*schemas.SourceRange{}, settled: schemas.Settled{}}
-	s.open[version] = sh
+	sh := &shard{rel: rel, lane: ln, p: p, w: w, opened: now, sources: map[string]*schemas.SourceRange{}, settled: schemas.Settled{},
+		work: make(chan arrow.RecordBatch, 2), done: make(chan error, 1)}
+	go sh.encode(sh.work)
+	s.open[ln] = sh
 	return sh, nil
 }
 
 func (s *Sink) commit(ctx context.Context, sh *shard) error {
 	began := time.Now()
-	delete(s.open, sh.version)
+	delete(s.open, sh.lane)
+	if err := sh.finish(); err != nil {
+		sh.p.Abort()
+		return err
+	}
 	e := schemas.ShardEntry{
 		Path:          sh.rel,
 		Rows:          sh.rows,
 		Groups:        len(sh.groups),
-		PolicyVersion: sh.version,
+		PolicyVersion: sh.lane.version,
 		GroupKeys:     sh.groups,
 		RunID:         s.cfg.RunID,
 		SchemaVersion: schemas.SchemaVersion,
@@ -286,7 +371,12 @@ func (s *Sink) sorted() []*shard {
 	for _, sh := range s.open {
 		out = append(out, sh)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].lane.version != out[j].lane.version {
+			return out[i].lane.version < out[j].lane.version
+		}
+		return out[i].lane.n < out[j].lane.n
+	})
 	return out
 }
 
@@ -304,8 +394,9 @@ func (s *Sink) Close(ctx context.Context) error {
 // committed and will be assembled again from the source).
 func (s *Sink) Abort() error {
 	var errs []error
-	for v, sh := range s.open {
-		delete(s.open, v)
+	for ln, sh := range s.open {
+		delete(s.open, ln)
+		_ = sh.finish() // the shard is discarded: its encoding error does not matter
 		errs = append(errs, sh.p.Abort())
 	}
 	return errors.Join(errs...)
