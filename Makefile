@@ -46,13 +46,27 @@ services-down:
 test-short:
 	$(GO) test -short -count=1 ./...
 
-# bench: unit benchmarks (estimators, generator), then the service-backed
-# ones, run once each: Kafka→MinIO ingest next to a bare kafka-go drain of
-# the same topic, and the produce→commit delay at 1,000 steps/s.
+# bench: unit benchmarks (estimators, generator, decoder), then the
+# service-backed ones, run once each: Kafka→MinIO ingest next to a bare
+# kafka-go drain of the same topic, and the produce→commit delay at 1,000
+# steps/s; last, file ingest side by side with DuckDB (bench-ingest).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/...
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench Integration -benchtime 1x -timeout 30m ./cmd/rllm-pipe/
+	$(MAKE) bench-ingest
+
+# bench-ingest: `rllm-pipe ingest` (GRPO, zstd Parquet) against DuckDB doing
+# the same job on the same generated input of SIZE (cached in WORK), PAIRS
+# alternating runs; prints wall times, the ratio DuckDB / rllm-pipe and peak
+# RSS (cmd/ingestbench; BENCH_FLAGS adds flags, e.g. --json FILE).
+SIZE  ?= 1GB
+PAIRS ?= 3
+WORK  ?= $(HOME)/.cache/rllm-pipe/bench
+BENCH_FLAGS ?=
+.PHONY: bench-ingest
+bench-ingest: build
+	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(WORK) $(BENCH_FLAGS)
 
 # fuzz: run the decoder fuzzer for FUZZTIME (default 60s).
 FUZZTIME ?= 60s

@@ -1,0 +1,58 @@
+package ingest
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest/synth"
+)
+
+// benchLines are realistic wire lines for BenchmarkDecode: the shape of
+// the ingest benchmark (cmd/ingestbench; issue 7) — 8 rollouts per group,
+// 1-4 steps, ~512-token prompts, ~256-token responses, chat messages —
+// 100 groups, about 2,900 lines and 27 MB, steps and trajectories mixed.
+var benchLines = sync.OnceValues(func() ([][]byte, error) {
+	var buf bytes.Buffer
+	_, err := synth.Generate(context.Background(), &buf, synth.Config{
+		Groups: 100, GroupSize: 8, MinSteps: 1, MaxSteps: 4,
+		PromptLen: 512, ResponseLen: 256, Messages: true, Seed: 1,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// Lines without their newline, as the line source hands them over.
+	return bytes.Split(bytes.TrimSuffix(buf.Bytes(), []byte("\n")), []byte("\n")), nil
+})
+
+// BenchmarkDecode measures the decoder alone, on one goroutine: one
+// operation decodes every line of benchLines once. It reports MB/s of
+// input, newlines included (b.SetBytes), and records/s. For a profile:
+//
+//	go test -run '^$' -bench Decode -cpuprofile cpu.out ./ingest/
+//	go tool pprof -top ingest.test cpu.out
+func BenchmarkDecode(b *testing.B) {
+	lines, err := benchLines()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var size int64
+	var d Decoder
+	for i, l := range lines {
+		size += int64(len(l)) + 1
+		if _, err := d.Decode(l); err != nil {
+			b.Fatalf("line %d does not decode: %v", i+1, err)
+		}
+	}
+	b.SetBytes(size)
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, l := range lines {
+			if _, err := d.Decode(l); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(b.N)*float64(len(lines))/b.Elapsed().Seconds(), "records/s")
+}
