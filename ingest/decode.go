@@ -571,10 +571,10 @@ func (d *Decoder) tokenList(f field, start int) error {
 	return nil
 }
 
-// setTokens stores a copy of d.ints as the step's field f.
+// setTokens stores a copy of d.ints as the step's field f (a clone: the
+// allocation is not zeroed first).
 func (d *Decoder) setTokens(f field) {
-	ids := make([]int32, len(d.ints))
-	copy(ids, d.ints)
+	ids := append([]int32{}, d.ints...) // never nil: [] is a list, not an absent one
 	if f == fPromptIDs {
 		d.step.PromptIDs = ids
 	} else {
@@ -623,8 +623,7 @@ func (d *Decoder) floatList(f field, start int) error {
 
 // setFloats stores a copy of d.floats as the step's field f.
 func (d *Decoder) setFloats(f field) {
-	vals := make([]float32, len(d.floats))
-	copy(vals, d.floats)
+	vals := append([]float32{}, d.floats...)
 	if f == fResponseLogprobs {
 		d.step.ResponseLogprobs = vals
 	} else {

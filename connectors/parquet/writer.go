@@ -33,6 +33,13 @@ var noDictionary = []string{
 	"messages", "metadata", "trajectory_metadata", "step_id", "source_line", "created_at",
 }
 
+// noStats lists the columns written without min/max statistics.
+var noStats = []string{
+	"prompt_ids.list.element", "response_ids.list.element", "response_logprobs.list.element",
+	"token_versions.list.element", "teacher_logprobs.list.element", "token_advantages.list.element",
+	"messages", "metadata", "trajectory_metadata",
+}
+
 // Writer writes one Parquet file. It is not safe for concurrent use.
 type Writer struct {
 	fw     *pqarrow.FileWriter
@@ -76,6 +83,12 @@ func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]
 	}
 	for _, c := range noDictionary {
 		props = append(props, pq.WithDictionaryFor(c, false))
+	}
+	// Min/max statistics of token ids, logprobs and message text help no
+	// reader (nobody prunes row groups by a token id) and cost encoding
+	// time; the scalar columns keep theirs.
+	for _, c := range noStats {
+		props = append(props, pq.WithStatsFor(c, false))
 	}
 	cw := &countingWriter{w: w}
 	fw, err := pqarrow.NewFileWriter(schema, cw, pq.NewWriterProperties(props...),
