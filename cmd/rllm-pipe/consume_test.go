@@ -9,9 +9,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,7 +32,6 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/train"
 )
@@ -999,29 +996,15 @@ func TestConsumeStalenessAndBudget(t *testing.T) {
 // TestIntegrationConsumeS3KillOneMember is TestConsumeGroupKillOneMember
 // over MinIO: shards and the group's log in s3://.
 func TestIntegrationConsumeS3KillOneMember(t *testing.T) {
-	endpoint := os.Getenv("RLLM_S3_ENDPOINT")
-	if endpoint == "" {
-		t.Skip("RLLM_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
-	}
+	target := newS3Target(t, "consume")
 	bin := e2eBinary(t)
 	work := t.TempDir()
-	var rb [4]byte
-	_, _ = rand.Read(rb[:])
-	to := "s3://rllm-pipe-test/consume-" + hex.EncodeToString(rb[:])
-	ep := []string{"--s3-endpoint", endpoint}
+	to, ep := target.url, target.flags()
 	chunks := consGenChunks(t, bin, work, 8, "--groups", "400", "--seed", "3")
 	written := consIngest(t, bin, work, to, chunks, append([]string{"--shard-size", "256KiB"}, ep...)...)
 
-	cfg, err := s3.ParseURL(to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Endpoint = endpoint
 	ctx := context.Background()
-	st, err := s3.Open(ctx, cfg, "consume-test-"+hex.EncodeToString(rb[:]))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := target.open(t, "consume-test")
 	cli, bucket := st.Client()
 	var (
 		entries []schemas.ShardEntry

@@ -12,9 +12,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -36,7 +34,6 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	pqread "github.com/rllm-pipe/rllm-pipe/connectors/parquet"
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
 
 // ---------------------------------------------------------------------------
@@ -1082,30 +1079,16 @@ func TestSQLCommittedOnly(t *testing.T) {
 // independent computation over the committed objects; the local copies
 // are removed on exit.
 func TestIntegrationSQLS3(t *testing.T) {
-	endpoint := os.Getenv("RLLM_S3_ENDPOINT")
-	if endpoint == "" {
-		t.Skip("RLLM_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
-	}
+	target := newS3Target(t, "sql")
 	bin := e2eBinary(t)
 	work := t.TempDir()
-	var rb [4]byte
-	_, _ = rand.Read(rb[:])
-	to := "s3://rllm-pipe-test/sql-" + hex.EncodeToString(rb[:])
+	to, ep := target.url, target.flags()
 	files := sqlInputs(t, bin, work)
-	ep := []string{"--s3-endpoint", endpoint}
 	dead, _ := sqlIngest(t, bin, work, to, nil, files, ep...)
 
 	// The reference: the committed objects, downloaded here.
-	cfg, err := s3.ParseURL(to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Endpoint = endpoint
 	ctx := context.Background()
-	st, err := s3.Open(ctx, cfg, "sql-test-"+hex.EncodeToString(rb[:]))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := target.open(t, "sql-test")
 	cli, bucket := st.Client()
 	var shards []sqlShard
 	type dl struct {
@@ -1168,11 +1151,11 @@ func TestIntegrationSQLS3(t *testing.T) {
 		t.Errorf("sql left %d entries in TMPDIR (%s, ...)", len(left), left[0].Name())
 	}
 	// --views-sql needs somewhere to keep the copies.
-	if r := sqlRun(t, bin, work, env, "sql", "--from", to, "--s3-endpoint", endpoint, "--views-sql"); r.code != 2 {
+	if r := sqlRun(t, bin, work, env, "sql", "--from", to, "--s3-endpoint", target.endpoint, "--views-sql"); r.code != 2 {
 		t.Errorf("--views-sql over S3 without --download-dir: exit %d, want 2\n%s", r.code, r.stderr)
 	}
 	keep := filepath.Join(work, "keep")
-	r := sqlRun(t, bin, work, env, "sql", "--from", to, "--s3-endpoint", endpoint, "--views-sql", "--download-dir", keep)
+	r := sqlRun(t, bin, work, env, "sql", "--from", to, "--s3-endpoint", target.endpoint, "--views-sql", "--download-dir", keep)
 	if r.code != 0 || !strings.Contains(r.stdout, keep) {
 		t.Errorf("--views-sql --download-dir: exit %d\n%s%s", r.code, e2eClip(r.stdout, 2000), r.stderr)
 	}

@@ -114,21 +114,7 @@ func (o *Objects) Create(ctx context.Context, name string, data []byte) error {
 
 // Get reads name (fs.ErrNotExist if absent).
 func (o *Objects) Get(ctx context.Context, name string) ([]byte, error) {
-	var data []byte
-	missing := false
-	err := retry(ctx, func(int) error {
-		obj, err := o.s.cli.GetObject(ctx, o.s.cfg.Bucket, o.key(name), minio.GetObjectOptions{})
-		if err != nil {
-			return err
-		}
-		defer obj.Close()
-		data, err = io.ReadAll(obj)
-		if err != nil && minio.ToErrorResponse(err).Code == "NoSuchKey" {
-			missing = true
-			return nil
-		}
-		return err
-	})
+	data, missing, err := o.s.get(ctx, o.key(name))
 	if err != nil {
 		return nil, fmt.Errorf("s3: get %s: %w", name, err)
 	}

@@ -211,21 +211,7 @@ func (s *Store) refresh(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		var data []byte
-		missing := false
-		err := retry(ctx, func(int) error {
-			obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, s.manifestKey(s.next), minio.GetObjectOptions{})
-			if err != nil {
-				return err
-			}
-			defer obj.Close()
-			data, err = io.ReadAll(obj)
-			if err != nil && minio.ToErrorResponse(err).Code == "NoSuchKey" {
-				missing = true
-				return nil
-			}
-			return err
-		})
+		data, missing, err := s.get(ctx, s.manifestKey(s.next))
 		if err != nil {
 			return fmt.Errorf("s3: read manifest entry %d: %w", s.next, err)
 		}
@@ -240,6 +226,25 @@ func (s *Store) refresh(ctx context.Context) error {
 		s.apply(e)
 		s.next++
 	}
+}
+
+// get reads the object at key, retrying transient failures; missing
+// reports that there is none.
+func (s *Store) get(ctx context.Context, key string) (data []byte, missing bool, err error) {
+	err = retry(ctx, func(int) error {
+		obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, key, minio.GetObjectOptions{})
+		if err != nil {
+			return err
+		}
+		defer obj.Close()
+		data, err = io.ReadAll(obj)
+		if err != nil && minio.ToErrorResponse(err).Code == "NoSuchKey" {
+			missing = true
+			return nil
+		}
+		return err
+	})
+	return data, missing, err
 }
 
 // claim is who last claimed a stream, in which Kafka generation.

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+)
+
+// s3Target is a fresh prefix in the test bucket of the MinIO that `make
+// test` starts (the test is skipped without RLLM_S3_ENDPOINT).
+type s3Target struct {
+	endpoint string
+	url      string // s3://rllm-pipe-test/<name>-<random>
+	id       string
+}
+
+func newS3Target(t *testing.T, name string) s3Target {
+	t.Helper()
+	endpoint := os.Getenv("RLLM_S3_ENDPOINT")
+	if endpoint == "" {
+		t.Skip("RLLM_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
+	}
+	var rb [4]byte
+	_, _ = rand.Read(rb[:])
+	id := hex.EncodeToString(rb[:])
+	return s3Target{endpoint: endpoint, url: "s3://rllm-pipe-test/" + name + "-" + id, id: id}
+}
+
+// flags point a command at the endpoint.
+func (s s3Target) flags() []string { return []string{"--s3-endpoint", s.endpoint} }
+
+// open reads the prefix's manifest, for checks.
+func (s s3Target) open(t *testing.T, reader string) *s3.Store {
+	t.Helper()
+	cfg, err := s3.ParseURL(s.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Endpoint = s.endpoint
+	st, err := s3.Open(context.Background(), cfg, reader+"-"+s.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
