@@ -109,8 +109,8 @@ func NewServer(group Group) *Server {
 func (s *Server) member(name string) (*train.Consumer, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c, ok := s.members[name]
-	if !ok {
+	c := s.members[name]
+	if c == nil { // absent, or still joining (its name is reserved)
 		return nil, status.Errorf(codes.NotFound, "no consumer %q is streaming from this server", name)
 	}
 	return c, nil
