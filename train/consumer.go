@@ -2,6 +2,8 @@ package train
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,7 +35,8 @@ type ConsumerConfig struct {
 	// waits for their leases to expire.
 	Name string
 	// LeaseTimeout is how long a shard stays with a member that stopped
-	// renewing (crashed); renewals happen every third of it. Default 30s.
+	// renewing (crashed), as watched by the member taking it over;
+	// renewals happen every third of it. Default 30s.
 	LeaseTimeout time.Duration
 	// MaxInflight bounds the batches delivered and not yet acknowledged;
 	// Next waits for acknowledgements beyond it. Default 4.
@@ -97,18 +100,36 @@ type Consumer struct {
 	entries  []schemas.ShardEntry
 	lastPoll time.Time
 
+	// watch is, per shard another member holds, the LeaseSeq seen and
+	// when it was first seen (monotonic): a takeover waits until it has
+	// stayed the same for the lease timeout. Next's goroutine only.
+	watch map[string]leaseWatch
+
 	mu       sync.Mutex
 	stats    Stats
 	inflight map[uint64][]marks
+	done     map[uint64]AckResult // recent acknowledgements, for repeats
+	doneIDs  []uint64             // their order, oldest first
 	nextID   uint64
 	held     map[string]bool // leased and not lost
 	read     map[string]bool // held and read to the end in this run
-	skips    []marks         // settled by skipping, not yet in the log
+	skips    map[skipKey]bool // settled by skipping, not yet in the log
 	totals   map[string]int32
 	acked    chan struct{} // signalled on every acknowledgement
 
-	stop chan struct{}
-	done chan struct{}
+	stop    chan struct{}
+	stopped chan struct{}
+}
+
+type leaseWatch struct {
+	seq   int64
+	since time.Time
+}
+
+// skipKey is a group passed over.
+type skipKey struct {
+	shard   string
+	ordinal int32
 }
 
 // NewConsumer joins the consumer group whose log is obj.
@@ -135,9 +156,13 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 		return nil, err
 	}
 	c := &Consumer{
-		cfg: cfg, shards: shards, coord: coord, mem: mem,
-		inflight: map[uint64][]marks{}, held: map[string]bool{}, read: map[string]bool{}, totals: map[string]int32{},
-		acked: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		cfg: cfg, shards: shards, coord: coord, mem: mem, watch: map[string]leaseWatch{},
+		inflight: map[uint64][]marks{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
+		skips: map[skipKey]bool{}, totals: map[string]int32{},
+		acked: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
+		// Batch ids start at random, so that an acknowledgement meant for an
+		// earlier run under the same name can never settle a batch of this one.
+		nextID: randomID(),
 	}
 	c.stats.Member = member
 	c.policy.Store(cfg.PolicyVersion)
@@ -201,7 +226,7 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			skip = "empty"
 		}
 		if skip != "" {
-			c.skips = append(c.skips, marks{Shard: g.shard, Groups: []int32{g.ordinal}})
+			c.skips[skipKey{g.shard, g.ordinal}] = true
 			c.mu.Unlock()
 			g.release()
 			continue
@@ -227,7 +252,7 @@ func (c *Consumer) deliver() (*Delivery, error) {
 	// these groups were admitted.
 	for _, g := range c.form.dropStale(c.policy.Load()) {
 		c.stats.SkippedStale++
-		c.skips = append(c.skips, marks{Shard: g.shard, Groups: []int32{g.ordinal}})
+		c.skips[skipKey{g.shard, g.ordinal}] = true
 		g.release()
 	}
 	b, groups, err := c.form.take()
@@ -253,11 +278,16 @@ func (c *Consumer) deliver() (*Delivery, error) {
 }
 
 // Ack acknowledges a delivered batch. Groups of shards the member lost
-// are refused (AckResult.Lost, and ErrLeaseLost).
+// are refused (AckResult.Lost, and ErrLeaseLost). Acknowledging a batch
+// again returns the first answer.
 func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	c.mu.Lock()
 	ms, ok := c.inflight[id]
+	prev, repeat := c.done[id]
 	c.mu.Unlock()
+	if repeat {
+		return prev, ackErr(prev)
+	}
 	if !ok {
 		return AckResult{}, fmt.Errorf("train: batch %d is not awaiting acknowledgement", id)
 	}
@@ -288,6 +318,12 @@ func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	c.mu.Lock()
 	c.clearMarks(skips, totals)
 	delete(c.inflight, id)
+	c.done[id] = res
+	c.doneIDs = append(c.doneIDs, id)
+	if len(c.doneIDs) > 4096 {
+		delete(c.done, c.doneIDs[0])
+		c.doneIDs = c.doneIDs[1:]
+	}
 	c.stats.GroupsAcked += int64(res.Groups)
 	c.stats.GroupsLost += int64(res.Lost)
 	c.mu.Unlock()
@@ -295,17 +331,30 @@ func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	case c.acked <- struct{}{}:
 	default:
 	}
+	return res, ackErr(res)
+}
+
+func ackErr(res AckResult) error {
 	if res.Lost > 0 {
-		return res, fmt.Errorf("%w (%d of the batch's groups)", ErrLeaseLost, res.Lost)
+		return fmt.Errorf("%w (%d of the batch's groups)", ErrLeaseLost, res.Lost)
 	}
-	return res, nil
+	return nil
 }
 
 // pendingMarks returns the skips and totals not yet in the log.
 func (c *Consumer) pendingMarks() ([]marks, map[string]int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	skips := append([]marks(nil), c.skips...)
+	by := map[string][]int32{}
+	for k := range c.skips {
+		by[k.shard] = append(by[k.shard], k.ordinal)
+	}
+	skips := make([]marks, 0, len(by))
+	for shard, ords := range by {
+		sort.Slice(ords, func(i, j int) bool { return ords[i] < ords[j] })
+		skips = append(skips, marks{Shard: shard, Groups: ords})
+	}
+	sort.Slice(skips, func(i, j int) bool { return skips[i].Shard < skips[j].Shard })
 	totals := make(map[string]int32, len(c.totals))
 	for k, v := range c.totals {
 		totals[k] = v
@@ -313,11 +362,18 @@ func (c *Consumer) pendingMarks() ([]marks, map[string]int32) {
 	return skips, totals
 }
 
-// clearMarks forgets marks that reached the log. Callers hold c.mu.
+// clearMarks forgets exactly the marks that reached the log (others may
+// have been added meanwhile). Callers hold c.mu.
 func (c *Consumer) clearMarks(skips []marks, totals map[string]int32) {
-	c.skips = c.skips[len(skips):]
-	for k := range totals {
-		delete(c.totals, k)
+	for _, m := range skips {
+		for _, o := range m.Groups {
+			delete(c.skips, skipKey{m.Shard, o})
+		}
+	}
+	for k, v := range totals {
+		if c.totals[k] == v {
+			delete(c.totals, k)
+		}
 	}
 }
 
@@ -407,6 +463,7 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 		picked   *schemas.ShardEntry
 		settled  map[int32]bool
 		previous string
+		now      = time.Now()
 	)
 	skips, totals := c.pendingMarks()
 	c.mu.Lock()
@@ -416,18 +473,33 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 	}
 	c.mu.Unlock()
 	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
-		picked = nil
+		picked, previous, e.Expect = nil, "", nil
 		for i := range c.entries {
 			p := c.entries[i].Path
 			if read[p] {
 				continue
 			}
 			s := st.Shards[p]
-			if s == nil || s.leasable(c.coord.member, e.Time) {
+			if s == nil || s.free(c.coord.member) {
 				picked = &c.entries[i]
 				if s != nil {
 					previous = s.Holder
 				}
+				break
+			}
+			if s.Done {
+				continue
+			}
+			// Held by another member: take it over once its lease has not
+			// moved for the timeout, as watched from here.
+			w, seen := c.watch[p]
+			if !seen || w.seq != s.LeaseSeq {
+				c.watch[p] = leaseWatch{seq: s.LeaseSeq, since: now}
+				continue
+			}
+			if now.Sub(w.since) >= c.cfg.LeaseTimeout {
+				picked, previous = &c.entries[i], s.Holder
+				e.Expect = map[string]int64{p: s.LeaseSeq}
 				break
 			}
 		}
@@ -435,7 +507,6 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 			return false
 		}
 		e.Lease = []string{picked.Path}
-		e.Until = e.Time.Add(c.cfg.LeaseTimeout)
 		e.Skip, e.Totals = skips, totals
 		return true
 	})
@@ -455,6 +526,7 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 			}
 		}
 	})
+	delete(c.watch, picked.Path)
 	c.mu.Lock()
 	c.clearMarks(skips, totals)
 	if ok {
@@ -519,7 +591,7 @@ func (c *Consumer) wait(ctx context.Context, d time.Duration) error {
 // renew extends the member's leases every third of the timeout and
 // notices shards taken over by others.
 func (c *Consumer) renew() {
-	defer close(c.done)
+	defer close(c.stopped)
 	t := time.NewTicker(c.cfg.LeaseTimeout / 3)
 	defer t.Stop()
 	for {
@@ -537,7 +609,6 @@ func (c *Consumer) renew() {
 				}
 			}
 			sort.Strings(e.Lease)
-			e.Until = e.Time.Add(c.cfg.LeaseTimeout)
 			return len(e.Lease) > 0
 		})
 		cancel()
@@ -572,7 +643,7 @@ func (c *Consumer) refreshHeld() {
 // first.
 func (c *Consumer) Close(ctx context.Context) error {
 	close(c.stop)
-	<-c.done
+	<-c.stopped
 	c.closeCur()
 	c.form.discard()
 	skips, totals := c.pendingMarks()
@@ -592,7 +663,15 @@ func (c *Consumer) Close(ctx context.Context) error {
 // (tests).
 func (c *Consumer) abandon() {
 	close(c.stop)
-	<-c.done
+	<-c.stopped
 	c.closeCur()
 	c.form.discard()
+}
+
+// randomID is a random start for batch ids, below 2^53 so that every
+// JSON reader keeps it exact.
+func randomID() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 12
 }

@@ -50,16 +50,24 @@ var ErrLeaseLost = errors.New("train: lease lost: another consumer took the shar
 // objects <seq>.json created at most once each; a member appends by
 // creating the next number, so every member that appends has read every
 // event before its own, and the state replayed from the log is the same
-// for everyone. Lease expiry is judged with the appender's clock (Time),
-// so replay is deterministic.
+// for everyone.
+//
+// Leases involve no wall clock: a holder renews by appending, which moves
+// its shards' LeaseSeq; a member may take over another's shard only by
+// naming the LeaseSeq it saw (Expect) after watching it stay the same for
+// the lease timeout on its own monotonic clock. Replay checks that the
+// holder has not renewed since, so clocks that disagree cannot take a live
+// member's shard, and a dead member's shards move on one timeout after
+// its last renewal was seen.
 type event struct {
 	Seq    int64     `json:"seq"`
 	Nonce  string    `json:"nonce"`
 	Member string    `json:"member"`
-	Time   time.Time `json:"time"`
-	// Lease takes or renews shards until Until.
-	Lease []string  `json:"lease,omitempty"`
-	Until time.Time `json:"until,omitempty"`
+	Time   time.Time `json:"time"` // for people reading the log; no rule uses it
+	// Lease takes or renews shards; Expect holds, for a shard taken from
+	// another member, the LeaseSeq the taker saw unchanged.
+	Lease  []string         `json:"lease,omitempty"`
+	Expect map[string]int64 `json:"expect,omitempty"`
 	// Ack and Skip settle groups of shards the member holds: delivered and
 	// acknowledged, or passed over (stale, emptied by filters).
 	Ack  []marks `json:"ack,omitempty"`
@@ -78,10 +86,12 @@ type marks struct {
 
 // shardState is what the log says of one shard.
 type shardState struct {
-	Holder string         `json:"holder,omitempty"`
-	Until  time.Time      `json:"until,omitempty"`
-	Total  int32          `json:"total,omitempty"` // 0: not read to the end yet
-	Acked  map[int32]bool `json:"acked,omitempty"`
+	Holder   string `json:"holder,omitempty"`
+	LeaseSeq int64  `json:"lease_seq,omitempty"` // the holder's last lease or renewal
+	Total    int32  `json:"total,omitempty"`
+	// Counted: Total is known (the shard was read to the end).
+	Counted bool           `json:"counted,omitempty"`
+	Acked   map[int32]bool `json:"acked,omitempty"`
 	Skips  map[int32]bool `json:"skipped,omitempty"`
 	NAcked int32          `json:"n_acked"`
 	NSkip  int32          `json:"n_skipped"`
@@ -91,8 +101,8 @@ type shardState struct {
 func (s *shardState) settled(o int32) bool { return s.Done || s.Acked[o] || s.Skips[o] }
 
 func (s *shardState) finish() {
-	if s.Total > 0 && s.NAcked+s.NSkip >= s.Total {
-		s.Done, s.Holder, s.Until, s.Acked, s.Skips = true, "", time.Time{}, nil, nil
+	if s.Counted && s.NAcked+s.NSkip >= s.Total {
+		s.Done, s.Holder, s.Acked, s.Skips = true, "", nil, nil
 	}
 }
 
@@ -104,12 +114,18 @@ func memberName(id string) string {
 	return id
 }
 
-// leasable reports whether member may lease s at time now: a shard not
-// done whose lease is free, expired, or held by member or by an earlier
-// incarnation of the same name (a restarted consumer takes its own shards
-// back at once).
-func (s *shardState) leasable(member string, now time.Time) bool {
-	return !s.Done && (s.Holder == "" || memberName(s.Holder) == memberName(member) || !now.Before(s.Until))
+// free reports whether member may lease s without a takeover: a shard not
+// done that nobody holds, or that member or an earlier incarnation of the
+// same name holds (a restarted consumer takes its own shards back at once).
+func (s *shardState) free(member string) bool {
+	return !s.Done && (s.Holder == "" || memberName(s.Holder) == memberName(member))
+}
+
+// leasable reports whether member may lease s, taking it over from
+// another member if expect (ok) is the holder's LeaseSeq: the holder has
+// not renewed since the taker began to watch.
+func (s *shardState) leasable(member string, expect int64, ok bool) bool {
+	return s.free(member) || (!s.Done && ok && s.LeaseSeq == expect)
 }
 
 // groupState is the replayed log.
@@ -131,8 +147,9 @@ func (st *groupState) shard(p string) *shardState {
 func (st *groupState) apply(e *event) {
 	for _, p := range e.Lease {
 		s := st.shard(p)
-		if s.leasable(e.Member, e.Time) {
-			s.Holder, s.Until = e.Member, e.Until
+		expect, ok := e.Expect[p]
+		if s.leasable(e.Member, expect, ok) {
+			s.Holder, s.LeaseSeq = e.Member, e.Seq
 		}
 	}
 	settle := func(ms []marks, acked bool) {
@@ -165,12 +182,12 @@ func (st *groupState) apply(e *event) {
 	settle(e.Skip, false)
 	for p, n := range e.Totals {
 		if s := st.shard(p); s.Holder == e.Member && !s.Done {
-			s.Total = n
+			s.Total, s.Counted = n, true
 		}
 	}
 	for _, p := range e.Release {
 		if s := st.shard(p); s.Holder == e.Member {
-			s.Holder, s.Until = "", time.Time{}
+			s.Holder = ""
 		}
 	}
 	for _, p := range touched(e) {
@@ -346,6 +363,7 @@ func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *
 		if gerr == nil {
 			var got event
 			if json.Unmarshal(data, &got) == nil && got.Nonce == nonce {
+				// An earlier attempt landed; its answer was lost.
 				return c.refresh(ctx)
 			}
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand"
 	"testing"
-	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 )
@@ -30,9 +29,14 @@ func TestLogRules(t *testing.T) {
 	a, _ := openCoordinator(ctx, obj, "a/1")
 	b, _ := openCoordinator(ctx, obj, "b/1")
 	a2, _ := openCoordinator(ctx, obj, "a/2") // a restarted
-	lease := func(c *coordinator, shard string, d time.Duration) bool {
+	// lease leases shard; expect >= 0 names the holder's LeaseSeq seen (a
+	// takeover).
+	lease := func(c *coordinator, shard string, expect int64) bool {
 		if err := c.append(ctx, func(_ *groupState, e *event) bool {
-			e.Lease, e.Until = []string{shard}, e.Time.Add(d)
+			e.Lease = []string{shard}
+			if expect >= 0 {
+				e.Expect = map[string]int64{shard: expect}
+			}
 			return true
 		}); err != nil {
 			t.Fatal(err)
@@ -59,10 +63,10 @@ func TestLogRules(t *testing.T) {
 		c.view(func(st *groupState) { s = *st.Shards[shard] })
 		return s
 	}
-	if !lease(a, "s1", time.Hour) {
+	if !lease(a, "s1", -1) {
 		t.Fatal("a could not lease a free shard")
 	}
-	if lease(b, "s1", time.Hour) {
+	if lease(b, "s1", -1) {
 		t.Fatal("b leased a shard a holds")
 	}
 	settle(a, "s1", true, 0, 1)
@@ -72,7 +76,7 @@ func TestLogRules(t *testing.T) {
 	}
 	// The restarted a takes its shard back at once; the old a's acks are
 	// refused from then on.
-	if !lease(a2, "s1", time.Hour) {
+	if !lease(a2, "s1", -1) {
 		t.Fatal("a restarted could not take its own shard")
 	}
 	settle(a, "s1", true, 3)
@@ -94,12 +98,35 @@ func TestLogRules(t *testing.T) {
 	if s := state(b, "s1"); !s.Done || s.Holder != "" || s.NAcked != 4 {
 		t.Fatalf("every group settled: want done and free, %+v", s)
 	}
-	if lease(b, "s1", time.Hour) {
+	if lease(b, "s1", -1) {
 		t.Fatal("a done shard was leased")
 	}
-	// An expired lease goes to anyone.
-	if !lease(b, "s2", -time.Second) || !lease(a2, "s2", time.Hour) {
-		t.Fatal("an expired lease was not taken over")
+	// A takeover names the holder's last lease event; a renewal since
+	// refuses it.
+	if !lease(b, "s2", -1) {
+		t.Fatal("b could not lease a free shard")
+	}
+	var seq int64
+	b.view(func(st *groupState) { seq = st.Shards["s2"].LeaseSeq })
+	if !lease(b, "s2", -1) { // b renews: the lease moves on
+		t.Fatal("b could not renew")
+	}
+	if lease(a2, "s2", seq) {
+		t.Fatal("a takeover naming a lease the holder has renewed since was accepted")
+	}
+	b.view(func(st *groupState) { seq = st.Shards["s2"].LeaseSeq })
+	if !lease(a2, "s2", seq) {
+		t.Fatal("a takeover naming the holder's last lease was refused")
+	}
+	// An empty shard (no group) is done once counted.
+	if !lease(a2, "s3", -1) {
+		t.Fatal("lease s3")
+	}
+	if err := a2.append(ctx, func(_ *groupState, e *event) bool { e.Totals = map[string]int32{"s3": 0}; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(b, "s3"); !s.Done {
+		t.Fatalf("an empty shard read to the end is not done: %+v", s)
 	}
 }
 
@@ -120,7 +147,10 @@ func TestLogSnapshots(t *testing.T) {
 		if err := c.append(ctx, func(_ *groupState, e *event) bool {
 			switch rng.Intn(4) {
 			case 0:
-				e.Lease, e.Until = []string{shard}, e.Time.Add(time.Duration(rng.Intn(3)-1)*time.Hour)
+				e.Lease = []string{shard}
+				if rng.Intn(2) == 0 {
+					e.Expect = map[string]int64{shard: int64(rng.Intn(n + 1))}
+				}
 			case 1:
 				e.Ack = []marks{{shard, []int32{int32(rng.Intn(8))}}}
 			case 2:

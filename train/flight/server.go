@@ -8,14 +8,16 @@
 // otherwise) and streams batches as Arrow record batches of the shard
 // schema. Each carries app_metadata, JSON:
 //
-//	{"batch_id": 7, "consumer": NAME, "groups": [...], "tokens": 8123, "rows": 64, "oversized": false}
+//	{"batch_id": 7, "consumer": NAME, "member": NAME/RUN, "groups": [...], "tokens": 8123, "rows": 64, "oversized": false}
 //
 // The stream ends when every committed shard is done (unless the server
 // follows the manifest) or when the client cancels it; either way the
 // member's unacknowledged work is released to the group at once.
 //
 // Actions (DoAction), JSON bodies:
-//   - "ack" {"consumer", "batch_ids": [...], "policy_version"?} → {"groups": n, "lost": m}
+//   - "ack" {"consumer", "member"?, "batch_ids": [...], "policy_version"?} → {"groups": n, "lost": m};
+//     repeating an ack returns the first answer; naming the member of an
+//     ended stream is refused
 //   - "set_policy_version" {"consumer", "policy_version"} → {"policy_version": v}
 //   - "stats" {"consumer"} → the member's tallies, also after its stream
 //     ended (all streaming members without a name)
@@ -63,8 +65,11 @@ type Ticket struct {
 
 // BatchMeta is the app_metadata of every streamed batch.
 type BatchMeta struct {
-	BatchID   uint64   `json:"batch_id"`
-	Consumer  string   `json:"consumer"`
+	BatchID  uint64 `json:"batch_id"`
+	Consumer string `json:"consumer"`
+	// Member is this stream's run of the consumer (name/incarnation);
+	// an ack that names it is refused by any later stream of the name.
+	Member    string   `json:"member"`
 	Groups    []string `json:"groups"`
 	Tokens    int64    `json:"tokens"`
 	Rows      int64    `json:"rows"`
@@ -73,6 +78,7 @@ type BatchMeta struct {
 
 type ackRequest struct {
 	Consumer string   `json:"consumer"`
+	Member   string   `json:"member,omitempty"` // the stream the batches came from
 	BatchIDs []uint64 `json:"batch_ids"`
 	// PolicyVersion, if set, is applied before the acknowledgement: the
 	// batch formed next (after the acknowledgement frees a slot) is judged
@@ -153,7 +159,8 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 	s.mu.Lock()
 	s.members[t.Consumer] = c
 	s.mu.Unlock()
-	slog.Info("flight: consumer joined", "consumer", t.Consumer, "member", c.Stats().Member)
+	member := c.Stats().Member
+	slog.Info("flight: consumer joined", "consumer", t.Consumer, "member", member)
 	defer func() {
 		s.mu.Lock()
 		delete(s.members, t.Consumer)
@@ -195,7 +202,7 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 			}
 			return status.Errorf(codes.Internal, "next batch: %v", err)
 		}
-		meta, _ := json.Marshal(BatchMeta{BatchID: d.ID, Consumer: t.Consumer, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized})
+		meta, _ := json.Marshal(BatchMeta{BatchID: d.ID, Consumer: t.Consumer, Member: member, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized})
 		if w == nil {
 			w = flight.NewRecordWriter(stream, ipc.WithSchema(d.Record.Schema()))
 		}
@@ -225,6 +232,9 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		c, err := s.member(r.Consumer)
 		if err != nil {
 			return err
+		}
+		if r.Member != "" && r.Member != c.Stats().Member {
+			return status.Errorf(codes.FailedPrecondition, "batches of %s: that stream of %q has ended (its unacknowledged batches went back to the group)", r.Member, r.Consumer)
 		}
 		if r.PolicyVersion != nil {
 			c.SetPolicyVersion(*r.PolicyVersion)

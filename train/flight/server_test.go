@@ -154,6 +154,18 @@ func TestServerProtocol(t *testing.T) {
 		if res.Groups != 1 || res.Lost != 0 {
 			t.Errorf("ack result %+v", res)
 		}
+		if len(groups) > 1 {
+			continue // the stream ends once everything is acknowledged
+		}
+		// A repeat returns the first answer; an ack naming another stream
+		// of the name is refused.
+		again, err := action("ack", map[string]any{"consumer": "t0", "member": m.Member, "batch_ids": []uint64{m.BatchID}})
+		if err != nil || string(again) != string(body) {
+			t.Errorf("repeated ack: %s, %v; want %s", again, err, body)
+		}
+		if _, err := action("ack", map[string]any{"consumer": "t0", "member": "t0/ended", "batch_ids": []uint64{m.BatchID}}); status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("ack naming an ended stream: %v", err)
+		}
 	}
 	if rd.Err() != nil {
 		t.Fatal(rd.Err())

@@ -82,7 +82,7 @@ class Batch:
         policy_version, if given, is reported first: the batch the server forms
         next is judged against it (batches already formed, up to the server's
         --max-inflight, were judged against the version current then)."""
-        res = self._client.ack([self.batch_id], policy_version=policy_version)
+        res = self._client.ack([self.batch_id], policy_version=policy_version, member=self.meta.get("member"))
         self.acked = True
         return res
 
@@ -151,10 +151,13 @@ class Client:
         results = list(self._flight.do_action(flight.Action(kind, json.dumps(body).encode())))
         return json.loads(results[0].body.to_pybytes()) if results else None
 
-    def ack(self, batch_ids: List[int], policy_version: Optional[int] = None) -> Dict[str, int]:
+    def ack(self, batch_ids: List[int], policy_version: Optional[int] = None, member: Optional[str] = None) -> Dict[str, int]:
         """Acknowledge delivered batches by id (reporting policy_version first,
-        if given)."""
+        if given). member, the stream the batches came from (Batch.meta), makes
+        the server refuse the ack if that stream has ended."""
         body: Dict[str, Any] = {"consumer": self.consumer, "batch_ids": [int(b) for b in batch_ids]}
+        if member:
+            body["member"] = member
         if policy_version is not None:
             self.policy_version = body["policy_version"] = int(policy_version)
         return self._action("ack", body)
