@@ -111,8 +111,8 @@ type Consumer struct {
 	done     map[uint64]AckResult // recent acknowledgements, for repeats
 	doneIDs  []uint64             // their order, oldest first
 	nextID   uint64
-	held     map[string]bool // leased and not lost
-	read     map[string]bool // held and read to the end in this run
+	held     map[string]bool  // leased and not lost
+	read     map[string]bool  // held and read to the end in this run
 	skips    map[skipKey]bool // settled by skipping, not yet in the log
 	totals   map[string]int32
 	acked    chan struct{} // signalled on every acknowledgement

@@ -92,10 +92,10 @@ type shardState struct {
 	// Counted: Total is known (the shard was read to the end).
 	Counted bool           `json:"counted,omitempty"`
 	Acked   map[int32]bool `json:"acked,omitempty"`
-	Skips  map[int32]bool `json:"skipped,omitempty"`
-	NAcked int32          `json:"n_acked"`
-	NSkip  int32          `json:"n_skipped"`
-	Done   bool           `json:"done,omitempty"`
+	Skips   map[int32]bool `json:"skipped,omitempty"`
+	NAcked  int32          `json:"n_acked"`
+	NSkip   int32          `json:"n_skipped"`
+	Done    bool           `json:"done,omitempty"`
 }
 
 func (s *shardState) settled(o int32) bool { return s.Done || s.Acked[o] || s.Skips[o] }
