@@ -109,29 +109,12 @@ func consGenChunks(t *testing.T, bin, work string, n int, genArgs ...string) []s
 func consIngest(t *testing.T, bin, work, to string, files []string, extra ...string) int64 {
 	t.Helper()
 	var written int64
-	for i, f := range files {
-		stats := filepath.Join(work, fmt.Sprintf("ingest-%02d.json", i))
-		args := append([]string{"ingest", "--from", f, "--to", to, "--group-size", "4", "--flush-interval", "30ms",
-			"--stats-json", stats, "--quiet"}, extra...)
-		r := e2eRun(t, bin, work, args...)
-		if r.code != 0 {
-			t.Fatalf("ingest %s: exit %d\n%s%s", f, r.code, r.stdout, r.stderr)
+	for _, f := range files {
+		st := ingestWithStats(t, bin, work, nil, append([]string{"--from", f, "--to", to, "--group-size", "4", "--flush-interval", "30ms"}, extra...)...)
+		if st.DeadLettersTotal != 0 {
+			t.Fatalf("ingest %s: %d dead letters (generated input is clean)", f, st.DeadLettersTotal)
 		}
-		data, err := os.ReadFile(stats)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var st struct {
-			GroupsWritten int64 `json:"groups_written"`
-			DeadLetters   int64 `json:"dead_letters_total"`
-		}
-		if err := json.Unmarshal(data, &st); err != nil {
-			t.Fatalf("%s: %v", stats, err)
-		}
-		if st.DeadLetters != 0 {
-			t.Fatalf("ingest %s: %d dead letters (generated input is clean)", f, st.DeadLetters)
-		}
-		written += st.GroupsWritten
+		written += st.GroupsEmitted
 	}
 	return written
 }

@@ -129,28 +129,13 @@ func sqlIngest(t *testing.T, bin, work, to string, env []string, files []string,
 	dead := map[string]int64{}
 	var groups int64
 	for i, f := range files {
-		stats := filepath.Join(work, fmt.Sprintf("stats-%d.json", i))
-		args := append([]string{"ingest", "--from", f, "--to", to, "--group-size", "4", "--min-group-size", "2",
-			"--shard-size", "24KiB", "--flush-interval", "30ms", "--stats-json", stats, "--quiet"}, sqlIngestArgs[i]...)
-		r := sqlRun(t, bin, work, env, append(args, extra...)...)
-		if r.code != 0 {
-			t.Fatalf("ingest %s: exit %d\n%s%s", f, r.code, r.stdout, r.stderr)
-		}
-		data, err := os.ReadFile(stats)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var st struct {
-			GroupsWritten int64            `json:"groups_written"`
-			DeadLetters   map[string]int64 `json:"dead_letters"`
-		}
-		if err := json.Unmarshal(data, &st); err != nil {
-			t.Fatalf("%s: %v", stats, err)
-		}
+		args := append([]string{"--from", f, "--to", to, "--group-size", "4", "--min-group-size", "2",
+			"--shard-size", "24KiB", "--flush-interval", "30ms"}, sqlIngestArgs[i]...)
+		st := ingestWithStats(t, bin, work, env, append(args, extra...)...)
 		for k, v := range st.DeadLetters {
 			dead[k] += v
 		}
-		groups += st.GroupsWritten
+		groups += st.GroupsEmitted
 	}
 	return dead, groups
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"testing"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
+
+// Helpers shared by the subprocess tests of consume, sql and export.
 
 // s3Target is a fresh prefix in the test bucket of the MinIO that `make
 // test` starts (the test is skipped without RLLM_S3_ENDPOINT).
@@ -44,6 +47,32 @@ func (s s3Target) open(t *testing.T, reader string) *s3.Store {
 	st, err := s3.Open(context.Background(), cfg, reader+"-"+s.id)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return st
+}
+
+// ingestWithStats runs `rllm-pipe ingest args...` with env (nil: e2eEnv())
+// and a --stats-json file in work, fails the test on a non-zero exit, and
+// returns the run's stats.
+func ingestWithStats(t *testing.T, bin, work string, env []string, args ...string) ingestStats {
+	t.Helper()
+	f, err := os.CreateTemp(work, "ingest-stats-*.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	full := append([]string{"ingest", "--stats-json", f.Name(), "--quiet"}, args...)
+	r := sqlRun(t, bin, work, env, full...)
+	if r.code != 0 {
+		t.Fatalf("ingest %q: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+	}
+	data, err := os.ReadFile(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st ingestStats
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatalf("%s: %v", f.Name(), err)
 	}
 	return st
 }
