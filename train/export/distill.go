@@ -267,20 +267,14 @@ func (r *requestWriter) add(rec arrow.RecordBatch) error {
 			b = appendJSONString(b, task.Value(i))
 			b = append(b, `,"group_id":`...)
 			b = appendJSONString(b, gid.Value(i))
-			if role.IsValid(i) {
-				b = append(b, `,"role":`...)
-				b = appendJSONString(b, role.Value(i))
-			}
+			b = optString(b, `,"role":`, role, i)
 			b = append(b, `,"reward":`...)
 			b = appendFloat(b, reward.Value(i), 64)
 			b = append(b, `,"num_steps":`...)
 			b = strconv.AppendInt(b, int64(numSteps.Value(i)), 10)
 			b = append(b, `,"group_size":`...)
 			b = strconv.AppendInt(b, int64(groupSize.Value(i)), 10)
-			if term.IsValid(i) {
-				b = append(b, `,"termination_reason":`...)
-				b = appendJSONString(b, term.Value(i))
-			}
+			b = optString(b, `,"termination_reason":`, term, i)
 			if correct.IsValid(i) {
 				b = append(b, `,"is_correct":`...)
 				b = strconv.AppendBool(b, correct.Value(i))
@@ -300,10 +294,7 @@ func (r *requestWriter) add(rec arrow.RecordBatch) error {
 				}
 				b = append(b, '}')
 			}
-			if tmeta.IsValid(i) {
-				b = append(b, `,"metadata":`...)
-				b = append(b, tmeta.Value(i)...)
-			}
+			b = optRaw(b, `,"metadata":`, tmeta, i)
 			b = append(b, "}\n"...)
 		}
 		b = append(b, `{"type":"step","step_id":`...)
@@ -312,10 +303,7 @@ func (r *requestWriter) add(rec arrow.RecordBatch) error {
 		b = appendJSONString(b, task.Value(i))
 		b = append(b, `,"group_id":`...)
 		b = appendJSONString(b, gid.Value(i))
-		if role.IsValid(i) {
-			b = append(b, `,"role":`...)
-			b = appendJSONString(b, role.Value(i))
-		}
+		b = optString(b, `,"role":`, role, i)
 		b = append(b, `,"trajectory_id":`...)
 		b = appendJSONString(b, tid.Value(i))
 		b = append(b, `,"step_index":`...)
@@ -347,10 +335,7 @@ func (r *requestWriter) add(rec arrow.RecordBatch) error {
 			}
 			b = append(b, ']')
 		}
-		if msgs.IsValid(i) {
-			b = append(b, `,"messages":`...)
-			b = append(b, msgs.Value(i)...)
-		}
+		b = optRaw(b, `,"messages":`, msgs, i)
 		if stepReward.IsValid(i) {
 			b = append(b, `,"reward":`...)
 			b = appendFloat(b, stepReward.Value(i), 64)
@@ -359,28 +344,35 @@ func (r *requestWriter) add(rec arrow.RecordBatch) error {
 			b = append(b, `,"done":`...)
 			b = strconv.AppendBool(b, done.Value(i))
 		}
-		if finish.IsValid(i) {
-			b = append(b, `,"finish_reason":`...)
-			b = appendJSONString(b, finish.Value(i))
-		}
-		if model.IsValid(i) {
-			b = append(b, `,"model":`...)
-			b = appendJSONString(b, model.Value(i))
-		}
+		b = optString(b, `,"finish_reason":`, finish, i)
+		b = optString(b, `,"model":`, model, i)
 		if created.IsValid(i) {
 			b = append(b, `,"created_at":"`...)
 			b = time.UnixMicro(int64(created.Value(i))).UTC().AppendFormat(b, "2006-01-02T15:04:05.000000Z")
 			b = append(b, '"')
 		}
-		if meta.IsValid(i) {
-			b = append(b, `,"metadata":`...)
-			b = append(b, meta.Value(i)...)
-		}
+		b = optRaw(b, `,"metadata":`, meta, i)
 		b = append(b, "}\n"...)
 		r.buf = b
 		r.steps++
 	}
 	return nil
+}
+
+// optString appends key and the JSON string of row i when it is not null.
+func optString(b []byte, key string, a *array.String, i int) []byte {
+	if a.IsNull(i) {
+		return b
+	}
+	return appendJSONString(append(b, key...), a.Value(i))
+}
+
+// optRaw appends key and row i's JSON text as stored when it is not null.
+func optRaw(b []byte, key string, a *array.String, i int) []byte {
+	if a.IsNull(i) {
+		return b
+	}
+	return append(append(b, key...), a.Value(i)...)
 }
 
 func appendJSONString(b []byte, s string) []byte {
