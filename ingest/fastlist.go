@@ -118,6 +118,9 @@ func (l *lexer) fastInts(dst []int32) (out []int32, ok bool) {
 	return dst, false
 }
 
+// pow10u holds 10^n for the digit runs of fastFloats.
+var pow10u = [...]uint64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8}
+
 // pow10 holds the powers of ten that float64 represents exactly.
 var pow10 = [...]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11,
 	1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22}
@@ -148,9 +151,11 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 			neg = true
 			i++
 		}
-		// Mantissa digits (up to 19 significant), the decimal exponent.
+		// The mantissa's digits (m, exact while !truncated) and the
+		// decimal exponent.
 		var m uint64
-		digits, exp := 0, 0
+		exp := 0
+		truncated := false
 		if i >= len(b) {
 			return dst, false
 		}
@@ -159,12 +164,10 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 			i++
 		case c >= '1' && c <= '9':
 			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-				if digits < 19 {
+				if m < 1e18 {
 					m = m*10 + uint64(b[i]-'0')
-					if m != 0 {
-						digits++
-					}
 				} else {
+					truncated = true
 					exp++
 				}
 				i++
@@ -175,13 +178,30 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 		if i < len(b) && b[i] == '.' {
 			i++
 			d := i
+			// Eight digits at a time while m has room, then one at a time.
+			for i+8 <= len(b) && m < 1e10 {
+				w := binary.LittleEndian.Uint64(b[i:]) - 0x3030303030303030
+				n := bits.TrailingZeros64((w|(w+0x7676767676767676))&0x8080808080808080) >> 3
+				if n == 0 {
+					break
+				}
+				v := w << (64 - 8*uint(n))
+				v = (v*10 + v>>8) & 0x00FF00FF00FF00FF
+				v = (v*100 + v>>16) & 0x0000FFFF0000FFFF
+				v = (v*10000 + v>>32) & 0xFFFFFFFF
+				m = m*pow10u[n] + v
+				exp -= n
+				i += n
+				if n < 8 {
+					break
+				}
+			}
 			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-				if digits < 19 {
+				if m < 1e18 {
 					m = m*10 + uint64(b[i]-'0')
 					exp--
-					if m != 0 {
-						digits++
-					}
+				} else {
+					truncated = true
 				}
 				i++
 			}
@@ -215,7 +235,7 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 		switch {
 		case m == 0:
 			f = 0
-		case digits < 19 && m < 1<<53 && exp >= -22 && exp <= 22:
+		case !truncated && m < 1<<53 && exp >= -22 && exp <= 22:
 			// Exact operands, one correctly rounded operation (Clinger).
 			f = float64(m)
 			if exp < 0 {
