@@ -68,6 +68,21 @@ func (f *former) stale(g *group, policyVersion int64) bool {
 	return f.cfg.MaxStaleness >= 0 && policyVersion-g.version > f.cfg.MaxStaleness
 }
 
+// passOver counts g's filtered rows and reports whether g is passed over:
+// stale at policyVersion, or left without rows by the filters (counted).
+func (f *former) passOver(g *group, policyVersion int64) bool {
+	f.counters.SkippedFiltered += g.filtered
+	switch {
+	case f.stale(g, policyVersion):
+		f.counters.SkippedStale++
+		return true
+	case g.rows == 0:
+		f.counters.SkippedEmpty++
+		return true
+	}
+	return false
+}
+
 // fits reports whether g can join the pending batch (an empty batch
 // takes any group, however large).
 func (f *former) fits(g *group) bool {
@@ -184,14 +199,7 @@ func (r *Reader) ReadShards(ctx context.Context, paths []string, emit func(Batch
 				if err != nil || g == nil {
 					return err
 				}
-				r.Counters.SkippedFiltered += g.filtered
-				if f.stale(g, r.cfg.PolicyVersion) {
-					r.Counters.SkippedStale++
-					g.release()
-					continue
-				}
-				if g.rows == 0 {
-					r.Counters.SkippedEmpty++
+				if f.passOver(g, r.cfg.PolicyVersion) {
 					g.release()
 					continue
 				}

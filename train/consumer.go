@@ -215,17 +215,7 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			continue
 		}
 		c.mu.Lock()
-		c.stats.SkippedFiltered += g.filtered
-		skip := ""
-		switch {
-		case c.form.stale(g, c.policy.Load()):
-			c.stats.SkippedStale++
-			skip = "stale"
-		case g.rows == 0:
-			c.stats.SkippedEmpty++
-			skip = "empty"
-		}
-		if skip != "" {
+		if c.form.passOver(g, c.policy.Load()) {
 			c.skips[skipKey{g.shard, g.ordinal}] = true
 			c.mu.Unlock()
 			g.release()

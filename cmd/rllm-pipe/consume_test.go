@@ -134,17 +134,13 @@ func consCommitted(t *testing.T, entries []schemas.ShardEntry, paths []string, w
 		t.Fatal(err)
 	}
 	defer db.Close()
-	quoted := make([]string, len(paths))
-	for i, p := range paths {
-		quoted[i] = e2eSQLString(p)
-	}
 	rows, err := db.Query(fmt.Sprintf(`SELECT group_id,
 			count(*) FILTER (WHERE filter_reason IS NULL),
 			coalesce(sum(coalesce(len(prompt_ids), 0) + coalesce(len(response_ids), 0)) FILTER (WHERE filter_reason IS NULL), 0),
 			count(*) FILTER (WHERE filter_reason IS NOT NULL),
 			min(group_version), max(group_version), count(DISTINCT filename)
-		FROM read_parquet([%s], hive_partitioning=false, filename=true)
-		GROUP BY group_id`, strings.Join(quoted, ",")))
+		FROM read_parquet(%s, hive_partitioning=false, filename=true)
+		GROUP BY group_id`, e2eSQLList(paths)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -178,11 +178,7 @@ func checkStepsExactlyOnce(t *testing.T, paths []string, ref *refResult) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	quoted := make([]string, len(paths))
-	for i, p := range paths {
-		quoted[i] = e2eSQLString(p)
-	}
-	rows, err := db.Query(fmt.Sprintf("SELECT step_id, advantage FROM read_parquet([%s], hive_partitioning=false)", strings.Join(quoted, ",")))
+	rows, err := db.Query(fmt.Sprintf("SELECT step_id, advantage FROM read_parquet(%s, hive_partitioning=false)", e2eSQLList(paths)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -478,6 +478,15 @@ var e2eColumns = []struct{ name, types string }{
 
 func e2eSQLString(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
+// e2eSQLList is paths as a DuckDB list of string literals, for read_parquet.
+func e2eSQLList(paths []string) string {
+	quoted := make([]string, len(paths))
+	for i, p := range paths {
+		quoted[i] = e2eSQLString(p)
+	}
+	return "[" + strings.Join(quoted, ",") + "]"
+}
+
 var e2ePolicyDirRE = regexp.MustCompile(`^policy=(0|[1-9][0-9]*)/[^/]+\.parquet$`)
 
 // e2eCommittedFiles lists every *.parquet under out whose path has no

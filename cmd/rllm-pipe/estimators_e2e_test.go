@@ -503,11 +503,11 @@ func estReadRows(t *testing.T, out string) []*estRow {
 	if len(files) == 0 {
 		t.Fatalf("no committed shards under %s", out)
 	}
-	quoted := make([]string, len(files))
+	paths := make([]string, len(files))
 	for i, f := range files {
-		quoted[i] = e2eSQLString(filepath.Join(out, filepath.FromSlash(f)))
+		paths[i] = filepath.Join(out, filepath.FromSlash(f))
 	}
-	src := fmt.Sprintf("read_parquet([%s], hive_partitioning=false, union_by_name=true)", strings.Join(quoted, ", "))
+	src := fmt.Sprintf("read_parquet(%s, hive_partitioning=false, union_by_name=true)", e2eSQLList(paths))
 	db, err := sql.Open("duckdb", "")
 	if err != nil {
 		t.Fatalf("opening duckdb: %v", err)

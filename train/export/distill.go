@@ -77,16 +77,11 @@ var requestColumns = []string{
 // --kl-coef for token advantages) into a new output.
 func Distill(ctx context.Context, src train.Shards, cfg DistillConfig, out io.Writer, requests io.Writer) (DistillStats, error) {
 	var st DistillStats
-	mem := cfg.Allocator
-	if mem == nil {
-		mem = memory.DefaultAllocator
-	}
-	entries, err := src.Committed(ctx)
+	entries, mem, prog, err := begin(ctx, src, cfg.Allocator, cfg.Progress)
 	if err != nil {
 		return st, err
 	}
 	st.Shards = len(entries)
-	prog := newProgress(cfg.Progress, entries)
 	pw, err := parquet.NewWriter(out, DistillSchema, parquet.Options{Allocator: mem}, nil)
 	if err != nil {
 		return st, err

@@ -80,16 +80,11 @@ func SFT(ctx context.Context, src train.Shards, cfg SFTConfig, out Rows) (SFTSta
 	if cfg.Format != FormatMessages && cfg.Format != FormatPromptCompletion {
 		return st, fmt.Errorf("export: format %q: want %s or %s", cfg.Format, FormatMessages, FormatPromptCompletion)
 	}
-	mem := cfg.Allocator
-	if mem == nil {
-		mem = memory.DefaultAllocator
-	}
-	entries, err := src.Committed(ctx)
+	entries, mem, prog, err := begin(ctx, src, cfg.Allocator, cfg.Progress)
 	if err != nil {
 		return st, err
 	}
 	st.Shards = len(entries)
-	prog := newProgress(cfg.Progress, entries)
 
 	// Pass one: choose.
 	var trajs []*trajectory
@@ -326,6 +321,19 @@ func readColumns(ctx context.Context, src train.Shards, e schemas.ShardEntry, me
 			return err
 		}
 	}
+}
+
+// begin lists the committed shards to export and starts the progress
+// report over their bytes; mem defaults to Go's allocator.
+func begin(ctx context.Context, src train.Shards, mem memory.Allocator, fn func(done, total int64)) ([]schemas.ShardEntry, memory.Allocator, *progress, error) {
+	if mem == nil {
+		mem = memory.DefaultAllocator
+	}
+	entries, err := src.Committed(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return entries, mem, newProgress(fn, entries), nil
 }
 
 // progress reports bytes of shards read.
