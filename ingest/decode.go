@@ -571,10 +571,15 @@ func (d *Decoder) tokenList(f field, start int) error {
 	return nil
 }
 
-// setTokens stores a copy of d.ints as the step's field f (a clone: the
-// allocation is not zeroed first).
+// setTokens stores a copy of d.ints as the step's field f, never nil ([] is
+// a list, not an absent one). make then copy from a local compiles to one
+// exact-size allocation that is not zeroed first (makeslicecopy; the
+// compiler does not match the pattern on a field, hence src); append would
+// round up to a size class and clear the tail.
 func (d *Decoder) setTokens(f field) {
-	ids := append([]int32{}, d.ints...) // never nil: [] is a list, not an absent one
+	src := d.ints
+	ids := make([]int32, len(src))
+	copy(ids, src)
 	if f == fPromptIDs {
 		d.step.PromptIDs = ids
 	} else {
@@ -621,9 +626,11 @@ func (d *Decoder) floatList(f field, start int) error {
 	return nil
 }
 
-// setFloats stores a copy of d.floats as the step's field f.
+// setFloats stores a copy of d.floats as the step's field f (as setTokens).
 func (d *Decoder) setFloats(f field) {
-	vals := append([]float32{}, d.floats...)
+	src := d.floats
+	vals := make([]float32, len(src))
+	copy(vals, src)
 	if f == fResponseLogprobs {
 		d.step.ResponseLogprobs = vals
 	} else {

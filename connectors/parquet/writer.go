@@ -1,6 +1,9 @@
 // Package parquet encodes Arrow record batches of schemas.StepSchema into
-// Parquet files with arrow-go's pqarrow: zstd, buffered row groups cut by
-// size, no dictionary on token and logprob lists, microsecond timestamps.
+// Parquet files and reads them back: zstd, row groups cut by size, no
+// dictionary or statistics on token and logprob lists, microsecond
+// timestamps. Schemas of flat, list and map columns (StepSchema among
+// them) are written by a native encoder straight from Arrow buffers
+// (native.go); others, and Options.Reference, use arrow-go's pqarrow.
 // It is the only package of rllm-pipe that imports pqarrow.
 package parquet
 
@@ -23,6 +26,10 @@ type Options struct {
 	// ZstdLevel is the zstd level. Default 1 (see the benchmarks).
 	ZstdLevel int
 	Allocator memory.Allocator
+	// Reference writes with arrow-go's pqarrow even where the native
+	// encoder could: the slower reference path the native one is tested
+	// against.
+	Reference bool
 }
 
 // noDictionary lists the columns whose values are (nearly) unique per row,
@@ -42,6 +49,7 @@ var noStats = []string{
 
 // Writer writes one Parquet file. It is not safe for concurrent use.
 type Writer struct {
+	nw     *nativeWriter // nil: fw writes
 	fw     *pqarrow.FileWriter
 	cw     *countingWriter
 	rgMax  int64
@@ -72,6 +80,16 @@ func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]
 	if opts.Allocator == nil {
 		opts.Allocator = memory.DefaultAllocator
 	}
+	cw := &countingWriter{w: w}
+	if !opts.Reference {
+		nw, err := newNativeWriter(cw, schema, opts, meta)
+		if err != nil {
+			return nil, err
+		}
+		if nw != nil {
+			return &Writer{nw: nw, cw: cw, rgMax: opts.RowGroupBytes}, nil
+		}
+	}
 	props := []pq.WriterProperty{
 		pq.WithAllocator(opts.Allocator),
 		pq.WithCompression(compress.Codecs.Zstd),
@@ -90,7 +108,6 @@ func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]
 	for _, c := range noStats {
 		props = append(props, pq.WithStatsFor(c, false))
 	}
-	cw := &countingWriter{w: w}
 	fw, err := pqarrow.NewFileWriter(schema, cw, pq.NewWriterProperties(props...),
 		pqarrow.NewArrowWriterProperties(pqarrow.WithAllocator(opts.Allocator), pqarrow.WithStoreSchema()))
 	if err != nil {
@@ -109,6 +126,9 @@ func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]
 // by column straight to the output (nothing is buffered); smaller ones are
 // gathered in a buffered row group, cut once it reaches the row-group size.
 func (w *Writer) Write(rec arrow.RecordBatch) error {
+	if w.nw != nil {
+		return w.nw.write(rec)
+	}
 	if RecordBytes(rec) >= w.rgMax/2 {
 		if err := w.fw.Write(rec); err != nil {
 			return fmt.Errorf("parquet: write: %w", err)
@@ -130,17 +150,28 @@ func (w *Writer) Write(rec arrow.RecordBatch) error {
 
 // AddMetadata adds a key-value pair to the file footer; call before Close.
 func (w *Writer) AddMetadata(k, v string) error {
+	if w.nw != nil {
+		return w.nw.addMetadata(k, v)
+	}
 	return w.fw.AppendKeyValueMetadata(k, v)
 }
 
 // Size estimates the file's final size: bytes flushed plus the compressed
 // size of the row group still buffered.
 func (w *Writer) Size() int64 {
+	if w.nw != nil {
+		return w.nw.size()
+	}
 	return w.cw.n + w.fw.RowGroupTotalCompressedBytes()
 }
 
 // Rows is the number of rows written.
-func (w *Writer) Rows() int64 { return int64(w.fw.NumRows()) }
+func (w *Writer) Rows() int64 {
+	if w.nw != nil {
+		return w.nw.rows
+	}
+	return int64(w.fw.NumRows())
+}
 
 // Close writes the footer. It does not close the underlying writer. It is
 // safe to call twice.
@@ -149,6 +180,9 @@ func (w *Writer) Close() error {
 		return nil
 	}
 	w.closed = true
+	if w.nw != nil {
+		return w.nw.close()
+	}
 	if err := w.fw.Close(); err != nil {
 		return fmt.Errorf("parquet: close: %w", err)
 	}

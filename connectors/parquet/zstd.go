@@ -1,6 +1,7 @@
 package parquet
 
 import (
+	"runtime"
 	"sync"
 
 	"github.com/apache/arrow-go/v18/parquet/compress"
@@ -14,8 +15,13 @@ import (
 // encoder's own choice; decoding and streaming are arrow-go's.
 type fastZstd struct {
 	compress.Codec
-	pools sync.Map // zstd.EncoderLevel → *sync.Pool of *zstd.Encoder
+	pools sync.Map // zstd.EncoderLevel → encoderPool
 }
+
+// encoderPool keeps idle encoders of one level. Not a sync.Pool: that one
+// is emptied at every garbage collection, and a new encoder allocates its
+// tables and history again (megabytes) — churn the GC then has to collect.
+type encoderPool chan *zstd.Encoder
 
 func init() {
 	def, err := compress.GetCodec(compress.Codecs.Zstd)
@@ -25,13 +31,23 @@ func init() {
 	compress.RegisterCodec(compress.Codecs.Zstd, &fastZstd{Codec: def})
 }
 
-func (z *fastZstd) encoder(level zstd.EncoderLevel) (*zstd.Encoder, *sync.Pool) {
-	p, _ := z.pools.LoadOrStore(level, &sync.Pool{New: func() any {
+func (z *fastZstd) encoder(level zstd.EncoderLevel) (*zstd.Encoder, encoderPool) {
+	p, _ := z.pools.LoadOrStore(level, make(encoderPool, 2*runtime.GOMAXPROCS(0)+2))
+	pool := p.(encoderPool)
+	select {
+	case enc := <-pool:
+		return enc, pool
+	default:
 		enc, _ := zstd.NewWriter(nil, zstd.WithZeroFrames(true), zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(1))
-		return enc
-	}})
-	pool := p.(*sync.Pool)
-	return pool.Get().(*zstd.Encoder), pool
+		return enc, pool
+	}
+}
+
+func (p encoderPool) put(enc *zstd.Encoder) {
+	select {
+	case p <- enc:
+	default: // enough idle ones
+	}
 }
 
 // Encode compresses src at the default level.
@@ -46,7 +62,7 @@ func (z *fastZstd) EncodeLevel(dst, src []byte, level int) []byte {
 		lvl = zstd.EncoderLevelFromZstd(level)
 	}
 	enc, pool := z.encoder(lvl)
-	defer pool.Put(enc)
+	defer pool.put(enc)
 	return enc.EncodeAll(src, dst[:0])
 }
 

@@ -1,0 +1,691 @@
+package parquet
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/flight"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	pq "github.com/apache/arrow-go/v18/parquet"
+	"github.com/apache/arrow-go/v18/parquet/compress"
+	"github.com/apache/arrow-go/v18/parquet/metadata"
+	"github.com/apache/arrow-go/v18/parquet/pqarrow"
+	"github.com/apache/arrow-go/v18/parquet/schema"
+)
+
+// nativeWriter writes Parquet files of the flat, list and map columns that
+// rllm-pipe's schemas use, straight from Arrow buffers: levels as RLE runs
+// computed from list offsets and validity, values copied as they lie,
+// one zstd call per page. arrow-go's writer (the reference path, still
+// used for other schemas) spends more than the compression itself on
+// level arrays, pooled page buffers it zeroes on every reuse, and copies;
+// here a page costs one copy and one compression. The footer is built
+// with arrow-go's metadata package, so the files are ordinary Parquet:
+// the schema is pqarrow's mapping of the Arrow schema, stored with it.
+type nativeWriter struct {
+	w        *countingWriter
+	leaves   []*leaf
+	meta     *metadata.FileMetaDataBuilder
+	codec    compress.Codec
+	level    int
+	pageSize int
+	rgMax    int64
+	rgRows   int
+	rgs      int16
+	rows     int64
+	body     []byte // a page before compression
+	zbuf     []byte // a page after compression
+	hdr      []byte
+}
+
+type leafShape uint8
+
+const (
+	shapeFlat     leafShape = iota // a primitive column
+	shapeList                      // list<primitive>, elements not null
+	shapeMapKey                    // map<k, v>: the keys
+	shapeMapValue                  // map<k, v>: the values
+)
+
+// leaf is one Parquet leaf column and the page and column chunk it is
+// filling.
+type leaf struct {
+	field    int
+	shape    leafShape
+	typ      arrow.Type // of the values
+	nullable bool       // the top-level field
+	maxDef   int16
+	maxRep   int16
+	stats    *stats
+	path     string
+
+	rep, def levelRuns
+	vals     []byte
+	nbits    int // booleans: bits used in vals
+	levels   int // level entries in the page (its num_values)
+
+	chunk        []byte // compressed pages of the row group
+	chunkLevels  int64
+	uncompressed int64
+	pages        int32
+}
+
+// schemaInfo is what a writer needs of a schema, computed once per schema.
+type schemaInfo struct {
+	parquet *schema.Schema
+	arrowKV string // ARROW:schema, as pqarrow stores it
+	err     error
+}
+
+var schemaCache sync.Map // *arrow.Schema → *schemaInfo
+
+// newNativeWriter returns a native writer for sc, or nil when sc has a
+// column it does not handle.
+func newNativeWriter(w *countingWriter, sc *arrow.Schema, opts Options, meta map[string]string) (*nativeWriter, error) {
+	info, ok := nativeSchema(sc)
+	if !ok {
+		return nil, nil
+	}
+	if info.err != nil {
+		return nil, info.err
+	}
+	props := []pq.WriterProperty{
+		pq.WithCompression(compress.Codecs.Zstd),
+		pq.WithCompressionLevel(opts.ZstdLevel),
+		pq.WithDictionaryDefault(false),
+		pq.WithCreatedBy("rllm-pipe"),
+	}
+	wprops := pq.NewWriterProperties(props...)
+	kv := metadata.NewKeyValueMetadata()
+	if err := kv.Append("ARROW:schema", info.arrowKV); err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(meta))
+	for k := range meta {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if err := kv.Append(k, meta[k]); err != nil {
+			return nil, fmt.Errorf("parquet: metadata %q: %w", k, err)
+		}
+	}
+	codec, err := compress.GetCodec(compress.Codecs.Zstd)
+	if err != nil {
+		return nil, fmt.Errorf("parquet: zstd: %w", err)
+	}
+	nw := &nativeWriter{
+		w:        w,
+		meta:     metadata.NewFileMetadataBuilder(info.parquet, wprops, kv),
+		codec:    codec,
+		level:    opts.ZstdLevel,
+		pageSize: 1 << 20,
+		rgMax:    opts.RowGroupBytes,
+	}
+	if nw.leaves, err = planLeaves(sc, info.parquet); err != nil {
+		return nil, err
+	}
+	if _, err := w.Write([]byte("PAR1")); err != nil {
+		return nil, fmt.Errorf("parquet: write: %w", err)
+	}
+	return nw, nil
+}
+
+// nativeSchema reports whether every column of sc is one the native writer
+// handles, and the schema's Parquet form.
+func nativeSchema(sc *arrow.Schema) (*schemaInfo, bool) {
+	for _, f := range sc.Fields() {
+		if !nativeField(f) {
+			return nil, false
+		}
+	}
+	if v, ok := schemaCache.Load(sc); ok {
+		return v.(*schemaInfo), true
+	}
+	info := &schemaInfo{}
+	info.parquet, info.err = pqarrow.ToParquet(sc, pq.NewWriterProperties(), pqarrow.NewArrowWriterProperties(pqarrow.WithStoreSchema()))
+	if info.err == nil {
+		info.arrowKV, info.err = storedArrowSchema(sc)
+	}
+	schemaCache.Store(sc, info)
+	return info, true
+}
+
+// storedArrowSchema is the ARROW:schema value pqarrow stores for sc (read
+// back from an empty file, so that both writers store the same bytes).
+func storedArrowSchema(sc *arrow.Schema) (string, error) {
+	var buf bytes.Buffer
+	fw, err := pqarrow.NewFileWriter(sc, &buf, pq.NewWriterProperties(), pqarrow.NewArrowWriterProperties(pqarrow.WithStoreSchema()))
+	if err != nil {
+		return "", fmt.Errorf("parquet: schema: %w", err)
+	}
+	if err := fw.Close(); err != nil {
+		return "", fmt.Errorf("parquet: schema: %w", err)
+	}
+	md, err := fw.FileMetadata()
+	if err != nil {
+		return "", fmt.Errorf("parquet: schema: %w", err)
+	}
+	if v := md.KeyValueMetadata().FindValue("ARROW:schema"); v != nil {
+		return *v, nil
+	}
+	return base64.StdEncoding.EncodeToString(flight.SerializeSchema(sc, memory.DefaultAllocator)), nil
+}
+
+func nativeValueType(t arrow.DataType) bool {
+	switch t.ID() {
+	case arrow.INT32, arrow.INT64, arrow.FLOAT32, arrow.FLOAT64, arrow.BOOL, arrow.STRING, arrow.BINARY:
+		return true
+	case arrow.TIMESTAMP:
+		u := t.(*arrow.TimestampType).Unit
+		return u == arrow.Millisecond || u == arrow.Microsecond
+	}
+	return false
+}
+
+func nativeField(f arrow.Field) bool {
+	switch t := f.Type.(type) {
+	case *arrow.ListType:
+		el := t.ElemField()
+		return !el.Nullable && nativeValueType(el.Type) && el.Type.ID() != arrow.BOOL
+	case *arrow.MapType:
+		return !t.KeyField().Nullable && nativeValueType(t.KeyType()) && nativeValueType(t.ItemType()) &&
+			t.KeyType().ID() != arrow.BOOL && t.ItemType().ID() != arrow.BOOL
+	default:
+		return nativeValueType(f.Type)
+	}
+}
+
+// planLeaves maps the Arrow fields to Parquet leaves, checking the levels
+// pqarrow's schema gives against the ones this writer emits.
+func planLeaves(sc *arrow.Schema, ps *schema.Schema) ([]*leaf, error) {
+	var leaves []*leaf
+	add := func(field int, shape leafShape, typ arrow.DataType, nullable bool, wantDef, wantRep int16) error {
+		i := len(leaves)
+		if i >= ps.NumColumns() {
+			return fmt.Errorf("parquet: schema has %d leaves, expected more", ps.NumColumns())
+		}
+		col := ps.Column(i)
+		if col.MaxDefinitionLevel() != wantDef || col.MaxRepetitionLevel() != wantRep {
+			return fmt.Errorf("parquet: column %s: levels %d/%d, expected %d/%d", col.Path(),
+				col.MaxDefinitionLevel(), col.MaxRepetitionLevel(), wantDef, wantRep)
+		}
+		l := &leaf{field: field, shape: shape, typ: typ.ID(), nullable: nullable, maxDef: wantDef, maxRep: wantRep,
+			path: col.Path()}
+		l.rep, l.def = newLevelRuns(wantRep), newLevelRuns(wantDef)
+		if shape == shapeFlat && !slices.Contains(noStats, l.path) {
+			l.stats = &stats{}
+		}
+		leaves = append(leaves, l)
+		return nil
+	}
+	for i, f := range sc.Fields() {
+		n := int16(0)
+		if f.Nullable {
+			n = 1
+		}
+		var err error
+		switch t := f.Type.(type) {
+		case *arrow.ListType:
+			err = add(i, shapeList, t.Elem(), f.Nullable, n+1, 1)
+		case *arrow.MapType:
+			if err = add(i, shapeMapKey, t.KeyType(), f.Nullable, n+1, 1); err == nil {
+				v := int16(0)
+				if t.ItemField().Nullable {
+					v = 1
+				}
+				err = add(i, shapeMapValue, t.ItemType(), f.Nullable, n+1+v, 1)
+			}
+		default:
+			err = add(i, shapeFlat, f.Type, f.Nullable, n, 0)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if len(leaves) != ps.NumColumns() {
+		return nil, fmt.Errorf("parquet: schema has %d leaves, planned %d", ps.NumColumns(), len(leaves))
+	}
+	return leaves, nil
+}
+
+// write adds rec's rows, in windows of about a page, cutting row groups
+// between windows.
+func (nw *nativeWriter) write(rec arrow.RecordBatch) error {
+	n := int(rec.NumRows())
+	if n == 0 {
+		return nil
+	}
+	perRow := RecordBytes(rec)/int64(n) + 1
+	window := max(1, min(n, int(int64(nw.pageSize)/perRow)))
+	for lo := 0; lo < n; lo += window {
+		hi := min(n, lo+window)
+		for _, l := range nw.leaves {
+			l.add(rec.Column(l.field), lo, hi)
+			if l.pageBytes() >= nw.pageSize {
+				nw.flushPage(l)
+			}
+		}
+		nw.rgRows += hi - lo
+		nw.rows += int64(hi - lo)
+		if nw.rowGroupBytes() >= nw.rgMax {
+			if err := nw.flushRowGroup(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (nw *nativeWriter) rowGroupBytes() int64 {
+	var n int64
+	for _, l := range nw.leaves {
+		n += int64(len(l.chunk) + len(l.vals))
+	}
+	return n
+}
+
+// size estimates the file's final size: bytes written plus the row group
+// being filled (compressed pages, and the pages still open uncompressed).
+func (nw *nativeWriter) size() int64 { return nw.w.n + nw.rowGroupBytes() }
+
+func (l *leaf) pageBytes() int { return len(l.vals) + len(l.rep.buf) + len(l.def.buf) }
+
+// flushPage closes l's page: levels and values, compressed, appended with
+// their header to the column chunk.
+func (nw *nativeWriter) flushPage(l *leaf) {
+	if l.levels == 0 {
+		return
+	}
+	body := nw.body[:0]
+	if l.maxRep > 0 {
+		body = l.rep.appendTo(body)
+	}
+	if l.maxDef > 0 {
+		body = l.def.appendTo(body)
+	}
+	body = append(body, l.vals...)
+	nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
+	nw.hdr = appendPageHeader(nw.hdr[:0], len(body), len(nw.zbuf), l.levels)
+	l.chunk = append(l.chunk, nw.hdr...)
+	l.chunk = append(l.chunk, nw.zbuf...)
+	l.uncompressed += int64(len(nw.hdr) + len(body))
+	l.chunkLevels += int64(l.levels)
+	l.pages++
+	l.vals, l.nbits, l.levels = l.vals[:0], 0, 0
+	nw.body = body
+}
+
+// flushRowGroup writes the buffered column chunks and their metadata.
+func (nw *nativeWriter) flushRowGroup() error {
+	if nw.rgRows == 0 {
+		return nil
+	}
+	rg := nw.meta.AppendRowGroup()
+	for _, l := range nw.leaves {
+		nw.flushPage(l)
+		offset := nw.w.n
+		if _, err := nw.w.Write(l.chunk); err != nil {
+			return fmt.Errorf("parquet: write: %w", err)
+		}
+		cc := rg.NextColumnChunk()
+		if l.stats != nil {
+			cc.SetStats(l.stats.encode(l.typ))
+			l.stats.reset()
+		}
+		err := cc.Finish(metadata.ChunkMetaInfo{
+			NumValues:        l.chunkLevels,
+			DictPageOffset:   -1,
+			IndexPageOffset:  -1,
+			DataPageOffset:   offset,
+			CompressedSize:   int64(len(l.chunk)),
+			UncompressedSize: l.uncompressed,
+		}, false, false, metadata.EncodingStats{DataEncodingStats: map[pq.Encoding]int32{pq.Encodings.Plain: l.pages}})
+		if err != nil {
+			return fmt.Errorf("parquet: column chunk %s: %w", l.path, err)
+		}
+		l.chunk, l.chunkLevels, l.uncompressed, l.pages = l.chunk[:0], 0, 0, 0
+	}
+	rg.SetNumRows(nw.rgRows)
+	if err := rg.Finish(0, nw.rgs); err != nil {
+		return fmt.Errorf("parquet: row group: %w", err)
+	}
+	nw.rgs++
+	nw.rgRows = 0
+	return nil
+}
+
+func (nw *nativeWriter) addMetadata(k, v string) error {
+	return nw.meta.AppendKeyValueMetadata(k, v)
+}
+
+// close writes the last row group and the footer.
+func (nw *nativeWriter) close() error {
+	if err := nw.flushRowGroup(); err != nil {
+		return err
+	}
+	md, err := nw.meta.Finish()
+	if err != nil {
+		return fmt.Errorf("parquet: footer: %w", err)
+	}
+	n, err := md.WriteTo(nw.w, nil)
+	if err != nil {
+		return fmt.Errorf("parquet: footer: %w", err)
+	}
+	tail := binary.LittleEndian.AppendUint32(nil, uint32(n))
+	if _, err := nw.w.Write(append(tail, "PAR1"...)); err != nil {
+		return fmt.Errorf("parquet: footer: %w", err)
+	}
+	return nil
+}
+
+// add appends rows [lo, hi) of col to l's page.
+func (l *leaf) add(col arrow.Array, lo, hi int) {
+	switch l.shape {
+	case shapeFlat:
+		l.addFlat(col, lo, hi)
+	case shapeList:
+		lst := col.(*array.List)
+		l.addNested(lst, lst.ListValues(), nil, lo, hi)
+	case shapeMapKey:
+		m := col.(*array.Map)
+		l.addNested(m.List, m.Keys(), nil, lo, hi)
+	case shapeMapValue:
+		m := col.(*array.Map)
+		l.addNested(m.List, m.Items(), m.Items(), lo, hi)
+	}
+}
+
+// addFlat: definition level maxDef for a value, maxDef-1 for a null; no
+// repetition levels.
+func (l *leaf) addFlat(col arrow.Array, lo, hi int) {
+	l.levels += hi - lo
+	if l.maxDef == 0 || col.NullN() == 0 {
+		l.def.put(l.maxDef, hi-lo)
+		l.addValues(col, lo, hi)
+		return
+	}
+	for i := lo; i < hi; {
+		j := i + 1
+		valid := col.IsValid(i)
+		for j < hi && col.IsValid(j) == valid {
+			j++
+		}
+		if valid {
+			l.def.put(l.maxDef, j-i)
+			l.addValues(col, i, j)
+		} else {
+			l.def.put(l.maxDef-1, j-i)
+			if l.stats != nil {
+				l.stats.nulls += int64(j - i)
+			}
+		}
+		i = j
+	}
+}
+
+// addNested writes rows [lo, hi) of a list (or a map's keys or values,
+// whose entries are the list's elements): per row a null (definition 0),
+// an empty list (the list's own level) or one entry per element
+// (repetition 0 for the first, 1 for the rest). items, when set, are
+// nullable entries one level deeper.
+func (l *leaf) addNested(lst *array.List, values, items arrow.Array, lo, hi int) {
+	if items != nil && (items.NullN() == 0 || l.maxDef != l.listLevel()+2) {
+		items = nil // no null entries to mark
+	}
+	nullLists := l.nullable && lst.NullN() > 0
+	runStart, runEnd := int64(-1), int64(0) // elements of consecutive rows, written at once
+	flush := func() {
+		if runStart >= 0 {
+			l.addElems(values, items, runStart, runEnd)
+			runStart = -1
+		}
+	}
+	for i := lo; i < hi; i++ {
+		if nullLists && lst.IsNull(i) {
+			flush()
+			l.rep.put(0, 1)
+			l.def.put(0, 1)
+			l.levels++
+			continue
+		}
+		s, e := lst.ValueOffsets(i)
+		if s == e {
+			flush()
+			l.rep.put(0, 1)
+			l.def.put(l.listLevel(), 1)
+			l.levels++
+			continue
+		}
+		l.rep.put(0, 1)
+		l.rep.put(1, int(e-s)-1)
+		l.levels += int(e - s)
+		if runStart >= 0 && s != runEnd {
+			flush()
+		}
+		if runStart < 0 {
+			runStart = s
+		}
+		runEnd = e
+	}
+	flush()
+}
+
+// listLevel is the definition level of an empty (present) list.
+func (l *leaf) listLevel() int16 {
+	if l.nullable {
+		return 1
+	}
+	return 0
+}
+
+// addElems writes elements [s, e) of values: definition maxDef for each,
+// one less for a null item when items is set.
+func (l *leaf) addElems(values, items arrow.Array, s, e int64) {
+	if items == nil {
+		l.def.put(l.maxDef, int(e-s))
+		l.addValues(values, int(s), int(e))
+		return
+	}
+	for i := s; i < e; {
+		j := i + 1
+		valid := items.IsValid(int(i))
+		for j < e && items.IsValid(int(j)) == valid {
+			j++
+		}
+		if valid {
+			l.def.put(l.maxDef, int(j-i))
+			l.addValues(values, int(i), int(j))
+		} else {
+			l.def.put(l.maxDef-1, int(j-i))
+		}
+		i = j
+	}
+}
+
+// addValues appends the PLAIN bytes of values [lo, hi) of col (all
+// valid), updating the statistics.
+func (l *leaf) addValues(col arrow.Array, lo, hi int) {
+	if hi <= lo {
+		return
+	}
+	switch a := col.(type) {
+	case *array.Int32:
+		v := a.Int32Values()[lo:hi]
+		l.vals = appendInt32s(l.vals, v)
+		if l.stats != nil {
+			for _, x := range v {
+				l.stats.int(int64(x))
+			}
+		}
+	case *array.Int64:
+		v := a.Int64Values()[lo:hi]
+		l.vals = appendInt64s(l.vals, v)
+		if l.stats != nil {
+			for _, x := range v {
+				l.stats.int(x)
+			}
+		}
+	case *array.Timestamp:
+		v := a.TimestampValues()[lo:hi]
+		for _, x := range v {
+			l.vals = binary.LittleEndian.AppendUint64(l.vals, uint64(x))
+			if l.stats != nil {
+				l.stats.int(int64(x))
+			}
+		}
+	case *array.Float32:
+		v := a.Float32Values()[lo:hi]
+		l.vals = appendFloat32s(l.vals, v)
+		if l.stats != nil {
+			for _, x := range v {
+				l.stats.float(float64(x))
+			}
+		}
+	case *array.Float64:
+		v := a.Float64Values()[lo:hi]
+		l.vals = appendFloat64s(l.vals, v)
+		if l.stats != nil {
+			for _, x := range v {
+				l.stats.float(x)
+			}
+		}
+	case *array.Boolean:
+		for i := lo; i < hi; i++ {
+			b := a.Value(i)
+			if l.nbits%8 == 0 {
+				l.vals = append(l.vals, 0)
+			}
+			if b {
+				l.vals[len(l.vals)-1] |= 1 << (l.nbits % 8)
+			}
+			l.nbits++
+			if l.stats != nil {
+				l.stats.bool(b)
+			}
+		}
+	case *array.String:
+		for i := lo; i < hi; i++ {
+			s := a.Value(i)
+			l.vals = binary.LittleEndian.AppendUint32(l.vals, uint32(len(s)))
+			l.vals = append(l.vals, s...)
+			if l.stats != nil {
+				l.stats.bytes(s)
+			}
+		}
+	case *array.Binary:
+		for i := lo; i < hi; i++ {
+			s := a.Value(i)
+			l.vals = binary.LittleEndian.AppendUint32(l.vals, uint32(len(s)))
+			l.vals = append(l.vals, s...)
+			if l.stats != nil {
+				l.stats.bytes(string(s))
+			}
+		}
+	default:
+		panic(fmt.Sprintf("parquet: native writer got %T", col)) // nativeField admits no other type
+	}
+}
+
+// stats are a column chunk's min, max and null count, encoded as Parquet
+// stores them (PLAIN values; strings compared as unsigned bytes).
+type stats struct {
+	has        bool
+	imin, imax int64
+	fmin, fmax float64
+	bmin, bmax []byte
+	nulls      int64
+}
+
+func (s *stats) reset() { *s = stats{bmin: s.bmin[:0], bmax: s.bmax[:0]} }
+
+func (s *stats) int(x int64) {
+	if !s.has {
+		s.imin, s.imax, s.has = x, x, true
+		return
+	}
+	s.imin, s.imax = min(s.imin, x), max(s.imax, x)
+}
+
+func (s *stats) bool(b bool) {
+	x := int64(0)
+	if b {
+		x = 1
+	}
+	s.int(x)
+}
+
+// float ignores NaN; a zero minimum is -0 and a zero maximum +0, as the
+// format asks.
+func (s *stats) float(x float64) {
+	if math.IsNaN(x) {
+		return
+	}
+	if !s.has {
+		s.fmin, s.fmax, s.has = x, x, true
+	} else {
+		if x < s.fmin {
+			s.fmin = x
+		}
+		if x > s.fmax {
+			s.fmax = x
+		}
+	}
+	if s.fmin == 0 {
+		s.fmin = math.Copysign(0, -1)
+	}
+	if s.fmax == 0 {
+		s.fmax = 0
+	}
+}
+
+func (s *stats) bytes(v string) {
+	if !s.has {
+		s.bmin, s.bmax, s.has = append(s.bmin[:0], v...), append(s.bmax[:0], v...), true
+		return
+	}
+	if v < string(s.bmin) {
+		s.bmin = append(s.bmin[:0], v...)
+	} else if v > string(s.bmax) {
+		s.bmax = append(s.bmax[:0], v...)
+	}
+}
+
+func (s *stats) encode(t arrow.Type) metadata.EncodedStatistics {
+	e := metadata.EncodedStatistics{HasNullCount: true, NullCount: s.nulls, Signed: true}
+	if !s.has {
+		return e
+	}
+	var lo, hi []byte
+	switch t {
+	case arrow.INT32:
+		lo = binary.LittleEndian.AppendUint32(nil, uint32(s.imin))
+		hi = binary.LittleEndian.AppendUint32(nil, uint32(s.imax))
+	case arrow.INT64, arrow.TIMESTAMP:
+		lo = binary.LittleEndian.AppendUint64(nil, uint64(s.imin))
+		hi = binary.LittleEndian.AppendUint64(nil, uint64(s.imax))
+	case arrow.BOOL:
+		lo, hi = []byte{byte(s.imin)}, []byte{byte(s.imax)}
+		e.Signed = false
+	case arrow.FLOAT32:
+		lo = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(s.fmin)))
+		hi = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(s.fmax)))
+	case arrow.FLOAT64:
+		lo = binary.LittleEndian.AppendUint64(nil, math.Float64bits(s.fmin))
+		hi = binary.LittleEndian.AppendUint64(nil, math.Float64bits(s.fmax))
+	case arrow.STRING, arrow.BINARY:
+		lo, hi = bytes.Clone(s.bmin), bytes.Clone(s.bmax)
+		e.Signed = false
+	default:
+		return e
+	}
+	e.HasMin, e.Min, e.HasMax, e.Max = true, lo, true, hi
+	return e
+}

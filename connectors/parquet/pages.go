@@ -1,0 +1,153 @@
+package parquet
+
+import (
+	"encoding/binary"
+	"math"
+	"math/bits"
+	"unsafe"
+)
+
+// This file holds the byte-level pieces of the native encoder: levels in
+// the RLE/bit-packed hybrid (RLE runs only), data page headers in Thrift's
+// compact protocol, and PLAIN values.
+
+// levelRuns encodes repetition or definition levels as RLE runs. Levels
+// arrive in runs (a list's elements share one level, a column without
+// nulls is one run), so a run-only encoding is both the cheapest to write
+// and close to the smallest; it is valid RLE/bit-packed hybrid data.
+type levelRuns struct {
+	buf   []byte
+	cur   int16
+	run   int
+	width int // bytes per run value: ceil(bit width / 8)
+}
+
+func newLevelRuns(maxLevel int16) levelRuns {
+	return levelRuns{width: (bits.Len16(uint16(maxLevel)) + 7) / 8}
+}
+
+// put appends n copies of level.
+func (r *levelRuns) put(level int16, n int) {
+	if n <= 0 {
+		return
+	}
+	if r.run > 0 && level == r.cur {
+		r.run += n
+		return
+	}
+	r.flush()
+	r.cur, r.run = level, n
+}
+
+func (r *levelRuns) flush() {
+	if r.run == 0 {
+		return
+	}
+	r.buf = binary.AppendUvarint(r.buf, uint64(r.run)<<1)
+	for i := 0; i < r.width; i++ {
+		r.buf = append(r.buf, byte(r.cur>>(8*i)))
+	}
+	r.run = 0
+}
+
+// appendTo appends the levels the way a v1 data page carries them: a
+// 4-byte little-endian length, then the runs. It resets r.
+func (r *levelRuns) appendTo(dst []byte) []byte {
+	r.flush()
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(r.buf)))
+	dst = append(dst, r.buf...)
+	r.buf = r.buf[:0]
+	return dst
+}
+
+func (r *levelRuns) size() int { return len(r.buf) + 2 + r.width }
+
+// Parquet enum values written in page headers.
+const (
+	pageTypeData     = 0
+	encodingPlain    = 0
+	encodingRLE      = 3
+	thriftI32        = 5
+	thriftStruct     = 12
+	thriftFieldDelta = 1
+)
+
+// appendPageHeader appends a Thrift compact-protocol PageHeader of a v1
+// data page: type, sizes, then DataPageHeader{num_values, encoding,
+// definition and repetition level encodings (RLE)}, values PLAIN.
+func appendPageHeader(dst []byte, uncompressed, compressed, numValues int) []byte {
+	i32 := func(dst []byte, v int32) []byte {
+		dst = append(dst, thriftFieldDelta<<4|thriftI32)
+		return binary.AppendUvarint(dst, uint64(uint32((v<<1)^(v>>31)))) // zigzag
+	}
+	dst = i32(dst, pageTypeData)         // 1: type
+	dst = i32(dst, int32(uncompressed))  // 2: uncompressed_page_size
+	dst = i32(dst, int32(compressed))    // 3: compressed_page_size
+	dst = append(dst, 2<<4|thriftStruct) // 5: data_page_header (skips 4: crc)
+	dst = i32(dst, int32(numValues))     // 1: num_values
+	dst = i32(dst, encodingPlain)        // 2: encoding
+	dst = i32(dst, encodingRLE)          // 3: definition_level_encoding
+	dst = i32(dst, encodingRLE)          // 4: repetition_level_encoding
+	dst = append(dst, 0)                 // end of DataPageHeader
+	return append(dst, 0)                // end of PageHeader
+}
+
+// littleEndian reports whether the machine stores integers little endian,
+// the byte order of Parquet's PLAIN encoding: then value slices are copied
+// as they are.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
+
+func appendInt32s(dst []byte, v []int32) []byte {
+	if len(v) == 0 {
+		return dst
+	}
+	if littleEndian {
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))...)
+	}
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(x))
+	}
+	return dst
+}
+
+func appendInt64s(dst []byte, v []int64) []byte {
+	if len(v) == 0 {
+		return dst
+	}
+	if littleEndian {
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 8*len(v))...)
+	}
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(x))
+	}
+	return dst
+}
+
+func appendFloat32s(dst []byte, v []float32) []byte {
+	if len(v) == 0 {
+		return dst
+	}
+	if littleEndian {
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))...)
+	}
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
+	}
+	return dst
+}
+
+func appendFloat64s(dst []byte, v []float64) []byte {
+	if len(v) == 0 {
+		return dst
+	}
+	if littleEndian {
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 8*len(v))...)
+	}
+	for _, x := range v {
+		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
+	}
+	return dst
+}
