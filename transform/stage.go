@@ -20,7 +20,7 @@ type DeadLetters interface {
 type StageConfig struct {
 	Assembler Config
 	// BatchRows is the number of rows gathered before a batch is built.
-	// Default 4096.
+	// Default 2048 (about 7 MB of Arrow buffers with 512+256-token steps).
 	BatchRows int
 	// Tick is how often timeouts are checked and pending groups flushed.
 	// Default 1 s.
@@ -56,7 +56,7 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 		}
 	}()
 	if cfg.BatchRows <= 0 {
-		cfg.BatchRows = 4096
+		cfg.BatchRows = 2048
 	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Second
