@@ -20,6 +20,10 @@ import (
 type Raw struct {
 	Data   []byte
 	Source schemas.Source
+	// Ref, when its File is set, locates Data in a seekable input, so
+	// that whoever keeps the record for later (a dead letter) can keep
+	// the reference instead of a copy.
+	Ref RawRef
 	// Truncated is set when the record was larger than the source's limit;
 	// Data then holds only its first bytes and Size the full length.
 	Truncated bool
@@ -45,6 +49,36 @@ type Source interface {
 	Close() error
 }
 
+// RawFile is an input file that records can be read from again.
+type RawFile struct {
+	name string
+	f    *os.File
+}
+
+// RawRef is where a record lies in a RawFile.
+type RawRef struct {
+	File *RawFile
+	Off  int64
+	Len  int
+}
+
+// Valid reports whether r refers to a record.
+func (r RawRef) Valid() bool { return r.File != nil }
+
+// Bytes reads the record again. It fails once the source is closed, or
+// if the file no longer holds a whole line there.
+func (r RawRef) Bytes() ([]byte, error) {
+	b := make([]byte, r.Len+1)
+	n, err := r.File.f.ReadAt(b, r.Off)
+	if err != nil && !(errors.Is(err, io.EOF) && n == r.Len) {
+		return nil, fmt.Errorf("read %s again at byte %d: %w", r.File.name, r.Off, err)
+	}
+	if n == r.Len+1 && b[r.Len] != '\n' && b[r.Len] != '\r' {
+		return nil, fmt.Errorf("read %s again at byte %d: the file changed (no line end after %d bytes)", r.File.name, r.Off, r.Len)
+	}
+	return b[:r.Len:r.Len], nil
+}
+
 // DefaultMaxRecordBytes is the default limit on one record; larger records
 // are dead-lettered as too_large with their first bytes.
 const DefaultMaxRecordBytes = 64 << 20
@@ -59,6 +93,8 @@ var utf8BOM = []byte{0xef, 0xbb, 0xbf}
 type LineSource struct {
 	name      string
 	stream    string
+	file      *RawFile // set for a file: records are referenced, not copied
+	off       int64    // bytes consumed from r
 	r         *bufio.Reader
 	closer    io.Closer
 	line      int64
@@ -99,6 +135,9 @@ func OpenFile(path string, maxRecord int) (*LineSource, error) {
 	sum := sha256.Sum256(head[:n])
 	s := NewLineSource(path, f, f, maxRecord)
 	s.stream = abs + "#" + hex.EncodeToString(sum[:8])
+	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
+		s.file = &RawFile{name: path, f: f}
+	}
 	return s, nil
 }
 
@@ -133,12 +172,14 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 	c.Release = func() { s.pool.Put(&buf) }
 	if p := s.pending; p != nil {
 		s.pending = nil
-		buf = s.add(&c, buf, p.data, p.truncated, p.size)
+		buf = s.add(&c, buf, p.data, p.truncated, p.size, p.off)
 	}
 	for !s.done && len(buf) < s.chunkSize {
+		off := s.off
 		data, truncated, size, err := s.readLine()
-		if s.line == 0 {
-			data = bytes.TrimPrefix(data, utf8BOM) // a byte-order mark is not part of the record
+		if s.line == 0 && bytes.HasPrefix(data, utf8BOM) {
+			data = data[len(utf8BOM):] // a byte-order mark is not part of the record
+			off += int64(len(utf8BOM))
 		}
 		if err == io.EOF {
 			s.done = true
@@ -146,11 +187,11 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 			return c, fmt.Errorf("read %s line %d: %w", s.name, s.line+1, err)
 		}
 		if len(buf) > 0 && len(buf)+len(data) > cap(buf) {
-			s.pending = &pendingLine{data: append([]byte(nil), data...), truncated: truncated, size: size}
+			s.pending = &pendingLine{data: append([]byte(nil), data...), truncated: truncated, size: size, off: off}
 			break
 		}
 		if len(data) > 0 || truncated || err == nil {
-			buf = s.add(&c, buf, data, truncated, size)
+			buf = s.add(&c, buf, data, truncated, size, off)
 		}
 		// On a quiet stream (stdin, a pipe) hand over what has arrived
 		// rather than wait for a full chunk.
@@ -177,11 +218,12 @@ type pendingLine struct {
 	data      []byte
 	truncated bool
 	size      int64
+	off       int64
 }
 
 // add numbers the next line and appends it to the chunk (blank lines are
-// only counted).
-func (s *LineSource) add(c *Chunk, buf, data []byte, truncated bool, size int64) []byte {
+// only counted). off is where the line starts in the input.
+func (s *LineSource) add(c *Chunk, buf, data []byte, truncated bool, size, off int64) []byte {
 	s.line++
 	if isBlank(data) && !truncated {
 		c.Blank++
@@ -189,12 +231,16 @@ func (s *LineSource) add(c *Chunk, buf, data []byte, truncated bool, size int64)
 	}
 	start := len(buf)
 	buf = append(buf, data...)
-	c.Records = append(c.Records, Raw{
+	r := Raw{
 		Data:      buf[start:len(buf):len(buf)],
 		Source:    schemas.Source{Stream: s.stream, File: s.name, Line: s.line},
 		Truncated: truncated,
 		Size:      size,
-	})
+	}
+	if s.file != nil && !truncated {
+		r.Ref = RawRef{File: s.file, Off: off, Len: len(data)}
+	}
+	c.Records = append(c.Records, r)
 	return buf
 }
 
@@ -202,6 +248,7 @@ func (s *LineSource) readLine() (data []byte, truncated bool, size int64, err er
 	var long []byte
 	for {
 		frag, rerr := s.r.ReadSlice('\n')
+		s.off += int64(len(frag))
 		size += int64(len(frag))
 		if rerr == nil {
 			size-- // the newline

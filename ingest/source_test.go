@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -152,4 +155,90 @@ func TestQuietStreamDeliversWithoutWaitingAndStops(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 	pw.Close() // lets the abandoned read return before goleak looks
+}
+
+// Records of a file are referenced, not copied: every reference reads back
+// exactly the record's bytes (byte-order mark, CRLF, blank lines, a last
+// line without newline, lines held over to the next chunk), and a decoded
+// item keeps the reference instead of a copy, while a rejected one keeps
+// its bytes.
+func TestFileRecordsReadAgain(t *testing.T) {
+	var in strings.Builder
+	in.WriteString("\xef\xbb\xbf{\"a\":1}\r\n\n  \n")
+	for i := 0; i < 300; i++ {
+		fmt.Fprintf(&in, "{\"line\":%d,\"pad\":%q}\n", i, strings.Repeat("x", i*37%5000))
+	}
+	in.WriteString("{\"last\":true}")
+	path := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(path, []byte(in.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenFile(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.chunkSize = 4 << 10 // many chunks, lines held over
+	var n int
+	for {
+		c, err := src.Read(context.Background())
+		for _, r := range c.Records {
+			n++
+			if !r.Ref.Valid() {
+				t.Fatalf("line %d: no reference", r.Source.Line)
+			}
+			b, err := r.Ref.Bytes()
+			if err != nil || !bytes.Equal(b, r.Data) {
+				t.Fatalf("line %d: read again %q (%v), want %q", r.Source.Line, b, err, r.Data)
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n != 302 {
+		t.Fatalf("%d records, want 302", n)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Through the decoder: a good record is kept by reference, a bad one
+	// by copy.
+	if err := os.WriteFile(path, []byte("{\"type\":\"trajectory\",\"trajectory_id\":\"t\",\"task_id\":\"k\",\"reward\":1,\"num_steps\":1}\n{bad\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err = OpenFile(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	c, err := src.Read(context.Background())
+	if err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	var d Decoder
+	b := decodeChunk(&d, c)
+	if len(b.Items) != 2 {
+		t.Fatalf("%d items", len(b.Items))
+	}
+	good, bad := b.Items[0], b.Items[1]
+	if good.Err != nil || good.Raw != nil || !good.Ref.Valid() {
+		t.Fatalf("good record: err %v, raw %q, ref %v", good.Err, good.Raw, good.Ref.Valid())
+	}
+	if bad.Err == nil || string(bad.Raw) != "{bad" {
+		t.Fatalf("bad record: err %v, raw %q", bad.Err, bad.Raw)
+	}
+	if rec, err := good.Ref.Bytes(); err != nil || !strings.HasPrefix(string(rec), `{"type":"trajectory"`) {
+		t.Fatalf("good record read again: %q, %v", rec, err)
+	}
+	// A file changed under the run: the reference says so.
+	if err := os.WriteFile(path, []byte("{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := good.Ref.Bytes(); err == nil {
+		t.Fatal("a record read again from a truncated file")
+	}
 }

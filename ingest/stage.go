@@ -14,9 +14,12 @@ import (
 // Item is one decoded record, or the reason it was rejected.
 type Item struct {
 	Source schemas.Source
-	// Raw is the original record (a copy owned by the item; for a too-large
-	// record only its first bytes).
+	// Raw is the original record (for a too-large record only its first
+	// bytes), or nil when Ref can read it again from the input: a decoded
+	// record of a file is kept by reference, so that the bytes of every
+	// line are not copied for the few that end as dead letters.
 	Raw []byte
+	Ref RawRef
 	// Size is the full length of a too_large record.
 	Size int64
 	Rec  Record
@@ -114,7 +117,7 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 			for j := range jobs {
 				b := decodeChunk(&d, j.chunk)
 				if j.chunk.Release != nil {
-					j.chunk.Release() // decodeChunk copied what it keeps
+					j.chunk.Release() // decodeChunk copied or referenced what it keeps
 				}
 				j.done <- b
 			}
@@ -145,8 +148,8 @@ func decodeChunk(d *Decoder, c Chunk) Batch {
 	for i, r := range c.Records {
 		it := &b.Items[i]
 		it.Source = r.Source
-		it.Raw = append([]byte(nil), r.Data...)
 		if r.Truncated {
+			it.Raw = append([]byte(nil), r.Data...)
 			it.Size = r.Size
 			it.Err = schemas.Rejectf(schemas.ReasonTooLarge, "", "record is %d bytes, over the limit", r.Size)
 			continue
@@ -157,10 +160,19 @@ func decodeChunk(d *Decoder, c Chunk) Batch {
 			if !errors.As(err, &re) {
 				re = &schemas.RejectError{Reason: schemas.ReasonMalformedJSON, Err: err}
 			}
+			it.Raw = append([]byte(nil), r.Data...)
 			it.Err = re
 			continue
 		}
 		it.Rec = rec
+		switch {
+		case r.Ref.Valid():
+			it.Ref = r.Ref
+		case c.Release == nil:
+			it.Raw = r.Data // the chunk's memory is not reused
+		default:
+			it.Raw = append([]byte(nil), r.Data...)
+		}
 	}
 	return b
 }

@@ -75,7 +75,8 @@ type Counters struct {
 // Step is a buffered step with its lineage.
 type Step struct {
 	*schemas.Step
-	Raw    []byte
+	Raw    []byte        // the record as received, or nil when Ref reads it
+	Ref    ingest.RawRef // where the record lies in its input file
 	Source schemas.Source
 	hash   uint64
 }
@@ -84,7 +85,8 @@ type Step struct {
 // steps in step_index order.
 type Trajectory struct {
 	*schemas.Trajectory
-	Raw    []byte
+	Raw    []byte        // as Step's
+	Ref    ingest.RawRef // as Step's
 	Source schemas.Source
 	Steps  []*Step
 
@@ -119,7 +121,7 @@ func (g *Group) rawBytes() int {
 	n := 0
 	for _, t := range g.Trajectories {
 		for _, s := range t.Steps {
-			n += len(s.Raw)
+			n += len(s.Raw) + s.Ref.Len
 		}
 	}
 	return n
@@ -207,12 +209,20 @@ func (a *Assembler) drop(it *ingest.Item) {
 }
 
 func (a *Assembler) reject(it *ingest.Item, reason schemas.Reason, format string, args ...any) {
-	a.dead = append(a.dead, schemas.DeadLetter{
-		Reason: reason,
-		Error:  fmt.Sprintf(format, args...),
-		Source: it.Source,
-		Record: it.Raw,
-	})
+	a.deadLetter(reason, fmt.Sprintf(format, args...), it.Source, it.Raw, it.Ref)
+}
+
+// deadLetter adds a dead letter carrying the record: raw, or read again
+// through ref. Should the input no longer hold it (changed under the
+// run), the letter says so and carries no record.
+func (a *Assembler) deadLetter(reason schemas.Reason, msg string, src schemas.Source, raw []byte, ref ingest.RawRef) {
+	if raw == nil && ref.Valid() {
+		var err error
+		if raw, err = ref.Bytes(); err != nil {
+			msg += "; the record could not be read again: " + err.Error()
+		}
+	}
+	a.dead = append(a.dead, schemas.DeadLetter{Reason: reason, Error: msg, Source: src, Record: raw})
 }
 
 // Add takes one decoded record at time now.
@@ -303,7 +313,7 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 	} else {
 		t = a.newTrajectory(s.TrajectoryID, s.TaskID, key, now)
 	}
-	st := &Step{Step: s, Raw: it.Raw, Source: it.Source, hash: h}
+	st := &Step{Step: s, Raw: it.Raw, Ref: it.Ref, Source: it.Source, hash: h}
 	t.Steps = append(t.Steps, st)
 	a.steps[s.StepID] = st
 	a.progress(t)
@@ -340,7 +350,7 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 	if t == nil {
 		t = a.newTrajectory(tr.TrajectoryID, tr.TaskID, key, now)
 	}
-	t.Trajectory, t.Raw, t.Source, t.hash = tr, it.Raw, it.Source, h
+	t.Trajectory, t.Raw, t.Ref, t.Source, t.hash = tr, it.Raw, it.Ref, it.Source, h
 	if tr.GroupSize > 0 {
 		t.g.size, t.g.sizeSet = int(tr.GroupSize), true
 	}
@@ -349,12 +359,9 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 	for _, st := range t.Steps {
 		if st.StepIndex >= tr.NumSteps {
 			delete(a.steps, st.StepID)
-			a.dead = append(a.dead, schemas.DeadLetter{
-				Reason: schemas.ReasonStepOutOfRange,
-				Error:  fmt.Sprintf("step_index %d is out of range: trajectory %q has num_steps %d", st.StepIndex, tr.TrajectoryID, tr.NumSteps),
-				Source: st.Source,
-				Record: st.Raw,
-			})
+			a.deadLetter(schemas.ReasonStepOutOfRange,
+				fmt.Sprintf("step_index %d is out of range: trajectory %q has num_steps %d", st.StepIndex, tr.TrajectoryID, tr.NumSteps),
+				st.Source, st.Raw, st.Ref)
 			continue
 		}
 		kept = append(kept, st)
@@ -487,10 +494,10 @@ func (a *Assembler) close(g *group, why string) {
 				g.key, why, g.complete, a.cfg.MinGroupSize, g.size, a.trajState(t))
 		}
 		if t.Trajectory != nil {
-			a.dead = append(a.dead, schemas.DeadLetter{Reason: reason, Error: msg, Source: t.Source, Record: t.Raw})
+			a.deadLetter(reason, msg, t.Source, t.Raw, t.Ref)
 		}
 		for _, s := range t.Steps {
-			a.dead = append(a.dead, schemas.DeadLetter{Reason: reason, Error: msg, Source: s.Source, Record: s.Raw})
+			a.deadLetter(reason, msg, s.Source, s.Raw, s.Ref)
 		}
 	}
 	a.order.Remove(g.elem)
