@@ -48,16 +48,29 @@ func (l *lexer) fastInts(dst []int32) (out []int32, ok bool) {
 			notDigit := (d | (d + 0x7676767676767676)) & 0x8080808080808080
 			n := bits.TrailingZeros64(notDigit) >> 3
 			if n == 0 {
+				if isWS(b[i]) { // after a comma
+					i++
+					continue
+				}
 				return dst, false // a sign, a string, ...: the general path decides
 			}
 			if n < 8 {
 				if n > 1 && b[i] == '0' {
 					return dst, false // 012
 				}
+				// The byte after the digits is in the word already: a comma
+				// moves on without loading it again (the loop's critical
+				// path is the cursor).
+				sep := byte(d >> (8 * uint(n))) // no borrow: the bytes below are digits
 				v = d << (64 - 8*uint(n))
 				v = (v*10 + v>>8) & 0x00FF00FF00FF00FF
 				v = (v*100 + v>>16) & 0x0000FFFF0000FFFF
 				v = (v*10000 + v>>32) & 0xFFFFFFFF
+				if sep == ','+0x100-'0' {
+					dst = append(dst, int32(v))
+					i += n + 1
+					continue
+				}
 				i += n
 				goto end
 			}
