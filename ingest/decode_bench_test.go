@@ -56,3 +56,63 @@ func BenchmarkDecode(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)*float64(len(lines))/b.Elapsed().Seconds(), "records/s")
 }
+
+// BenchmarkLists measures the list fast paths alone on the arrays of
+// benchLines (without messages: token ids and logprobs as the generator
+// writes them), reporting elements per second.
+func BenchmarkLists(b *testing.B) {
+	var ints, floats [][]byte
+	var buf bytes.Buffer
+	if _, err := synth.Generate(context.Background(), &buf, synth.Config{
+		Groups: 20, GroupSize: 8, MinSteps: 1, MaxSteps: 4, PromptLen: 512, ResponseLen: 256, Seed: 1,
+	}); err != nil {
+		b.Fatal(err)
+	}
+	for _, l := range bytes.Split(buf.Bytes(), []byte("\n")) {
+		for _, f := range []string{`"prompt_ids":`, `"response_ids":`, `"response_logprobs":`} {
+			if i := bytes.Index(l, []byte(f)); i >= 0 {
+				a := l[i+len(f):]
+				a = a[:bytes.IndexByte(a, ']')+1]
+				if f == `"response_logprobs":` {
+					floats = append(floats, a)
+				} else {
+					ints = append(ints, a)
+				}
+			}
+		}
+	}
+	run := func(b *testing.B, arrays [][]byte, parse func(*lexer) int) {
+		var n, size int
+		for _, a := range arrays {
+			size += len(a)
+		}
+		b.SetBytes(int64(size))
+		for b.Loop() {
+			for _, a := range arrays {
+				lx := lexer{buf: a}
+				n += parse(&lx)
+			}
+		}
+		b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "elements/s")
+	}
+	b.Run("ints", func(b *testing.B) {
+		var dst []int32
+		run(b, ints, func(lx *lexer) int {
+			var ok bool
+			if dst, ok = lx.fastInts(dst[:0]); !ok {
+				b.Fatal("fast path refused")
+			}
+			return len(dst)
+		})
+	})
+	b.Run("floats", func(b *testing.B) {
+		var dst []float32
+		run(b, floats, func(lx *lexer) int {
+			var ok bool
+			if dst, ok = lx.fastFloats(dst[:0]); !ok {
+				b.Fatal("fast path refused")
+			}
+			return len(dst)
+		})
+	})
+}

@@ -188,6 +188,9 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 		default:
 			return dst, false
 		}
+		// comma: the fraction ended on a comma seen in the word loaded
+		// for its digits; nothing after it needs another look.
+		comma := false
 		if i < len(b) && b[i] == '.' {
 			i++
 			d := i
@@ -206,10 +209,11 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 				exp -= n
 				i += n
 				if n < 8 {
+					comma = byte(w>>(8*uint(n))) == ','+0x100-'0' // no borrow: the bytes below are digits
 					break
 				}
 			}
-			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			for !comma && i < len(b) && b[i] >= '0' && b[i] <= '9' {
 				if m < 1e18 {
 					m = m*10 + uint64(b[i]-'0')
 					exp--
@@ -222,7 +226,7 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 				return dst, false
 			}
 		}
-		if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		if !comma && i < len(b) && (b[i] == 'e' || b[i] == 'E') {
 			i++
 			eneg := false
 			if i < len(b) && (b[i] == '+' || b[i] == '-') {
@@ -260,19 +264,24 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 			tok := b[start:i]
 			var err error
 			f, err = strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
-			if err != nil {
+			if err != nil || math.IsInf(float64(float32(f)), 0) {
 				return dst, false
 			}
 			neg = false // the sign is in the token
 		}
+		// On the exact path |f| < 2^53 * 1e22 < MaxFloat32: float32(f) is
+		// finite there, only ParseFloat's values need the check above.
 		if neg {
 			f = -f
 		}
-		v32 := float32(f)
-		if math.IsInf(float64(v32), 0) {
-			return dst, false
+		dst = append(dst, float32(f))
+		if comma {
+			i++
+			for i < len(b) && isWS(b[i]) {
+				i++
+			}
+			continue
 		}
-		dst = append(dst, v32)
 		for i < len(b) && isWS(b[i]) {
 			i++
 		}
