@@ -71,6 +71,7 @@ type leaf struct {
 	nbits    int // booleans: bits used in vals
 	levels   int // level entries in the page (its num_values)
 
+	stored       int    // pages left to store in zstd frames without compressing
 	chunk        []byte // compressed pages of the row group
 	chunkLevels  int64
 	uncompressed int64
@@ -298,6 +299,13 @@ func (nw *nativeWriter) size() int64 { return nw.w.n + nw.rowGroupBytes() }
 
 func (l *leaf) pageBytes() int { return len(l.vals) + len(l.rep.buf) + len(l.def.buf) }
 
+// storedPages is how many pages of a column are stored in zstd frames of
+// raw blocks after one that zstd shrank by less than 1/16 (logprobs: 0.2%),
+// before compression is tried again. Compressing such data costs as much
+// as compressing any other and saves nothing; the frames stay zstd, so the
+// column chunk's codec, and every reader, is unchanged.
+const storedPages = 15
+
 // flushPage closes l's page: levels and values, compressed, appended with
 // their header to the column chunk.
 func (nw *nativeWriter) flushPage(l *leaf) {
@@ -312,7 +320,15 @@ func (nw *nativeWriter) flushPage(l *leaf) {
 		body = l.def.appendTo(body)
 	}
 	body = append(body, l.vals...)
-	nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
+	if l.stored > 0 {
+		l.stored--
+		nw.zbuf = appendStoredZstd(nw.zbuf[:0], body)
+	} else {
+		nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
+		if len(body) >= 64<<10 && len(nw.zbuf) > len(body)-len(body)/16 {
+			l.stored = storedPages
+		}
+	}
 	nw.hdr = appendPageHeader(nw.hdr[:0], len(body), len(nw.zbuf), l.levels)
 	l.chunk = append(l.chunk, nw.hdr...)
 	l.chunk = append(l.chunk, nw.zbuf...)

@@ -11,8 +11,10 @@ import (
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/apache/arrow-go/v18/parquet/compress"
 	"github.com/apache/arrow-go/v18/parquet/file"
 	"github.com/apache/arrow-go/v18/parquet/metadata"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -272,4 +274,90 @@ func TestNativeStatsEdgeCases(t *testing.T) {
 	native := writeAll(t, sc, Options{}, []arrow.RecordBatch{rec})
 	ref := writeAll(t, sc, Options{Reference: true}, []arrow.RecordBatch{rec})
 	checkFooter(t, native, ref)
+}
+
+// Frames of stored blocks decode, with zstd's own decoder and arrow-go's
+// codec, to what went in, at every block boundary.
+func TestStoredZstdFrames(t *testing.T) {
+	codec, err := compress.GetCodec(compress.Codecs.Zstd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := zstd.NewReader(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	rng := rand.New(rand.NewSource(1))
+	for _, n := range []int{0, 1, 128<<10 - 1, 128 << 10, 128<<10 + 1, 1<<20 + 3} {
+		src := make([]byte, n)
+		rng.Read(src)
+		frame := appendStoredZstd([]byte("prefix"), src)[len("prefix"):]
+		got, err := dec.DecodeAll(frame, nil)
+		if err != nil || !bytes.Equal(got, src) {
+			t.Fatalf("%d bytes: zstd decoded %d bytes, %v", n, len(got), err)
+		}
+		if got := codec.Decode(make([]byte, n), frame); !bytes.Equal(got, src) {
+			t.Fatalf("%d bytes: arrow-go's codec decoded %d bytes", n, len(got))
+		}
+	}
+}
+
+// A column that zstd cannot shrink (random floats) is stored in raw-block
+// frames after the first page, and reads back the same; a compressible
+// one stays compressed.
+func TestIncompressiblePagesStored(t *testing.T) {
+	sc := arrow.NewSchema([]arrow.Field{
+		{Name: "noise", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Float32)},
+		{Name: "zeros", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int32)},
+	}, nil)
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	b := array.NewRecordBuilder(mem, sc)
+	defer b.Release()
+	rng := rand.New(rand.NewSource(2))
+	noise, zeros := b.Field(0).(*array.ListBuilder), b.Field(1).(*array.ListBuilder)
+	for r := 0; r < 400; r++ {
+		noise.Append(true)
+		zeros.Append(true)
+		for k := 0; k < 4096; k++ {
+			noise.ValueBuilder().(*array.Float32Builder).Append(math.Float32frombits(rng.Uint32() &^ (0xff << 23)))
+			zeros.ValueBuilder().(*array.Int32Builder).Append(0)
+		}
+	}
+	rec := b.NewRecordBatch()
+	defer rec.Release()
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, sc, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	// 6.5 MB of each column: pages 2-7 of noise were stored, zeros were
+	// compressed throughout.
+	if s, z := w.nw.leaves[0].stored, w.nw.leaves[1].stored; s == 0 || s == storedPages || z != 0 {
+		t.Fatalf("pages left to store: noise %d, zeros %d", s, z)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data := buf.Bytes()
+	got := concat(t, mem, readAll(t, data, mem))
+	defer got.Release()
+	if !array.RecordEqual(got, rec) {
+		t.Fatal("read back differs")
+	}
+	r, err := file.NewParquetReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cc, _ := r.MetaData().RowGroup(0).ColumnChunk(0)
+	zc, _ := r.MetaData().RowGroup(0).ColumnChunk(1)
+	raw := int64(400 * 4096 * 4)
+	if cc.TotalCompressedSize() < raw || zc.TotalCompressedSize() > raw/100 {
+		t.Fatalf("noise %d bytes, zeros %d bytes, of %d raw", cc.TotalCompressedSize(), zc.TotalCompressedSize(), raw)
+	}
 }

@@ -1,6 +1,7 @@
 package parquet
 
 import (
+	"encoding/binary"
 	"runtime"
 	"sync"
 
@@ -78,4 +79,27 @@ func (z *fastZstd) DecodeWithError(dst, src []byte) ([]byte, error) {
 		return ec.DecodeWithError(dst, src)
 	}
 	return compress.Decode(z.Codec, dst, src)
+}
+
+// appendStoredZstd appends src as a zstd frame of raw (stored) blocks
+// (RFC 8878): any zstd decoder reads it, and writing it is a copy.
+func appendStoredZstd(dst, src []byte) []byte {
+	const maxBlock = 128 << 10
+	// Magic number; frame header: single segment, 4-byte content size, no
+	// checksum, no dictionary.
+	dst = append(dst, 0x28, 0xB5, 0x2F, 0xFD, 0xA0)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(src)))
+	for {
+		n := min(len(src), maxBlock)
+		h := uint32(n) << 3 // block type 0: raw
+		if n == len(src) {
+			h |= 1 // last block
+		}
+		dst = append(dst, byte(h), byte(h>>8), byte(h>>16))
+		dst = append(dst, src[:n]...)
+		src = src[n:]
+		if len(src) == 0 {
+			return dst
+		}
+	}
 }
