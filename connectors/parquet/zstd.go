@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/apache/arrow-go/v18/parquet/compress"
+	"github.com/klauspost/compress/huff0"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -81,22 +82,69 @@ func (z *fastZstd) DecodeWithError(dst, src []byte) ([]byte, error) {
 	return compress.Decode(z.Codec, dst, src)
 }
 
-// appendStoredZstd appends src as a zstd frame of raw (stored) blocks
-// (RFC 8878): any zstd decoder reads it, and writing it is a copy.
-func appendStoredZstd(dst, src []byte) []byte {
-	const maxBlock = 128 << 10
-	// Magic number; frame header: single segment, 4-byte content size, no
-	// checksum, no dictionary.
+// zstd frames written by hand (RFC 8878): a header of one segment with
+// a 4-byte content size, no checksum, no dictionary; then blocks of at
+// most 128 KiB.
+const maxBlock = 128 << 10
+
+func appendFrameHeader(dst []byte, size int) []byte {
 	dst = append(dst, 0x28, 0xB5, 0x2F, 0xFD, 0xA0)
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(src)))
+	return binary.LittleEndian.AppendUint32(dst, uint32(size))
+}
+
+// appendBlockHeader appends a block header: last block flag, type (0 raw,
+// 2 compressed), size.
+func appendBlockHeader(dst []byte, last bool, typ, size int) []byte {
+	h := uint32(size)<<3 | uint32(typ)<<1
+	if last {
+		h |= 1
+	}
+	return append(dst, byte(h), byte(h>>8), byte(h>>16))
+}
+
+// appendStoredZstd appends src as a zstd frame of raw (stored) blocks:
+// any zstd decoder reads it, and writing it is a copy.
+func appendStoredZstd(dst, src []byte) []byte {
+	dst = appendFrameHeader(dst, len(src))
 	for {
 		n := min(len(src), maxBlock)
-		h := uint32(n) << 3 // block type 0: raw
-		if n == len(src) {
-			h |= 1 // last block
-		}
-		dst = append(dst, byte(h), byte(h>>8), byte(h>>16))
+		dst = appendBlockHeader(dst, n == len(src), 0, n)
 		dst = append(dst, src[:n]...)
+		src = src[n:]
+		if len(src) == 0 {
+			return dst
+		}
+	}
+}
+
+// appendLiteralsZstd appends src as a zstd frame whose blocks hold only
+// Huffman-coded literals (four streams) and no sequences: zstd's entropy
+// stage without its match search. A block Huffman does not shrink is
+// stored raw.
+func appendLiteralsZstd(dst, src []byte, s *huff0.Scratch) []byte {
+	dst = appendFrameHeader(dst, len(src))
+	s.Reuse = huff0.ReusePolicyNone
+	for {
+		n := min(len(src), maxBlock)
+		last := n == len(src)
+		var out []byte
+		if n >= 1024 {
+			out, _, _ = huff0.Compress4X(src[:n], s) // an error (incompressible, one symbol) leaves out nil
+		}
+		if out != nil && len(out)+6 < n {
+			// Literals section header, 18-bit sizes: type 2 (Huffman),
+			// size format 3 (four streams), regenerated and compressed
+			// sizes; then the Huffman table and streams; then a sequences
+			// section of 0 sequences.
+			h := uint64(2) | 3<<2 | uint64(n)<<4 | uint64(len(out))<<22
+			dst = appendBlockHeader(dst, last, 2, 5+len(out)+1)
+			dst = append(dst, byte(h), byte(h>>8), byte(h>>16), byte(h>>24), byte(h>>32))
+			dst = append(dst, out...)
+			dst = append(dst, 0)
+		} else {
+			dst = appendBlockHeader(dst, last, 0, n)
+			dst = append(dst, src[:n]...)
+		}
 		src = src[n:]
 		if len(src) == 0 {
 			return dst
