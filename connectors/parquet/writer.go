@@ -149,6 +149,15 @@ func (w *Writer) Write(rec arrow.RecordBatch) error {
 	return nil
 }
 
+// Flush writes out the row group being filled, the costly part of Close,
+// which then writes only the footer. Writing may go on after it.
+func (w *Writer) Flush() error {
+	if w.nw != nil {
+		return w.nw.flushRowGroup()
+	}
+	return nil // pqarrow writes its buffered row group at Close
+}
+
 // AddMetadata adds a key-value pair to the file footer; call before Close.
 func (w *Writer) AddMetadata(k, v string) error {
 	if w.nw != nil {

@@ -118,6 +118,7 @@ type shard struct {
 	encoded atomic.Int64 // Arrow bytes of the records encoded
 	queued  atomic.Int64 // Arrow bytes of the records waiting
 	err     atomic.Pointer[error]
+	doneErr error // what done reported
 }
 
 // encode writes the records from work until it is closed. After an error
@@ -137,6 +138,14 @@ func (sh *shard) encode(work <-chan arrow.RecordBatch) {
 		sh.queued.Add(-n)
 		rec.Release()
 	}
+	// The last row group is encoded here too, so that shards closed
+	// together (the end of the input) compress theirs at once.
+	if first == nil {
+		if err := sh.w.Flush(); err != nil {
+			first = fmt.Errorf("shard %s: %w", sh.rel, err)
+		}
+		sh.size.Store(sh.w.Size())
+	}
 	sh.done <- first
 }
 
@@ -150,14 +159,23 @@ func (sh *shard) estimate() int64 {
 	return size + q
 }
 
-// finish stops the encoder and returns its error.
-func (sh *shard) finish() error {
+// stop closes the encoder's input: it encodes what is queued, then the
+// last row group, and reports on done.
+func (sh *shard) stop() {
 	if sh.work != nil {
 		close(sh.work)
 		sh.work = nil
-		return <-sh.done
 	}
-	return nil
+}
+
+// finish stops the encoder and returns its error once it is done.
+func (sh *shard) finish() error {
+	sh.stop()
+	if sh.done != nil {
+		sh.doneErr = <-sh.done
+		sh.done = nil
+	}
+	return sh.doneErr
 }
 
 // New returns a sink writing to store.
@@ -382,7 +400,11 @@ func (s *Sink) sorted() []*shard {
 
 // Close commits every open shard and settles what remains.
 func (s *Sink) Close(ctx context.Context) error {
-	for _, sh := range s.sorted() {
+	shards := s.sorted()
+	for _, sh := range shards {
+		sh.stop() // every encoder finishes its shard at once
+	}
+	for _, sh := range shards {
 		if err := s.commit(ctx, sh); err != nil {
 			return err
 		}
