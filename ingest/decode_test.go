@@ -425,7 +425,7 @@ func readLines(path string) ([][]byte, error) {
 	for {
 		c, err := src.Read(t0)
 		for _, r := range c.Records {
-			out = append(out, r.Data)
+			out = append(out, bytes.Clone(r.Data)) // Data lives until Close
 		}
 		if err != nil {
 			return out, nil

@@ -31,7 +31,8 @@ type Raw struct {
 }
 
 // Chunk is a run of consecutive raw records. Its Data slices are owned by
-// the chunk and stay valid until the chunk is dropped or released.
+// the chunk and stay valid until the chunk is dropped or released, or its
+// source closed.
 type Chunk struct {
 	Records []Raw
 	// Blank counts whitespace-only lines skipped while reading the chunk.
@@ -94,7 +95,8 @@ type LineSource struct {
 	name      string
 	stream    string
 	file      *RawFile // set for a file: records are referenced, not copied
-	off       int64    // bytes consumed from r
+	m         *mapped  // set for a mapped file: lines are handed out in place
+	off       int64    // bytes consumed from r (after the mapping, if any)
 	r         *bufio.Reader
 	closer    io.Closer
 	line      int64
@@ -137,6 +139,19 @@ func OpenFile(path string, maxRecord int) (*LineSource, error) {
 	s.stream = abs + "#" + hex.EncodeToString(sum[:8])
 	if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
 		s.file = &RawFile{name: path, f: f}
+		if size := st.Size(); size > 0 {
+			// Map the file as it is, up to its last newline; the rest (a
+			// last line without one, lines appended later) is read after
+			// the mapping by the reader positioned there.
+			if data, err := mapFile(f, size); err == nil {
+				end := bytes.LastIndexByte(data, '\n') + 1
+				if _, err := f.Seek(int64(end), io.SeekStart); err != nil || end == 0 {
+					unmapFile(data)
+				} else {
+					s.m, s.off = &mapped{data: data[:end], full: data}, int64(end)
+				}
+			}
+		}
 	}
 	return s, nil
 }
@@ -164,6 +179,9 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return c, err
+	}
+	if s.m != nil && s.m.pos < len(s.m.data) {
+		return s.readMapped(), nil
 	}
 	// One allocation holds the chunk's lines; records point into it. A line
 	// that would not fit waits for the next chunk (growing the buffer would
@@ -203,6 +221,42 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 		return Chunk{}, io.EOF
 	}
 	return c, nil
+}
+
+// readMapped returns about a megabyte of lines of the mapping, in place.
+func (s *LineSource) readMapped() Chunk {
+	var c Chunk
+	m := s.m
+	start := m.pos
+	for m.pos-start < s.chunkSize {
+		data, off, ok := m.line()
+		if !ok {
+			break
+		}
+		size := len(data)
+		if n := len(data); n > 0 && data[n-1] == '\r' {
+			data = data[:n-1]
+		}
+		if s.line == 0 && bytes.HasPrefix(data, utf8BOM) {
+			data = data[len(utf8BOM):] // a byte-order mark is not part of the record
+			off += len(utf8BOM)
+			size -= len(utf8BOM)
+		}
+		s.line++
+		if isBlank(data) {
+			c.Blank++
+			continue
+		}
+		r := Raw{Data: data, Source: schemas.Source{Stream: s.stream, File: s.name, Line: s.line}, Size: int64(len(data))}
+		if size > s.maxRecord {
+			r.Data, r.Truncated, r.Size = data[:keepTooLarge:keepTooLarge], true, int64(size)
+		} else {
+			r.Ref = RawRef{File: s.file, Off: int64(off), Len: len(data)}
+		}
+		c.Records = append(c.Records, r)
+	}
+	c.Release = m.hold(start, m.pos)
+	return c
 }
 
 // buffer returns an empty chunk buffer, reused when one was released.
@@ -309,8 +363,13 @@ func isBlank(b []byte) bool {
 // Stream is the exactly-once identity of the input ("" for stdin).
 func (s *LineSource) Stream() string { return s.stream }
 
-// Close closes the underlying file, if any.
+// Close closes the underlying file, if any. Records it handed out must
+// not be used after it.
 func (s *LineSource) Close() error {
+	if s.m != nil {
+		unmapFile(s.m.full)
+		s.m = nil
+	}
 	if s.closer == nil {
 		return nil
 	}

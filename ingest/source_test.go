@@ -242,3 +242,70 @@ func TestFileRecordsReadAgain(t *testing.T) {
 		t.Fatal("a record read again from a truncated file")
 	}
 }
+
+// A mapped file: lines appended after it was opened are read after the
+// mapping, a line over the limit is cut to its head and flagged, and
+// every line keeps its number.
+func TestMappedFileGrowsAndLongLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "in.jsonl")
+	long := `{"x":"` + strings.Repeat("y", 3*keepTooLarge) + `"}`
+	if err := os.WriteFile(path, []byte("{\"a\":1}\n"+long+"\n{\"b\":2}"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenFile(path, 2*keepTooLarge)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if src.m == nil {
+		t.Skip("no memory mapping on this system")
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("{\"c\":3}\n{\"d\":4}\n"); err != nil { // the last mapped line had no newline
+		t.Fatal(err)
+	}
+	f.Close()
+	recs, _ := readAll(t, src)
+	var got []string
+	for _, r := range recs {
+		got = append(got, fmt.Sprintf("%d:%d:%v", r.Source.Line, len(r.Data), r.Truncated))
+	}
+	want := []string{"1:7:false", fmt.Sprintf("2:%d:true", keepTooLarge), `3:14:false`, "4:7:false"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("records %v, want %v", got, want)
+	}
+	if string(recs[2].Data) != `{"b":2}{"c":3}` {
+		t.Fatalf("line 3 is %q", recs[2].Data)
+	}
+	if recs[1].Size != int64(len(long)) {
+		t.Fatalf("long line size %d, want %d", recs[1].Size, len(long))
+	}
+}
+
+// A file that shrinks while it is read ends the decode stage with an
+// error, not a crash (the mapping's lost pages fault).
+func TestMappedFileShrinkingFails(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(path, []byte(strings.Repeat(goodStep+"\n", 20000)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenFile(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if src.m == nil {
+		t.Skip("no memory mapping on this system")
+	}
+	if err := os.Truncate(path, 0); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan Batch, 1000)
+	err = DecodeStage(context.Background(), src, 2, out)
+	if !errors.Is(err, errInputChanged) {
+		t.Fatalf("DecodeStage: %v, want %v", err, errInputChanged)
+	}
+}

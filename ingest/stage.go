@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 
 	"golang.org/x/sync/errgroup"
 
@@ -67,8 +68,9 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 	abandon := make(chan struct{})
 	defer close(abandon)
 	go func() {
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 		for {
-			c, err := src.Read(ctx)
+			c, err := readGuarded(ctx, src)
 			select {
 			case reads <- readResult{c, err}:
 			case <-abandon:
@@ -113,9 +115,13 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 	})
 	for range workers {
 		g.Go(func() error {
+			defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 			var d Decoder
 			for j := range jobs {
-				b := decodeChunk(&d, j.chunk)
+				b, err := decodeGuarded(&d, j.chunk)
+				if err != nil {
+					return err
+				}
 				if j.chunk.Release != nil {
 					j.chunk.Release() // decodeChunk copied or referenced what it keeps
 				}
@@ -175,4 +181,31 @@ func decodeChunk(d *Decoder, c Chunk) Batch {
 		}
 	}
 	return b
+}
+
+// A mapped input file that shrinks under the run faults when its lost
+// pages are touched; the goroutines that touch them (reading, decoding)
+// turn the fault into this error instead of a crash.
+var errInputChanged = errors.New("the input file changed (shrank) while it was read")
+
+// faulted turns a memory fault panic (debug.SetPanicOnFault) into an
+// error in *err; any other panic goes on.
+func faulted(err *error) {
+	if r := recover(); r != nil {
+		if _, ok := r.(interface{ Addr() uintptr }); ok {
+			*err = errInputChanged
+			return
+		}
+		panic(r)
+	}
+}
+
+func readGuarded(ctx context.Context, src Source) (c Chunk, err error) {
+	defer faulted(&err)
+	return src.Read(ctx)
+}
+
+func decodeGuarded(d *Decoder, c Chunk) (b Batch, err error) {
+	defer faulted(&err)
+	return decodeChunk(d, c), nil
 }

@@ -1,0 +1,76 @@
+package ingest
+
+import (
+	"bytes"
+	"slices"
+	"sync"
+)
+
+// mapped hands out the lines of a file mapped into memory in place: a
+// chunk's records point into the mapping, so the bytes are neither read
+// into a buffer (the kernel's copy) nor copied into a chunk. Released
+// chunks let their pages go from the process's memory, so the resident
+// set stays a few megabytes however large the file; the pages stay in
+// the kernel's page cache.
+//
+// The mapping covers the file as it was at open; lines appended later are
+// read through the ordinary reader. A file truncated under a running
+// ingest makes the process fault (SIGBUS) on the missing pages, as with
+// any memory-mapped reader: the run stops, and the next run resumes
+// after its last commit.
+type mapped struct {
+	data []byte // the mapping up to its last newline
+	full []byte // the whole mapping
+	pos  int    // next byte to hand out
+
+	mu      sync.Mutex
+	open    []int // start of each chunk handed out and not released
+	handed  int   // end of the last chunk handed out
+	dropped int   // data[:dropped] was given back
+}
+
+// dropEvery is how far the released prefix must have grown before its
+// pages are given back (one system call per step).
+const dropEvery = 16 << 20
+
+// line returns the next line (without its end of line) and where it
+// starts; ok is false at the end of the mapping.
+func (m *mapped) line() (line []byte, off int, ok bool) {
+	if m.pos >= len(m.data) {
+		return nil, 0, false
+	}
+	off = m.pos
+	rest := m.data[off:]
+	nl := bytes.IndexByte(rest, '\n') // found: data ends with one
+	line, m.pos = rest[:nl], off+nl+1
+	return line[:len(line):len(line)], off, true
+}
+
+// hold notes the chunk data[off:end] as handed out; the returned func
+// releases it.
+func (m *mapped) hold(off, end int) func() {
+	m.mu.Lock()
+	m.open = append(m.open, off)
+	m.handed = end
+	m.mu.Unlock()
+	return func() { m.release(off) }
+}
+
+func (m *mapped) release(off int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if i := slices.Index(m.open, off); i >= 0 {
+		m.open = slices.Delete(m.open, i, i+1)
+	}
+	low := m.handed // nothing below the oldest chunk still out is in use
+	for _, o := range m.open {
+		low = min(low, o)
+	}
+	low &^= pageSize - 1
+	if low-m.dropped >= dropEvery {
+		dropPages(m.data[m.dropped:low])
+		m.dropped = low
+	}
+}
+
+var pageSize = osPageSize()
