@@ -11,4 +11,8 @@
 // reflection and no intermediate maps, accepts Python's NaN and Infinity
 // tokens so that they are reported as non_finite rather than malformed, and
 // repairs invalid UTF-8 (counted, record kept).
+//
+// Files are memory-mapped and their lines handed to the decoders in place
+// (mapped.go); a decoded record keeps where its line lies (RawRef) rather
+// than a copy, and only a dead letter reads it again.
 package ingest
