@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -577,45 +578,16 @@ func (l *leaf) addValues(col arrow.Array, lo, hi int) {
 	}
 	switch a := col.(type) {
 	case *array.Int32:
-		v := a.Int32Values()[lo:hi]
-		l.vals = appendInt32s(l.vals, v)
-		if l.stats != nil {
-			for _, x := range v {
-				l.stats.int(int64(x))
-			}
-		}
+		addFixed(l, a.Int32Values()[lo:hi], func(x int32) { l.stats.int(int64(x)) })
 	case *array.Int64:
-		v := a.Int64Values()[lo:hi]
-		l.vals = appendInt64s(l.vals, v)
-		if l.stats != nil {
-			for _, x := range v {
-				l.stats.int(x)
-			}
-		}
+		addFixed(l, a.Int64Values()[lo:hi], l.stats.int)
 	case *array.Timestamp:
 		v := a.TimestampValues()[lo:hi]
-		for _, x := range v {
-			l.vals = binary.LittleEndian.AppendUint64(l.vals, uint64(x))
-			if l.stats != nil {
-				l.stats.int(int64(x))
-			}
-		}
+		addFixed(l, unsafe.Slice((*int64)(unsafe.Pointer(unsafe.SliceData(v))), len(v)), l.stats.int)
 	case *array.Float32:
-		v := a.Float32Values()[lo:hi]
-		l.vals = appendFloat32s(l.vals, v)
-		if l.stats != nil {
-			for _, x := range v {
-				l.stats.float(float64(x))
-			}
-		}
+		addFixed(l, a.Float32Values()[lo:hi], func(x float32) { l.stats.float(float64(x)) })
 	case *array.Float64:
-		v := a.Float64Values()[lo:hi]
-		l.vals = appendFloat64s(l.vals, v)
-		if l.stats != nil {
-			for _, x := range v {
-				l.stats.float(x)
-			}
-		}
+		addFixed(l, a.Float64Values()[lo:hi], l.stats.float)
 	case *array.Boolean:
 		for i := lo; i < hi; i++ {
 			b := a.Value(i)
@@ -632,24 +604,34 @@ func (l *leaf) addValues(col arrow.Array, lo, hi int) {
 		}
 	case *array.String:
 		for i := lo; i < hi; i++ {
-			s := a.Value(i)
-			l.vals = binary.LittleEndian.AppendUint32(l.vals, uint32(len(s)))
-			l.vals = append(l.vals, s...)
-			if l.stats != nil {
-				l.stats.bytes(s)
-			}
+			l.addBytes(a.Value(i))
 		}
 	case *array.Binary:
 		for i := lo; i < hi; i++ {
-			s := a.Value(i)
-			l.vals = binary.LittleEndian.AppendUint32(l.vals, uint32(len(s)))
-			l.vals = append(l.vals, s...)
-			if l.stats != nil {
-				l.stats.bytes(string(s))
-			}
+			l.addBytes(unsafe.String(unsafe.SliceData(a.Value(i)), len(a.Value(i))))
 		}
 	default:
 		panic(fmt.Sprintf("parquet: native writer got %T", col)) // nativeField admits no other type
+	}
+}
+
+// addBytes appends a BYTE_ARRAY value: its length, then its bytes.
+func (l *leaf) addBytes(s string) {
+	l.vals = binary.LittleEndian.AppendUint32(l.vals, uint32(len(s)))
+	l.vals = append(l.vals, s...)
+	if l.stats != nil {
+		l.stats.bytes(s)
+	}
+}
+
+// addFixed appends fixed-width values and, if l keeps statistics, passes
+// each to stat.
+func addFixed[T int32 | int64 | float32 | float64](l *leaf, v []T, stat func(T)) {
+	l.vals = appendPlain(l.vals, v)
+	if l.stats != nil {
+		for _, x := range v {
+			stat(x)
+		}
 	}
 }
 

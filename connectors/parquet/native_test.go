@@ -260,6 +260,8 @@ func TestNativeStatsEdgeCases(t *testing.T) {
 		{Name: "nulls", Type: arrow.BinaryTypes.String, Nullable: true},
 		{Name: "flags", Type: arrow.FixedWidthTypes.Boolean},
 		{Name: "small", Type: arrow.PrimitiveTypes.Int32},
+		{Name: "blob", Type: arrow.BinaryTypes.Binary, Nullable: true},
+		{Name: "at", Type: &arrow.TimestampType{Unit: arrow.Millisecond}},
 	}, nil)
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
 	defer mem.AssertSize(t, 0)
@@ -270,11 +272,19 @@ func TestNativeStatsEdgeCases(t *testing.T) {
 	b.Field(2).AppendNulls(3)
 	b.Field(3).(*array.BooleanBuilder).AppendValues([]bool{true, true, true}, nil)
 	b.Field(4).(*array.Int32Builder).AppendValues([]int32{-3, 5, -3}, nil)
+	b.Field(5).(*array.BinaryBuilder).AppendValues([][]byte{{0xff, 0}, nil, {}}, []bool{true, false, true})
+	b.Field(6).(*array.TimestampBuilder).AppendValues([]arrow.Timestamp{-1, 1 << 40, 0}, nil)
 	rec := b.NewRecordBatch()
 	defer rec.Release()
 	native := writeAll(t, sc, Options{}, []arrow.RecordBatch{rec})
 	ref := writeAll(t, sc, Options{Reference: true}, []arrow.RecordBatch{rec})
 	checkFooter(t, native, ref)
+	got, want := concat(t, mem, readAll(t, native, mem)), concat(t, mem, readAll(t, ref, mem))
+	defer got.Release()
+	defer want.Release()
+	if !array.RecordApproxEqual(got, want, array.WithNaNsEqual(true)) {
+		t.Fatalf("native and reference files differ:\nnative %v\nref    %v", got, want)
+	}
 }
 
 // The frames written by hand, of raw blocks and of Huffman-coded literal

@@ -100,54 +100,26 @@ var littleEndian = func() bool {
 	return *(*byte)(unsafe.Pointer(&x)) == 1
 }()
 
-func appendInt32s(dst []byte, v []int32) []byte {
+// appendPlain appends values in PLAIN encoding: little-endian, copied as
+// they lie on a little-endian machine.
+func appendPlain[T int32 | int64 | float32 | float64](dst []byte, v []T) []byte {
 	if len(v) == 0 {
 		return dst
 	}
 	if littleEndian {
-		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))...)
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), int(unsafe.Sizeof(v[0]))*len(v))...)
 	}
 	for _, x := range v {
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(x))
-	}
-	return dst
-}
-
-func appendInt64s(dst []byte, v []int64) []byte {
-	if len(v) == 0 {
-		return dst
-	}
-	if littleEndian {
-		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 8*len(v))...)
-	}
-	for _, x := range v {
-		dst = binary.LittleEndian.AppendUint64(dst, uint64(x))
-	}
-	return dst
-}
-
-func appendFloat32s(dst []byte, v []float32) []byte {
-	if len(v) == 0 {
-		return dst
-	}
-	if littleEndian {
-		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))...)
-	}
-	for _, x := range v {
-		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
-	}
-	return dst
-}
-
-func appendFloat64s(dst []byte, v []float64) []byte {
-	if len(v) == 0 {
-		return dst
-	}
-	if littleEndian {
-		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 8*len(v))...)
-	}
-	for _, x := range v {
-		dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
+		switch x := any(x).(type) {
+		case int32:
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(x))
+		case int64:
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(x))
+		case float32:
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(x))
+		case float64:
+			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
+		}
 	}
 	return dst
 }
