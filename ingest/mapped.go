@@ -13,15 +13,21 @@ import (
 // set stays a few megabytes however large the file; the pages stay in
 // the kernel's page cache.
 //
-// The mapping covers the file as it was at open; lines appended later are
-// read through the ordinary reader. A file truncated under a running
-// ingest makes the process fault (SIGBUS) on the missing pages, as with
-// any memory-mapped reader: the run stops, and the next run resumes
-// after its last commit.
+// The mapping covers the file up to its last newline at open; the rest,
+// and lines appended later, are read through the ordinary reader. A file
+// that shrinks under a running ingest faults on the missing pages; the
+// decode stage turns the fault into an error (stage.go): the run stops,
+// and the next run resumes after its last commit.
 type mapped struct {
 	data []byte // the mapping up to its last newline
 	full []byte // the whole mapping
 	pos  int    // next byte to hand out
+
+	// reading is held while lines are taken from the mapping, so that
+	// Close (which may come from another goroutine on a stop) never
+	// unmaps under a read.
+	reading sync.Mutex
+	closed  bool // under both locks
 
 	mu      sync.Mutex
 	open    []int // start of each chunk handed out and not released
@@ -59,6 +65,9 @@ func (m *mapped) hold(off, end int) func() {
 func (m *mapped) release(off int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return // unmapped: the range may be someone else's memory now
+	}
 	if i := slices.Index(m.open, off); i >= 0 {
 		m.open = slices.Delete(m.open, i, i+1)
 	}
@@ -74,3 +83,15 @@ func (m *mapped) release(off int) {
 }
 
 var pageSize = osPageSize()
+
+// close unmaps the file once no read is under way.
+func (m *mapped) close() {
+	m.reading.Lock()
+	defer m.reading.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.closed = true
+		unmapFile(m.full)
+	}
+}

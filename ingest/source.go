@@ -181,6 +181,11 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 		return c, err
 	}
 	if s.m != nil && s.m.pos < len(s.m.data) {
+		s.m.reading.Lock()
+		defer s.m.reading.Unlock()
+		if s.m.closed {
+			return c, errors.New("read after close")
+		}
 		return s.readMapped(), nil
 	}
 	// One allocation holds the chunk's lines; records point into it. A line
@@ -249,7 +254,8 @@ func (s *LineSource) readMapped() Chunk {
 		}
 		r := Raw{Data: data, Source: schemas.Source{Stream: s.stream, File: s.name, Line: s.line}, Size: int64(len(data))}
 		if size > s.maxRecord {
-			r.Data, r.Truncated, r.Size = data[:keepTooLarge:keepTooLarge], true, int64(size)
+			head := min(len(data), keepTooLarge)
+			r.Data, r.Truncated, r.Size = data[:head:head], true, int64(size)
 		} else {
 			r.Ref = RawRef{File: s.file, Off: int64(off), Len: len(data)}
 		}
@@ -367,8 +373,7 @@ func (s *LineSource) Stream() string { return s.stream }
 // not be used after it.
 func (s *LineSource) Close() error {
 	if s.m != nil {
-		unmapFile(s.m.full)
-		s.m = nil
+		s.m.close()
 	}
 	if s.closer == nil {
 		return nil

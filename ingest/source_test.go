@@ -309,3 +309,39 @@ func TestMappedFileShrinkingFails(t *testing.T) {
 		t.Fatalf("DecodeStage: %v, want %v", err, errInputChanged)
 	}
 }
+
+// A line over a limit smaller than the head kept for dead letters is kept
+// whole and flagged, as the buffered reader does; chunks released after
+// Close touch nothing.
+func TestMappedSmallLimit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "in.jsonl")
+	line := `{"x":"` + strings.Repeat("y", 200) + `"}`
+	if err := os.WriteFile(path, []byte(line+"\n{}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, mapped := range []bool{true, false} {
+		src := NewLineSource("in", strings.NewReader(line+"\n{}\n"), nil, 100)
+		if mapped {
+			var err error
+			if src, err = OpenFile(path, 100); err != nil {
+				t.Fatal(err)
+			}
+			if src.m == nil {
+				t.Skip("no memory mapping on this system")
+			}
+		}
+		c, err := src.Read(context.Background())
+		if err != nil && !errors.Is(err, io.EOF) {
+			t.Fatal(err)
+		}
+		if len(c.Records) != 2 || !c.Records[0].Truncated || string(c.Records[0].Data) != line || c.Records[0].Size != int64(len(line)) || c.Records[1].Truncated {
+			t.Fatalf("mapped %v: records %+v", mapped, c.Records)
+		}
+		if err := src.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if c.Release != nil {
+			c.Release() // after Close: must not touch the unmapped range
+		}
+	}
+}

@@ -193,7 +193,7 @@ var errInputChanged = errors.New("the input file changed (shrank) while it was r
 func faulted(err *error) {
 	if r := recover(); r != nil {
 		if _, ok := r.(interface{ Addr() uintptr }); ok {
-			*err = errInputChanged
+			*err = fmt.Errorf("%w (%v)", errInputChanged, r)
 			return
 		}
 		panic(r)
