@@ -31,6 +31,12 @@ import (
 // here a page costs one copy and one compression. The footer is built
 // with arrow-go's metadata package, so the files are ordinary Parquet:
 // the schema is pqarrow's mapping of the Arrow schema, stored with it.
+//
+// Left out, against pqarrow: statistics of nested leaves (list elements,
+// map keys and values), dictionary encoding (zstd makes up most of it on
+// our strings), page statistics and indexes, and bit-packed level runs
+// (levels are RLE runs only: alternating nulls cost two bytes per value
+// before compression).
 type nativeWriter struct {
 	w        *countingWriter
 	leaves   []*leaf
@@ -39,6 +45,7 @@ type nativeWriter struct {
 	level    int
 	pageSize int
 	rgMax    int64
+	maxStats int64 // min/max values longer than this are left out
 	rgRows   int
 	rgs      int16
 	rows     int64
@@ -68,6 +75,7 @@ type leaf struct {
 	maxDef   int16
 	maxRep   int16
 	stats    *stats
+	signed   bool // the column's statistics sort order is SIGNED
 	path     string
 
 	rep, def levelRuns
@@ -106,7 +114,7 @@ func newNativeWriter(w *countingWriter, sc *arrow.Schema, opts Options, meta map
 		pq.WithCompression(compress.Codecs.Zstd),
 		pq.WithCompressionLevel(opts.ZstdLevel),
 		pq.WithDictionaryDefault(false),
-		pq.WithCreatedBy("rllm-pipe"),
+		pq.WithCreatedBy(createdBy),
 	}
 	wprops := pq.NewWriterProperties(props...)
 	kv := metadata.NewKeyValueMetadata()
@@ -134,6 +142,7 @@ func newNativeWriter(w *countingWriter, sc *arrow.Schema, opts Options, meta map
 		level:    opts.ZstdLevel,
 		pageSize: 1 << 20,
 		rgMax:    opts.RowGroupBytes,
+		maxStats: wprops.MaxStatsSize(),
 	}
 	if nw.leaves, err = planLeaves(sc, info.parquet); err != nil {
 		return nil, err
@@ -224,7 +233,7 @@ func planLeaves(sc *arrow.Schema, ps *schema.Schema) ([]*leaf, error) {
 				col.MaxDefinitionLevel(), col.MaxRepetitionLevel(), wantDef, wantRep)
 		}
 		l := &leaf{field: field, shape: shape, typ: typ.ID(), nullable: nullable, maxDef: wantDef, maxRep: wantRep,
-			path: col.Path()}
+			path: col.Path(), signed: col.SortOrder() == schema.SortSIGNED}
 		l.rep, l.def = newLevelRuns(wantRep), newLevelRuns(wantDef)
 		if shape == shapeFlat && !slices.Contains(noStats, l.path) {
 			l.stats = &stats{}
@@ -397,7 +406,9 @@ func (nw *nativeWriter) flushRowGroup() error {
 		}
 		cc := rg.NextColumnChunk()
 		if l.stats != nil {
-			cc.SetStats(l.stats.encode(l.typ))
+			e := l.stats.encode(l.typ, l.signed)
+			e.ApplyStatSizeLimits(int(nw.maxStats)) // as pqarrow: no min/max over 4 KiB
+			cc.SetStats(e)
 			l.stats.reset()
 		}
 		err := cc.Finish(metadata.ChunkMetaInfo{
@@ -699,8 +710,10 @@ func (s *stats) bytes(v string) {
 	}
 }
 
-func (s *stats) encode(t arrow.Type) metadata.EncodedStatistics {
-	e := metadata.EncodedStatistics{HasNullCount: true, NullCount: s.nulls, Signed: true}
+// encode gives the statistics as the footer stores them; signed is the
+// column's sort order (SIGNED also fills the legacy min/max fields).
+func (s *stats) encode(t arrow.Type, signed bool) metadata.EncodedStatistics {
+	e := metadata.EncodedStatistics{HasNullCount: true, NullCount: s.nulls, Signed: signed}
 	if !s.has {
 		return e
 	}
@@ -714,7 +727,6 @@ func (s *stats) encode(t arrow.Type) metadata.EncodedStatistics {
 		hi = binary.LittleEndian.AppendUint64(nil, uint64(s.imax))
 	case arrow.BOOL:
 		lo, hi = []byte{byte(s.imin)}, []byte{byte(s.imax)}
-		e.Signed = false
 	case arrow.FLOAT32:
 		lo = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(s.fmin)))
 		hi = binary.LittleEndian.AppendUint32(nil, math.Float32bits(float32(s.fmax)))
@@ -723,7 +735,6 @@ func (s *stats) encode(t arrow.Type) metadata.EncodedStatistics {
 		hi = binary.LittleEndian.AppendUint64(nil, math.Float64bits(s.fmax))
 	case arrow.STRING, arrow.BINARY:
 		lo, hi = bytes.Clone(s.bmin), bytes.Clone(s.bmax)
-		e.Signed = false
 	default:
 		return e
 	}

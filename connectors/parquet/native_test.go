@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"strings"
 	"testing"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -262,6 +263,7 @@ func TestNativeStatsEdgeCases(t *testing.T) {
 		{Name: "small", Type: arrow.PrimitiveTypes.Int32},
 		{Name: "blob", Type: arrow.BinaryTypes.Binary, Nullable: true},
 		{Name: "at", Type: &arrow.TimestampType{Unit: arrow.Millisecond}},
+		{Name: "long", Type: arrow.BinaryTypes.String}, // min/max over 4 KiB are left out
 	}, nil)
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
 	defer mem.AssertSize(t, 0)
@@ -274,6 +276,7 @@ func TestNativeStatsEdgeCases(t *testing.T) {
 	b.Field(4).(*array.Int32Builder).AppendValues([]int32{-3, 5, -3}, nil)
 	b.Field(5).(*array.BinaryBuilder).AppendValues([][]byte{{0xff, 0}, nil, {}}, []bool{true, false, true})
 	b.Field(6).(*array.TimestampBuilder).AppendValues([]arrow.Timestamp{-1, 1 << 40, 0}, nil)
+	b.Field(7).(*array.StringBuilder).AppendValues([]string{strings.Repeat("a", 5000), "b", strings.Repeat("c", 5001)}, nil)
 	rec := b.NewRecordBatch()
 	defer rec.Release()
 	native := writeAll(t, sc, Options{}, []arrow.RecordBatch{rec})

@@ -33,6 +33,11 @@ type Options struct {
 	Reference bool
 }
 
+// createdBy names the writer in every footer, in the "app version x.y.z"
+// form: parquet-mr (Spark, Hive) ignores string statistics from writers
+// whose created_by it cannot parse.
+const createdBy = "rllm-pipe version 0.7.0"
+
 // noDictionary lists the columns whose values are (nearly) unique per row,
 // where a dictionary only costs time.
 var noDictionary = []string{
@@ -97,7 +102,7 @@ func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]
 		pq.WithCompressionLevel(opts.ZstdLevel),
 		pq.WithMaxRowGroupLength(1 << 30), // cut by bytes, below
 		pq.WithDataPageSize(1 << 20),
-		pq.WithCreatedBy("rllm-pipe"),
+		pq.WithCreatedBy(createdBy),
 		pq.WithStats(true),
 	}
 	for _, c := range noDictionary {
@@ -166,8 +171,8 @@ func (w *Writer) AddMetadata(k, v string) error {
 	return w.fw.AppendKeyValueMetadata(k, v)
 }
 
-// Size estimates the file's final size: bytes flushed plus the compressed
-// size of the row group still buffered.
+// Size estimates the file's final size: bytes flushed plus the row group
+// still buffered (its compressed pages, and its open pages uncompressed).
 func (w *Writer) Size() int64 {
 	if w.nw != nil {
 		return w.nw.size()
