@@ -50,6 +50,7 @@ type nativeWriter struct {
 	rgs      int16
 	rows     int64
 	body     []byte // a page before compression
+	levels   []byte // a page's levels
 	zbuf     []byte // a page after compression
 	lbuf     []byte // a page in the other mode, when probing
 	huff     huff0.Scratch
@@ -79,7 +80,8 @@ type leaf struct {
 	path     string
 
 	rep, def levelRuns
-	vals     []byte
+	vals     []byte // the page's values, after gap bytes kept for its levels
+	gap      int
 	nbits    int // booleans: bits used in vals
 	levels   int // level entries in the page (its num_values)
 
@@ -235,6 +237,10 @@ func planLeaves(sc *arrow.Schema, ps *schema.Schema) ([]*leaf, error) {
 		l := &leaf{field: field, shape: shape, typ: typ.ID(), nullable: nullable, maxDef: wantDef, maxRep: wantRep,
 			path: col.Path(), signed: col.SortOrder() == schema.SortSIGNED}
 		l.rep, l.def = newLevelRuns(wantRep), newLevelRuns(wantDef)
+		if shape == shapeList {
+			l.gap = levelGap
+			l.vals = make([]byte, levelGap, levelGap+1<<20)
+		}
 		if shape == shapeFlat && !slices.Contains(noStats, l.path) {
 			l.stats = &stats{}
 		}
@@ -302,7 +308,7 @@ func (nw *nativeWriter) write(rec arrow.RecordBatch) error {
 func (nw *nativeWriter) rowGroupBytes() int64 {
 	var n int64
 	for _, l := range nw.leaves {
-		n += int64(len(l.chunk) + len(l.vals))
+		n += int64(len(l.chunk) + len(l.vals) - l.gap)
 	}
 	return n
 }
@@ -311,7 +317,11 @@ func (nw *nativeWriter) rowGroupBytes() int64 {
 // being filled (compressed pages, and the pages still open uncompressed).
 func (nw *nativeWriter) size() int64 { return nw.w.n + nw.rowGroupBytes() }
 
-func (l *leaf) pageBytes() int { return len(l.vals) + len(l.rep.buf) + len(l.def.buf) }
+func (l *leaf) pageBytes() int { return len(l.vals) - l.gap + len(l.rep.buf) + len(l.def.buf) }
+
+// levelGap is the room kept before a list column's values for its page's
+// levels: two or three runs per row, a few kilobytes a page.
+const levelGap = 16 << 10
 
 // Pages of at least probeBytes are compressed the way that suits their
 // column, chosen on one page in probeEvery: the zstd encoder (matches and
@@ -373,14 +383,25 @@ func (nw *nativeWriter) flushPage(l *leaf) {
 	if l.levels == 0 {
 		return
 	}
-	body := nw.body[:0]
+	lv := nw.levels[:0]
 	if l.maxRep > 0 {
-		body = l.rep.appendTo(body)
+		lv = l.rep.appendTo(lv)
 	}
 	if l.maxDef > 0 {
-		body = l.def.appendTo(body)
+		lv = l.def.appendTo(lv)
 	}
-	body = append(body, l.vals...)
+	nw.levels = lv
+	// The page is levels then values; the values of a list column are
+	// the bulk of it, so they wait behind a gap the levels usually fit
+	// in, and the page is not copied whole.
+	var body []byte
+	if len(lv) <= l.gap {
+		body = l.vals[l.gap-len(lv):]
+		copy(body, lv)
+	} else {
+		body = append(append(nw.body[:0], lv...), l.vals[l.gap:]...)
+		nw.body = body
+	}
 	nw.compressPage(l, body)
 	nw.hdr = appendPageHeader(nw.hdr[:0], len(body), len(nw.zbuf), l.levels)
 	l.chunk = append(l.chunk, nw.hdr...)
@@ -388,8 +409,7 @@ func (nw *nativeWriter) flushPage(l *leaf) {
 	l.uncompressed += int64(len(nw.hdr) + len(body))
 	l.chunkLevels += int64(l.levels)
 	l.pages++
-	l.vals, l.nbits, l.levels = l.vals[:0], 0, 0
-	nw.body = body
+	l.vals, l.nbits, l.levels = l.vals[:l.gap], 0, 0
 }
 
 // flushRowGroup writes the buffered column chunks and their metadata.
