@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"sync"
 	"unsafe"
@@ -50,6 +51,7 @@ type nativeWriter struct {
 	rgs      int16
 	rows     int64
 	body     []byte // a page before compression
+	info     *schemaInfo
 	levels   []byte // a page's levels
 	zbuf     []byte // a page after compression
 	lbuf     []byte // a page in the other mode, when probing
@@ -85,9 +87,8 @@ type leaf struct {
 	nbits    int // booleans: bits used in vals
 	levels   int // level entries in the page (its num_values)
 
-	mode         pageMode // how the column's pages are compressed (compressPage)
-	left         int      // pages before the mode is probed again
-	chunk        []byte   // compressed pages of the row group
+	mode         *columnMode // how the column's pages are compressed (compressPage)
+	chunk        []byte      // compressed pages of the row group
 	chunkLevels  int64
 	uncompressed int64
 	pages        int32
@@ -98,6 +99,8 @@ type schemaInfo struct {
 	parquet *schema.Schema
 	arrowKV string // ARROW:schema, as pqarrow stores it
 	err     error
+	modes   []columnMode // per leaf
+	bufs    chan *writerBufs
 }
 
 var schemaCache sync.Map // *arrow.Schema → *schemaInfo
@@ -149,6 +152,15 @@ func newNativeWriter(w *countingWriter, sc *arrow.Schema, opts Options, meta map
 	if nw.leaves, err = planLeaves(sc, info.parquet); err != nil {
 		return nil, err
 	}
+	for i, l := range nw.leaves {
+		l.mode = &info.modes[i]
+	}
+	nw.info = info
+	select {
+	case b := <-info.bufs:
+		nw.take(b)
+	default:
+	}
 	if _, err := w.Write([]byte("PAR1")); err != nil {
 		return nil, fmt.Errorf("parquet: write: %w", err)
 	}
@@ -166,10 +178,11 @@ func nativeSchema(sc *arrow.Schema) (*schemaInfo, bool) {
 	if v, ok := schemaCache.Load(sc); ok {
 		return v.(*schemaInfo), true
 	}
-	info := &schemaInfo{}
+	info := &schemaInfo{bufs: make(chan *writerBufs, runtime.GOMAXPROCS(0))}
 	info.parquet, info.err = pqarrow.ToParquet(sc, pq.NewWriterProperties(), pqarrow.NewArrowWriterProperties(pqarrow.WithStoreSchema()))
 	if info.err == nil {
 		info.arrowKV, info.err = storedArrowSchema(sc)
+		info.modes = make([]columnMode, info.parquet.NumColumns())
 	}
 	schemaCache.Store(sc, info)
 	return info, true
@@ -239,7 +252,7 @@ func planLeaves(sc *arrow.Schema, ps *schema.Schema) ([]*leaf, error) {
 		l.rep, l.def = newLevelRuns(wantRep), newLevelRuns(wantDef)
 		if shape == shapeList {
 			l.gap = levelGap
-			l.vals = make([]byte, levelGap, levelGap+1<<20)
+			l.vals = make([]byte, levelGap)
 		}
 		if shape == shapeFlat && !slices.Contains(noStats, l.path) {
 			l.stats = &stats{}
@@ -351,9 +364,17 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte) {
 		nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
 		return
 	}
-	if l.left > 0 {
-		l.left--
-		switch l.mode {
+	cm := l.mode
+	cm.mu.Lock()
+	mode, probe := cm.mode, cm.left == 0
+	if probe {
+		cm.left = probeEvery - 1
+	} else {
+		cm.left--
+	}
+	cm.mu.Unlock()
+	if !probe {
+		switch mode {
 		case modeStored:
 			nw.zbuf = appendStoredZstd(nw.zbuf[:0], body)
 		case modeLiterals:
@@ -363,18 +384,29 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte) {
 		}
 		return
 	}
-	l.left = probeEvery - 1
 	nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
 	nw.lbuf = appendLiteralsZstd(nw.lbuf[:0], body, &nw.huff)
-	l.mode = modeZstd
+	mode = modeZstd
 	if len(nw.lbuf) <= len(nw.zbuf)+len(nw.zbuf)/50 { // within 2%: the faster
-		l.mode = modeLiterals
+		mode = modeLiterals
 		nw.zbuf, nw.lbuf = nw.lbuf, nw.zbuf
 	}
 	if len(nw.zbuf) > len(body)-len(body)/16 {
-		l.mode = modeStored
+		mode = modeStored
 		nw.zbuf = appendStoredZstd(nw.zbuf[:0], body)
 	}
+	cm.mu.Lock()
+	cm.mode = mode
+	cm.mu.Unlock()
+}
+
+// columnMode is how a column's pages are compressed, shared by every
+// writer of the schema (shards of many partitions each write a few pages
+// of a column: probing each shard's first pages would double their cost).
+type columnMode struct {
+	mu   sync.Mutex
+	mode pageMode
+	left int // pages before the modes are probed again
 }
 
 // flushPage closes l's page: levels and values, compressed, appended with
@@ -474,7 +506,39 @@ func (nw *nativeWriter) close() error {
 	if _, err := nw.w.Write(append(tail, "PAR1"...)); err != nil {
 		return fmt.Errorf("parquet: footer: %w", err)
 	}
+	select {
+	case nw.info.bufs <- nw.give():
+	default: // enough kept
+	}
 	return nil
+}
+
+// writerBufs are a closed writer's buffers, kept for the next writer of
+// the schema: shards open and close all run long, and each would grow its
+// page and column-chunk buffers from nothing again.
+type writerBufs struct {
+	vals, chunk                   [][]byte // per leaf
+	body, zbuf, lbuf, levels, hdr []byte
+}
+
+func (nw *nativeWriter) give() *writerBufs {
+	b := &writerBufs{body: nw.body, zbuf: nw.zbuf, lbuf: nw.lbuf, levels: nw.levels, hdr: nw.hdr}
+	for _, l := range nw.leaves {
+		b.vals, b.chunk = append(b.vals, l.vals), append(b.chunk, l.chunk)
+		l.vals, l.chunk = nil, nil
+	}
+	nw.body, nw.zbuf, nw.lbuf, nw.levels, nw.hdr = nil, nil, nil, nil, nil
+	return b
+}
+
+func (nw *nativeWriter) take(b *writerBufs) {
+	nw.body, nw.zbuf, nw.lbuf, nw.levels, nw.hdr = b.body[:0], b.zbuf[:0], b.lbuf[:0], b.levels[:0], b.hdr[:0]
+	for i, l := range nw.leaves {
+		if cap(b.vals[i]) >= l.gap {
+			l.vals = b.vals[i][:l.gap]
+		}
+		l.chunk = b.chunk[i][:0]
+	}
 }
 
 // add appends rows [lo, hi) of col to l's page.

@@ -372,7 +372,7 @@ func TestIncompressiblePagesStored(t *testing.T) {
 	if err := w.Write(rec); err != nil {
 		t.Fatal(err)
 	}
-	if m := []pageMode{w.nw.leaves[0].mode, w.nw.leaves[1].mode, w.nw.leaves[2].mode}; m[0] != modeStored || m[1] != modeZstd || m[2] != modeLiterals {
+	if m := []pageMode{w.nw.leaves[0].mode.mode, w.nw.leaves[1].mode.mode, w.nw.leaves[2].mode.mode}; m[0] != modeStored || m[1] != modeZstd || m[2] != modeLiterals {
 		t.Fatalf("modes of noise, zeros, ids: %v, want stored, zstd, literals", m)
 	}
 	if err := w.Close(); err != nil {
