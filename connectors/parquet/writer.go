@@ -127,10 +127,12 @@ func NewWriter(w io.Writer, schema *arrow.Schema, opts Options, meta map[string]
 	return &Writer{fw: fw, cw: cw, rgMax: opts.RowGroupBytes}, nil
 }
 
-// Write adds rec to the file. rec stays owned by the caller. A record of
-// at least half a row group is written as a row group of its own, column
-// by column straight to the output (nothing is buffered); smaller ones are
-// gathered in a buffered row group, cut once it reaches the row-group size.
+// Write adds rec to the file. rec stays owned by the caller. The native
+// encoder takes its rows in windows of about a page and cuts a row group
+// between windows once it reaches the row-group size. On the reference
+// path a record of at least half a row group is written as a row group of
+// its own, column by column straight to the output; smaller ones are
+// gathered in a buffered row group, cut once it reaches the size.
 func (w *Writer) Write(rec arrow.RecordBatch) error {
 	if w.nw != nil {
 		return w.nw.write(rec)
