@@ -63,8 +63,6 @@ type consLine struct {
 	Oversized bool     `json:"oversized"`
 }
 
-var consTaskRE = regexp.MustCompile(`"task_id":"task-([0-9]+)"`)
-
 // consGenChunks generates groups of 4 with `rllm-pipe gen` (plus genArgs)
 // and splits the records into n files by task (task index mod n), each
 // file holding whole groups, in generation order: ingesting the files one
@@ -83,14 +81,7 @@ func consGenChunks(t *testing.T, bin, work string, n int, genArgs ...string) []s
 	}
 	parts := make([][][]byte, n)
 	for _, l := range e2eSplitLines(data) {
-		m := consTaskRE.FindSubmatch(l)
-		if m == nil {
-			t.Fatalf("generated record without a task id: %s", e2eClip(string(l), 200))
-		}
-		i, err := strconv.Atoi(string(m[1]))
-		if err != nil {
-			t.Fatal(err)
-		}
+		i := genTask(t, l)
 		parts[i%n] = append(parts[i%n], l)
 	}
 	var files []string

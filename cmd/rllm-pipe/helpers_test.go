@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os"
+	"regexp"
+	"strconv"
 	"testing"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
@@ -75,4 +77,21 @@ func ingestWithStats(t *testing.T, bin, work string, env []string, args ...strin
 		t.Fatalf("%s: %v", f.Name(), err)
 	}
 	return st
+}
+
+var genTaskRE = regexp.MustCompile(`"task_id":"task-([0-9]+)"`)
+
+// genTask is the task number of a line written by `rllm-pipe gen`
+// ("task-000042" → 42), for tests that split generated input by task.
+func genTask(t *testing.T, line []byte) int {
+	t.Helper()
+	m := genTaskRE.FindSubmatch(line)
+	if m == nil {
+		t.Fatalf("generated record without a task id: %s", e2eClip(string(line), 200))
+	}
+	n, err := strconv.Atoi(string(m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

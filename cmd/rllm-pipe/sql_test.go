@@ -39,8 +39,6 @@ import (
 // ---------------------------------------------------------------------------
 // The shard set
 
-var sqlTaskRE = regexp.MustCompile(`"task_id":"task-([0-9]+)"`)
-
 // sqlInputs generates traces and writes them as two input files (tasks
 // split by parity), with alterations that give the reports something to
 // find:
@@ -65,14 +63,7 @@ func sqlInputs(t *testing.T, bin, work string) []string {
 	}
 	parts := make([][][]byte, 2)
 	for _, l := range e2eSplitLines(data) {
-		m := sqlTaskRE.FindSubmatch(l)
-		if m == nil {
-			t.Fatalf("generated record without a task id: %s", e2eClip(string(l), 200))
-		}
-		task, err := strconv.Atoi(string(m[1]))
-		if err != nil {
-			t.Fatal(err)
-		}
+		task := genTask(t, l)
 		var rec map[string]any
 		if err := json.Unmarshal(l, &rec); err != nil {
 			t.Fatal(err)
