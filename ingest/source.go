@@ -238,28 +238,21 @@ func (s *LineSource) readMapped() Chunk {
 		if !ok {
 			break
 		}
-		size := len(data)
+		full := int64(len(data)) // a CR counts, as the buffered reader counts a too-large line
 		if n := len(data); n > 0 && data[n-1] == '\r' {
 			data = data[:n-1]
 		}
 		if s.line == 0 && bytes.HasPrefix(data, utf8BOM) {
 			data = data[len(utf8BOM):] // a byte-order mark is not part of the record
 			off += len(utf8BOM)
-			size -= len(utf8BOM)
+			full -= int64(len(utf8BOM))
 		}
-		s.line++
-		if isBlank(data) {
-			c.Blank++
-			continue
-		}
-		r := Raw{Data: data, Source: schemas.Source{Stream: s.stream, File: s.name, Line: s.line}, Size: int64(len(data))}
-		if size > s.maxRecord {
+		if full > int64(s.maxRecord) {
 			head := min(len(data), keepTooLarge)
-			r.Data, r.Truncated, r.Size = data[:head:head], true, int64(size)
+			s.take(&c, data[:head:head], true, full, int64(off))
 		} else {
-			r.Ref = RawRef{File: s.file, Off: int64(off), Len: len(data)}
+			s.take(&c, data, false, int64(len(data)), int64(off))
 		}
-		c.Records = append(c.Records, r)
 	}
 	c.Release = m.hold(start, m.pos)
 	return c
@@ -281,18 +274,28 @@ type pendingLine struct {
 	off       int64
 }
 
-// add numbers the next line and appends it to the chunk (blank lines are
-// only counted). off is where the line starts in the input.
+// add copies the next line into the chunk's buffer (a blank one is only
+// counted) and takes it.
 func (s *LineSource) add(c *Chunk, buf, data []byte, truncated bool, size, off int64) []byte {
+	if !isBlank(data) || truncated {
+		start := len(buf)
+		buf = append(buf, data...)
+		data = buf[start:len(buf):len(buf)]
+	}
+	s.take(c, data, truncated, size, off)
+	return buf
+}
+
+// take numbers the next line and adds it to c as a record, Data as given
+// (blank lines are only counted). off is where it starts in the input.
+func (s *LineSource) take(c *Chunk, data []byte, truncated bool, size, off int64) {
 	s.line++
 	if isBlank(data) && !truncated {
 		c.Blank++
-		return buf
+		return
 	}
-	start := len(buf)
-	buf = append(buf, data...)
 	r := Raw{
-		Data:      buf[start:len(buf):len(buf)],
+		Data:      data,
 		Source:    schemas.Source{Stream: s.stream, File: s.name, Line: s.line},
 		Truncated: truncated,
 		Size:      size,
@@ -301,7 +304,6 @@ func (s *LineSource) add(c *Chunk, buf, data []byte, truncated bool, size, off i
 		r.Ref = RawRef{File: s.file, Off: off, Len: len(data)}
 	}
 	c.Records = append(c.Records, r)
-	return buf
 }
 
 func (s *LineSource) readLine() (data []byte, truncated bool, size int64, err error) {
