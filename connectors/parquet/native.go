@@ -339,8 +339,9 @@ const levelGap = 16 << 10
 // Pages of at least probeBytes are compressed the way that suits their
 // column, chosen on one page in probeEvery: the zstd encoder (matches and
 // entropy-coded literals: prompts repeated across a group shrink 5x), zstd
-// blocks of Huffman-coded literals only (response token ids: 9% smaller
-// and twice as fast, their matches cost more than they save), or zstd
+// blocks of Huffman-coded literals only (response token ids: twice as
+// fast and 2% smaller, their matches cost more than they save; see
+// BenchmarkPageModes), or zstd
 // frames of raw blocks when neither saves 1/16 (logprobs: 0.2%). All three
 // are zstd frames: the column chunk's codec, and every reader, are the
 // same.
