@@ -22,7 +22,8 @@ import (
 type Options struct {
 	// RowGroupBytes cuts a row group once its compressed size reaches
 	// this. Default 8 MiB: an open shard buffers one row group, and a
-	// smaller working set spares the GC (16 MiB measured 4% slower).
+	// smaller working set spares the GC (16 MiB: 3.4 s instead of 3.3 s
+	// on cmd/ingestbench's 1 GB input, and ~60k more page faults).
 	RowGroupBytes int64
 	// ZstdLevel is the zstd level. Default 1 (see the benchmarks).
 	ZstdLevel int
