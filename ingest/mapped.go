@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"bytes"
 	"slices"
 	"sync"
 )
@@ -38,19 +37,6 @@ type mapped struct {
 // dropEvery is how far the released prefix must have grown before its
 // pages are given back (one system call per step).
 const dropEvery = 16 << 20
-
-// line returns the next line (without its end of line) and where it
-// starts; ok is false at the end of the mapping.
-func (m *mapped) line() (line []byte, off int, ok bool) {
-	if m.pos >= len(m.data) {
-		return nil, 0, false
-	}
-	off = m.pos
-	rest := m.data[off:]
-	nl := bytes.IndexByte(rest, '\n') // found: data ends with one
-	line, m.pos = rest[:nl], off+nl+1
-	return line[:len(line):len(line)], off, true
-}
 
 // hold notes the chunk data[off:end] as handed out; the returned func
 // releases it.

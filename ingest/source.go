@@ -37,9 +37,46 @@ type Chunk struct {
 	Records []Raw
 	// Blank counts whitespace-only lines skipped while reading the chunk.
 	Blank int64
+	// Lines, when not zero, is how many lines (blank ones included) the
+	// chunk covers, and its records' Source.Line counts from the chunk's
+	// first line: a lineNumbering, fed the chunks in order, makes them the
+	// input's line numbers. (A line source cannot number a chunk's lines
+	// before the lines of every chunk ahead of it were split.)
+	Lines int64
 	// Release, if set, hands the chunk's memory back to its source for
 	// reuse; the caller calls it once no Data slice is used any more.
 	Release func()
+	// whole, when set, holds the chunk's lines not yet split into Records;
+	// Split does that.
+	whole *lineRun
+}
+
+// Split fills in Records, Blank and Lines of a chunk whose source handed
+// its lines over whole. A mapped file does that, so that the lines are
+// split on the goroutine about to decode them, while their bytes are in
+// its cache, instead of being read from memory once more by the reader.
+// Split is idempotent; any other chunk is left as it is.
+func (c *Chunk) Split() {
+	if r := c.whole; r != nil {
+		c.whole = nil
+		r.split(c)
+	}
+}
+
+// lineNumbering turns the chunk-relative line numbers of a stream's
+// chunks (see Chunk.Lines), taken in source order, into its line
+// numbers.
+type lineNumbering struct{ base int64 }
+
+// number renumbers one chunk's records; line returns each one's Source.
+func (n *lineNumbering) number(lines int64, count int, line func(i int) *schemas.Source) {
+	if lines == 0 {
+		return
+	}
+	for i := range count {
+		line(i).Line += n.base
+	}
+	n.base += lines
 }
 
 // Source yields raw records in order. Read blocks until at least one record
@@ -99,7 +136,6 @@ type LineSource struct {
 	off       int64    // bytes consumed from r (after the mapping, if any)
 	r         *bufio.Reader
 	closer    io.Closer
-	line      int64
 	maxRecord int
 	chunkSize int
 	done      bool
@@ -200,14 +236,14 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 	for !s.done && len(buf) < s.chunkSize {
 		off := s.off
 		data, truncated, size, err := s.readLine()
-		if s.line == 0 && bytes.HasPrefix(data, utf8BOM) {
+		if off == 0 && bytes.HasPrefix(data, utf8BOM) {
 			data = data[len(utf8BOM):] // a byte-order mark is not part of the record
 			off += int64(len(utf8BOM))
 		}
 		if err == io.EOF {
 			s.done = true
 		} else if err != nil {
-			return c, fmt.Errorf("read %s line %d: %w", s.name, s.line+1, err)
+			return c, fmt.Errorf("read %s at byte %d: %w", s.name, s.off, err)
 		}
 		if len(buf) > 0 && len(buf)+len(data) > cap(buf) {
 			s.pending = &pendingLine{data: append([]byte(nil), data...), truncated: truncated, size: size, off: off}
@@ -228,34 +264,53 @@ func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
 	return c, nil
 }
 
-// readMapped returns about a megabyte of lines of the mapping, in place.
+// readMapped returns about a megabyte of whole lines of the mapping, in
+// place, to be split by Chunk.Split. Only the end of the last line is
+// looked for here.
 func (s *LineSource) readMapped() Chunk {
-	var c Chunk
 	m := s.m
-	start := m.pos
-	for m.pos-start < s.chunkSize {
-		data, off, ok := m.line()
-		if !ok {
-			break
+	start, end := m.pos, len(m.data)
+	if e := start + s.chunkSize; e < end {
+		end = e + bytes.IndexByte(m.data[e-1:], '\n') // found: data ends with one
+	}
+	m.pos = end
+	return Chunk{
+		whole:   &lineRun{s: s, data: m.data[start:end], off: int64(start)},
+		Release: m.hold(start, end),
+	}
+}
+
+// lineRun is a run of whole lines of a mapped file, each ended by a
+// newline, starting at byte off.
+type lineRun struct {
+	s    *LineSource // read only: split runs on other goroutines
+	data []byte
+	off  int64
+}
+
+func (r *lineRun) split(c *Chunk) {
+	data, off := r.data, r.off
+	for len(data) > 0 {
+		nl := bytes.IndexByte(data, '\n') // found: the run ends with one
+		line := data[:nl:nl]
+		full := int64(nl) // a CR counts, as the buffered reader counts a too-large line
+		if nl > 0 && line[nl-1] == '\r' {
+			line = line[: nl-1 : nl-1]
 		}
-		full := int64(len(data)) // a CR counts, as the buffered reader counts a too-large line
-		if n := len(data); n > 0 && data[n-1] == '\r' {
-			data = data[:n-1]
-		}
-		if s.line == 0 && bytes.HasPrefix(data, utf8BOM) {
-			data = data[len(utf8BOM):] // a byte-order mark is not part of the record
-			off += len(utf8BOM)
+		at := off
+		if at == 0 && bytes.HasPrefix(line, utf8BOM) {
+			line = line[len(utf8BOM):] // a byte-order mark is not part of the record
+			at += int64(len(utf8BOM))
 			full -= int64(len(utf8BOM))
 		}
-		if full > int64(s.maxRecord) {
-			head := min(len(data), keepTooLarge)
-			s.take(&c, data[:head:head], true, full, int64(off))
+		if full > int64(r.s.maxRecord) {
+			head := min(len(line), keepTooLarge)
+			r.s.take(c, line[:head:head], true, full, at)
 		} else {
-			s.take(&c, data, false, int64(len(data)), int64(off))
+			r.s.take(c, line, false, int64(len(line)), at)
 		}
+		data, off = data[nl+1:], off+int64(nl)+1
 	}
-	c.Release = m.hold(start, m.pos)
-	return c
 }
 
 // buffer returns an empty chunk buffer, reused when one was released.
@@ -286,17 +341,19 @@ func (s *LineSource) add(c *Chunk, buf, data []byte, truncated bool, size, off i
 	return buf
 }
 
-// take numbers the next line and adds it to c as a record, Data as given
-// (blank lines are only counted). off is where it starts in the input.
+// take counts the chunk's next line and adds it to c as a record, Data as
+// given (blank lines are only counted). off is where it starts in the
+// input. It reads only what OpenFile set, so chunks may be split on any
+// goroutine.
 func (s *LineSource) take(c *Chunk, data []byte, truncated bool, size, off int64) {
-	s.line++
+	c.Lines++
 	if isBlank(data) && !truncated {
 		c.Blank++
 		return
 	}
 	r := Raw{
 		Data:      data,
-		Source:    schemas.Source{Stream: s.stream, File: s.name, Line: s.line},
+		Source:    schemas.Source{Stream: s.stream, File: s.name, Line: c.Lines},
 		Truncated: truncated,
 		Size:      size,
 	}

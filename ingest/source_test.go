@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,8 +23,11 @@ func readAll(t *testing.T, s Source) ([]Raw, int64) {
 	t.Helper()
 	var out []Raw
 	var blank int64
+	var lines lineNumbering
 	for {
 		c, err := s.Read(context.Background())
+		c.Split()
+		lines.number(c.Lines, len(c.Records), func(i int) *schemas.Source { return &c.Records[i].Source })
 		out = append(out, c.Records...)
 		blank += c.Blank
 		if errors.Is(err, io.EOF) {
@@ -181,6 +185,7 @@ func TestFileRecordsReadAgain(t *testing.T) {
 	var n int
 	for {
 		c, err := src.Read(context.Background())
+		c.Split()
 		for _, r := range c.Records {
 			n++
 			if !r.Ref.Valid() {
@@ -334,6 +339,7 @@ func TestMappedSmallLimit(t *testing.T) {
 		if err != nil && !errors.Is(err, io.EOF) {
 			t.Fatal(err)
 		}
+		c.Split()
 		if len(c.Records) != 2 || !c.Records[0].Truncated || string(c.Records[0].Data) != line || c.Records[0].Size != int64(len(line)) || c.Records[1].Truncated {
 			t.Fatalf("mapped %v: records %+v", mapped, c.Records)
 		}
@@ -343,5 +349,78 @@ func TestMappedSmallLimit(t *testing.T) {
 		if c.Release != nil {
 			c.Release() // after Close: must not touch the unmapped range
 		}
+	}
+}
+
+// A mapped file split into many chunks, decoded on several goroutines:
+// every record keeps its line number in the file, blank lines, a CRLF and
+// a byte-order mark included, and lines appended after the mapping go on
+// counting from it.
+func TestMappedLineNumbers(t *testing.T) {
+	var in strings.Builder
+	in.WriteString("\xef\xbb\xbf")
+	want := map[string]int64{}
+	line := int64(0)
+	for i := range 3000 {
+		line++
+		switch {
+		case i%7 == 3:
+			in.WriteString("  \n")
+			continue
+		case i%11 == 5:
+			fmt.Fprintf(&in, "{\"n\":%d,\"pad\":%q}\r\n", i, strings.Repeat("p", i%300))
+		default:
+			fmt.Fprintf(&in, "{\"n\":%d,\"pad\":%q}\n", i, strings.Repeat("p", i%300))
+		}
+		want[fmt.Sprint(i)] = line
+	}
+	path := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(path, []byte(in.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenFile(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if src.m == nil {
+		t.Skip("no memory mapping on this system")
+	}
+	src.chunkSize = 2 << 10
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 3000; i < 3100; i++ {
+		fmt.Fprintf(f, "{\"n\":%d}\n", i)
+		line++
+		want[fmt.Sprint(i)] = line
+	}
+	f.Close()
+	out := make(chan Batch, 10)
+	errc := make(chan error, 1)
+	go func() { errc <- DecodeStage(context.Background(), src, 3, out) }()
+	seen := 0
+	for b := range out {
+		for _, it := range b.Items {
+			raw := it.Raw
+			if raw == nil {
+				t.Fatalf("line %d: decoded, want rejected", it.Source.Line)
+			}
+			var v struct{ N int }
+			if err := json.Unmarshal(raw, &v); err != nil {
+				t.Fatalf("line %d: %q: %v", it.Source.Line, raw, err)
+			}
+			if w := want[fmt.Sprint(v.N)]; it.Source.Line != w {
+				t.Fatalf("record %d numbered line %d, want %d", v.N, it.Source.Line, w)
+			}
+			seen++
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if seen != len(want) {
+		t.Fatalf("%d records, want %d", seen, len(want))
 	}
 }

@@ -31,6 +31,7 @@ type Item struct {
 type Batch struct {
 	Items []Item
 	Blank int64
+	Lines int64 // see Chunk.Lines; DecodeStage's batches have 0
 }
 
 // DecodeStage reads src and decodes its chunks on workers goroutines,
@@ -92,7 +93,7 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 				return ctx.Err()
 			}
 			c, err := r.c, r.err
-			if len(c.Records) > 0 || c.Blank > 0 {
+			if len(c.Records) > 0 || c.Blank > 0 || c.whole != nil {
 				j := job{chunk: c, done: make(chan Batch, 1)}
 				select {
 				case order <- j.done:
@@ -131,6 +132,7 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 		})
 	}
 	g.Go(func() error {
+		var lines lineNumbering
 		for done := range order {
 			var b Batch
 			select {
@@ -138,6 +140,8 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 			case <-ctx.Done():
 				return ctx.Err()
 			}
+			lines.number(b.Lines, len(b.Items), func(i int) *schemas.Source { return &b.Items[i].Source })
+			b.Lines = 0
 			select {
 			case out <- b:
 			case <-ctx.Done():
@@ -149,8 +153,11 @@ func DecodeStage(ctx context.Context, src Source, workers int, out chan<- Batch)
 	return g.Wait()
 }
 
+// decodeChunk decodes c's records (splitting its lines first if its
+// source left them whole) into a batch numbered as the chunk is.
 func decodeChunk(d *Decoder, c Chunk) Batch {
-	b := Batch{Items: make([]Item, len(c.Records)), Blank: c.Blank}
+	c.Split()
+	b := Batch{Items: make([]Item, len(c.Records)), Blank: c.Blank, Lines: c.Lines}
 	for i, r := range c.Records {
 		it := &b.Items[i]
 		it.Source = r.Source
