@@ -95,16 +95,24 @@ func BenchmarkLists(b *testing.B) {
 		}
 		b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "elements/s")
 	}
-	b.Run("ints", func(b *testing.B) {
-		var dst []int32
-		run(b, ints, func(lx *lexer) int {
-			var ok bool
-			if dst, ok = lx.fastInts(dst[:0]); !ok {
-				b.Fatal("fast path refused")
-			}
-			return len(dst)
+	for _, blocks := range []bool{true, false} {
+		name := "ints/words" // the baseline: one number after the other
+		if blocks {
+			name = "ints/blocks"
+		}
+		b.Run(name, func(b *testing.B) {
+			defer func(on bool) { blockInts = on }(blockInts)
+			blockInts = blocks
+			var dst []int32
+			run(b, ints, func(lx *lexer) int {
+				var ok bool
+				if dst, ok = lx.fastInts(dst[:0]); !ok {
+					b.Fatal("fast path refused")
+				}
+				return len(dst)
+			})
 		})
-	})
+	}
 	b.Run("floats", func(b *testing.B) {
 		var dst []float32
 		run(b, floats, func(lx *lexer) int {

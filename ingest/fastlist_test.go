@@ -98,6 +98,44 @@ func TestFastListsAgree(t *testing.T) {
 	}
 }
 
+// Token-id lists as intBlocks meets them: long enough to span several
+// 64-byte blocks, numbers of 1 to 10 digits, Python's ", " and other
+// blanks, and now and then something it must leave to the other paths (a
+// leading zero, a sign, a fraction, a blank before a comma, two commas):
+// the records decode as with the general path, with blocks on and off.
+func TestIntBlocksAgree(t *testing.T) {
+	before := compared
+	rng := rand.New(rand.NewSource(2))
+	odd := []string{"01", "-1", "1.5", "1e3", " ,", ",,", "\t", "\n", "2147483648", "99999999999", "\"7\"", "]"}
+	for n := 0; n < 4000; n++ {
+		var b strings.Builder
+		b.WriteString("[")
+		sep := []string{",", ", ", ",  "}[rng.Intn(3)]
+		count := 1 + rng.Intn(120)
+		for k := 0; k < count; k++ {
+			if k > 0 {
+				b.WriteString(sep)
+			}
+			if rng.Intn(400) == 0 {
+				b.WriteString(odd[rng.Intn(len(odd))])
+				continue
+			}
+			digits := 1 + rng.Intn(rng.Intn(10)+1)
+			b.WriteString(fmt.Sprint(rng.Int63n(int64(math.Pow10(digits)))))
+		}
+		b.WriteString("]")
+		line := stepWith(b.String(), "[-0.25]")
+		for _, blocks := range []bool{true, false} {
+			blockInts = blocks
+			sameRecords(t, line)
+		}
+		blockInts = true
+	}
+	if compared-before < 4000 {
+		t.Fatalf("only %d records decoded without error", compared-before)
+	}
+}
+
 func strconvFormat(v float64, format byte, prec int) string {
 	return fmt.Sprintf("%."+fmt.Sprint(max(prec, 0))+string(format), v)
 }
@@ -106,6 +144,8 @@ func FuzzFastLists(f *testing.F) {
 	f.Add("[1,2,3]", "[-0.5,-1e-3]")
 	f.Add("[0]", "[1e400]")
 	f.Add("[ 7 ]", "[-0.0000001234567890123456789]")
+	f.Add("[151644,8948,198,10650,59403,645,87707,95234,107164,256,0,955,102486,116919,55,14928,8,34764]", "[-0.5]")
+	f.Add("[151644, 8948, 198, 10650, 59403, 645, 87707, 95234, 107164, 256, 0, 955, 102486, 116919, 55]", "[-0.5]")
 	f.Fuzz(func(t *testing.T, prompt, logprobs string) {
 		sameRecords(t, stepWith(prompt, logprobs))
 	})
