@@ -158,31 +158,16 @@ func intBlocks(b []byte, i int, dst []int32) (out []int32, next int, done bool) 
 	prev := i - 1 // the byte before the current element: '[', ',' or ' '
 	// Every load below is of 8 bytes starting before base+64, so inside b
 	// while base+72 <= len(b): they go without bounds checks.
-	p0 := unsafe.Pointer(unsafe.SliceData(b))
-	word := func(at int) uint64 {
-		return binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(p0, at)), 8))
-	}
 	for base := i; base+72 <= len(b); base += 64 {
 		var mask uint64 // bit k: b[base+k] is not a digit
 		for k := 0; k < 64; k += 8 {
-			// Per byte without carries between bytes (a subtraction's
-			// borrow from a comma would make the next byte's '0' look
-			// like a separator): t >= '0' and t > '9' from two sums on
-			// the low seven bits, the high bit from the byte itself.
-			x := word(base + k)
-			t := x & 0x7F7F7F7F7F7F7F7F
-			ge0 := t + 0x5050505050505050 // high bit: t >= '0'
-			gt9 := t + 0x4646464646464646 // high bit: t > '9'
-			nd := (^ge0 | gt9 | x) & 0x8080808080808080
-			// One bit per byte, in byte order (a multiply gathers the
-			// high bits: no two partial products share a bit).
-			mask |= (nd >> 7) * 0x0102040810204080 >> 56 << k
+			mask |= bitsOf(notDigits(word(b, base+k))) << k
 		}
 		for ; mask != 0; mask &= mask - 1 {
 			p := base + bits.TrailingZeros64(mask)
 			n := p - prev - 1 // digits between the two separators
-			sep := byte(word(p))
-			w := word(prev+1) - 0x3030303030303030 // no borrow below the n digits
+			sep := byte(word(b, p))
+			w := word(b, prev+1) - 0x3030303030303030 // no borrow below the n digits
 			if uint(n-1) > 7 || (n > 1 && byte(w) == 0) {
 				if n == 0 && sep == ' ' { // after ',' or ' ': a blank before the element
 					prev = p
@@ -190,10 +175,7 @@ func intBlocks(b []byte, i int, dst []int32) (out []int32, next int, done bool) 
 				}
 				return dst, prev + 1, false // empty, over 8 digits, leading zero
 			}
-			v := w << (64 - 8*uint(n)) // the n digits, first digit lowest
-			v = (v*10 + v>>8) & 0x00FF00FF00FF00FF
-			v = (v*100 + v>>16) & 0x0000FFFF0000FFFF
-			v = (v*10000 + v>>32) & 0xFFFFFFFF
+			v := digits(w, n)
 			switch sep {
 			case ',':
 				dst = append(dst, int32(v))
@@ -206,6 +188,37 @@ func intBlocks(b []byte, i int, dst []int32) (out []int32, next int, done bool) 
 		}
 	}
 	return dst, prev + 1, false
+}
+
+// word loads the 8 bytes of b at i, which the caller keeps inside b
+// (no bounds check).
+func word(b []byte, i int) uint64 {
+	return binary.LittleEndian.Uint64(unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(unsafe.SliceData(b)), i)), 8))
+}
+
+// notDigits sets the high bit of each byte of x that is not an ASCII
+// digit, byte by byte without carries between bytes (a subtraction's
+// borrow from a comma would make the next byte's '0' look like a
+// separator): t >= '0' and t > '9' from two sums on the low seven bits,
+// the high bit from the byte itself.
+func notDigits(x uint64) uint64 {
+	t := x & 0x7F7F7F7F7F7F7F7F
+	ge0 := t + 0x5050505050505050 // high bit: t >= '0'
+	gt9 := t + 0x4646464646464646 // high bit: t > '9'
+	return (^ge0 | gt9 | x) & 0x8080808080808080
+}
+
+// bitsOf gathers the high bits of x's bytes into 8 bits, byte k to bit k
+// (a multiply; no two partial products share a bit).
+func bitsOf(x uint64) uint64 { return (x >> 7) * 0x0102040810204080 >> 56 }
+
+// digits is the value of the n (1 to 8) digits at the bottom of w, from
+// which '0' was subtracted byte by byte, the first digit lowest.
+func digits(w uint64, n int) uint64 {
+	v := w << (64 - 8*uint(n))
+	v = (v*10 + v>>8) & 0x00FF00FF00FF00FF
+	v = (v*100 + v>>16) & 0x0000FFFF0000FFFF
+	return (v*10000 + v>>32) & 0xFFFFFFFF
 }
 
 // pow10u holds 10^n for the digit runs of fastFloats.

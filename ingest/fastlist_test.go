@@ -26,7 +26,8 @@ func stepWith(prompt, logprobs string) string {
 	n := strings.Count(logprobs, ",") + 1
 	resp := strings.TrimSuffix(strings.Repeat("1,", n), ",")
 	return `{"type":"step","step_id":"s","task_id":"t","trajectory_id":"r","step_index":0,"policy_version":1,` +
-		`"prompt_ids":` + prompt + `,"response_ids":[` + resp + `],"response_logprobs":` + logprobs + `}`
+		`"prompt_ids":` + prompt + `,"response_ids":[` + resp + `],"response_logprobs":` + logprobs +
+		`,"model":"` + strings.Repeat("m", 100) + `"}` // room after the lists for the 64-byte block paths
 }
 
 func sameRecords(t *testing.T, line string) {
@@ -136,6 +137,53 @@ func TestIntBlocksAgree(t *testing.T) {
 	}
 }
 
+// Long logprob lists followed by more of the record: the generator's and
+// Python's spellings, integers, -0, long fractions, and now and then
+// something the fast path must leave to the general one (exponents, a
+// leading zero, '+', NaN, 16+ digits, a blank before a comma): the
+// records decode as with the general path.
+func TestLongFloatListsAgree(t *testing.T) {
+	before := compared
+	rng := rand.New(rand.NewSource(3))
+	odd := []string{"1e-5", "-1E+2", "00.5", "+0.5", "NaN", "-.5", "1.", "0.1234567890123456789", "12345678.5",
+		"-0.000000000000001", " ,", ",,", "\"x\"", "1e39", "-0", "0"}
+	for n := 0; n < 4000; n++ {
+		var b strings.Builder
+		b.WriteString("[")
+		sep := []string{",", ", ", ",  "}[rng.Intn(3)]
+		count := 1 + rng.Intn(100)
+		for k := 0; k < count; k++ {
+			if k > 0 {
+				b.WriteString(sep)
+			}
+			if rng.Intn(300) == 0 {
+				b.WriteString(odd[rng.Intn(len(odd))])
+				continue
+			}
+			var v float64
+			switch rng.Intn(4) {
+			case 0:
+				v = -rng.ExpFloat64() * math.Pow(10, float64(rng.Intn(4)))
+			case 1:
+				v = -rng.Float64() * math.Pow(10, float64(-rng.Intn(8)))
+			case 2:
+				v = float64(-rng.Intn(100))
+			default:
+				v = float64(float32(-rng.ExpFloat64()))
+			}
+			b.WriteString(strconvFormat(v, []byte{'f', 'g'}[rng.Intn(2)], rng.Intn(14)))
+		}
+		b.WriteString("]")
+		resp := strings.TrimSuffix(strings.Repeat("1,", strings.Count(b.String(), ",")+1), ",")
+		line := `{"type":"step","step_id":"s","task_id":"t","trajectory_id":"r","step_index":0,"policy_version":1,` +
+			`"response_logprobs":` + b.String() + `,"response_ids":[` + resp + `],"prompt_ids":[1],"model":"` + strings.Repeat("m", 100) + `"}`
+		sameRecords(t, line)
+	}
+	if compared-before < 2000 {
+		t.Fatalf("only %d records decoded without error", compared-before)
+	}
+}
+
 func strconvFormat(v float64, format byte, prec int) string {
 	return fmt.Sprintf("%."+fmt.Sprint(max(prec, 0))+string(format), v)
 }
@@ -145,6 +193,8 @@ func FuzzFastLists(f *testing.F) {
 	f.Add("[0]", "[1e400]")
 	f.Add("[ 7 ]", "[-0.0000001234567890123456789]")
 	f.Add("[151644,8948,198,10650,59403,645,87707,95234,107164,256,0,955,102486,116919,55,14928,8,34764]", "[-0.5]")
+	f.Add("[1]", "[-5.08137,-0.0000952341,-0.0000345189,-0.0318915,-0.000584974,-0.0128856,-0.0104683,-8.07206]")
+	f.Add("[1]", "[-5.08137, -0.0000952341, -0.0000345189, -0.0318915, -0.000584974, -0.0128856, -0.0104683, -8]")
 	f.Add("[151644, 8948, 198, 10650, 59403, 645, 87707, 95234, 107164, 256, 0, 955, 102486, 116919, 55]", "[-0.5]")
 	f.Fuzz(func(t *testing.T, prompt, logprobs string) {
 		sameRecords(t, stepWith(prompt, logprobs))
