@@ -55,6 +55,21 @@ type Batcher struct {
 	offs     []int32
 	rTr      []int32
 	Counters BatchCounters
+
+	// The big columns, laid out without the builders (columns.go).
+	prompt, resp listColumn[int32]
+	logp         listColumn[float32]
+	messages     textColumn
+	pool         *bufferPool
+}
+
+// direct reports the columns the Batcher lays out itself.
+func direct(col int) bool {
+	switch col {
+	case schemas.ColPromptIDs, schemas.ColResponseIDs, schemas.ColResponseLogprobs, schemas.ColMessages:
+		return true
+	}
+	return false
 }
 
 // NewBatcher returns a Batcher allocating from mem.
@@ -63,7 +78,7 @@ func NewBatcher(mem memory.Allocator, cfg BatchConfig) *Batcher {
 		cfg.Label = cfg.Estimator.Name()
 	}
 	return &Batcher{mem: mem, cfg: cfg, b: array.NewRecordBuilder(mem, schemas.StepSchema),
-		Counters: BatchCounters{Filtered: map[string]int64{}}}
+		Counters: BatchCounters{Filtered: map[string]int64{}}, pool: &bufferPool{keep: poolKeep}}
 }
 
 // Release frees the builder.
@@ -100,19 +115,49 @@ func (bt *Batcher) Build(groups []*Group) ([]Batch, error) {
 	return out, nil
 }
 
+// record takes the batch's columns: the builders' and the direct ones.
+func (bt *Batcher) record() arrow.RecordBatch {
+	sc := schemas.StepSchema
+	cols := make([]arrow.Array, sc.NumFields())
+	for i := range cols {
+		switch i {
+		case schemas.ColPromptIDs:
+			cols[i] = bt.prompt.array(bt.pool, sc.Field(i).Type.(*arrow.ListType))
+		case schemas.ColResponseIDs:
+			cols[i] = bt.resp.array(bt.pool, sc.Field(i).Type.(*arrow.ListType))
+		case schemas.ColResponseLogprobs:
+			cols[i] = bt.logp.array(bt.pool, sc.Field(i).Type.(*arrow.ListType))
+		case schemas.ColMessages:
+			cols[i] = bt.messages.array(bt.pool)
+		default:
+			cols[i] = bt.b.Field(i).NewArray()
+		}
+	}
+	rec := array.NewRecordBatch(sc, cols, int64(cols[0].Len()))
+	for _, c := range cols {
+		c.Release()
+	}
+	return rec
+}
+
+// resetDirect empties the direct columns for the next batch.
+func (bt *Batcher) resetDirect() {
+	bt.prompt.reset()
+	bt.resp.reset()
+	bt.logp.reset()
+	bt.messages.reset()
+}
+
 // reserve sizes the builders for groups once, so that appending never
 // grows (copies and clears) a buffer.
 func (bt *Batcher) reserve(groups []*Group, b *array.RecordBuilder) {
-	var rows, prompt, resp, teacher, versions, msgs, meta, stepIDs, trajIDs, taskIDs, groupIDs int
+	var rows, teacher, versions, meta, stepIDs, trajIDs, taskIDs, groupIDs int
 	for _, g := range groups {
 		for _, t := range g.Trajectories {
 			for _, s := range t.Steps {
 				rows++
-				prompt += len(s.PromptIDs)
-				resp += len(s.ResponseIDs)
 				teacher += len(s.TeacherLogprobs)
 				versions += len(s.TokenVersions)
-				msgs += len(s.Messages)
 				meta += len(s.Metadata)
 				stepIDs += len(s.StepID)
 				trajIDs += len(s.TrajectoryID)
@@ -122,14 +167,12 @@ func (bt *Batcher) reserve(groups []*Group, b *array.RecordBuilder) {
 		}
 	}
 	for i := 0; i < b.Schema().NumFields(); i++ {
-		b.Field(i).Reserve(rows)
+		if !direct(i) {
+			b.Field(i).Reserve(rows)
+		}
 	}
-	b.Field(schemas.ColPromptIDs).(*array.ListBuilder).ValueBuilder().Reserve(prompt)
-	b.Field(schemas.ColResponseIDs).(*array.ListBuilder).ValueBuilder().Reserve(resp)
-	b.Field(schemas.ColResponseLogprobs).(*array.ListBuilder).ValueBuilder().Reserve(resp)
 	b.Field(schemas.ColTeacherLogprobs).(*array.ListBuilder).ValueBuilder().Reserve(teacher)
 	b.Field(schemas.ColTokenVersions).(*array.ListBuilder).ValueBuilder().Reserve(versions)
-	b.Field(schemas.ColMessages).(*array.StringBuilder).ReserveData(msgs)
 	b.Field(schemas.ColMetadata).(*array.StringBuilder).ReserveData(meta)
 	b.Field(schemas.ColStepID).(*array.StringBuilder).ReserveData(stepIDs)
 	b.Field(schemas.ColTrajectoryID).(*array.StringBuilder).ReserveData(trajIDs)
@@ -149,12 +192,8 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 		numSteps  = b.Field(schemas.ColNumSteps).(*array.Int32Builder)
 		policyV   = b.Field(schemas.ColPolicyVersion).(*array.Int64Builder)
 		groupV    = b.Field(schemas.ColGroupVersion).(*array.Int64Builder)
-		prompt    = b.Field(schemas.ColPromptIDs).(*array.ListBuilder)
-		resp      = b.Field(schemas.ColResponseIDs).(*array.ListBuilder)
-		logp      = b.Field(schemas.ColResponseLogprobs).(*array.ListBuilder)
 		tokV      = b.Field(schemas.ColTokenVersions).(*array.ListBuilder)
 		teacher   = b.Field(schemas.ColTeacherLogprobs).(*array.ListBuilder)
-		messages  = b.Field(schemas.ColMessages).(*array.StringBuilder)
 		reward    = b.Field(schemas.ColReward).(*array.Float64Builder)
 		stepRew   = b.Field(schemas.ColStepReward).(*array.Float64Builder)
 		gsize     = b.Field(schemas.ColGroupSize).(*array.Int32Builder)
@@ -177,9 +216,6 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 		srcOff    = b.Field(schemas.ColSourceOffset).(*array.Int64Builder)
 		tokAdv    = b.Field(schemas.ColTokenAdvantages).(*array.ListBuilder)
 		estim     = b.Field(schemas.ColEstimator).(*array.StringBuilder)
-		promptV   = prompt.ValueBuilder().(*array.Int32Builder)
-		respV     = resp.ValueBuilder().(*array.Int32Builder)
-		logpV     = logp.ValueBuilder().(*array.Float32Builder)
 		tokVV     = tokV.ValueBuilder().(*array.Int64Builder)
 		teacherV  = teacher.ValueBuilder().(*array.Float32Builder)
 		sigKeys   = signals.KeyBuilder().(*array.StringBuilder)
@@ -201,6 +237,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	)
 
 	bt.reserve(groups, b)
+	defer bt.resetDirect()
 
 	// Trajectory-level columns for the estimator.
 	bt.offs = append(bt.offs[:0], 0)
@@ -254,12 +291,9 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				numSteps.Append(int32(t.NumSteps))
 				policyV.Append(s.PolicyVersion)
 				groupV.Append(g.Version)
-				prompt.Append(true)
-				promptV.AppendValues(s.PromptIDs, nil)
-				resp.Append(true)
-				respV.AppendValues(s.ResponseIDs, nil)
-				logp.Append(true)
-				logpV.AppendValues(s.ResponseLogprobs, nil)
+				bt.prompt.add(s.PromptIDs)
+				bt.resp.add(s.ResponseIDs)
+				bt.logp.add(s.ResponseLogprobs)
 				if s.HasTokenVersions {
 					tokV.Append(true)
 					tokVV.AppendValues(s.TokenVersions, nil)
@@ -272,7 +306,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				} else {
 					teacher.AppendNull()
 				}
-				optJSON(messages, s.Messages)
+				bt.messages.add(s.Messages)
 				reward.Append(t.Reward)
 				if s.HasReward {
 					stepRew.Append(s.Reward)
@@ -339,8 +373,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	defer ln.Release()
 	fail := func(err error) (Batch, error) {
 		// Leave the builder empty for the next batch.
-		rec := b.NewRecordBatch()
-		rec.Release()
+		bt.record().Release()
 		return Batch{}, err
 	}
 	adv, err := bt.cfg.Estimator.Compute(bt.mem, advantage.Groups{Offsets: bt.offs, Rewards: rw, Lengths: ln})
@@ -355,7 +388,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	// appended above: they come from the kernels.
 	advB := b.Field(schemas.ColAdvantage).(*array.Float64Builder)
 	advB.AppendValues(rows.Float64Values(), nil)
-	rec := b.NewRecordBatch()
+	rec := bt.record()
 	if bt.cfg.Distill == nil {
 		return Batch{Version: groups[0].Version, Record: rec, Groups: keys, Settled: settled}, nil
 	}
