@@ -160,6 +160,12 @@ func (l *lexer) skipStr() error {
 		case c < 0x20:
 			return errSyntax
 		case c == '\\':
+			// The one-letter escapes have nothing to check: skipped in
+			// place; \u (surrogates, repairs) goes through escape.
+			if l.pos+1 < len(b) && simpleEscape[b[l.pos+1]] {
+				l.pos += 2
+				continue
+			}
 			l.scratch = l.scratch[:0]
 			if err := l.escape(); err != nil {
 				return err
@@ -176,6 +182,9 @@ func (l *lexer) skipStr() error {
 		}
 	}
 }
+
+// simpleEscape marks the letters of the JSON escapes other than \u.
+var simpleEscape = [256]bool{'"': true, '\\': true, '/': true, 'b': true, 'f': true, 'n': true, 'r': true, 't': true}
 
 func (l *lexer) escape() error {
 	if l.pos+1 >= len(l.buf) {
