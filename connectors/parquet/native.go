@@ -54,7 +54,8 @@ type nativeWriter struct {
 	info     *schemaInfo
 	levels   []byte // a page's levels
 	zbuf     []byte // a page after compression
-	lbuf     []byte // a page in the other mode, when probing
+	lbuf     []byte // a page in another mode, when probing
+	dbuf     []byte // a page with DELTA_BINARY_PACKED values
 	huff     huff0.Scratch
 	hdr      []byte
 }
@@ -91,7 +92,8 @@ type leaf struct {
 	chunk        []byte      // compressed pages of the row group
 	chunkLevels  int64
 	uncompressed int64
-	pages        int32
+	pages        int32 // PLAIN pages in chunk
+	deltaPages   int32 // DELTA_BINARY_PACKED pages in chunk
 }
 
 // schemaInfo is what a writer needs of a schema, computed once per schema.
@@ -336,15 +338,20 @@ func (l *leaf) pageBytes() int { return len(l.vals) - l.gap + len(l.rep.buf) + l
 // levels: two or three runs per row, a few kilobytes a page.
 const levelGap = 16 << 10
 
-// Pages of at least probeBytes are compressed the way that suits their
-// column, chosen on one page in probeEvery: the zstd encoder (matches and
-// entropy-coded literals: prompts repeated across a group shrink 5x), zstd
-// blocks of Huffman-coded literals only (response token ids: twice as
-// fast and 2% smaller, their matches cost more than they save; see
-// BenchmarkPageModes), or zstd
-// frames of raw blocks when neither saves 1/16 (logprobs: 0.2%). All three
-// are zstd frames: the column chunk's codec, and every reader, are the
-// same.
+// Pages of at least probeBytes are encoded and compressed the way that
+// suits their column, chosen on one page in probeEvery among
+//   - the zstd encoder (matches and entropy-coded literals: prompts
+//     repeated across a group shrink 5x);
+//   - zstd blocks of Huffman-coded literals only (their matches cost more
+//     than they save on random token ids);
+//   - for INT32 values, DELTA_BINARY_PACKED in raw-block frames: random
+//     token ids below 2^18 take 19 bits instead of 32, a little less than
+//     Huffman's codes, at several times the speed (BenchmarkPageModes);
+//   - raw-block frames when nothing saves 1/16 (logprobs: zstd saves
+//     0.2%).
+//
+// The fastest mode within 2% of the smallest wins. All pages are zstd
+// frames: the column chunk's codec, and every reader, are the same.
 const (
 	probeBytes = 64 << 10
 	probeEvery = 16
@@ -356,14 +363,16 @@ const (
 	modeZstd pageMode = iota
 	modeLiterals
 	modeStored
+	modeDelta
 )
 
-// compressPage sets nw.zbuf to the page body compressed in l's mode,
-// probing the modes when it is time.
-func (nw *nativeWriter) compressPage(l *leaf, body []byte) {
+// compressPage sets nw.zbuf to the page body (levels, then values from
+// byte lv) encoded and compressed in l's mode, probing the modes when it
+// is time. It returns the uncompressed size of the page and the encoding
+// of its values.
+func (nw *nativeWriter) compressPage(l *leaf, body []byte, lv int) (size int, encoding int32) {
 	if len(body) < probeBytes {
-		nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
-		return
+		return nw.encodePage(modeZstd, body, lv)
 	}
 	cm := l.mode
 	cm.mu.Lock()
@@ -375,30 +384,61 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte) {
 	}
 	cm.mu.Unlock()
 	if !probe {
-		switch mode {
-		case modeStored:
-			nw.zbuf = appendStoredZstd(nw.zbuf[:0], body)
-		case modeLiterals:
-			nw.zbuf = appendLiteralsZstd(nw.zbuf[:0], body, &nw.huff)
-		default:
-			nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
-		}
-		return
+		return nw.encodePage(mode, body, lv)
 	}
 	nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
 	nw.lbuf = appendLiteralsZstd(nw.lbuf[:0], body, &nw.huff)
-	mode = modeZstd
-	if len(nw.lbuf) <= len(nw.zbuf)+len(nw.zbuf)/50 { // within 2%: the faster
-		mode = modeLiterals
-		nw.zbuf, nw.lbuf = nw.lbuf, nw.zbuf
+	best := min(len(nw.zbuf), len(nw.lbuf))
+	deltaSize := -1
+	if l.typ == arrow.INT32 {
+		nw.dbuf = appendDeltaInt32(append(nw.dbuf[:0], body[:lv]...), body[lv:])
+		deltaSize = storedZstdSize(len(nw.dbuf))
+		best = min(best, deltaSize)
 	}
-	if len(nw.zbuf) > len(body)-len(body)/16 {
+	within := func(n int) bool { return n >= 0 && n <= best+best/50 }
+	switch {
+	case best > len(body)-len(body)/16:
 		mode = modeStored
-		nw.zbuf = appendStoredZstd(nw.zbuf[:0], body)
+	case within(deltaSize):
+		mode = modeDelta
+	case within(len(nw.lbuf)):
+		mode = modeLiterals
+	default:
+		mode = modeZstd
 	}
 	cm.mu.Lock()
 	cm.mode = mode
 	cm.mu.Unlock()
+	switch mode {
+	case modeZstd: // in zbuf
+	case modeLiterals:
+		nw.zbuf, nw.lbuf = nw.lbuf, nw.zbuf
+	case modeDelta:
+		nw.zbuf = appendStoredZstd(nw.zbuf[:0], nw.dbuf)
+		return len(nw.dbuf), encodingDelta
+	default:
+		return nw.encodePage(mode, body, lv)
+	}
+	return len(body), encodingPlain
+}
+
+// encodePage sets nw.zbuf to the page body (levels, then values from
+// byte lv) encoded and compressed in mode; it returns the uncompressed
+// size and the encoding of the values.
+func (nw *nativeWriter) encodePage(mode pageMode, body []byte, lv int) (size int, encoding int32) {
+	switch mode {
+	case modeStored:
+		nw.zbuf = appendStoredZstd(nw.zbuf[:0], body)
+	case modeLiterals:
+		nw.zbuf = appendLiteralsZstd(nw.zbuf[:0], body, &nw.huff)
+	case modeDelta:
+		nw.dbuf = appendDeltaInt32(append(nw.dbuf[:0], body[:lv]...), body[lv:])
+		nw.zbuf = appendStoredZstd(nw.zbuf[:0], nw.dbuf)
+		return len(nw.dbuf), encodingDelta
+	default:
+		nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
+	}
+	return len(body), encodingPlain
 }
 
 // columnMode is how a column's pages are compressed, shared by every
@@ -435,14 +475,30 @@ func (nw *nativeWriter) flushPage(l *leaf) {
 		body = append(append(nw.body[:0], lv...), l.vals[l.gap:]...)
 		nw.body = body
 	}
-	nw.compressPage(l, body)
-	nw.hdr = appendPageHeader(nw.hdr[:0], len(body), len(nw.zbuf), l.levels)
+	size, enc := nw.compressPage(l, body, len(lv))
+	nw.hdr = appendPageHeader(nw.hdr[:0], size, len(nw.zbuf), l.levels, enc)
 	l.chunk = append(l.chunk, nw.hdr...)
 	l.chunk = append(l.chunk, nw.zbuf...)
-	l.uncompressed += int64(len(nw.hdr) + len(body))
+	l.uncompressed += int64(len(nw.hdr) + size)
 	l.chunkLevels += int64(l.levels)
-	l.pages++
+	if enc == encodingDelta {
+		l.deltaPages++
+	} else {
+		l.pages++
+	}
 	l.vals, l.nbits, l.levels = l.vals[:l.gap], 0, 0
+}
+
+// encodingStats counts the chunk's pages by the encoding of their values.
+func (l *leaf) encodingStats() metadata.EncodingStats {
+	st := map[pq.Encoding]int32{}
+	if l.pages > 0 {
+		st[pq.Encodings.Plain] = l.pages
+	}
+	if l.deltaPages > 0 {
+		st[pq.Encodings.DeltaBinaryPacked] = l.deltaPages
+	}
+	return metadata.EncodingStats{DataEncodingStats: st}
 }
 
 // flushRowGroup writes the buffered column chunks and their metadata.
@@ -471,11 +527,21 @@ func (nw *nativeWriter) flushRowGroup() error {
 			DataPageOffset:   offset,
 			CompressedSize:   int64(len(l.chunk)),
 			UncompressedSize: l.uncompressed,
-		}, false, false, metadata.EncodingStats{DataEncodingStats: map[pq.Encoding]int32{pq.Encodings.Plain: l.pages}})
+		}, false, false, l.encodingStats())
 		if err != nil {
 			return fmt.Errorf("parquet: column chunk %s: %w", l.path, err)
 		}
-		l.chunk, l.chunkLevels, l.uncompressed, l.pages = l.chunk[:0], 0, 0, 0
+		if l.deltaPages > 0 {
+			// Finish lists the writer properties' encoding (PLAIN) and RLE
+			// for the levels; the chunk's encodings are those of its pages.
+			md := cc.Contents().MetaData
+			md.Encodings = md.Encodings[:0]
+			if l.pages > 0 {
+				md.Encodings = append(md.Encodings, encodingPlain)
+			}
+			md.Encodings = append(md.Encodings, encodingDelta, encodingRLE)
+		}
+		l.chunk, l.chunkLevels, l.uncompressed, l.pages, l.deltaPages = l.chunk[:0], 0, 0, 0, 0
 	}
 	rg.SetNumRows(nw.rgRows)
 	if err := rg.Finish(0, nw.rgs); err != nil {

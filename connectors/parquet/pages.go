@@ -67,15 +67,16 @@ const (
 	pageTypeData     = 0
 	encodingPlain    = 0
 	encodingRLE      = 3
+	encodingDelta    = 5 // DELTA_BINARY_PACKED
 	thriftI32        = 5
 	thriftStruct     = 12
 	thriftFieldDelta = 1
 )
 
 // appendPageHeader appends a Thrift compact-protocol PageHeader of a v1
-// data page: type, sizes, then DataPageHeader{num_values, encoding,
-// definition and repetition level encodings (RLE)}, values PLAIN.
-func appendPageHeader(dst []byte, uncompressed, compressed, numValues int) []byte {
+// data page: type, sizes, then DataPageHeader{num_values, encoding of the
+// values, definition and repetition level encodings (RLE)}.
+func appendPageHeader(dst []byte, uncompressed, compressed, numValues int, encoding int32) []byte {
 	i32 := func(dst []byte, v int32) []byte {
 		dst = append(dst, thriftFieldDelta<<4|thriftI32)
 		return binary.AppendUvarint(dst, uint64(uint32((v<<1)^(v>>31)))) // zigzag
@@ -85,7 +86,7 @@ func appendPageHeader(dst []byte, uncompressed, compressed, numValues int) []byt
 	dst = i32(dst, int32(compressed))    // 3: compressed_page_size
 	dst = append(dst, 2<<4|thriftStruct) // 5: data_page_header (skips 4: crc)
 	dst = i32(dst, int32(numValues))     // 1: num_values
-	dst = i32(dst, encodingPlain)        // 2: encoding
+	dst = i32(dst, encoding)             // 2: encoding
 	dst = i32(dst, encodingRLE)          // 3: definition_level_encoding
 	dst = i32(dst, encodingRLE)          // 4: repetition_level_encoding
 	dst = append(dst, 0)                 // end of DataPageHeader
@@ -120,6 +121,84 @@ func appendPlain[T int32 | int64 | float32 | float64](dst []byte, v []T) []byte 
 		case float64:
 			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x))
 		}
+	}
+	return dst
+}
+
+// Blocks of DELTA_BINARY_PACKED values: 128 deltas in 4 miniblocks of 32,
+// each miniblock bit-packed at its own width.
+const (
+	deltaBlock      = 128
+	deltaMiniblocks = 4
+	deltaMini       = deltaBlock / deltaMiniblocks
+)
+
+// appendDeltaInt32 appends the int32 values of src (PLAIN: 4 bytes each,
+// little endian) in DELTA_BINARY_PACKED encoding: a header (block size,
+// miniblocks per block, value count, first value), then per block of 128
+// deltas between consecutive values the smallest delta, the bit width of
+// each miniblock, and the miniblocks of deltas less the smallest,
+// bit-packed from the least significant bit. Arithmetic wraps at 32 bits,
+// as readers of INT32 columns undo it. A last partial miniblock is padded
+// with zeros; miniblocks past the last value have width 0 and no bytes.
+func appendDeltaInt32(dst, src []byte) []byte {
+	n := len(src) / 4
+	dst = binary.AppendUvarint(dst, deltaBlock)
+	dst = binary.AppendUvarint(dst, deltaMiniblocks)
+	dst = binary.AppendUvarint(dst, uint64(n))
+	var prev int32
+	if n > 0 {
+		prev = int32(binary.LittleEndian.Uint32(src))
+	}
+	dst = binary.AppendVarint(dst, int64(prev)) // zigzag
+	var deltas [deltaBlock]uint32
+	for i := 1; i < n; {
+		m := min(deltaBlock, n-i)
+		minDelta := int32(math.MaxInt32)
+		for k, b := 0, src[4*i:4*(i+m)]; k < m; k++ {
+			v := int32(binary.LittleEndian.Uint32(b[4*k:]))
+			d := v - prev
+			prev = v
+			deltas[k] = uint32(d)
+			minDelta = min(minDelta, d)
+		}
+		clear(deltas[m:]) // the padding of a last miniblock
+		dst = binary.AppendVarint(dst, int64(minDelta))
+		var widths [deltaMiniblocks]int
+		for mb := range widths {
+			if mb*deltaMini >= m {
+				break // unused: width 0, no bytes
+			}
+			var or uint32
+			for k := mb * deltaMini; k < (mb+1)*deltaMini; k++ {
+				if k < m {
+					deltas[k] -= uint32(minDelta)
+				}
+				or |= deltas[k]
+			}
+			widths[mb] = bits.Len32(or)
+		}
+		for _, w := range widths {
+			dst = append(dst, byte(w))
+		}
+		for mb, w := range widths {
+			if mb*deltaMini >= m {
+				break
+			}
+			// 32 values of w bits are w whole 32-bit words.
+			var acc uint64
+			nb := 0
+			for _, d := range deltas[mb*deltaMini : (mb+1)*deltaMini] {
+				acc |= uint64(d) << nb
+				nb += w
+				if nb >= 32 {
+					dst = binary.LittleEndian.AppendUint32(dst, uint32(acc))
+					acc >>= 32
+					nb -= 32
+				}
+			}
+		}
+		i += m
 	}
 	return dst
 }

@@ -102,6 +102,11 @@ func appendBlockHeader(dst []byte, last bool, typ, size int) []byte {
 	return append(dst, byte(h), byte(h>>8), byte(h>>16))
 }
 
+// storedZstdSize is the size of appendStoredZstd's frame of n bytes.
+func storedZstdSize(n int) int {
+	return 9 + 3*max(1, (n+maxBlock-1)/maxBlock) + n
+}
+
 // appendStoredZstd appends src as a zstd frame of raw (stored) blocks:
 // any zstd decoder reads it, and writing it is a copy.
 func appendStoredZstd(dst, src []byte) []byte {
