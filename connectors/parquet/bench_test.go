@@ -14,8 +14,9 @@ import (
 
 // BenchmarkPageModes compresses 1 MiB PLAIN pages of generated token ids
 // (the ingest benchmark's shape: groups of 8 sharing a prompt) with the
-// zstd encoder and as Huffman-only literal blocks, reporting MB/s and the
-// compressed/raw ratio: the two modes compressPage chooses between.
+// zstd encoder, as Huffman-only literal blocks, and as DELTA_BINARY_PACKED
+// in raw blocks, reporting MB/s and the compressed/raw ratio: the modes
+// compressPage chooses between.
 //
 //	go test -run '^$' -bench PageModes ./connectors/parquet/
 func BenchmarkPageModes(b *testing.B) {
@@ -50,16 +51,20 @@ func BenchmarkPageModes(b *testing.B) {
 			b.Fatalf("%s: %d bytes, want a 1 MiB page", col.name, len(page))
 		}
 		page = page[:1<<20]
-		for _, mode := range []string{"zstd", "literals"} {
+		for _, mode := range []string{"zstd", "literals", "delta"} {
 			b.Run(col.name+"/"+mode, func(b *testing.B) {
-				var out []byte
+				var out, d []byte
 				var s huff0.Scratch
 				b.SetBytes(int64(len(page)))
 				for b.Loop() {
-					if mode == "zstd" {
+					switch mode {
+					case "zstd":
 						out = codec.EncodeLevel(out[:0], page, 1)
-					} else {
+					case "literals":
 						out = appendLiteralsZstd(out[:0], page, &s)
+					default:
+						d = appendDeltaInt32(d[:0], page)
+						out = appendStoredZstd(out[:0], d)
 					}
 				}
 				b.ReportMetric(float64(len(out))/float64(len(page)), "ratio")
