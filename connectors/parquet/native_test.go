@@ -515,3 +515,76 @@ func TestDeltaPagesReadBack(t *testing.T) {
 		t.Fatalf("column chunk encodings %v: DELTA_BINARY_PACKED missing", cc.Encodings())
 	}
 }
+
+// DELTA_BYTE_ARRAY pages read back through arrow-go's decoder: values
+// that repeat their predecessor whole, in part, or not at all, empty
+// ones, nulls, long ones, binary bytes, and pages cut anywhere.
+func TestFrontCodedPagesReadBack(t *testing.T) {
+	sc := arrow.NewSchema([]arrow.Field{
+		{Name: "messages", Type: arrow.BinaryTypes.String, Nullable: true},
+		{Name: "blob", Type: arrow.BinaryTypes.Binary},
+	}, nil)
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	b := array.NewRecordBuilder(mem, sc)
+	defer b.Release()
+	rng := rand.New(rand.NewSource(5))
+	msgs, blob := b.Field(0).(*array.StringBuilder), b.Field(1).(*array.BinaryBuilder)
+	var conv string
+	for r := 0; r < 20000; r++ {
+		switch rng.Intn(6) {
+		case 0:
+			conv = "" // a new conversation
+		case 1:
+			conv = conv[:rng.Intn(len(conv)+1)] // shares a part
+		}
+		conv += fmt.Sprintf(`{"role":"user","content":"%d %s"}`, r, strings.Repeat("x", rng.Intn(300)))
+		switch rng.Intn(10) {
+		case 0:
+			msgs.AppendNull()
+		case 1:
+			msgs.Append("")
+		default:
+			msgs.Append(conv)
+		}
+		v := make([]byte, rng.Intn(40))
+		rng.Read(v)
+		blob.Append(v)
+	}
+	rec := b.NewRecordBatch()
+	defer rec.Release()
+	var buf bytes.Buffer
+	w, err := NewWriter(&buf, sc, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range w.nw.leaves {
+		l.mode = &columnMode{mode: modeFront, left: 1 << 30}
+	}
+	w.nw.pageSize = 64 << 10
+	if err := w.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data := buf.Bytes()
+	rmem := memory.NewGoAllocator() // see TestDeltaPagesReadBack
+	got := concat(t, rmem, readAll(t, data, rmem))
+	defer got.Release()
+	if !array.RecordEqual(got, rec) {
+		t.Fatal("read back differs")
+	}
+	r, err := file.NewParquetReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cc, err := r.MetaData().RowGroup(0).ColumnChunk(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cc.Encodings(), pq.Encodings.DeltaByteArray) {
+		t.Fatalf("column chunk encodings %v: DELTA_BYTE_ARRAY missing", cc.Encodings())
+	}
+}

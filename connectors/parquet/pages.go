@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"math"
 	"math/bits"
+	"slices"
 	"unsafe"
 )
 
@@ -68,6 +69,7 @@ const (
 	encodingPlain    = 0
 	encodingRLE      = 3
 	encodingDelta    = 5 // DELTA_BINARY_PACKED
+	encodingFront    = 7 // DELTA_BYTE_ARRAY
 	thriftI32        = 5
 	thriftStruct     = 12
 	thriftFieldDelta = 1
@@ -201,4 +203,55 @@ func appendDeltaInt32(dst, src []byte) []byte {
 		i += m
 	}
 	return dst
+}
+
+// appendDeltaByteArray appends the byte arrays of src (PLAIN: a 4-byte
+// little-endian length, then the bytes, each) in DELTA_BYTE_ARRAY
+// encoding, front coding: the length of the prefix each value shares with
+// the one before (DELTA_BINARY_PACKED), then the rest of each value in
+// DELTA_LENGTH_BYTE_ARRAY (the lengths, DELTA_BINARY_PACKED, then the
+// bytes). A conversation's messages repeat those of its previous step
+// whole: only the new ones are left to compress. lens is scratch space,
+// returned for reuse.
+func appendDeltaByteArray(dst, src, lens []byte) (out, scratch []byte) {
+	// lens holds the prefix lengths, then the suffix lengths, PLAIN.
+	n := 0
+	for p := 0; p+4 <= len(src); n++ {
+		p += 4 + int(binary.LittleEndian.Uint32(src[p:]))
+	}
+	lens = slices.Grow(lens[:0], 8*n)[:8*n]
+	var prev []byte
+	for i, p := 0, 0; i < n; i++ {
+		l := int(binary.LittleEndian.Uint32(src[p:]))
+		v := src[p+4 : p+4+l]
+		pre := commonPrefix(prev, v)
+		binary.LittleEndian.PutUint32(lens[4*i:], uint32(pre))
+		binary.LittleEndian.PutUint32(lens[4*(n+i):], uint32(l-pre))
+		prev, p = v, p+4+l
+	}
+	dst = appendDeltaInt32(dst, lens[:4*n])
+	dst = appendDeltaInt32(dst, lens[4*n:])
+	for i, p := 0, 0; i < n; i++ {
+		l := int(binary.LittleEndian.Uint32(src[p:]))
+		pre := int(binary.LittleEndian.Uint32(lens[4*i:]))
+		dst = append(dst, src[p+4+pre:p+4+l]...)
+		p += 4 + l
+	}
+	return dst, lens
+}
+
+// commonPrefix is the length of the longest common prefix of a and b,
+// compared eight bytes at a time.
+func commonPrefix(a, b []byte) int {
+	n := min(len(a), len(b))
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		if x := binary.LittleEndian.Uint64(a[i:]) ^ binary.LittleEndian.Uint64(b[i:]); x != 0 {
+			return i + bits.TrailingZeros64(x)>>3
+		}
+	}
+	for i < n && a[i] == b[i] {
+		i++
+	}
+	return i
 }
