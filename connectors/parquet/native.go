@@ -605,7 +605,7 @@ func (nw *nativeWriter) close() error {
 // the schema: shards open and close all run long, and each would grow its
 // page and column-chunk buffers from nothing again.
 type writerBufs struct {
-	vals, chunk                   [][]byte // per leaf
+	vals, chunk                                     [][]byte // per leaf
 	body, zbuf, lbuf, dbuf, fbuf, lens, levels, hdr []byte
 }
 
