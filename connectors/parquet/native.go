@@ -340,7 +340,9 @@ func (l *leaf) pageBytes() int { return len(l.vals) - l.gap + len(l.rep.buf) + l
 const levelGap = 16 << 10
 
 // Pages of at least probeBytes are encoded and compressed the way that
-// suits their column, chosen on one page in probeEvery among
+// suits their column, chosen on probe pages (a probe costs three or four
+// encodings of the page: the interval between probes starts at probeEvery
+// pages and doubles, up to probeMax, while the choice holds) among
 //   - the zstd encoder (matches and entropy-coded literals: prompts
 //     repeated across a group shrink 5x);
 //   - zstd blocks of Huffman-coded literals only (their matches cost more
@@ -359,6 +361,7 @@ const levelGap = 16 << 10
 const (
 	probeBytes = 64 << 10
 	probeEvery = 16
+	probeMax   = 256
 )
 
 type pageMode uint8
@@ -383,7 +386,8 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte, lv int) (size int, en
 	cm.mu.Lock()
 	mode, probe := cm.mode, cm.left == 0
 	if probe {
-		cm.left = probeEvery - 1
+		cm.left = probeMax // until this probe sets it: one probe at a time
+		cm.probes++
 	} else {
 		cm.left--
 	}
@@ -420,7 +424,13 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte, lv int) (size int, en
 		mode = modeZstd
 	}
 	cm.mu.Lock()
-	cm.mode = mode
+	switch {
+	case cm.every == 0 || mode != cm.mode:
+		cm.every = probeEvery
+	default:
+		cm.every = min(2*cm.every, probeMax)
+	}
+	cm.mode, cm.left = mode, cm.every-1
 	cm.mu.Unlock()
 	switch mode {
 	case modeZstd: // in zbuf
@@ -465,9 +475,11 @@ func (nw *nativeWriter) encodePage(mode pageMode, body []byte, lv int) (size int
 // writer of the schema (shards of many partitions each write a few pages
 // of a column: probing each shard's first pages would double their cost).
 type columnMode struct {
-	mu   sync.Mutex
-	mode pageMode
-	left int // pages before the modes are probed again
+	mu     sync.Mutex
+	mode   pageMode
+	left   int // pages before the modes are probed again
+	every  int // pages between the last two probes
+	probes int
 }
 
 // flushPage closes l's page: levels and values, compressed, appended with

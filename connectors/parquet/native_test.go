@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"math/rand"
 	"slices"
@@ -586,5 +587,49 @@ func TestFrontCodedPagesReadBack(t *testing.T) {
 	}
 	if !slices.Contains(cc.Encodings(), pq.Encodings.DeltaByteArray) {
 		t.Fatalf("column chunk encodings %v: DELTA_BYTE_ARRAY missing", cc.Encodings())
+	}
+}
+
+// Probes thin out while a column's mode holds (16, 32, ... up to 256
+// pages apart) and come back every 16 pages once it changes: a column
+// whose content turns from random ids to zeros is zstd-compressed within
+// probeMax pages.
+func TestProbesBackOff(t *testing.T) {
+	sc := arrow.NewSchema([]arrow.Field{{Name: "ids", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int32)}}, nil)
+	w, err := NewWriter(io.Discard, sc, Options{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	rng := rand.New(rand.NewSource(6))
+	ids, zeros := make([]int32, 32<<10), make([]int32, 32<<10)
+	for i := range ids {
+		ids[i] = int32(rng.Intn(151000))
+	}
+	l := w.nw.leaves[0]
+	page := func(v []int32) pageMode {
+		w.nw.compressPage(l, appendPlain(nil, v), 0)
+		return l.mode.mode
+	}
+	for range 1000 {
+		if m := page(ids); m != modeDelta {
+			t.Fatalf("random ids: mode %v, want delta", m)
+		}
+	}
+	// 1 + 16 + 32 + 64 + 128 + 256 + 256 + 256 pages: 8 probes.
+	if p := l.mode.probes; p < 7 || p > 9 {
+		t.Fatalf("%d probes in 1000 pages, want 8", p)
+	}
+	switched, every := -1, 0
+	for i := range 2 * probeMax {
+		if page(zeros) == modeZstd && switched < 0 {
+			switched, every = i, l.mode.every
+		}
+	}
+	if switched < 0 || switched > probeMax {
+		t.Fatalf("zeros compressed with zstd after %d pages, want at most %d", switched, probeMax)
+	}
+	if every != probeEvery {
+		t.Fatalf("probe interval %d after the change, want %d", every, probeEvery)
 	}
 }
