@@ -29,7 +29,18 @@ func (h *hasher) str(s string) {
 
 func (h *hasher) bytes(b []byte) {
 	h.u64(uint64(len(b)))
-	h.h.Write(b)
+	h.long(b)
+}
+
+// long adds b: a long one through one call of the runtime's hash of the
+// whole slice (the Hash's Write goes 128 bytes at a time), its 64 bits
+// written in its place.
+func (h *hasher) long(b []byte) {
+	if len(b) <= 128 {
+		h.h.Write(b)
+		return
+	}
+	h.u64(maphash.Bytes(seed, b))
 }
 
 func (h *hasher) u64(v uint64) {
@@ -48,25 +59,24 @@ func (h *hasher) flag(v bool) {
 	}
 }
 
+// raw is the memory of a slice of fixed-size values.
+func raw[T int32 | float32 | int64](v []T) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), len(v)*int(unsafe.Sizeof(T(0))))
+}
+
 func (h *hasher) i32s(v []int32) {
 	h.u64(uint64(len(v)))
-	if len(v) > 0 {
-		h.h.Write(unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v)))
-	}
+	h.long(raw(v))
 }
 
 func (h *hasher) f32s(v []float32) {
 	h.u64(uint64(len(v)))
-	if len(v) > 0 {
-		h.h.Write(unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v)))
-	}
+	h.long(raw(v))
 }
 
 func (h *hasher) i64s(v []int64) {
 	h.u64(uint64(len(v)))
-	if len(v) > 0 {
-		h.h.Write(unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 8*len(v)))
-	}
+	h.long(raw(v))
 }
 
 // stepHash hashes every decoded field of a step: two records with equal
