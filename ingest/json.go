@@ -531,7 +531,11 @@ func (l *lexer) skip(depth int) error {
 func (l *lexer) rawCopy(start, before int) []byte {
 	text := l.buf[start:l.pos]
 	if l.repaired == before {
-		return append([]byte(nil), text...)
+		// make then copy: one exact-size allocation, not cleared first
+		// (append would round up to a size class and clear the tail).
+		out := make([]byte, len(text))
+		copy(out, text)
+		return out
 	}
 	out := make([]byte, 0, len(text)+8)
 	inStr := false
