@@ -30,7 +30,7 @@
 // streaming scan of the steps through the joins, at the same peak RSS:
 // the faster shape is the yardstick). After every pair the two outputs are checked
 // against each other (row counts, and trajectory, reward, advantage,
-// versions and token counts for a random sample of step_ids; advantages
+// versions, token ids and logprobs for a random sample of step_ids; advantages
 // within 1e-9), so the comparison is honest.
 //
 // It prints a table of the pairs, the medians, the ratio DuckDB wall /
@@ -533,7 +533,7 @@ func rllmOutput(root string, r *runResult) ([]string, error) {
 // compare checks the two outputs agree: equal row counts, and for a random
 // sample of DuckDB's step_ids the same row in rllm-pipe's shards with the
 // same trajectory, reward, advantage (within 1e-9), policy and group
-// versions and token counts.
+// versions, token ids and logprobs.
 func compare(ctx context.Context, rllmFiles []string, duckFile string, sample int, seed uint64) (check, error) {
 	var ck check
 	db, err := sql.Open("duckdb", "")
@@ -555,15 +555,16 @@ func compare(ctx context.Context, rllmFiles []string, duckFile string, sample in
 	}
 	q := fmt.Sprintf(`
 WITH d AS (
-  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, len(prompt_ids) AS np, len(response_ids) AS nr
+  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, prompt_ids, response_ids, response_logprobs
   FROM %s USING SAMPLE reservoir(%d ROWS) REPEATABLE (%d)
 ), r AS (
-  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, len(prompt_ids) AS np, len(response_ids) AS nr
+  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, prompt_ids, response_ids, response_logprobs
   FROM %s WHERE step_id IN (SELECT step_id FROM d)
 )
 SELECT count(*), count(r.step_id),
        coalesce(max(abs(d.advantage - r.advantage)), 0), coalesce(max(abs(d.reward - r.reward)), 0),
-       count(*) FILTER (WHERE r.step_id IS NOT NULL AND (d.trajectory_id <> r.trajectory_id OR d.policy_version <> r.policy_version OR d.group_version <> r.group_version OR d.np <> r.np OR d.nr <> r.nr)),
+       count(*) FILTER (WHERE r.step_id IS NOT NULL AND (d.trajectory_id <> r.trajectory_id OR d.policy_version <> r.policy_version OR d.group_version <> r.group_version
+         OR d.prompt_ids <> r.prompt_ids OR d.response_ids <> r.response_ids OR d.response_logprobs <> r.response_logprobs)),
        count(*) FILTER (WHERE r.step_id IS NOT NULL AND (isnan(r.advantage) OR isnan(d.advantage)))
 FROM d LEFT JOIN r USING (step_id)`, duckSrc, sample, seed%(1<<31), rllmSrc)
 	var nanRows int64
@@ -590,7 +591,7 @@ FROM d LEFT JOIN r USING (step_id)`, duckSrc, sample, seed%(1<<31), rllmSrc)
 		problems = append(problems, fmt.Sprintf("rewards differ by up to %g", ck.MaxRewardErr))
 	}
 	if ck.OtherMismatches > 0 {
-		problems = append(problems, fmt.Sprintf("%d sampled rows differ in trajectory, policy or group version, or token counts", ck.OtherMismatches))
+		problems = append(problems, fmt.Sprintf("%d sampled rows differ in trajectory, policy or group version, token ids or logprobs", ck.OtherMismatches))
 	}
 	ck.OK = len(problems) == 0
 	ck.Problem = strings.Join(problems, "; ")
