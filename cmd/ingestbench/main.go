@@ -79,10 +79,14 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	if len(os.Args) > 1 && os.Args[1] == duckMode {
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == duckMode:
 		// Hidden mode: the DuckDB side of a pair, run as a child process.
 		err = duckChild(ctx, os.Args[2:])
-	} else {
+	case len(os.Args) > 1 && os.Args[1] == checkMode:
+		// Hidden mode: the check of a pair's outputs, run as a child.
+		err = checkChild(ctx, os.Args[2:], os.Stdout)
+	default:
 		err = run(ctx, os.Args[1:], os.Stdout)
 	}
 	if err != nil {
@@ -94,6 +98,14 @@ func main() {
 
 // duckMode is the hidden first argument that runs the DuckDB side.
 const duckMode = "duckdb"
+
+// checkMode is the hidden first argument that compares a pair's outputs.
+// The comparison runs in a child so that this process stays small: Go
+// starts children with vfork, so a child's ru_maxrss starts at its
+// parent's high-water mark, and a parent that had queried the outputs
+// with DuckDB in-process (hundreds of MiB) would be reported as the peak
+// RSS of every rllm-pipe run after it.
+const checkMode = "check"
 
 // genShape is the trace shape of the benchmark (issue 7): `rllm-pipe gen`
 // flags without --groups, --seed and --out.
@@ -218,7 +230,7 @@ type check struct {
 	Matched         int64   `json:"matched"`
 	MaxAdvantageErr float64 `json:"max_abs_advantage_diff"`
 	MaxRewardErr    float64 `json:"max_abs_reward_diff"`
-	OtherMismatches int64   `json:"other_mismatches"` // trajectory_id, policy and group versions, token counts
+	OtherMismatches int64   `json:"other_mismatches"` // trajectory_id, policy and group versions, token ids, logprobs
 	OK              bool    `json:"ok"`
 	Problem         string  `json:"problem,omitempty"`
 }
@@ -356,7 +368,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%.2f s, %s;  ratio %.2f;  ", p.DuckDB.WallSeconds, mib(p.DuckDB.PeakRSS), p.Ratio)
 
 		// The outputs must agree (outside the timed runs).
-		p.Check, err = compare(ctx, files, duckOut, c.sample, uint64(i)+c.seed)
+		p.Check, err = compareInChild(ctx, self, files, duckOut, c.sample, uint64(i)+c.seed)
 		if err != nil {
 			return fmt.Errorf("pair %d: comparing outputs: %w", i, err)
 		}
@@ -528,6 +540,39 @@ func rllmOutput(root string, r *runResult) ([]string, error) {
 		return nil, errors.New("the manifest lists no shard")
 	}
 	return files, nil
+}
+
+// compareInChild runs compare in a child process (see checkMode).
+func compareInChild(ctx context.Context, self string, rllmFiles []string, duckFile string, sample int, seed uint64) (check, error) {
+	var ck check
+	args := []string{checkMode, "--duckdb-out", duckFile, "--sample", strconv.Itoa(sample), "--seed", strconv.FormatUint(seed, 10), "--"}
+	cmd := exec.CommandContext(ctx, self, append(args, rllmFiles...)...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return ck, fmt.Errorf("check child: %w: %s", err, strings.TrimSpace(errOut.String()))
+	}
+	if err := json.Unmarshal(out.Bytes(), &ck); err != nil {
+		return ck, fmt.Errorf("check child output %q: %w", out.String(), err)
+	}
+	return ck, nil
+}
+
+// checkChild is the check child: it compares the outputs named by args
+// and prints the check as JSON.
+func checkChild(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet(checkMode, flag.ContinueOnError)
+	duckFile := fs.String("duckdb-out", "", "DuckDB's output file")
+	sample := fs.Int("sample", 2000, "step_ids sampled")
+	seed := fs.Uint64("seed", 0, "sample seed")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ck, err := compare(ctx, fs.Args(), *duckFile, *sample, *seed)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(stdout).Encode(ck)
 }
 
 // compare checks the two outputs agree: equal row counts, and for a random
