@@ -14,9 +14,10 @@ import (
 
 // BenchmarkPageModes compresses 1 MiB PLAIN pages of generated token ids
 // (the ingest benchmark's shape: groups of 8 sharing a prompt) with the
-// zstd encoder, as Huffman-only literal blocks, and as DELTA_BINARY_PACKED
-// in raw blocks, reporting MB/s and the compressed/raw ratio: the modes
-// compressPage chooses between.
+// zstd encoder (literals raw, the default, or entropy-coded: Compact), as
+// Huffman-only literal blocks, and as DELTA_BINARY_PACKED in raw blocks,
+// reporting MB/s and the compressed/raw ratio: the modes compressPage
+// chooses between.
 //
 //	go test -run '^$' -bench PageModes ./connectors/parquet/
 func BenchmarkPageModes(b *testing.B) {
@@ -51,14 +52,16 @@ func BenchmarkPageModes(b *testing.B) {
 			b.Fatalf("%s: %d bytes, want a 1 MiB page", col.name, len(page))
 		}
 		page = page[:1<<20]
-		for _, mode := range []string{"zstd", "literals", "delta"} {
+		for _, mode := range []string{"zstd", "zstd-compact", "literals", "delta"} {
 			b.Run(col.name+"/"+mode, func(b *testing.B) {
 				var out, d []byte
 				var s huff0.Scratch
 				b.SetBytes(int64(len(page)))
 				for b.Loop() {
 					switch mode {
-					case "zstd":
+					case "zstd": // the writer's default: literals raw
+						out = codec.(*fastZstd).encode(out, page, 1, true)
+					case "zstd-compact":
 						out = codec.EncodeLevel(out[:0], page, 1)
 					case "literals":
 						out = appendLiteralsZstd(out[:0], page, &s)

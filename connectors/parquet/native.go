@@ -44,6 +44,7 @@ type nativeWriter struct {
 	meta     *metadata.FileMetaDataBuilder
 	codec    compress.Codec
 	level    int
+	compact  bool // entropy-coded zstd literals (Options.Compact)
 	pageSize int
 	rgMax    int64
 	maxStats int64 // min/max values longer than this are left out
@@ -148,6 +149,7 @@ func newNativeWriter(w *countingWriter, sc *arrow.Schema, opts Options, meta map
 		meta:     metadata.NewFileMetadataBuilder(info.parquet, wprops, kv),
 		codec:    codec,
 		level:    opts.ZstdLevel,
+		compact:  opts.Compact,
 		pageSize: 1 << 20,
 		rgMax:    opts.RowGroupBytes,
 		maxStats: wprops.MaxStatsSize(),
@@ -395,7 +397,7 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte, lv int) (size int, en
 	if !probe {
 		return nw.encodePage(mode, body, lv)
 	}
-	nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
+	nw.zbuf = nw.zstd(nw.zbuf, body)
 	nw.lbuf = appendLiteralsZstd(nw.lbuf[:0], body, &nw.huff)
 	best := min(len(nw.zbuf), len(nw.lbuf))
 	deltaSize, frontSize := -1, -1
@@ -406,7 +408,7 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte, lv int) (size int, en
 		best = min(best, deltaSize)
 	case arrow.STRING, arrow.BINARY:
 		nw.dbuf, nw.lens = appendDeltaByteArray(append(nw.dbuf[:0], body[:lv]...), body[lv:], nw.lens)
-		nw.fbuf = nw.codec.EncodeLevel(nw.fbuf[:0], nw.dbuf, nw.level)
+		nw.fbuf = nw.zstd(nw.fbuf, nw.dbuf)
 		frontSize = len(nw.fbuf)
 		best = min(best, frontSize)
 	}
@@ -448,6 +450,15 @@ func (nw *nativeWriter) compressPage(l *leaf, body []byte, lv int) (size int, en
 	return len(body), encodingPlain
 }
 
+// zstd compresses src with zstd's encoder into dst[:0], literals raw
+// unless the writer is compact.
+func (nw *nativeWriter) zstd(dst, src []byte) []byte {
+	if z, ok := nw.codec.(*fastZstd); ok {
+		return z.encode(dst, src, nw.level, !nw.compact)
+	}
+	return nw.codec.EncodeLevel(dst[:0], src, nw.level)
+}
+
 // encodePage sets nw.zbuf to the page body (levels, then values from
 // byte lv) encoded and compressed in mode; it returns the uncompressed
 // size and the encoding of the values.
@@ -463,10 +474,10 @@ func (nw *nativeWriter) encodePage(mode pageMode, body []byte, lv int) (size int
 		return len(nw.dbuf), encodingDelta
 	case modeFront:
 		nw.dbuf, nw.lens = appendDeltaByteArray(append(nw.dbuf[:0], body[:lv]...), body[lv:], nw.lens)
-		nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], nw.dbuf, nw.level)
+		nw.zbuf = nw.zstd(nw.zbuf, nw.dbuf)
 		return len(nw.dbuf), encodingFront
 	default:
-		nw.zbuf = nw.codec.EncodeLevel(nw.zbuf[:0], body, nw.level)
+		nw.zbuf = nw.zstd(nw.zbuf, body)
 	}
 	return len(body), encodingPlain
 }

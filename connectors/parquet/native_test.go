@@ -633,3 +633,55 @@ func TestProbesBackOff(t *testing.T) {
 		t.Fatalf("probe interval %d after the change, want %d", every, probeEvery)
 	}
 }
+
+// Compact entropy-codes the literals of zstd pages: smaller shards that
+// read back the same as the default's raw literals.
+func TestCompactLiterals(t *testing.T) {
+	sc := arrow.NewSchema([]arrow.Field{{Name: "prompt", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int32)}}, nil)
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	b := array.NewRecordBuilder(mem, sc)
+	defer b.Release()
+	rng := rand.New(rand.NewSource(7))
+	lb := b.Field(0).(*array.ListBuilder)
+	vb := lb.ValueBuilder().(*array.Int32Builder)
+	var prompt []int32
+	for r := 0; r < 3000; r++ { // prompts that grow by new random tokens: matches and literals
+		if r%4 == 0 {
+			prompt = prompt[:0]
+		}
+		for k := 0; k < 200; k++ {
+			prompt = append(prompt, int32(rng.Intn(151000)))
+		}
+		lb.Append(true)
+		vb.AppendValues(prompt, nil)
+	}
+	rec := b.NewRecordBatch()
+	defer rec.Release()
+	var sizes [2]int
+	for i, compact := range []bool{false, true} {
+		var buf bytes.Buffer
+		w, err := NewWriter(&buf, sc, Options{Compact: compact}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(rec); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if m := w.nw.leaves[0].mode.mode; m != modeZstd {
+			t.Fatalf("compact %v: mode %v, want zstd", compact, m)
+		}
+		got := concat(t, mem, readAll(t, buf.Bytes(), mem))
+		if !array.RecordEqual(got, rec) {
+			t.Fatalf("compact %v: read back differs", compact)
+		}
+		got.Release()
+		sizes[i] = buf.Len()
+	}
+	if sizes[1] >= sizes[0]*9/10 {
+		t.Fatalf("compact %d bytes, default %d: want at least 10%% smaller", sizes[1], sizes[0])
+	}
+}

@@ -17,7 +17,13 @@ import (
 // encoder's own choice; decoding and streaming are arrow-go's.
 type fastZstd struct {
 	compress.Codec
-	pools sync.Map // zstd.EncoderLevel → encoderPool
+	pools sync.Map // encoderKind → encoderPool
+}
+
+// encoderKind is a level and whether literals are left raw.
+type encoderKind struct {
+	level      zstd.EncoderLevel
+	rawLiteral bool
 }
 
 // Encoders use a 1 MiB window (pages are about that size; a smaller
@@ -38,15 +44,15 @@ func init() {
 	compress.RegisterCodec(compress.Codecs.Zstd, &fastZstd{Codec: def})
 }
 
-func (z *fastZstd) encoder(level zstd.EncoderLevel) (*zstd.Encoder, encoderPool) {
-	p, _ := z.pools.LoadOrStore(level, make(encoderPool, 2*runtime.GOMAXPROCS(0)+2))
+func (z *fastZstd) encoder(kind encoderKind) (*zstd.Encoder, encoderPool) {
+	p, _ := z.pools.LoadOrStore(kind, make(encoderPool, 2*runtime.GOMAXPROCS(0)+2))
 	pool := p.(encoderPool)
 	select {
 	case enc := <-pool:
 		return enc, pool
 	default:
-		enc, _ := zstd.NewWriter(nil, zstd.WithZeroFrames(true), zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(1),
-			zstd.WithWindowSize(1<<20), zstd.WithEncoderCRC(false))
+		enc, _ := zstd.NewWriter(nil, zstd.WithZeroFrames(true), zstd.WithEncoderLevel(kind.level), zstd.WithEncoderConcurrency(1),
+			zstd.WithWindowSize(1<<20), zstd.WithEncoderCRC(false), zstd.WithNoEntropyCompression(kind.rawLiteral))
 		return enc, pool
 	}
 }
@@ -65,11 +71,17 @@ func (z *fastZstd) Encode(dst, src []byte) []byte {
 
 // EncodeLevel compresses src at a zstd level (1 fastest).
 func (z *fastZstd) EncodeLevel(dst, src []byte, level int) []byte {
+	return z.encode(dst, src, level, false)
+}
+
+// encode compresses src at a zstd level, with literals entropy-coded or
+// left raw (Options.Compact).
+func (z *fastZstd) encode(dst, src []byte, level int, rawLiterals bool) []byte {
 	lvl := zstd.SpeedDefault
 	if level != compress.DefaultCompressionLevel {
 		lvl = zstd.EncoderLevelFromZstd(level)
 	}
-	enc, pool := z.encoder(lvl)
+	enc, pool := z.encoder(encoderKind{lvl, rawLiterals})
 	defer pool.put(enc)
 	return enc.EncodeAll(src, dst[:0])
 }
