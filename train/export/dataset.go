@@ -117,7 +117,7 @@ func (p *ParquetRows) Close() error {
 		fields[i] = arrow.Field{Name: n, Type: p.shapes[n].arrowType(), Nullable: true}
 	}
 	schema := arrow.NewSchema(fields, nil)
-	w, err := parquet.NewWriter(p.out, schema, parquet.Options{}, nil)
+	w, err := parquet.NewWriter(p.out, schema, parquet.Options{Compact: true}, nil) // datasets: written once, read many times
 	if err != nil {
 		return err
 	}

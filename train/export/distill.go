@@ -82,7 +82,7 @@ func Distill(ctx context.Context, src train.Shards, cfg DistillConfig, out io.Wr
 		return st, err
 	}
 	st.Shards = len(entries)
-	pw, err := parquet.NewWriter(out, DistillSchema, parquet.Options{Allocator: mem}, nil)
+	pw, err := parquet.NewWriter(out, DistillSchema, parquet.Options{Allocator: mem, Compact: true}, nil) // datasets: written once, read many times
 	if err != nil {
 		return st, err
 	}
