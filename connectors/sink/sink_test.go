@@ -239,3 +239,39 @@ func TestSinkLanes(t *testing.T) {
 		t.Fatalf("%d shards with %d rows; want 2 lanes' shards with %d", shards, rows, want)
 	}
 }
+
+// Lanes are shared among the partitions being written: with two lanes and
+// two partitions open, each partition writes one shard.
+func TestSinkLanesShared(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	st, sk := newSink(t, root, sink.Config{Lanes: 2, FlushInterval: time.Hour, RunID: "r"})
+	var want int64
+	for round := 0; round < 6; round++ {
+		for _, v := range []int{0, 1} {
+			for _, b := range batches(t, mem, v, 5) {
+				want += b.Record.NumRows()
+				if err := sk.Write(ctx, b, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if err := sk.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	perVersion := map[int64]int{}
+	var rows int64
+	for _, e := range st.Entries() {
+		if e.Path == "" {
+			continue
+		}
+		perVersion[e.PolicyVersion]++
+		rows += e.Rows
+	}
+	if perVersion[0] != 1 || perVersion[1] != 1 || rows != want {
+		t.Fatalf("shards per partition %v, %d rows; want one shard each, %d rows", perVersion, rows, want)
+	}
+}
