@@ -478,15 +478,24 @@ func TestDeltaPagesReadBack(t *testing.T) {
 	}
 	rec := b.NewRecordBatch()
 	defer rec.Release()
+	roundTripInMode(t, sc, rec, modeDelta, pq.Encodings.DeltaBinaryPacked)
+}
+
+// roundTripInMode writes rec with every page of at least probeBytes in
+// mode (pages of 64 KiB: many, cut inside lists), reads it back through
+// arrow-go's decoders, and checks that the values are the same and that
+// the first column chunk lists enc.
+func roundTripInMode(t *testing.T, sc *arrow.Schema, rec arrow.RecordBatch, mode pageMode, enc pq.Encoding) {
+	t.Helper()
 	var buf bytes.Buffer
 	w, err := NewWriter(&buf, sc, Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range w.nw.leaves {
-		l.mode = &columnMode{mode: modeDelta, left: 1 << 30}
+		l.mode = &columnMode{mode: mode, left: 1 << 30}
 	}
-	w.nw.pageSize = 64 << 10 // many pages, cut inside lists
+	w.nw.pageSize = 64 << 10
 	if err := w.Write(rec); err != nil {
 		t.Fatal(err)
 	}
@@ -512,8 +521,8 @@ func TestDeltaPagesReadBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(cc.Encodings(), pq.Encodings.DeltaBinaryPacked) {
-		t.Fatalf("column chunk encodings %v: DELTA_BINARY_PACKED missing", cc.Encodings())
+	if !slices.Contains(cc.Encodings(), enc) {
+		t.Fatalf("column chunk encodings %v: %v missing", cc.Encodings(), enc)
 	}
 }
 
@@ -554,40 +563,7 @@ func TestFrontCodedPagesReadBack(t *testing.T) {
 	}
 	rec := b.NewRecordBatch()
 	defer rec.Release()
-	var buf bytes.Buffer
-	w, err := NewWriter(&buf, sc, Options{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range w.nw.leaves {
-		l.mode = &columnMode{mode: modeFront, left: 1 << 30}
-	}
-	w.nw.pageSize = 64 << 10
-	if err := w.Write(rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	data := buf.Bytes()
-	rmem := memory.NewGoAllocator() // see TestDeltaPagesReadBack
-	got := concat(t, rmem, readAll(t, data, rmem))
-	defer got.Release()
-	if !array.RecordEqual(got, rec) {
-		t.Fatal("read back differs")
-	}
-	r, err := file.NewParquetReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	cc, err := r.MetaData().RowGroup(0).ColumnChunk(0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(cc.Encodings(), pq.Encodings.DeltaByteArray) {
-		t.Fatalf("column chunk encodings %v: DELTA_BYTE_ARRAY missing", cc.Encodings())
-	}
+	roundTripInMode(t, sc, rec, modeFront, pq.Encodings.DeltaByteArray)
 }
 
 // Probes thin out while a column's mode holds (16, 32, ... up to 256
