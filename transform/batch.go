@@ -372,8 +372,13 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 	ln := lengths.NewInt64Array()
 	defer ln.Release()
 	fail := func(err error) (Batch, error) {
-		// Leave the builder empty for the next batch.
-		bt.record().Release()
+		// Leave the builders empty for the next batch (no record: the
+		// advantage column has no rows yet).
+		for i := 0; i < bt.b.Schema().NumFields(); i++ {
+			if !direct(i) {
+				bt.b.Field(i).NewArray().Release()
+			}
+		}
 		return Batch{}, err
 	}
 	adv, err := bt.cfg.Estimator.Compute(bt.mem, advantage.Groups{Offsets: bt.offs, Rewards: rw, Lengths: ln})

@@ -2,6 +2,8 @@ package transform
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"math"
 	"testing"
 	"time"
@@ -154,4 +156,35 @@ func mustGRPO() advantage.Estimator {
 		panic(err)
 	}
 	return e
+}
+
+// failing is an estimator that fails.
+type failing struct{}
+
+func (failing) Name() string { return "failing" }
+func (failing) Compute(memory.Allocator, advantage.Groups) (*array.Float64, error) {
+	return nil, errors.New("no advantages today")
+}
+
+// An estimator's error comes back from Build, nothing leaks, and the
+// Batcher's next batch is whole.
+func TestBatcherEstimatorError(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 1})
+	h.add(t0, step("A", "a1", 0), traj("A", "a1", 1, 1))
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	bt := NewBatcher(mem, BatchConfig{Estimator: failing{}})
+	defer bt.Release()
+	if _, err := bt.Build(h.groups); err == nil || !strings.Contains(err.Error(), "no advantages today") {
+		t.Fatalf("Build: %v, want the estimator's error", err)
+	}
+	bt.cfg.Estimator = mustGRPO()
+	batches, err := bt.Build(h.groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := batches[0].Record.NumRows(); n != 1 {
+		t.Fatalf("next batch has %d rows, want 1", n)
+	}
+	batches[0].Record.Release()
 }
