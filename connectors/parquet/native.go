@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"sort"
 	"sync"
 	"unsafe"
 
@@ -103,7 +104,7 @@ type schemaInfo struct {
 	parquet *schema.Schema
 	arrowKV string // ARROW:schema, as pqarrow stores it
 	err     error
-	modes   []columnMode // per leaf
+	modes   [2][]columnMode // per leaf, for default and compact writers
 	bufs    chan *writerBufs
 }
 
@@ -158,7 +159,7 @@ func newNativeWriter(w *countingWriter, sc *arrow.Schema, opts Options, meta map
 		return nil, err
 	}
 	for i, l := range nw.leaves {
-		l.mode = &info.modes[i]
+		l.mode = &info.modes[b2i(opts.Compact)][i]
 	}
 	nw.info = info
 	select {
@@ -187,7 +188,7 @@ func nativeSchema(sc *arrow.Schema) (*schemaInfo, bool) {
 	info.parquet, info.err = pqarrow.ToParquet(sc, pq.NewWriterProperties(), pqarrow.NewArrowWriterProperties(pqarrow.WithStoreSchema()))
 	if info.err == nil {
 		info.arrowKV, info.err = storedArrowSchema(sc)
-		info.modes = make([]columnMode, info.parquet.NumColumns())
+		info.modes = [2][]columnMode{make([]columnMode, info.parquet.NumColumns()), make([]columnMode, info.parquet.NumColumns())}
 	}
 	schemaCache.Store(sc, info)
 	return info, true
@@ -483,7 +484,7 @@ func (nw *nativeWriter) encodePage(mode pageMode, body []byte, lv int) (size int
 }
 
 // columnMode is how a column's pages are compressed, shared by every
-// writer of the schema (shards of many partitions each write a few pages
+// writer of the schema (default and compact writers apart) (shards of many partitions each write a few pages
 // of a column: probing each shard's first pages would double their cost).
 type columnMode struct {
 	mu     sync.Mutex
@@ -526,6 +527,13 @@ func (nw *nativeWriter) flushPage(l *leaf) {
 	l.chunkLevels += int64(l.levels)
 	l.pages[enc]++
 	l.vals, l.nbits, l.levels = l.vals[:l.gap], 0, 0
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // encodingStats counts the chunk's pages by the encoding of their values.
@@ -584,6 +592,9 @@ func (nw *nativeWriter) flushRowGroup() error {
 				md.Encodings = append(md.Encodings, encodingFront)
 			}
 			md.Encodings = append(md.Encodings, encodingRLE)
+			// Finish lists the stats in map order: sorted, the same
+			// input makes the same file.
+			sort.Slice(md.EncodingStats, func(i, j int) bool { return md.EncodingStats[i].Encoding < md.EncodingStats[j].Encoding })
 		}
 		l.chunk, l.chunkLevels, l.uncompressed, l.pages = l.chunk[:0], 0, 0, [len(l.pages)]int32{}
 	}
