@@ -1,6 +1,8 @@
 package transform
 
 import (
+	"fmt"
+	"math"
 	"sync"
 	"unsafe"
 
@@ -38,6 +40,7 @@ func (c *listColumn[T]) reset() {
 
 // array lays the rows out as a list array of type typ.
 func (c *listColumn[T]) array(pool *bufferPool, typ *arrow.ListType) arrow.Array {
+	checkOffsets(c.total)
 	offs := pool.buffer((len(c.rows) + 1) * 4)
 	vals := pool.buffer(c.total * int(unsafe.Sizeof(T(0))))
 	o := arrow.Int32Traits.CastFromBytes(offs.Bytes())
@@ -80,6 +83,7 @@ func (c *textColumn) reset() {
 
 // array lays the rows out as a string array.
 func (c *textColumn) array(pool *bufferPool) arrow.Array {
+	checkOffsets(c.total)
 	var valid *memory.Buffer
 	if c.nulls > 0 {
 		valid = pool.buffer(int(bitutil.BytesForBits(int64(len(c.rows)))))
@@ -109,6 +113,14 @@ func (c *textColumn) array(pool *bufferPool) arrow.Array {
 		}
 	}
 	return array.MakeFromData(data)
+}
+
+// checkOffsets panics, as Arrow's builders do, when a column's values
+// outgrow its int32 offsets (batches are cut far below: maxBatchBytes).
+func checkOffsets(total int) {
+	if total > math.MaxInt32 {
+		panic(fmt.Sprintf("transform: %d values overflow a column's int32 offsets", total))
+	}
 }
 
 // bufferPool hands out buffers that are not cleared, recycling those of

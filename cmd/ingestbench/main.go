@@ -30,7 +30,7 @@
 // streaming scan of the steps through the joins, at the same peak RSS:
 // the faster shape is the yardstick). After every pair the two outputs are checked
 // against each other (row counts, and trajectory, reward, advantage,
-// versions, token ids and logprobs for a random sample of step_ids; advantages
+// versions, token ids, logprobs and messages for a random sample of step_ids; advantages
 // within 1e-9), so the comparison is honest.
 //
 // It prints a table of the pairs, the medians, the ratio DuckDB wall /
@@ -230,7 +230,7 @@ type check struct {
 	Matched         int64   `json:"matched"`
 	MaxAdvantageErr float64 `json:"max_abs_advantage_diff"`
 	MaxRewardErr    float64 `json:"max_abs_reward_diff"`
-	OtherMismatches int64   `json:"other_mismatches"` // trajectory_id, policy and group versions, token ids, logprobs
+	OtherMismatches int64   `json:"other_mismatches"` // trajectory_id, policy and group versions, token ids, logprobs, messages
 	OK              bool    `json:"ok"`
 	Problem         string  `json:"problem,omitempty"`
 }
@@ -572,13 +572,20 @@ func checkChild(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// JSON has no NaN: a non-finite difference travels as -1 (Problem
+	// and OK already say what went wrong).
+	for _, f := range []*float64{&ck.MaxAdvantageErr, &ck.MaxRewardErr} {
+		if math.IsNaN(*f) || math.IsInf(*f, 0) {
+			*f = -1
+		}
+	}
 	return json.NewEncoder(stdout).Encode(ck)
 }
 
 // compare checks the two outputs agree: equal row counts, and for a random
 // sample of DuckDB's step_ids the same row in rllm-pipe's shards with the
 // same trajectory, reward, advantage (within 1e-9), policy and group
-// versions, token ids and logprobs.
+// versions, token ids, logprobs and messages.
 func compare(ctx context.Context, rllmFiles []string, duckFile string, sample int, seed uint64) (check, error) {
 	var ck check
 	db, err := sql.Open("duckdb", "")
@@ -600,16 +607,18 @@ func compare(ctx context.Context, rllmFiles []string, duckFile string, sample in
 	}
 	q := fmt.Sprintf(`
 WITH d AS (
-  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, prompt_ids, response_ids, response_logprobs
+  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, prompt_ids, response_ids, response_logprobs, messages
   FROM %s USING SAMPLE reservoir(%d ROWS) REPEATABLE (%d)
 ), r AS (
-  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, prompt_ids, response_ids, response_logprobs
+  SELECT step_id, trajectory_id, reward, advantage, policy_version, group_version, prompt_ids, response_ids, response_logprobs, messages
   FROM %s WHERE step_id IN (SELECT step_id FROM d)
 )
 SELECT count(*), count(r.step_id),
        coalesce(max(abs(d.advantage - r.advantage)), 0), coalesce(max(abs(d.reward - r.reward)), 0),
-       count(*) FILTER (WHERE r.step_id IS NOT NULL AND (d.trajectory_id <> r.trajectory_id OR d.policy_version <> r.policy_version OR d.group_version <> r.group_version
-         OR d.prompt_ids <> r.prompt_ids OR d.response_ids <> r.response_ids OR d.response_logprobs <> r.response_logprobs)),
+       count(*) FILTER (WHERE r.step_id IS NOT NULL AND (d.trajectory_id IS DISTINCT FROM r.trajectory_id
+         OR d.policy_version IS DISTINCT FROM r.policy_version OR d.group_version IS DISTINCT FROM r.group_version
+         OR d.prompt_ids IS DISTINCT FROM r.prompt_ids OR d.response_ids IS DISTINCT FROM r.response_ids
+         OR d.response_logprobs IS DISTINCT FROM r.response_logprobs OR d.messages IS DISTINCT FROM r.messages)),
        count(*) FILTER (WHERE r.step_id IS NOT NULL AND (isnan(r.advantage) OR isnan(d.advantage)))
 FROM d LEFT JOIN r USING (step_id)`, duckSrc, sample, seed%(1<<31), rllmSrc)
 	var nanRows int64
@@ -636,7 +645,7 @@ FROM d LEFT JOIN r USING (step_id)`, duckSrc, sample, seed%(1<<31), rllmSrc)
 		problems = append(problems, fmt.Sprintf("rewards differ by up to %g", ck.MaxRewardErr))
 	}
 	if ck.OtherMismatches > 0 {
-		problems = append(problems, fmt.Sprintf("%d sampled rows differ in trajectory, policy or group version, token ids or logprobs", ck.OtherMismatches))
+		problems = append(problems, fmt.Sprintf("%d sampled rows differ in trajectory, policy or group version, token ids, logprobs or messages", ck.OtherMismatches))
 	}
 	ck.OK = len(problems) == 0
 	ck.Problem = strings.Join(problems, "; ")
