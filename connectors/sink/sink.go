@@ -63,7 +63,7 @@ type Config struct {
 	MaxOpenShards int
 	// Lanes is the number of shards open at once for one partition, each
 	// encoded on its own goroutine; batches take them in turn. The lanes
-	// are shared among the partitions with open shards (see Sink.lanes).
+	// are shared among the partitions being written (see Sink.lanes).
 	// Default 1.
 	Lanes int
 	// RunID names this run's shards.
@@ -91,7 +91,9 @@ type Sink struct {
 	cfg    Config
 	store  Store
 	open   map[lane]*shard
-	turn   map[int64]int // the lane of each partition's next batch
+	turn   map[int64]int   // the lane of each partition's next batch
+	last   map[int64]int64 // the write number of each partition's last batch
+	writes int64
 	Totals Totals
 }
 
@@ -200,13 +202,21 @@ func New(store Store, cfg Config) *Sink {
 	if cfg.Seq == nil {
 		cfg.Seq = new(atomic.Int64)
 	}
-	return &Sink{cfg: cfg, store: store, open: map[lane]*shard{}, turn: map[int64]int{}}
+	return &Sink{cfg: cfg, store: store, open: map[lane]*shard{}, turn: map[int64]int{}, last: map[int64]int64{}}
 }
 
 // Write hands b to an open shard of its partition (the lanes in turn) and
 // releases b.Record once encoded.
 func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) error {
 	n := s.lanes(b.Version)
+	for ln, sh := range s.open {
+		if ln.version == b.Version && ln.n >= n { // a lane this partition no longer takes
+			if err := s.commit(ctx, sh); err != nil {
+				b.Record.Release()
+				return err
+			}
+		}
+	}
 	ln := lane{b.Version, s.turn[b.Version] % n}
 	s.turn[b.Version] = (ln.n + 1) % n
 	sh := s.open[ln]
@@ -258,23 +268,33 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 	return nil
 }
 
-// lanes is how many lanes partition v takes batches on now: Lanes shared
-// by the partitions with open shards, at least one each. Lanes are for
-// using every core on few partitions; with as many partitions as cores
-// the partitions' shards already encode in parallel, and extra lanes
-// only multiply open shards (their buffers, smaller row groups): on 2
-// cores, 8 partitions took 2.3 s and 450 MiB with two lanes each, 2.1 s
-// and 380 MiB with one.
+// lanes notes a batch for partition v and returns how many lanes v takes
+// batches on now: Lanes shared by the partitions written in the last
+// recentWrites batches, at least one each. Lanes are for using every core
+// on few partitions; with as many partitions as cores the partitions'
+// shards already encode in parallel, and extra lanes only multiply open
+// shards (their buffers, smaller row groups): on 2 cores, 8 partitions
+// took 2.3 s and 450 MiB with two lanes each, 2.1 s and 380 MiB with one.
 func (s *Sink) lanes(v int64) int {
+	s.writes++
+	s.last[v] = s.writes
 	if s.cfg.Lanes == 1 {
 		return 1
 	}
-	parts := map[int64]bool{v: true}
-	for ln := range s.open {
-		parts[ln.version] = true
+	active := 0
+	for ver, w := range s.last {
+		if s.writes-w >= recentWrites {
+			delete(s.last, ver)
+			continue
+		}
+		active++
 	}
-	return max(1, s.cfg.Lanes/len(parts))
+	return max(1, s.cfg.Lanes/active)
 }
+
+// recentWrites is how many batches back a partition still counts as
+// being written, for sharing the lanes.
+const recentWrites = 32
 
 func (s *Sink) oldest() *shard {
 	var o *shard

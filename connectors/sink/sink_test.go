@@ -241,7 +241,8 @@ func TestSinkLanes(t *testing.T) {
 }
 
 // Lanes are shared among the partitions being written: with two lanes and
-// two partitions open, each partition writes one shard.
+// two partitions written in turn, each partition writes one shard; a
+// partition written after the other stopped gets both lanes again.
 func TestSinkLanesShared(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
@@ -273,5 +274,32 @@ func TestSinkLanesShared(t *testing.T) {
 	}
 	if perVersion[0] != 1 || perVersion[1] != 1 || rows != want {
 		t.Fatalf("shards per partition %v, %d rows; want one shard each, %d rows", perVersion, rows, want)
+	}
+
+	// Partition 2 alone, then 3 alone: both lanes each (3 once 2 has not
+	// been written for 32 batches).
+	st, sk = newSink(t, t.TempDir(), sink.Config{Lanes: 2, FlushInterval: time.Hour, RunID: "r"})
+	for _, v := range []int{2, 3} {
+		for round := 0; round < 40; round++ {
+			for _, b := range batches(t, mem, v, 5) {
+				if err := sk.Write(ctx, b, time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	if err := sk.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	perVersion = map[int64]int{}
+	for _, e := range st.Entries() {
+		if e.Path != "" {
+			perVersion[e.PolicyVersion]++
+		}
+	}
+	// 3's second lane opens after 32 batches; its first-lane shard from
+	// before is still open, so 3 has two shards, as 2 has.
+	if perVersion[2] != 2 || perVersion[3] != 2 {
+		t.Fatalf("shards per partition %v; want two each", perVersion)
 	}
 }
