@@ -3,8 +3,8 @@ package transform
 import (
 	"context"
 	"errors"
-	"strings"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
