@@ -248,23 +248,31 @@ func TestFileRecordsReadAgain(t *testing.T) {
 	}
 }
 
+// openMapped writes content to a file and opens it mapped (closed at the
+// end of the test); it skips the test where files are not mapped.
+func openMapped(t *testing.T, content string, maxRecord int) (*LineSource, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "in.jsonl")
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src, err := OpenFile(path, maxRecord)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	if src.m == nil {
+		t.Skip("no memory mapping on this system")
+	}
+	return src, path
+}
+
 // A mapped file: lines appended after it was opened are read after the
 // mapping, a line over the limit is cut to its head and flagged, and
 // every line keeps its number.
 func TestMappedFileGrowsAndLongLines(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "in.jsonl")
 	long := `{"x":"` + strings.Repeat("y", 3*keepTooLarge) + `"}`
-	if err := os.WriteFile(path, []byte("{\"a\":1}\n"+long+"\n{\"b\":2}"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	src, err := OpenFile(path, 2*keepTooLarge)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	if src.m == nil {
-		t.Skip("no memory mapping on this system")
-	}
+	src, path := openMapped(t, "{\"a\":1}\n"+long+"\n{\"b\":2}", 2*keepTooLarge)
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -293,23 +301,12 @@ func TestMappedFileGrowsAndLongLines(t *testing.T) {
 // A file that shrinks while it is read ends the decode stage with an
 // error, not a crash (the mapping's lost pages fault).
 func TestMappedFileShrinkingFails(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "in.jsonl")
-	if err := os.WriteFile(path, []byte(strings.Repeat(goodStep+"\n", 20000)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	src, err := OpenFile(path, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	if src.m == nil {
-		t.Skip("no memory mapping on this system")
-	}
+	src, path := openMapped(t, strings.Repeat(goodStep+"\n", 20000), 0)
 	if err := os.Truncate(path, 0); err != nil {
 		t.Fatal(err)
 	}
 	out := make(chan Batch, 1000)
-	err = DecodeStage(context.Background(), src, 2, out)
+	err := DecodeStage(context.Background(), src, 2, out)
 	if !errors.Is(err, errInputChanged) {
 		t.Fatalf("DecodeStage: %v, want %v", err, errInputChanged)
 	}
@@ -374,18 +371,7 @@ func TestMappedLineNumbers(t *testing.T) {
 		}
 		want[fmt.Sprint(i)] = line
 	}
-	path := filepath.Join(t.TempDir(), "in.jsonl")
-	if err := os.WriteFile(path, []byte(in.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	src, err := OpenFile(path, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
-	if src.m == nil {
-		t.Skip("no memory mapping on this system")
-	}
+	src, path := openMapped(t, in.String(), 0)
 	src.chunkSize = 2 << 10
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {

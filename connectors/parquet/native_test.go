@@ -381,17 +381,7 @@ func TestIncompressiblePagesStored(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	data := buf.Bytes()
-	rmem := memory.NewGoAllocator() // see TestDeltaPagesReadBack
-	got := concat(t, rmem, readAll(t, data, rmem))
-	defer got.Release()
-	if !array.RecordEqual(got, rec) {
-		t.Fatal("read back differs")
-	}
-	r, err := file.NewParquetReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := readBackEqual(t, buf.Bytes(), rec)
 	defer r.Close()
 	var size [3]int64 // per column, over the row groups
 	for g := 0; g < r.NumRowGroups(); g++ {
@@ -481,6 +471,26 @@ func TestDeltaPagesReadBack(t *testing.T) {
 	roundTripInMode(t, sc, rec, modeDelta, pq.Encodings.DeltaBinaryPacked)
 }
 
+// readBackEqual reads data through arrow-go, fails t unless the values
+// are rec's, and opens the file for its metadata. It reads with an
+// unchecked allocator: arrow-go's DELTA_BINARY_PACKED decoder never frees
+// its 64-byte miniblock-widths buffer (v18.8.0,
+// deltaBitPackDecoder.initBlock); the Go allocator lets the GC have it.
+func readBackEqual(t *testing.T, data []byte, rec arrow.RecordBatch) *file.Reader {
+	t.Helper()
+	mem := memory.NewGoAllocator()
+	got := concat(t, mem, readAll(t, data, mem))
+	defer got.Release()
+	if !array.RecordEqual(got, rec) {
+		t.Fatal("read back differs")
+	}
+	r, err := file.NewParquetReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // roundTripInMode writes rec with every page of at least probeBytes in
 // mode (pages of 64 KiB: many, cut inside lists), reads it back through
 // arrow-go's decoders, and checks that the values are the same and that
@@ -502,20 +512,7 @@ func roundTripInMode(t *testing.T, sc *arrow.Schema, rec arrow.RecordBatch, mode
 	if err := w.Close(); err != nil {
 		t.Fatal(err)
 	}
-	data := buf.Bytes()
-	// Read with an unchecked allocator: arrow-go's DELTA_BINARY_PACKED
-	// decoder never frees its 64-byte miniblock-widths buffer (v18.8.0,
-	// deltaBitPackDecoder.initBlock); the Go allocator lets the GC have it.
-	rmem := memory.NewGoAllocator()
-	got := concat(t, rmem, readAll(t, data, rmem))
-	defer got.Release()
-	if !array.RecordEqual(got, rec) {
-		t.Fatal("read back differs")
-	}
-	r, err := file.NewParquetReader(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := readBackEqual(t, buf.Bytes(), rec)
 	defer r.Close()
 	cc, err := r.MetaData().RowGroup(0).ColumnChunk(0)
 	if err != nil {
