@@ -55,7 +55,8 @@ func (d DeadLetter) Line() DeadLetterLine {
 type Ledger struct {
 	mu      sync.Mutex
 	pending Settled
-	counts  map[Reason]int64
+	counts  map[Reason]int64 // of letters checkpointed
+	waiting map[Reason]int64 // of letters since the last checkpoint
 }
 
 // Note records letters and dropped records.
@@ -65,11 +66,11 @@ func (l *Ledger) Note(letters []DeadLetter, dropped []Source) {
 	if l.pending == nil {
 		l.pending = Settled{}
 	}
-	if l.counts == nil {
-		l.counts = map[Reason]int64{}
+	if l.waiting == nil {
+		l.waiting = map[Reason]int64{}
 	}
 	for _, d := range letters {
-		l.counts[d.Reason]++
+		l.waiting[d.Reason]++
 		l.pending.Add(d.Source.Stream, d.Source.Position())
 	}
 	for _, s := range dropped {
@@ -77,10 +78,18 @@ func (l *Ledger) Note(letters []DeadLetter, dropped []Source) {
 	}
 }
 
-// Take hands over the pending positions (nil when there are none).
+// Take hands over the pending positions (nil when there are none); the
+// letters noted so far count as checkpointed.
 func (l *Ledger) Take() Settled {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.counts == nil {
+		l.counts = map[Reason]int64{}
+	}
+	for k, v := range l.waiting {
+		l.counts[k] += v
+	}
+	l.waiting = nil
 	if len(l.pending) == 0 {
 		return nil
 	}
@@ -89,21 +98,26 @@ func (l *Ledger) Take() Settled {
 	return p
 }
 
-// Drop forgets the pending positions (their records go back to the
-// stream's next owner).
+// Drop forgets the pending positions and their letters' counts (their
+// records go back to the stream's next owner, who dead-letters them
+// again).
 func (l *Ledger) Drop() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.pending = Settled{}
+	l.waiting = nil
 }
 
-// Counts returns the letters noted, by reason.
+// Counts returns the letters noted and not dropped, by reason.
 func (l *Ledger) Counts() map[Reason]int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[Reason]int64, len(l.counts))
+	out := make(map[Reason]int64, len(l.counts)+len(l.waiting))
 	for k, v := range l.counts {
 		out[k] = v
+	}
+	for k, v := range l.waiting {
+		out[k] += v
 	}
 	return out
 }

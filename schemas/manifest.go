@@ -38,8 +38,9 @@ type ShardEntry struct {
 	// this commit; on restart anything beyond is cut (it will be produced
 	// again, its records not being settled).
 	DeadLetters *DeadLetterState `json:"dead_letters,omitempty"`
-	// Recovered is set on entries rebuilt from a shard's footer after a
-	// crash between publishing the shard and appending its entry.
+	// Recovered was set, by versions before the manifest became the only
+	// truth, on entries rebuilt from a shard's footer; it is kept so that
+	// their manifests still read.
 	Recovered bool `json:"recovered,omitempty"`
 }
 

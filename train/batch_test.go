@@ -19,12 +19,6 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/transform"
 )
 
-type store struct{ *local.Store }
-
-func (s store) Create(ctx context.Context, rel string) (sink.Pending, error) {
-	return s.Store.Create(ctx, rel)
-}
-
 // writeShards commits n groups of two one-step trajectories (8 tokens a
 // group) with group versions g%4, rewards (g%3, 0), and marks trajectory
 // t1 of every fifth group as truncated; it returns the shard paths.
@@ -38,7 +32,7 @@ func writeShards(t *testing.T, n int) []string {
 // its manifest) and returns all shard paths there.
 func writeShardsTo(t *testing.T, root string, first, n int) []string {
 	t.Helper()
-	st, err := local.Open(root)
+	st, err := local.Open(root, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +71,7 @@ func writeShardsTo(t *testing.T, root string, first, n int) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sk := sink.New(store{st}, sink.Config{RunID: fmt.Sprintf("r%d", first), ShardSize: 2 << 10}) // small shards: groups straddle reader batches and files
+	sk := sink.New(st, sink.Config{RunID: fmt.Sprintf("r%d", first), ShardSize: 2 << 10}) // small shards: groups straddle reader batches and files
 	for _, b := range batches {
 		if err := sk.Write(context.Background(), b, time.Now()); err != nil {
 			t.Fatal(err)
@@ -87,7 +81,7 @@ func writeShardsTo(t *testing.T, root string, first, n int) []string {
 		t.Fatal(err)
 	}
 	var paths []string
-	for _, e := range st.Entries() {
+	for _, e := range committedEntries(t, st) {
 		if e.Path != "" {
 			paths = append(paths, filepath.Join(root, e.Path))
 		}
@@ -208,4 +202,13 @@ func TestReaderAppliesBatchEstimator(t *testing.T) {
 	if batches != 1 {
 		t.Fatalf("%d batches, want 1", batches)
 	}
+}
+
+func committedEntries(t *testing.T, st *local.Store) []schemas.ShardEntry {
+	t.Helper()
+	e, err := st.Committed(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

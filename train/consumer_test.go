@@ -17,9 +17,9 @@ import (
 
 // openGroup returns the committed shards under root and a consumer
 // group's log there.
-func openGroup(t *testing.T, root, group string) (*local.Shards, *local.Objects) {
+func openGroup(t *testing.T, root, group string) (*local.Reader, Objects) {
 	t.Helper()
-	sh, err := local.OpenShards(root)
+	sh, err := local.OpenReader(root)
 	if err != nil {
 		t.Fatal(err)
 	}

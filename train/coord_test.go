@@ -10,9 +10,9 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 )
 
-func newObjects(t *testing.T) *local.Objects {
+func newObjects(t *testing.T) Objects {
 	t.Helper()
-	sh, err := local.OpenShards(t.TempDir())
+	sh, err := local.OpenReader(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -171,7 +171,7 @@ func BenchmarkIntegrationCommitDelay(b *testing.B) {
 			if err := st.Refresh(context.Background()); err != nil {
 				b.Fatal(err)
 			}
-			entries := st.Entries()
+			entries := mustEntries(b, st)
 			for _, e := range entries[seen:] {
 				for _, k := range e.GroupKeys {
 					if _, ok := committedAt[k]; !ok {

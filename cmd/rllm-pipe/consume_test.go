@@ -203,7 +203,7 @@ func consLocal(t *testing.T, out string, written int64) consData {
 // consLocalProgress replays the log of consumer group g under out.
 func consLocalProgress(t *testing.T, out, g string) train.Progress {
 	t.Helper()
-	sh, err := local.OpenShards(out)
+	sh, err := local.OpenReader(out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -980,7 +980,7 @@ func TestIntegrationConsumeS3KillOneMember(t *testing.T) {
 		entries []schemas.ShardEntry
 		paths   []string
 	)
-	for _, e := range st.Entries() {
+	for _, e := range mustEntries(t, st) {
 		if e.Path == "" {
 			continue
 		}

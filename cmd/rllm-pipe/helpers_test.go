@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // Helpers shared by the subprocess tests of consume, sql and export.
@@ -94,4 +95,16 @@ func genTask(t *testing.T, line []byte) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// mustEntries re-reads a store's manifest.
+func mustEntries(t testing.TB, st interface {
+	Entries(context.Context) ([]schemas.ShardEntry, error)
+}) []schemas.ShardEntry {
+	t.Helper()
+	e, err := st.Entries(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

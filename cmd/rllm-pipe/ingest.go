@@ -14,27 +14,21 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
-	"slices"
 	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
+	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
-	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
-	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
-	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/transform"
+	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
 )
 
 type ingestOpts struct {
@@ -91,14 +85,8 @@ func (c *connFlags) kafka(cfg kafka.Config) kafka.Config {
 	return cfg
 }
 
-func (c *connFlags) s3(cfg s3.Config) s3.Config {
-	if c.s3Endpt != "" {
-		cfg.Endpoint = c.s3Endpt
-	}
-	if c.s3Region != "" {
-		cfg.Region = c.s3Region
-	}
-	return cfg
+func (c *connFlags) options() connectors.Options {
+	return connectors.Options{S3Endpoint: c.s3Endpt, S3Region: c.s3Region}
 }
 
 func newIngestCmd(soft context.Context) *cobra.Command {
@@ -158,9 +146,7 @@ type ingestStats struct {
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	InputBytes     int64   `json:"input_bytes,omitempty"`
 	Estimator      string  `json:"estimator"`
-	transform.Counters
-	transform.BatchCounters
-	sink.Totals
+	pipeline.Result
 	DeadLetters      map[string]int64 `json:"dead_letters"`
 	DeadLettersTotal int64            `json:"dead_letters_total"`
 }
@@ -173,23 +159,17 @@ func newRunID() string {
 
 // plan is the validated configuration of one ingest.
 type plan struct {
-	o         ingestOpts
-	shardSize int64
+	cfg       pipeline.Config
 	maxRecord int64
-	est       advantage.Estimator
 	label     string
-	distill   *advantage.Distill
-	filters   []transform.Filter
 	runID     string
-	shardSeq  atomic.Int64 // shard numbers across the generations of the run
-	m         *metrics
-	log       *slog.Logger
 }
 
 func newPlan(o ingestOpts) (*plan, error) {
-	p := &plan{o: o, runID: newRunID(), m: &metrics{}}
+	p := &plan{runID: newRunID()}
+	c := &p.cfg
 	var err error
-	if p.shardSize, err = parseBytes(o.shardSize); err != nil {
+	if c.ShardSize, err = parseBytes(o.shardSize); err != nil {
 		return nil, usageErrorf("--shard-size: %v", err)
 	}
 	if p.maxRecord, err = parseBytes(o.maxRecord); err != nil {
@@ -202,27 +182,33 @@ func newPlan(o ingestOpts) (*plan, error) {
 	if err != nil {
 		return nil, usageErrorf("--compat: %v", err)
 	}
-	if p.est, err = advantage.New(o.estimator, advantage.Options{Compat: compat, NoStd: o.noStd}); err != nil {
+	if c.Estimator, err = advantage.New(o.estimator, advantage.Options{Compat: compat, NoStd: o.noStd}); err != nil {
 		return nil, usageErrorf("--estimator: %v", err)
 	}
 	if o.noStd && o.estimator != "grpo" && o.estimator != "grpo_passk" {
 		return nil, usageErrorf("--no-std applies to grpo and grpo_passk only")
 	}
-	if p.filters, err = transform.ParseFilters(o.filter); err != nil {
+	if c.Filters, err = transform.ParseFilters(o.filter); err != nil {
 		return nil, usageErrorf("--filter: %v", err)
 	}
 	if o.klCoef != 0 {
 		if o.klClip < 0 || o.klDisc < 0 || o.klDisc > 1 {
 			return nil, usageErrorf("--kl-clip must be >= 0 and --kl-discount in [0, 1]")
 		}
-		p.distill = &advantage.Distill{Coef: o.klCoef, Clip: o.klClip, Discount: o.klDisc}
+		c.Distill = &advantage.Distill{Coef: o.klCoef, Clip: o.klClip, Discount: o.klDisc}
 	} else if o.klClip != 0 || o.klDisc != 0 {
 		return nil, usageErrorf("--kl-clip and --kl-discount need --kl-coef")
 	}
-	p.label = p.est.Name() + "/" + compat.Name
+	p.label = c.Estimator.Name() + "/" + compat.Name
 	if o.noStd {
 		p.label += "/no-std"
 	}
+	c.Label = p.label
+	c.GroupSize, c.MinGroupSize = o.groupSize, o.minGroupSize
+	c.GroupTimeout, c.MaxOpenGroups = o.groupTimeout, o.maxOpenGroups
+	c.FlushInterval = o.flushInterval
+	c.Parquet = parquet.Options{ZstdLevel: o.zstdLevel, Compact: o.compact}
+	c.Decoders, c.Encoders = o.decoders, o.encoders
 	return p, nil
 }
 
@@ -260,46 +246,53 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	if o.quiet {
 		h = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
 	}
-	p.log = slog.New(h).With("run", p.runID)
-	slog.SetDefault(p.log)
-	out, err := openOutput(ctx, o, p.runID)
+	p.cfg.Log = slog.New(h).With("run", p.runID)
+	slog.SetDefault(p.cfg.Log)
+	st, dl, err := openOutput(ctx, o, p.runID)
 	if err != nil {
 		return err
 	}
-	defer out.close()
-	p.m.deadLetter = out.counts
+	defer st.Close()
+	m := &metrics{deadLetter: dl.Counts}
+	p.cfg.Observer = m
 	if o.metricsAddr != "" {
-		stop, err := serveMetrics(ctx, o.metricsAddr, p.m)
+		stop, err := serveMetrics(ctx, o.metricsAddr, m)
 		if err != nil {
 			return err
 		}
 		defer stop()
 	}
 
-	st := ingestStats{RunID: p.runID, Output: out.name, Estimator: p.label, DeadLetters: map[string]int64{}}
+	stats := ingestStats{RunID: p.runID, Output: st.Name(), Estimator: p.label, DeadLetters: map[string]int64{}}
+	pl := pipeline.New(p.cfg, st, dl)
 	var runErr error
 	if strings.HasPrefix(o.from, "kafka://") {
-		runErr = runKafka(ctx, soft, p, out, &st, stderr)
+		cfg, err := kafka.ParseURL(o.from)
+		if err != nil {
+			return usageErrorf("--from: %v", err)
+		}
+		runErr = pl.RunKafka(ctx, soft, pipeline.JoinKafka(o.conn.kafka(cfg)))
 	} else {
-		runErr = runFile(ctx, soft, p, out, &st)
+		runErr = runFile(ctx, soft, pl, o.from, p.maxRecord, &stats)
 	}
-	if err := out.closeDLQ(); err != nil {
+	if err := dl.Close(); err != nil {
 		runErr = errors.Join(runErr, err)
 	}
-	st.Stopped = soft.Err() != nil
-	st.ElapsedSeconds = time.Since(start).Seconds()
-	for r, n := range out.counts() {
-		st.DeadLetters[string(r)] = n
-		st.DeadLettersTotal += n
+	stats.Result = pl.Result()
+	stats.Stopped = soft.Err() != nil
+	stats.ElapsedSeconds = time.Since(start).Seconds()
+	for r, n := range dl.Counts() {
+		stats.DeadLetters[string(r)] = n
+		stats.DeadLettersTotal += n
 	}
-	if st.DeadLettersTotal > 0 {
-		st.DeadLetterFile = out.dlqName
+	if stats.DeadLettersTotal > 0 {
+		stats.DeadLetterFile = dl.Name()
 	}
 	if !o.quiet {
-		printIngestSummary(stderr, st)
+		printIngestSummary(stderr, stats)
 	}
 	if o.statsJSON != "" {
-		if err := writeStatsJSON(o.statsJSON, st); err != nil {
+		if err := writeStatsJSON(o.statsJSON, stats); err != nil {
 			runErr = errors.Join(runErr, err)
 		}
 	}
@@ -309,257 +302,69 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	return nil
 }
 
-// runFile ingests a file or stdin to its end (or a stop).
-func runFile(ctx, soft context.Context, p *plan, out *output, st *ingestStats) error {
-	from, err := localPath("from", p.o.from)
+// runFile ingests a file or stdin.
+func runFile(ctx, soft context.Context, pl *pipeline.Pipeline, from string, maxRecord int64, stats *ingestStats) error {
+	path, err := localPath("from", from)
 	if err != nil {
 		return err
 	}
-	src, err := ingest.OpenFile(from, int(p.maxRecord))
+	src, err := ingest.OpenFile(path, int(maxRecord))
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	if from != "-" {
-		if info, err := os.Stat(from); err == nil {
-			st.InputBytes = info.Size()
+	if path != "-" {
+		if info, err := os.Stat(path); err == nil {
+			stats.InputBytes = info.Size()
 		}
 	}
-	if err := out.claim(ctx, []string{src.Stream()}, 0); err != nil {
-		return err
-	}
-	res, err := runPipeline(ctx, soft, p, src, out)
-	st.add(res)
-	if err == nil {
-		err = out.sweep(ctx)
-	}
-	return err
+	return pl.Run(ctx, soft, src, src.Stream())
 }
 
-// runKafka consumes generation after generation of the consumer group until
-// a stop. Each generation claims its partitions in the manifest (fencing
-// their previous owners), starts every partition at its first unsettled
-// offset, and runs the pipeline until the next rebalance; what it had not
-// committed by then is left to the next owner.
-func runKafka(ctx, soft context.Context, p *plan, out *output, st *ingestStats, stderr io.Writer) error {
-	cfg, err := kafka.ParseURL(p.o.from)
+// openOutput opens --to for this run, with the dead-letter output --dlq
+// names (the store's own by default).
+func openOutput(ctx context.Context, o ingestOpts, runID string) (store.Store, store.DeadLetters, error) {
+	root, err := connectors.ParseRoot(o.to, o.conn.options())
 	if err != nil {
-		return usageErrorf("--from: %v", err)
+		return nil, nil, usageErrorf("--to: %v", err)
 	}
-	cfg = p.o.conn.kafka(cfg)
-	consumer, err := kafka.NewConsumer(cfg)
-	if err != nil {
-		return err
-	}
-	defer func() { consumer.Close() }()
-	backoff := time.Second
-	pause := func(why error) {
-		p.log.Warn("kafka: retrying", "err", why, "in", backoff)
-		select {
-		case <-soft.Done():
-		case <-time.After(backoff):
+	isKafka := strings.HasPrefix(o.dlq, "kafka://")
+	if root.S3 != nil {
+		if size, _ := parseBytes(o.shardSize); size > 4<<30 {
+			return nil, nil, usageErrorf("--shard-size: at most 4GiB on S3 (a shard is one create-only PUT)")
 		}
-		backoff = min(2*backoff, 30*time.Second)
+		if o.dlq != "" && !isKafka {
+			return nil, nil, usageErrorf("--dlq: with an s3:// output, dead letters are objects under <prefix>/_dlq/ or a kafka:// topic")
+		}
 	}
-	// rejoin leaves the group and joins again: the way to give up a
-	// generation that failed without a rebalance (Next would wait for the
-	// current one to end, and heartbeats keep it alive).
-	rejoin := func(why error) error {
-		consumer.Close()
-		pause(why)
-		c, err := kafka.NewConsumer(cfg)
+	var dlqPath string
+	if o.dlq != "" && !isKafka {
+		if dlqPath, err = localPath("dlq", o.dlq); err != nil {
+			return nil, nil, err
+		}
+	}
+	st, err := connectors.OpenStore(ctx, root, runID)
+	if err != nil {
+		return nil, nil, err
+	}
+	var dl store.DeadLetters
+	switch {
+	case isKafka:
+		cfg, err := kafka.ParseURL(o.dlq)
 		if err != nil {
-			return err
+			st.Close()
+			return nil, nil, usageErrorf("--dlq: %v", err)
 		}
-		consumer = c
-		return nil
-	}
-	for soft.Err() == nil {
-		gen, err := consumer.Next(soft)
-		if err != nil {
-			if soft.Err() != nil {
-				return nil
-			}
-			pause(err) // the broker is away: wait for it
-			continue
+		if dl, err = kafka.NewDeadLetters(ctx, o.conn.kafka(cfg)); err != nil {
+			st.Close()
+			return nil, nil, err
 		}
-		if err := runGeneration(ctx, soft, p, out, st, cfg, gen); err != nil {
-			switch {
-			case errors.Is(err, kafka.ErrGenerationEnded):
-				// A rebalance: uncommitted work is the next owner's.
-				p.log.Info("kafka: generation ended; rejoining", "reason", err)
-				backoff = time.Second
-			case ctx.Err() != nil:
-				return err
-			default:
-				// Fenced, an outage outlasting the retries, a broker error:
-				// nothing uncommitted is settled; rejoin and resume from the
-				// manifest.
-				if err := rejoin(err); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		backoff = time.Second
+	case dlqPath != "":
+		dl = connectors.DeadLetterFile(root, dlqPath)
+	default:
+		dl = st.DeadLetters()
 	}
-	return nil
-}
-
-// runGeneration claims the generation's partitions (fencing their previous
-// owners), starts each at its first unsettled offset and runs the pipeline
-// until the generation ends; it then removes this writer's unlisted
-// objects.
-func runGeneration(ctx, soft context.Context, p *plan, out *output, st *ingestStats, cfg kafka.Config, gen *kafka.Generation) error {
-	if err := out.claim(ctx, gen.Streams(), gen.ID()); err != nil {
-		return err
-	}
-	firsts, err := gen.FirstOffsets(ctx)
-	if err != nil {
-		return err
-	}
-	settled := out.settled()
-	start := map[int]int64{}
-	for _, part := range gen.Partitions {
-		start[part] = kafka.ResumeOffset(settled[kafka.Stream(cfg.Topic, part)], firsts[part])
-	}
-	p.log.Info("kafka: generation", "id", gen.ID(), "topic", cfg.Topic, "partitions", gen.Partitions, "resume", start)
-	out.resetDLQ()
-	hintCtx, stopHints := context.WithCancel(ctx)
-	go commitHints(hintCtx, gen, cfg.Topic, firsts, out)
-	src := gen.Source(start)
-	if l, ok := src.(interface{ Lag() int64 }); ok {
-		p.m.mu.Lock()
-		p.m.lag = l.Lag
-		p.m.mu.Unlock()
-	}
-	res, err := runPipeline(ctx, soft, p, src, out)
-	stopHints()
-	st.add(res)
-	// No commit of ours is in flight now: what we uploaded without
-	// listing it goes.
-	if serr := out.sweep(ctx); serr != nil {
-		p.log.Warn("sweeping unlisted objects", "err", serr)
-	}
-	if soft.Err() != nil {
-		return nil
-	}
-	return err
-}
-
-// commitHints records the resume offsets in Kafka every few seconds, after
-// the manifest: tools see the group's progress; ingest never trusts them.
-func commitHints(ctx context.Context, gen *kafka.Generation, topic string, firsts map[int]int64, out *output) {
-	t := time.NewTicker(5 * time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			settled := out.settled()
-			offs := map[int]int64{}
-			for _, part := range gen.Partitions {
-				offs[part] = kafka.ResumeOffset(settled[kafka.Stream(topic, part)], firsts[part])
-			}
-			_ = gen.CommitOffsets(offs)
-		}
-	}
-}
-
-// pipelineResult is what one run of the stages counted.
-type pipelineResult struct {
-	counters transform.Counters
-	batch    transform.BatchCounters
-	totals   sink.Totals
-}
-
-func (st *ingestStats) add(r pipelineResult) {
-	c := &st.Counters
-	c.Records += r.counters.Records
-	c.Blank += r.counters.Blank
-	c.Duplicates += r.counters.Duplicates
-	c.Repaired += r.counters.Repaired
-	c.SkippedCommitted += r.counters.SkippedCommitted
-	c.GroupsEmitted += r.counters.GroupsEmitted
-	c.PartialGroups += r.counters.PartialGroups
-	c.TrajectoriesEmitted += r.counters.TrajectoriesEmitted
-	c.StepsEmitted += r.counters.StepsEmitted
-	c.TimedOut += r.counters.TimedOut
-	c.Evicted += r.counters.Evicted
-	st.NoTeacher += r.batch.NoTeacher
-	if st.Filtered == nil {
-		st.Filtered = map[string]int64{}
-	}
-	for k, v := range r.batch.Filtered {
-		st.Filtered[k] += v
-	}
-	st.Shards += r.totals.Shards
-	st.Rows += r.totals.Rows
-	st.Bytes += r.totals.Bytes
-}
-
-// runPipeline runs source → decode → assemble → sink until the source ends
-// or stops.
-func runPipeline(ctx, soft context.Context, p *plan, src ingest.Source, out *output) (pipelineResult, error) {
-	var res pipelineResult
-	mem := memory.DefaultAllocator
-	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: p.est, Label: p.label, Distill: p.distill, Filters: p.filters})
-	defer batcher.Release()
-	sk := sink.New(out.store, sink.Config{
-		Settler:       out.settler,
-		ShardSize:     p.shardSize,
-		FlushInterval: p.o.flushInterval,
-		RunID:         p.runID,
-		Seq:           &p.shardSeq,
-		OnCommit:      p.m.commit,
-		Parquet:       parquet.Options{ZstdLevel: p.o.zstdLevel, Compact: p.o.compact, Allocator: mem},
-		Lanes:         max(p.o.encoders, 1),
-	})
-	settled := out.settled()
-
-	tick := time.Second
-	if p.o.flushInterval > 0 && p.o.flushInterval/2 < tick {
-		tick = max(p.o.flushInterval/2, 10*time.Millisecond)
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	// Reading stops on a soft stop too; everything after it drains.
-	srcCtx, cancelSrc := context.WithCancel(gctx)
-	defer cancelSrc()
-	stopSoft := context.AfterFunc(soft, cancelSrc)
-	defer stopSoft()
-
-	decoded := make(chan ingest.Batch, 4)
-	batches := make(chan transform.Batch, 2)
-	g.Go(func() error {
-		err := ingest.DecodeStage(srcCtx, src, p.o.decoders, decoded)
-		if err != nil && soft.Err() != nil && gctx.Err() == nil {
-			return nil // a soft stop, not a failure
-		}
-		return err
-	})
-	g.Go(func() error {
-		var err error
-		res.counters, err = transform.Stage(gctx, decoded, batches, out.dl, batcher, transform.StageConfig{
-			Assembler: transform.Config{
-				GroupSize:     p.o.groupSize,
-				MinGroupSize:  p.o.minGroupSize,
-				Timeout:       p.o.groupTimeout,
-				MaxOpenGroups: p.o.maxOpenGroups,
-				Settled:       settled.Contains,
-			},
-			Tick:    tick,
-			Stopped: func() bool { return soft.Err() != nil },
-			Observe: p.m.observe,
-		})
-		return err
-	})
-	g.Go(func() error { return sink.Run(gctx, batches, sk, tick) })
-	err := g.Wait()
-	p.m.endPipeline()
-	res.totals = sk.Totals
-	res.batch = batcher.Counters
-	return res, err
+	return st, dl, nil
 }
 
 func writeStatsJSON(path string, st ingestStats) error {
@@ -626,169 +431,4 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
 	}
 	fmt.Fprintf(w, "  output:     %s\n", st.Output)
-}
-
-// output is where an ingest writes: a local directory or an S3 prefix,
-// with its dead-letter writer and exactly-once bookkeeping.
-type output struct {
-	name     string // for the summary
-	dlqName  string
-	store    sink.Store
-	dl       transform.DeadLetters
-	settler  sink.Settler
-	counts   func() map[schemas.Reason]int64
-	settled  func() schemas.Settled
-	claim    func(ctx context.Context, streams []string, generation int64) error
-	sweep    func(ctx context.Context) error // remove this writer's unlisted objects
-	resetDLQ func()
-	closeDLQ func() error
-	close    func() error
-}
-
-func openOutput(ctx context.Context, o ingestOpts, runID string) (*output, error) {
-	out, err := openStore(ctx, o, runID)
-	if err != nil || !strings.HasPrefix(o.dlq, "kafka://") {
-		return out, err
-	}
-	// Dead letters to a Kafka topic, whatever the output.
-	cfg, err := kafka.ParseURL(o.dlq)
-	if err != nil {
-		out.close()
-		return nil, usageErrorf("--dlq: %v", err)
-	}
-	dl, err := kafka.NewDeadLetters(ctx, o.conn.kafka(cfg))
-	if err != nil {
-		out.close()
-		return nil, err
-	}
-	out.dl, out.settler, out.counts = dl, dl, dl.Counts
-	out.dlqName = cfg.String()
-	out.resetDLQ, out.closeDLQ = dl.Reset, dl.Close
-	return out, nil
-}
-
-func openStore(ctx context.Context, o ingestOpts, runID string) (*output, error) {
-	if strings.HasPrefix(o.to, "s3://") {
-		cfg, err := s3.ParseURL(o.to)
-		if err != nil {
-			return nil, usageErrorf("--to: %v", err)
-		}
-		cfg = o.conn.s3(cfg)
-		if size, _ := parseBytes(o.shardSize); size > 4<<30 {
-			return nil, usageErrorf("--shard-size: at most 4GiB on S3 (a shard is one create-only PUT)")
-		}
-		if o.dlq != "" && !strings.HasPrefix(o.dlq, "kafka://") {
-			return nil, usageErrorf("--dlq: with an s3:// output, dead letters are objects under <prefix>/_dlq/ or a kafka:// topic")
-		}
-		st, err := s3.Open(ctx, cfg, runID)
-		if err != nil {
-			return nil, err
-		}
-		out := &output{
-			name:     "s3://" + cfg.Bucket + "/" + cfg.Prefix,
-			dlqName:  "s3://" + cfg.Bucket + "/" + st.Key("_dlq/"),
-			store:    s3Store{st},
-			settled:  st.Settled,
-			close:    func() error { return nil },
-			closeDLQ: func() error { return nil },
-		}
-		var mu sync.Mutex // the metrics handler reads counts during a reset
-		counts := map[schemas.Reason]int64{}
-		var cur *s3.DeadLetters
-		out.resetDLQ = func() {
-			mu.Lock()
-			defer mu.Unlock()
-			if cur != nil {
-				for k, v := range cur.Counts() {
-					counts[k] += v
-				}
-			}
-			cur = s3.NewDeadLetters(st)
-			out.dl, out.settler = cur, cur
-		}
-		out.resetDLQ()
-		out.counts = func() map[schemas.Reason]int64 {
-			mu.Lock()
-			defer mu.Unlock()
-			m := map[schemas.Reason]int64{}
-			for k, v := range counts {
-				m[k] = v
-			}
-			for k, v := range cur.Counts() {
-				m[k] += v
-			}
-			return m
-		}
-		out.sweep = func(ctx context.Context) error {
-			_, err := st.RemoveOwnOrphans(ctx)
-			return err
-		}
-		out.claim = func(ctx context.Context, streams []string, generation int64) error {
-			streams = slices.DeleteFunc(streams, func(s string) bool { return s == "" }) // stdin
-			if err := st.Claim(ctx, streams, generation); err != nil {
-				return err
-			}
-			_, err := st.RemoveOrphans(ctx)
-			return err
-		}
-		return out, nil
-	}
-	to, err := localPath("to", o.to)
-	if err != nil {
-		return nil, err
-	}
-	st, err := local.Open(to)
-	if err != nil {
-		return nil, err
-	}
-	dlqPath := local.DeadLetterPath(st.Root(), runID)
-	if o.dlq != "" && !strings.HasPrefix(o.dlq, "kafka://") {
-		if dlqPath, err = localPath("dlq", o.dlq); err != nil {
-			st.Close()
-			return nil, err
-		}
-	}
-	dl := local.NewDeadLetterFile(dlqPath)
-	return &output{
-		name:     st.Root(),
-		dlqName:  dlqPath,
-		store:    localStore{st},
-		dl:       dl,
-		settler:  deadLetterSettler{dl, st},
-		counts:   dl.Counts,
-		settled:  st.Settled,
-		claim:    func(context.Context, []string, int64) error { return nil }, // one writer per directory
-		sweep:    func(context.Context) error { return nil },
-		resetDLQ: func() {},
-		closeDLQ: dl.Close,
-		close:    st.Close,
-	}, nil
-}
-
-// s3Store adapts s3.Store to sink.Store.
-type s3Store struct{ *s3.Store }
-
-func (s s3Store) Create(ctx context.Context, rel string) (sink.Pending, error) {
-	return s.Store.Create(ctx, rel)
-}
-
-// localStore adapts local.Store to sink.Store.
-type localStore struct{ *local.Store }
-
-func (s localStore) Create(ctx context.Context, rel string) (sink.Pending, error) {
-	return s.Store.Create(ctx, rel)
-}
-
-// deadLetterSettler adapts the dead-letter file to sink.Settler.
-type deadLetterSettler struct {
-	dl    *local.DeadLetterFile
-	store *local.Store
-}
-
-func (d deadLetterSettler) Checkpoint(context.Context) (schemas.Settled, *schemas.DeadLetterState, error) {
-	settled, size, err := d.dl.Checkpoint()
-	if err != nil || size == 0 {
-		return settled, nil, err
-	}
-	return settled, &schemas.DeadLetterState{File: d.store.Rel(d.dl.Path()), Bytes: size}, nil
 }

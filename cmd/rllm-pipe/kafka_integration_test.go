@@ -151,7 +151,7 @@ func verifyS3Output(t *testing.T, cfg s3.Config, ref *refResult, work string, dl
 	cli, bucket := st.Client()
 	local := filepath.Join(work, "shards")
 	var paths, dlq []string
-	for _, e := range st.Entries() {
+	for _, e := range mustEntries(t, st) {
 		if e.Path != "" {
 			p := filepath.Join(local, filepath.FromSlash(e.Path))
 			if err := cli.FGetObject(context.Background(), bucket, st.Key(e.Path), p, minio.GetObjectOptions{}); err != nil {

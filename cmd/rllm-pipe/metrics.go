@@ -33,14 +33,15 @@ type metrics struct {
 	deadLetter func() map[schemas.Reason]int64
 }
 
-func (m *metrics) observe(c transform.Counters, open int) {
+// Progress implements pipeline.Observer.
+func (m *metrics) Progress(c transform.Counters, open int) {
 	m.mu.Lock()
 	m.cur, m.openGroups = c, open
 	m.mu.Unlock()
 }
 
-// endPipeline folds the current pipeline's counters into the past.
-func (m *metrics) endPipeline() {
+// Ended folds the current pipeline's counters into the past.
+func (m *metrics) Ended() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p, c := &m.past, m.cur
@@ -56,7 +57,8 @@ func (m *metrics) endPipeline() {
 	m.cur, m.openGroups = transform.Counters{}, 0
 }
 
-func (m *metrics) commit(rows int64, took time.Duration) {
+// Committed implements pipeline.Observer.
+func (m *metrics) Committed(rows int64, took time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.shards++
@@ -65,6 +67,13 @@ func (m *metrics) commit(rows int64, took time.Duration) {
 	m.commitSum += s
 	m.commitN++
 	m.commitMax = max(m.commitMax, s)
+}
+
+// Lag implements pipeline.Observer.
+func (m *metrics) Lag(lag func() int64) {
+	m.mu.Lock()
+	m.lag = lag
+	m.mu.Unlock()
 }
 
 func (m *metrics) write(w io.Writer) {

@@ -14,11 +14,11 @@ func TestMetricsExposition(t *testing.T) {
 		lag:        func() int64 { return 42 },
 		deadLetter: func() map[schemas.Reason]int64 { return map[schemas.Reason]int64{"late": 2, "malformed_json": 5} },
 	}
-	m.observe(transform.Counters{Records: 10, StepsEmitted: 4}, 3)
-	m.endPipeline() // a generation ended
-	m.observe(transform.Counters{Records: 5}, 1)
-	m.commit(100, 250*time.Millisecond)
-	m.commit(50, 750*time.Millisecond)
+	m.Progress(transform.Counters{Records: 10, StepsEmitted: 4}, 3)
+	m.Ended() // a generation ended
+	m.Progress(transform.Counters{Records: 5}, 1)
+	m.Committed(100, 250*time.Millisecond)
+	m.Committed(50, 750*time.Millisecond)
 	var b strings.Builder
 	m.write(&b)
 	out := b.String()

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
 
 // sqlOpts are the flags of `rllm-pipe sql`.
@@ -101,7 +101,7 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 		return usageErrorf("--views-sql over S3 needs --download-dir: the views name local copies, which are removed on exit otherwise")
 	}
 
-	db, err := openSQL(ctx, o, isS3)
+	db, err := openSQL(ctx, o)
 	if err != nil {
 		return err
 	}
@@ -158,27 +158,17 @@ func sqlError(err error) error {
 }
 
 // openSQL opens the views over --from, read only.
-func openSQL(ctx context.Context, o sqlOpts, isS3 bool) (*duckdb.DB, error) {
-	opts := duckdb.Options{DownloadDir: o.downloadDir}
-	if isS3 {
-		cfg, err := s3.ParseURL(o.from)
-		if err != nil {
-			return nil, usageErrorf("--from: %v", err)
-		}
-		st, err := s3.OpenReader(ctx, o.conn.s3(cfg), "sql-reader-"+newRunID())
-		if err != nil {
-			return nil, err
-		}
-		return duckdb.OpenS3(ctx, st, opts)
+func openSQL(ctx context.Context, o sqlOpts) (*duckdb.DB, error) {
+	root, err := connectors.ParseRoot(o.from, o.conn.options())
+	if err != nil {
+		return nil, usageErrorf("--from: %v", err)
 	}
-	root, err := localPath("from", o.from)
+	r, err := connectors.OpenReader(ctx, root, "sql-reader-"+newRunID())
 	if err != nil {
 		return nil, err
 	}
-	if root == "-" {
-		return nil, usageErrorf("--from: shards cannot come from stdin")
-	}
-	return duckdb.OpenLocal(ctx, root, opts)
+	defer r.Close()
+	return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: o.downloadDir})
 }
 
 // listViews prints the views with their columns, then the reports: a

@@ -1072,7 +1072,7 @@ func TestIntegrationSQLS3(t *testing.T) {
 		bytes int64
 	}
 	var dls []dl
-	for _, e := range st.Entries() {
+	for _, e := range mustEntries(t, st) {
 		if e.DeadLetters != nil {
 			dls = append(dls, dl{e.DeadLetters.File, e.DeadLetters.Bytes})
 		}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/ipc"
@@ -17,8 +16,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
-	"github.com/rllm-pipe/rllm-pipe/connectors/local"
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+	"github.com/rllm-pipe/rllm-pipe/connectors"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
 	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
 )
@@ -78,26 +77,8 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	return cfg, nil
 }
 
-// shardStore is where a consumer group reads shards and keeps its log.
-type shardStore interface {
-	train.Shards
-	objects(group string) (train.Objects, error)
-}
-
-type localShards struct{ *local.Shards }
-
-func (l localShards) objects(group string) (train.Objects, error) {
-	return l.Shards.Objects(train.GroupDir(group))
-}
-
-type s3Shards struct{ *s3.Store }
-
-func (s s3Shards) objects(group string) (train.Objects, error) {
-	return s.Store.Objects(train.GroupDir(group))
-}
-
 // openShards opens --from for reading.
-func (o *trainOpts) openShards(ctx context.Context) (shardStore, error) {
+func (o *trainOpts) openShards(ctx context.Context) (store.Reader, error) {
 	if err := train.CheckName("--consumer-group", o.group); err != nil {
 		return nil, usageErrorf("%v", err)
 	}
@@ -107,34 +88,16 @@ func (o *trainOpts) openShards(ctx context.Context) (shardStore, error) {
 // openShardStore opens the committed shards at from (an output root or
 // s3://bucket/prefix) for reading; nothing is written there but consumer
 // groups' logs.
-func openShardStore(ctx context.Context, from string, conn connFlags) (shardStore, error) {
-	if strings.HasPrefix(from, "s3://") {
-		cfg, err := s3.ParseURL(from)
-		if err != nil {
-			return nil, usageErrorf("--from: %v", err)
-		}
-		st, err := s3.OpenReader(ctx, conn.s3(cfg), "reader-"+newRunID())
-		if err != nil {
-			return nil, err
-		}
-		return s3Shards{st}, nil
-	}
-	root, err := localPath("from", from)
+func openShardStore(ctx context.Context, from string, conn connFlags) (store.Reader, error) {
+	root, err := connectors.ParseRoot(from, conn.options())
 	if err != nil {
-		return nil, err
+		return nil, usageErrorf("--from: %v", err)
 	}
-	if root == "-" {
-		return nil, usageErrorf("--from: shards cannot come from stdin")
-	}
-	sh, err := local.OpenShards(root)
-	if err != nil {
-		return nil, err
-	}
-	return localShards{sh}, nil
+	return connectors.OpenReader(ctx, root, "reader-"+newRunID())
 }
 
 // join makes a member of the group.
-func (o *trainOpts) join(ctx context.Context, st shardStore, name string, policyVersion *int64) (*train.Consumer, error) {
+func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, policyVersion *int64) (*train.Consumer, error) {
 	cfg, err := o.config(name)
 	if err != nil {
 		return nil, err
@@ -142,7 +105,7 @@ func (o *trainOpts) join(ctx context.Context, st shardStore, name string, policy
 	if policyVersion != nil {
 		cfg.PolicyVersion = *policyVersion
 	}
-	obj, err := st.objects(o.group)
+	obj, err := st.Objects(train.GroupDir(o.group))
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +124,7 @@ func defaultMemberName() string {
 // serveGroup joins members for the Flight server.
 type serveGroup struct {
 	o  *trainOpts
-	st shardStore
+	st store.Reader
 }
 
 func (g serveGroup) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {

@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
-	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -267,28 +267,36 @@ func checkRel(rel string) error {
 	return nil
 }
 
-// OpenS3 opens the views over the committed data of an S3 output: it
-// re-reads the manifest log of st, downloads every committed shard and
+// Open opens the views over the committed data of r: in place for a
+// local directory (OpenLocal), else through downloads (OpenRemote).
+func Open(ctx context.Context, r store.Reader, o Options) (*DB, error) {
+	if l, ok := r.(interface{ Root() string }); ok {
+		return OpenLocal(ctx, l.Root(), o)
+	}
+	return OpenRemote(ctx, r, o)
+}
+
+// OpenRemote opens the views over the committed data of an object store
+// (S3): it re-reads the manifest, downloads every committed shard and
 // dead-letter object to the download folder (Options.DownloadDir, else a
 // temporary one that Close removes) and reads them there. It writes
-// nothing to the bucket.
-func OpenS3(ctx context.Context, st *s3.Store, o Options) (*DB, error) {
-	_, bucket := st.Client()
-	d, err := newDB("s3://"+bucket+"/"+strings.TrimSuffix(st.Key(""), "/"), o)
+// nothing to the store.
+func OpenRemote(ctx context.Context, st store.Reader, o Options) (*DB, error) {
+	d, err := newDB(st.Name(), o)
 	if err != nil {
 		return nil, err
 	}
-	if err := d.openS3(ctx, st, o); err != nil {
+	if err := d.openRemote(ctx, st, o); err != nil {
 		return nil, errors.Join(err, d.Close())
 	}
 	return d, nil
 }
 
-func (d *DB) openS3(ctx context.Context, st *s3.Store, o Options) error {
-	if err := st.Refresh(ctx); err != nil {
+func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
+	entries, err := st.Entries(ctx)
+	if err != nil {
 		return fmt.Errorf("duckdb: %w", err)
 	}
-	entries := st.Entries()
 	dir, err := d.downloadDir(o)
 	if err != nil {
 		return err
@@ -370,15 +378,10 @@ func (d *DB) openS3(ctx context.Context, st *s3.Store, o Options) error {
 	return d.define(ctx, l)
 }
 
-// getObject reads the object at rel under the store's prefix (the store
+// getObject reads the object at rel under the store's root (the store
 // retries transient errors).
-func getObject(ctx context.Context, st *s3.Store, rel string) ([]byte, error) {
-	dir, name := path.Split(rel)
-	obj, err := st.Objects(strings.TrimSuffix(dir, "/"))
-	if err != nil {
-		return nil, fmt.Errorf("duckdb: %w", err)
-	}
-	data, err := obj.Get(ctx, name)
+func getObject(ctx context.Context, st store.Reader, rel string) ([]byte, error) {
+	data, err := st.Get(ctx, rel)
 	if err != nil {
 		return nil, fmt.Errorf("duckdb: download %s: %w", rel, err)
 	}

@@ -21,10 +21,14 @@ import (
 // tells a repeat from a new letter.
 type DeadLetters struct {
 	schemas.Ledger
-	w   *kgo.Writer
-	mu  sync.Mutex
-	buf []kgo.Message
+	w    *kgo.Writer
+	name string
+	mu   sync.Mutex
+	buf  []kgo.Message
 }
+
+// Name is the topic's URL.
+func (d *DeadLetters) Name() string { return d.name }
 
 // NewDeadLetters writes to cfg.Topic (created if missing).
 func NewDeadLetters(ctx context.Context, cfg Config) (*DeadLetters, error) {
@@ -36,7 +40,7 @@ func NewDeadLetters(ctx context.Context, cfg Config) (*DeadLetters, error) {
 		return nil, err
 	}
 	p.w.Balancer = &kgo.LeastBytes{}
-	return &DeadLetters{w: p.w}, nil
+	return &DeadLetters{w: p.w, name: cfg.String()}, nil
 }
 
 // Write buffers letters and notes the positions of letters and dropped

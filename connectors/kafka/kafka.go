@@ -206,6 +206,17 @@ func ResumeOffset(settled schemas.Ranges, first int64) int64 {
 	return x
 }
 
+// Resume returns where each partition starts: its first offset not in
+// settled (the positions the manifest settled) and still in the log.
+// firsts are the partitions' oldest offsets (FirstOffsets).
+func (g *Generation) Resume(settled schemas.Settled, firsts map[int]int64) map[int]int64 {
+	start := make(map[int]int64, len(g.Partitions))
+	for _, p := range g.Partitions {
+		start[p] = ResumeOffset(settled[Stream(g.c.cfg.Topic, p)], firsts[p])
+	}
+	return start
+}
+
 // CommitOffsets records resume offsets in Kafka, as a hint for tools; the
 // manifest stays the source of truth.
 func (g *Generation) CommitOffsets(offsets map[int]int64) error {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -19,25 +20,30 @@ import (
 type DeadLetterFile struct {
 	schemas.Ledger
 	path    string
+	name    string // in manifest entries
 	mu      sync.Mutex
 	f       *os.File
 	w       *bufio.Writer
 	written int64
-	dirty   bool // written since the last sync
+	durable int64 // the length at the last checkpoint
+	dirty   bool  // written since the last sync
 }
 
-// NewDeadLetterFile writes to path (its folder is created as needed).
-func NewDeadLetterFile(path string) *DeadLetterFile {
-	return &DeadLetterFile{path: path}
+var _ store.DeadLetters = (*DeadLetterFile)(nil)
+
+// NewDeadLetterFile writes to path (its folder is created as needed);
+// manifest entries name it name: its path relative to the output root
+// when it lies under it (a writer's next run cuts what they did not make
+// durable), else its absolute path.
+func NewDeadLetterFile(path, name string) *DeadLetterFile {
+	return &DeadLetterFile{path: path, name: name}
 }
 
 // Path is the file's path.
 func (d *DeadLetterFile) Path() string { return d.path }
 
-// DeadLetterPath is the default dead-letter file of a run under root.
-func DeadLetterPath(root, runID string) string {
-	return filepath.Join(root, DLQDir, runID+".jsonl")
-}
+// Name is the file's path, for messages.
+func (d *DeadLetterFile) Name() string { return d.path }
 
 // Write appends letters and notes the positions of letters and dropped
 // records as pending. It does not sync; Checkpoint does.
@@ -64,7 +70,7 @@ func (d *DeadLetterFile) Write(ctx context.Context, letters []schemas.DeadLetter
 			f.Close()
 			return fmt.Errorf("open dead-letter file: %w", err)
 		}
-		d.f, d.w, d.written = f, bufio.NewWriterSize(f, 256<<10), info.Size()
+		d.f, d.w, d.written, d.durable = f, bufio.NewWriterSize(f, 256<<10), info.Size(), info.Size()
 	}
 	cw := countWriter{w: d.w}
 	enc := json.NewEncoder(&cw)
@@ -93,17 +99,41 @@ func (c *countWriter) Write(p []byte) (int, error) {
 
 // Checkpoint makes every letter written so far durable and returns the
 // positions settled since the last checkpoint, with the file's durable
-// length. It is cheap when nothing is pending.
-func (d *DeadLetterFile) Checkpoint() (schemas.Settled, int64, error) {
+// length (nil before the first letter). It is cheap when nothing is
+// pending.
+func (d *DeadLetterFile) Checkpoint(ctx context.Context) (schemas.Settled, *schemas.DeadLetterState, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.dirty {
 		if err := d.flush(); err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 		d.dirty = false
 	}
-	return d.Take(), d.written, nil
+	d.durable = d.written
+	settled := d.Take()
+	if d.written == 0 {
+		return settled, nil, nil
+	}
+	return settled, &schemas.DeadLetterState{File: d.name, Bytes: d.written}, nil
+}
+
+// Reset cuts the letters written since the last checkpoint: their records
+// go to the stream's next owner.
+func (d *DeadLetterFile) Reset() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.Drop()
+	if d.f == nil || d.written == d.durable {
+		return
+	}
+	d.w.Reset(d.f) // what the buffer holds is past the checkpoint
+	if err := d.f.Truncate(d.durable); err == nil {
+		d.written, d.dirty = d.durable, false
+	}
 }
 
 // Flush writes buffered lines and syncs the file.

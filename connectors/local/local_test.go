@@ -5,14 +5,18 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 func TestCreateRejectsPathsOutsideData(t *testing.T) {
-	st, err := Open(t.TempDir())
+	st, err := Open(t.TempDir(), "w")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +31,7 @@ func TestCreateRejectsPathsOutsideData(t *testing.T) {
 
 func TestCommitIsAtomicAndListed(t *testing.T) {
 	root := t.TempDir()
-	st, err := Open(root)
+	st, err := Open(root, "w")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +51,7 @@ func TestCommitIsAtomicAndListed(t *testing.T) {
 		t.Fatalf("published %q %v", b, err)
 	}
 	e, err := ReadManifest(root)
-	if err != nil || len(e) != 1 || e[0].Path != "policy=1/a.parquet" || e[0].Bytes != 4 || e[0].Rows != 3 {
+	if err != nil || len(e) != 1 || e[0].Path != "policy=1/a.parquet" || e[0].Bytes != 4 || e[0].Rows != 3 || e[0].Writer != "w" {
 		t.Fatalf("manifest %+v %v", e, err)
 	}
 	if _, err := st.Create(context.Background(), "policy=1/a.parquet"); err == nil {
@@ -57,7 +61,7 @@ func TestCommitIsAtomicAndListed(t *testing.T) {
 
 func TestDeadLetterFile(t *testing.T) {
 	path := t.TempDir() + "/_dlq/run.jsonl"
-	d := NewDeadLetterFile(path)
+	d := NewDeadLetterFile(path, "_dlq/run.jsonl")
 	bad := []byte("{\"x\":\"\xff\"}")
 	err := d.Write(context.Background(), []schemas.DeadLetter{
 		{Reason: schemas.ReasonMalformedJSON, Error: "e1", Source: schemas.Source{File: "f", Line: 1}, Record: []byte(`{"a":<b>}`)},
@@ -67,15 +71,24 @@ func TestDeadLetterFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	settled, size, err := d.Checkpoint()
+	ctx := context.Background()
+	settled, state, err := d.Checkpoint(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info, _ := os.Stat(path); info.Size() != size || len(settled["s"]) != 1 || settled["s"][0] != [2]int64{3, 4} || len(settled) != 1 {
-		t.Fatalf("checkpoint size %d settled %v", size, settled)
+	if info, _ := os.Stat(path); state == nil || state.File != "_dlq/run.jsonl" || info.Size() != state.Bytes || len(settled["s"]) != 1 || settled["s"][0] != [2]int64{3, 4} || len(settled) != 1 {
+		t.Fatalf("checkpoint %+v settled %v", state, settled)
 	}
-	if again, _, _ := d.Checkpoint(); again != nil {
+	if again, _, _ := d.Checkpoint(ctx); again != nil {
 		t.Fatalf("settled twice: %v", again)
+	}
+	// Letters after the checkpoint, then a reset: they are cut.
+	if err := d.Write(ctx, []schemas.DeadLetter{{Reason: schemas.ReasonWrongType, Source: schemas.Source{Stream: "s", Line: 9}, Record: []byte("[]")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	d.Reset()
+	if s, st, _ := d.Checkpoint(ctx); s != nil || st.Bytes != state.Bytes {
+		t.Fatalf("after reset: settled %v state %+v", s, st)
 	}
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
@@ -109,5 +122,38 @@ func TestDeadLetterFile(t *testing.T) {
 	}
 	if c := d.Counts(); c[schemas.ReasonWrongType] != 1 || len(c) != 3 {
 		t.Fatalf("counts %v", c)
+	}
+}
+
+// The store never deletes through a symbolic link: a _tmp that is a link
+// is refused, and the files of its target stay.
+func TestSymlinkedFolderRefused(t *testing.T) {
+	root, target := t.TempDir(), t.TempDir()
+	victim := target + "/r.0123456789abcdef.tmp" // named like a temporary file
+	if err := os.WriteFile(victim, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, root+"/"+TmpDir); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := Open(root, "w"); err == nil {
+		st.Close()
+		t.Fatal("opened a root whose _tmp is a symbolic link")
+	}
+	if _, err := os.Stat(victim); err != nil {
+		t.Fatalf("the link's target lost a file: %v", err)
+	}
+}
+
+func TestSecondWriterMessage(t *testing.T) {
+	root := t.TempDir()
+	a, err := Open(root, "first-run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	_, err = Open(root, "second-run")
+	if !errors.Is(err, store.ErrLocked) || !strings.Contains(err.Error(), "first-run") || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Fatalf("second writer: %v", err)
 	}
 }

@@ -1,15 +1,12 @@
 package local
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -18,14 +15,15 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
-// Shards reads the committed shards of an output directory without
-// writing to it (a writer's Open repairs and recovers; a reader must not).
-// It follows the manifest: every call to Committed reads what was
-// appended since the previous one. Safe for concurrent use.
-type Shards struct {
+// Reader reads the committed data of an output directory without writing
+// to it (a writer's Open repairs; a reader must not), but for consumer
+// groups' objects. It follows the manifest: every call to Entries reads
+// what was appended since the previous one. Safe for concurrent use.
+type Reader struct {
 	root string
 
 	mu      sync.Mutex
@@ -33,77 +31,114 @@ type Shards struct {
 	entries []schemas.ShardEntry
 }
 
-// OpenShards reads root's manifest.
-func OpenShards(root string) (*Shards, error) {
+var _ store.Reader = (*Reader)(nil)
+
+// OpenReader opens the output directory root for reading.
+func OpenReader(root string) (*Reader, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		return nil, fmt.Errorf("shards %q: %w", root, err)
+		return nil, fmt.Errorf("local: output root %q: %w", root, err)
 	}
-	if _, err := os.Stat(abs); err != nil {
-		return nil, fmt.Errorf("shards: %w", err)
+	info, err := os.Stat(abs)
+	if err != nil {
+		return nil, fmt.Errorf("local: output root: %w", err)
 	}
-	return &Shards{root: abs}, nil
+	if !info.IsDir() {
+		return nil, fmt.Errorf("local: output root %s is not a folder", abs)
+	}
+	return &Reader{root: abs}, nil
 }
 
-// Root is the directory read.
-func (s *Shards) Root() string { return s.root }
+// Root is the absolute output directory.
+func (r *Reader) Root() string { return r.root }
 
-// Committed returns the shard entries committed so far, in manifest order
-// (checkpoint entries, which list no shard, are left out).
-func (s *Shards) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	f, err := os.Open(filepath.Join(s.root, ManifestDir, ManifestFile))
+// Name is the root's path.
+func (r *Reader) Name() string { return r.root }
+
+// Close releases nothing: a reader holds no file open.
+func (r *Reader) Close() error { return nil }
+
+// Entries returns the manifest's entries, reading what was appended since
+// the last call (an append in progress is read next time).
+func (r *Reader) Entries(ctx context.Context) ([]schemas.ShardEntry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f, err := os.Open(filepath.Join(r.root, ManifestDir, ManifestFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return append([]schemas.ShardEntry(nil), s.entries...), nil
+		return append([]schemas.ShardEntry(nil), r.entries...), nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
+		return nil, fmt.Errorf("local: read manifest: %w", err)
 	}
 	defer f.Close()
-	if _, err := f.Seek(s.offset, io.SeekStart); err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
+	if _, err := f.Seek(r.offset, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("local: read manifest: %w", err)
 	}
 	data, err := io.ReadAll(f)
 	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
+		return nil, fmt.Errorf("local: read manifest: %w", err)
 	}
-	for len(data) > 0 {
-		i := bytes.IndexByte(data, '\n')
-		if i < 0 {
-			break // an append in progress: read it next time
-		}
-		var e schemas.ShardEntry
-		if err := json.Unmarshal(data[:i], &e); err != nil {
-			return nil, fmt.Errorf("manifest line at byte %d: %w", s.offset, err)
-		}
+	more, n, err := parseManifest(data, r.offset)
+	if err != nil {
+		return nil, err
+	}
+	r.entries = append(r.entries, more...)
+	r.offset += n
+	return append([]schemas.ShardEntry(nil), r.entries...), nil
+}
+
+// Committed returns the shard entries committed so far, in manifest order
+// (checkpoints and claims, which list no shard, are left out).
+func (r *Reader) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
+	all, err := r.Entries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, e := range all {
 		if e.Path != "" {
-			s.entries = append(s.entries, e)
+			out = append(out, e)
 		}
-		s.offset += int64(i + 1)
-		data = data[i+1:]
 	}
-	return append([]schemas.ShardEntry(nil), s.entries...), nil
+	return out, nil
+}
+
+// Get reads the file at rel under the root.
+func (r *Reader) Get(ctx context.Context, rel string) ([]byte, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if !store.CheckPath(rel) {
+		return nil, fmt.Errorf("local: path %q is not a clean relative path", rel)
+	}
+	data, err := os.ReadFile(filepath.Join(r.root, filepath.FromSlash(rel)))
+	if err != nil {
+		return nil, fmt.Errorf("local: %w", err)
+	}
+	return data, nil
 }
 
 // ReadShard opens a committed shard for reading the named columns (all
 // when none).
-func (s *Shards) ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error) {
-	if err := checkRel(e.Path); err != nil {
-		return nil, err
+func (r *Reader) ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error) {
+	if !store.CheckShardPath(e.Path) {
+		return nil, fmt.Errorf("local: shard path %q is not a clean relative data path", e.Path)
 	}
-	return parquet.OpenFile(ctx, filepath.Join(s.root, filepath.FromSlash(e.Path)), columns, mem)
+	return parquet.OpenFile(ctx, filepath.Join(r.root, filepath.FromSlash(e.Path)), columns, mem)
 }
 
 // Objects returns the folder dir under the root (created if needed) as a
 // set of small create-only objects.
-func (s *Shards) Objects(dir string) (*Objects, error) {
-	if dir == "" || path.IsAbs(dir) || path.Clean(dir) != dir || strings.HasPrefix(dir, "..") || strings.ContainsAny(dir, "\\\x00") {
-		return nil, fmt.Errorf("objects folder %q is not a clean relative path", dir)
+func (r *Reader) Objects(dir string) (store.Objects, error) {
+	if !store.CheckPath(dir) {
+		return nil, fmt.Errorf("local: objects folder %q is not a clean relative path", dir)
 	}
-	p := filepath.Join(s.root, filepath.FromSlash(dir))
+	p := filepath.Join(r.root, filepath.FromSlash(dir))
 	if err := os.MkdirAll(p, 0o755); err != nil {
-		return nil, fmt.Errorf("create %s: %w", p, err)
+		return nil, fmt.Errorf("local: create %s: %w", p, err)
 	}
 	return &Objects{dir: p}, nil
 }
@@ -152,6 +187,17 @@ func (o *Objects) Get(ctx context.Context, name string) ([]byte, error) {
 	return os.ReadFile(filepath.Join(o.dir, name))
 }
 
+// Delete removes name (absent is not an error).
+func (o *Objects) Delete(ctx context.Context, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := os.Remove(filepath.Join(o.dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local: delete %s: %w", name, err)
+	}
+	return nil
+}
+
 // List returns the names starting with prefix, sorted.
 func (o *Objects) List(ctx context.Context, prefix string) ([]string, error) {
 	ents, err := os.ReadDir(o.dir)
@@ -169,8 +215,8 @@ func (o *Objects) List(ctx context.Context, prefix string) ([]string, error) {
 }
 
 func checkName(name string) error {
-	if name == "" || strings.ContainsAny(name, `/\`) || name == "." || name == ".." || strings.HasPrefix(name, ".tmp-") {
-		return fmt.Errorf("object name %q is not a plain file name", name)
+	if !store.CheckName(name) || strings.HasPrefix(name, ".tmp-") {
+		return fmt.Errorf("local: object name %q is not a plain file name", name)
 	}
 	return nil
 }

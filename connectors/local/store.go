@@ -1,157 +1,389 @@
-// Package local is the embedded default for output: a directory on the
-// local file system holding committed Parquet shards in Hive-style
-// partition folders, the manifest, and the dead letters.
+// Package local is the embedded default output: a directory on the local
+// file system holding committed Parquet shards in Hive-style partition
+// folders, the manifest, and the dead letters. It implements store.Store.
 //
 // Layout under the root:
 //
-//	policy=<N>/part-<run>-<seq>.parquet   committed shards
-//	_manifest/shards.jsonl                one line per committed shard
-//	_dlq/<run>.jsonl                      dead letters
-//	_tmp/                                 shards being written
+//	policy=<N>/part-<writer>-<seq>.parquet   committed shards
+//	_manifest/shards.jsonl                   one entry a line: the manifest
+//	_manifest/lock                           held by the one writer
+//	_dlq/<writer>.jsonl                      dead letters
+//	_tmp/<writer>.<random>.tmp               shards being written
+//	_consumers/<group>/                      consumer groups' logs
 //
-// Folders whose names start with "_" hold what is not data; every
-// *.parquet outside them is committed. A shard is written under _tmp,
-// synced, and renamed into place (readers never see a partial file); then
-// its manifest line is appended and synced. A crash between the two is
-// repaired on the next Open: a published shard missing from the manifest
-// is re-listed from the entry stored in its own footer.
+// One writer at a time: a writer holds an exclusive OS lock on
+// _manifest/lock for its whole life, and a second one is refused with
+// store.ErrLocked (the lock goes with the process, kill -9 included).
+// Readers take no lock.
+//
+// A shard is written under _tmp, synced, and renamed into place (readers
+// never see a partial file); then its manifest line is appended and
+// synced. The manifest is the only truth: a shard that a crash left
+// published but unlisted is not data, and the next writer removes it (it
+// bears the name of a writer the manifest knows). The store removes only
+// what it created: files named by its own patterns, in its own folders,
+// never through a symbolic link.
 package local
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"time"
 
-	"github.com/apache/arrow-go/v18/parquet/file"
-
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
-// Folder names under the root.
+// Folder and file names under the root.
 const (
-	ManifestDir  = "_manifest"
+	ManifestDir  = store.ManifestDir
 	ManifestFile = "shards.jsonl"
-	DLQDir       = "_dlq"
+	LockFile     = "lock"
+	WritersFile  = "writers.jsonl"
+	DLQDir       = store.DeadLetterDir
 	TmpDir       = "_tmp"
 )
 
-// Store is a local output directory. Create and commit are safe for
+// Store is a local output directory opened by its one writer. Safe for
 // concurrent use.
 type Store struct {
-	root string
-	mu   sync.Mutex // serialises manifest appends
-	man  *os.File
-	// entries are the committed shards, loaded at Open and kept current.
-	entries []schemas.ShardEntry
+	*Reader
+	writer string
+	lock   *os.File
+
+	mu  sync.Mutex // serialises manifest appends
+	man *os.File
+	log *store.Log
+	dl  *DeadLetterFile
+	// known has the writers registered (writers.jsonl) that may have left
+	// files but no entry.
+	known *store.Log
 }
 
-// Open prepares root for writing: creates the folders, clears stale
-// temporary files, reads the manifest (dropping a torn last line) and
-// re-lists published shards that a crash left out of it.
-func Open(root string) (*Store, error) {
+// isKnown reports whether writer wrote here: files named after it are the
+// store's. Callers hold mu or run before the store is shared.
+func (s *Store) isKnown(writer string) bool {
+	return writer != "" && (s.log.Known(writer) || s.known.Known(writer) || writer == s.writer)
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open takes root for writer (a run id, unique per run): it creates the
+// folders, takes the writer's lock (store.ErrLocked if another writer
+// holds it), reads the manifest (cutting a torn last line), and removes
+// what a dead writer left: its temporary files, its published shards that
+// no entry lists, and the dead letters its entries did not make durable.
+func Open(root, writer string) (*Store, error) {
+	if !store.CheckWriter(writer) {
+		return nil, fmt.Errorf("local: writer id %q: use letters, digits, '.', '_' and '-'", writer)
+	}
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		return nil, fmt.Errorf("output root %q: %w", root, err)
+		return nil, fmt.Errorf("local: output root %q: %w", root, err)
 	}
-	for _, d := range []string{abs, filepath.Join(abs, ManifestDir), filepath.Join(abs, DLQDir), filepath.Join(abs, TmpDir)} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
+	for _, d := range []string{abs, filepath.Join(abs, ManifestDir), filepath.Join(abs, TmpDir)} {
+		if err := ownDir(d); err != nil {
+			return nil, err
 		}
 	}
-	if err := clearDir(filepath.Join(abs, TmpDir)); err != nil {
-		return nil, err
-	}
-	s := &Store{root: abs}
-	entries, valid, err := readManifest(filepath.Join(abs, ManifestDir, ManifestFile))
+	lock, err := lockRoot(filepath.Join(abs, ManifestDir, LockFile), writer)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("local: %s: %w", abs, err)
 	}
-	s.entries = entries
-	mpath := filepath.Join(abs, ManifestDir, ManifestFile)
-	f, err := os.OpenFile(mpath, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("open manifest: %w", err)
-	}
-	// Cut a torn tail left by a crash mid-append.
-	if err := f.Truncate(valid); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("repair manifest: %w", err)
-	}
-	if _, err := f.Seek(valid, io.SeekStart); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("repair manifest: %w", err)
-	}
-	s.man = f
-	if err := s.recover(); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if err := s.cutDeadLetters(); err != nil {
-		f.Close()
+	s := &Store{Reader: &Reader{root: abs}, writer: writer, lock: lock, log: store.NewLog()}
+	if err := s.open(); err != nil {
+		s.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-// Settled returns the union of the positions settled by every commit: a
-// run skips them.
+func (s *Store) open() error {
+	mpath := filepath.Join(s.root, ManifestDir, ManifestFile)
+	entries, valid, err := readManifest(mpath)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		s.log.Apply(e)
+	}
+	writers, err := readWriters(s.root)
+	if err != nil {
+		return err
+	}
+	known := store.NewLog()
+	for _, w := range writers {
+		known.Apply(schemas.ShardEntry{Writer: w})
+	}
+	s.known = known
+	f, err := os.OpenFile(mpath, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("local: open manifest: %w", err)
+	}
+	s.man = f
+	// Cut a torn tail left by a crash mid-append (no other writer is
+	// alive: we hold the lock).
+	if err := f.Truncate(valid); err != nil {
+		return fmt.Errorf("local: repair manifest: %w", err)
+	}
+	if _, err := f.Seek(valid, io.SeekStart); err != nil {
+		return fmt.Errorf("local: repair manifest: %w", err)
+	}
+	if err := s.clearTemporary(); err != nil {
+		return err
+	}
+	if err := s.removeOrphans(""); err != nil {
+		return err
+	}
+	if err := s.cutDeadLetters(); err != nil {
+		return err
+	}
+	return s.register()
+}
+
+// register adds this writer to _manifest/writers.jsonl before it creates
+// anything: from then on the files named after it are the store's,
+// whatever happens to the process. (The manifest itself lists only
+// commits.)
+func (s *Store) register() error {
+	p := filepath.Join(s.root, ManifestDir, WritersFile)
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("local: register writer: %w", err)
+	}
+	line, _ := json.Marshal(writerLine{Writer: s.writer, PID: os.Getpid(), Opened: time.Now().UTC()})
+	_, err = f.Write(append(line, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("local: register writer: %w", err)
+	}
+	return nil
+}
+
+// writerLine is a line of _manifest/writers.jsonl.
+type writerLine struct {
+	Writer string    `json:"writer"`
+	PID    int       `json:"pid"`
+	Opened time.Time `json:"opened"`
+}
+
+// readWriters returns the writers registered under root.
+func readWriters(root string) ([]string, error) {
+	data, err := os.ReadFile(filepath.Join(root, ManifestDir, WritersFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("local: read writers: %w", err)
+	}
+	var out []string
+	for _, l := range bytes.Split(data, []byte("\n")) {
+		var w writerLine
+		if json.Unmarshal(l, &w) == nil && w.Writer != "" {
+			out = append(out, w.Writer)
+		}
+	}
+	return out, nil
+}
+
+// ownDir creates dir if needed and checks that it is a real folder (the
+// store never writes or deletes through a symbolic link).
+func ownDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("local: create %s: %w", dir, err)
+	}
+	info, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("local: %w", err)
+	}
+	if !info.IsDir() {
+		return fmt.Errorf("local: %s is not a folder (a symbolic link?): the store writes only into folders of its own", dir)
+	}
+	return nil
+}
+
+// Writer is the id this store writes as.
+func (s *Store) Writer() string { return s.writer }
+
+// Entries returns the manifest (this writer is its only appender, so its
+// view is current).
+func (s *Store) Entries(ctx context.Context) ([]schemas.ShardEntry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.log.Entries(), nil
+}
+
+// Committed returns the entries that list a shard.
+func (s *Store) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.log.Committed(), nil
+}
+
+// Settled returns the union of the positions settled by every entry.
 func (s *Store) Settled() schemas.Settled {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := schemas.Settled{}
-	for _, e := range s.entries {
-		out.Union(e.Settled)
-	}
-	return out
+	return s.log.Settled()
 }
 
-// Rel returns p relative to the root with forward slashes when p lies
-// under it, else p unchanged.
-func (s *Store) Rel(p string) string {
-	abs, err := filepath.Abs(p)
+// Claim does nothing on a local directory: the lock keeps every other
+// writer out for as long as this one lives, so no stream needs fencing.
+func (s *Store) Claim(ctx context.Context, streams []string, generation int64) error {
+	return ctx.Err()
+}
+
+// Append lists e in the manifest: a checkpoint without a shard.
+func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.append(e)
+}
+
+func (s *Store) append(e schemas.ShardEntry) error {
+	e.Writer = s.writer
+	if e.RunID == "" {
+		e.RunID = s.writer
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.man == nil {
+		return errors.New("local: store is closed")
+	}
+	if st := s.log.Fenced(&e, s.writer); st != "" {
+		return fmt.Errorf("%w: %s", store.ErrFenced, st)
+	}
+	e.Seq = int64(s.log.Len())
+	line, err := json.Marshal(e)
 	if err != nil {
-		return p
+		return fmt.Errorf("local: encode manifest entry: %w", err)
 	}
-	rel, err := filepath.Rel(s.root, abs)
-	if err != nil || strings.HasPrefix(rel, "..") {
-		return abs
+	if _, err := s.man.Write(append(line, '\n')); err != nil {
+		return fmt.Errorf("local: append manifest: %w", err)
 	}
-	return filepath.ToSlash(rel)
+	if err := s.man.Sync(); err != nil {
+		return fmt.Errorf("local: sync manifest: %w", err)
+	}
+	s.log.Apply(e)
+	return nil
 }
 
-// cutDeadLetters truncates dead-letter files under the root to the length
-// the manifest made durable: lines beyond belong to records that were not
-// settled and will be dead-lettered again.
+// tmpName is the shape of the store's temporary files: <writer>.<hex>.tmp
+// (and, from before writers were named, <partition>_part-....parquet.tmp).
+var tmpName = regexp.MustCompile(`^([A-Za-z0-9][A-Za-z0-9._-]*\.[0-9a-f]{16}|` + schemas.PartitionKey + `=-?[0-9]+_part-[A-Za-z0-9._-]+\.parquet)\.tmp$`)
+
+// clearTemporary removes the temporary files of dead writers (every
+// writer but this one is dead: it holds the lock).
+func (s *Store) clearTemporary() error {
+	dir := filepath.Join(s.root, TmpDir)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("local: read %s: %w", dir, err)
+	}
+	for _, de := range ents {
+		if !de.Type().IsRegular() || !tmpName.MatchString(de.Name()) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, de.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("local: remove stale %s: %w", de.Name(), err)
+		}
+	}
+	return nil
+}
+
+// removeOrphans removes published shards that no entry lists, named after
+// a writer the manifest knows (only, when only is set): the shards of a
+// writer that crashed or failed between the rename and the append.
+func (s *Store) removeOrphans(only string) error {
+	ents, err := os.ReadDir(s.root)
+	if err != nil {
+		return fmt.Errorf("local: read %s: %w", s.root, err)
+	}
+	for _, de := range ents {
+		if !de.IsDir() || !strings.HasPrefix(de.Name(), schemas.PartitionKey+"=") {
+			continue // a symbolic link is no partition of ours either
+		}
+		files, err := os.ReadDir(filepath.Join(s.root, de.Name()))
+		if err != nil {
+			return fmt.Errorf("local: read %s: %w", de.Name(), err)
+		}
+		for _, f := range files {
+			rel := de.Name() + "/" + f.Name()
+			if !f.Type().IsRegular() {
+				continue
+			}
+			s.mu.Lock()
+			w := store.ShardWriter(rel)
+			doomed := s.isKnown(w) && !s.log.Listed(rel) && (only == "" || w == only)
+			s.mu.Unlock()
+			if !doomed {
+				continue
+			}
+			if err := os.Remove(filepath.Join(s.root, filepath.FromSlash(rel))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("local: remove unlisted shard %s: %w", rel, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Sweep removes this writer's published shards that no entry lists (an
+// append that failed after the rename).
+func (s *Store) Sweep(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.removeOrphans(s.writer)
+}
+
+// cutDeadLetters truncates the dead-letter files of known writers to the
+// length the manifest made durable: lines beyond belong to records that
+// were not settled and will be dead-lettered again.
 func (s *Store) cutDeadLetters() error {
 	durable := map[string]int64{}
-	for _, e := range s.entries {
+	for _, e := range s.log.Entries() {
 		if e.DeadLetters != nil {
 			durable[e.DeadLetters.File] = max(durable[e.DeadLetters.File], e.DeadLetters.Bytes)
 		}
 	}
 	dir := filepath.Join(s.root, DLQDir)
 	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	if err != nil {
-		return fmt.Errorf("read %s: %w", dir, err)
+		return fmt.Errorf("local: read %s: %w", dir, err)
+	}
+	if info, err := os.Lstat(dir); err != nil || !info.IsDir() {
+		return nil // not our folder: a link; leave it alone
 	}
 	for _, de := range ents {
-		if de.IsDir() {
+		rel := DLQDir + "/" + de.Name()
+		if !de.Type().IsRegular() || !s.isKnown(store.DeadLetterWriter(rel)) {
 			continue
 		}
-		rel := DLQDir + "/" + de.Name()
 		info, err := de.Info()
 		if err != nil {
-			return err
+			return fmt.Errorf("local: %w", err)
 		}
 		keep := durable[rel]
 		if info.Size() <= keep {
@@ -164,41 +396,20 @@ func (s *Store) cutDeadLetters() error {
 			err = os.Truncate(p, keep)
 		}
 		if err != nil {
-			return fmt.Errorf("cut uncommitted dead letters of %s: %w", rel, err)
+			return fmt.Errorf("local: cut uncommitted dead letters of %s: %w", rel, err)
 		}
 	}
 	return nil
 }
 
-// Append lists e in the manifest: a checkpoint without a shard.
-func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.appendEntry(e)
-}
-
-// Root is the absolute output directory.
-func (s *Store) Root() string { return s.root }
-
-// Entries returns the committed shards (a copy).
-func (s *Store) Entries() []schemas.ShardEntry {
+// DeadLetters returns this writer's dead-letter file, _dlq/<writer>.jsonl.
+func (s *Store) DeadLetters() store.DeadLetters {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]schemas.ShardEntry(nil), s.entries...)
-}
-
-func clearDir(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", dir, err)
+	if s.dl == nil {
+		s.dl = NewDeadLetterFile(filepath.Join(s.root, DLQDir, s.writer+".jsonl"), DLQDir+"/"+s.writer+".jsonl")
 	}
-	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return fmt.Errorf("remove stale %s: %w", e.Name(), err)
-		}
-	}
-	return nil
+	return s.dl
 }
 
 // readManifest returns the entries and the byte length of the valid
@@ -209,18 +420,25 @@ func readManifest(p string) ([]schemas.ShardEntry, int64, error) {
 		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, 0, fmt.Errorf("read manifest: %w", err)
+		return nil, 0, fmt.Errorf("local: read manifest: %w", err)
 	}
+	out, valid, err := parseManifest(data, 0)
+	return out, valid, err
+}
+
+// parseManifest decodes the complete lines of data, which starts at byte
+// offset of the manifest, and returns how many bytes they take.
+func parseManifest(data []byte, offset int64) ([]schemas.ShardEntry, int64, error) {
 	var out []schemas.ShardEntry
 	var valid int64
 	for len(data) > 0 {
 		i := bytes.IndexByte(data, '\n')
 		if i < 0 {
-			break // torn: no newline yet
+			break // torn, or an append in progress: no newline yet
 		}
 		var e schemas.ShardEntry
 		if err := json.Unmarshal(data[:i], &e); err != nil {
-			return nil, 0, fmt.Errorf("manifest line at byte %d: %w", valid, err)
+			return nil, 0, fmt.Errorf("local: manifest line at byte %d: %w", offset+valid, err)
 		}
 		out = append(out, e)
 		valid += int64(i + 1)
@@ -229,92 +447,16 @@ func readManifest(p string) ([]schemas.ShardEntry, int64, error) {
 	return out, valid, nil
 }
 
-// ReadManifest returns the manifest entries under root: committed shards
-// and checkpoints (entries without a Path, which settle dead letters).
+// ReadManifest returns the manifest entries under root: committed shards,
+// and checkpoints and claims (entries without a Path).
 func ReadManifest(root string) ([]schemas.ShardEntry, error) {
 	e, _, err := readManifest(filepath.Join(root, ManifestDir, ManifestFile))
 	return e, err
 }
 
-// recover lists published shards that the manifest does not.
-func (s *Store) recover() error {
-	listed := map[string]bool{}
-	for _, e := range s.entries {
-		listed[e.Path] = true
-	}
-	var missing []string
-	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && strings.HasPrefix(d.Name(), "_") {
-			return filepath.SkipDir
-		}
-		if !d.IsDir() && strings.HasSuffix(d.Name(), ".parquet") {
-			rel, _ := filepath.Rel(s.root, p)
-			rel = filepath.ToSlash(rel)
-			if !listed[rel] {
-				missing = append(missing, rel)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("scan output: %w", err)
-	}
-	for _, rel := range missing {
-		e, err := footerEntry(filepath.Join(s.root, filepath.FromSlash(rel)))
-		if err != nil {
-			return fmt.Errorf("recover shard %s (not in the manifest): %w", rel, err)
-		}
-		e.Path, e.Recovered = rel, true
-		if info, err := os.Stat(filepath.Join(s.root, filepath.FromSlash(rel))); err == nil {
-			e.Bytes = info.Size()
-		}
-		if err := s.appendEntry(e); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func footerEntry(p string) (schemas.ShardEntry, error) {
-	var e schemas.ShardEntry
-	r, err := file.OpenParquetFile(p, false)
-	if err != nil {
-		return e, err
-	}
-	defer r.Close()
-	v := r.MetaData().KeyValueMetadata().FindValue(schemas.FooterEntryKey)
-	if v == nil {
-		return e, fmt.Errorf("footer has no %s", schemas.FooterEntryKey)
-	}
-	if err := json.Unmarshal([]byte(*v), &e); err != nil {
-		return e, fmt.Errorf("footer entry: %w", err)
-	}
-	return e, nil
-}
-
-func (s *Store) appendEntry(e schemas.ShardEntry) error {
-	line, err := json.Marshal(e)
-	if err != nil {
-		return fmt.Errorf("encode manifest entry: %w", err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, err := s.man.Write(append(line, '\n')); err != nil {
-		return fmt.Errorf("append manifest: %w", err)
-	}
-	if err := s.man.Sync(); err != nil {
-		return fmt.Errorf("sync manifest: %w", err)
-	}
-	s.entries = append(s.entries, e)
-	return nil
-}
-
-// Pending is a shard being written: bytes go to a temporary file until
+// pending is a shard being written: bytes go to a temporary file until
 // Commit publishes it.
-type Pending struct {
+type pending struct {
 	s    *Store
 	rel  string
 	tmp  string
@@ -323,102 +465,90 @@ type Pending struct {
 	done bool
 }
 
-// Create starts the shard at rel, a slash-separated path under the root
-// built by the caller from sanitised parts (never from record ids). It
-// fails if a shard is already committed there.
-func (s *Store) Create(ctx context.Context, rel string) (*Pending, error) {
+// Create starts the shard at rel. It fails if a shard is already
+// published there.
+func (s *Store) Create(ctx context.Context, rel string) (store.Pending, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := checkRel(rel); err != nil {
-		return nil, err
+	if !store.CheckShardPath(rel) {
+		return nil, fmt.Errorf("local: shard path %q is not a clean relative data path", rel)
 	}
 	final := filepath.Join(s.root, filepath.FromSlash(rel))
-	if _, err := os.Stat(final); err == nil {
-		return nil, fmt.Errorf("shard %s already exists", rel)
+	if _, err := os.Lstat(final); err == nil {
+		return nil, fmt.Errorf("local: shard %s already exists", rel)
 	}
-	tmp := filepath.Join(s.root, TmpDir, strings.ReplaceAll(rel, "/", "_")+".tmp")
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	tmp := filepath.Join(s.root, TmpDir, s.writer+"."+hex.EncodeToString(b[:])+".tmp")
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("create temporary shard: %w", err)
+		return nil, fmt.Errorf("local: create temporary shard: %w", err)
 	}
-	return &Pending{s: s, rel: rel, tmp: tmp, f: f, w: bufio.NewWriterSize(f, 1<<20)}, nil
-}
-
-// checkRel rejects paths that could leave the root.
-func checkRel(rel string) error {
-	if rel == "" || path.IsAbs(rel) || path.Clean(rel) != rel || strings.HasPrefix(rel, "..") ||
-		strings.ContainsAny(rel, "\\\x00") || strings.HasPrefix(rel, "_") {
-		return fmt.Errorf("shard path %q is not a clean relative data path", rel)
-	}
-	return nil
+	return &pending{s: s, rel: rel, tmp: tmp, f: f, w: bufio.NewWriterSize(f, 1<<20)}, nil
 }
 
 // Write implements io.Writer.
-func (p *Pending) Write(b []byte) (int, error) { return p.w.Write(b) }
+func (p *pending) Write(b []byte) (int, error) { return p.w.Write(b) }
 
 // Commit syncs the shard, publishes it by rename, and appends e (with its
 // path set) to the manifest. After Commit returns nil the shard is durable
 // and listed.
-func (p *Pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
+func (p *pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
 	if p.done {
-		return errors.New("shard already committed or aborted")
+		return errors.New("local: shard already committed or aborted")
 	}
 	p.done = true
-	if err := p.w.Flush(); err != nil {
+	fail := func(err error) error {
 		p.f.Close()
 		os.Remove(p.tmp)
-		return fmt.Errorf("write shard %s: %w", p.rel, err)
+		return err
+	}
+	if err := p.w.Flush(); err != nil {
+		return fail(fmt.Errorf("local: write shard %s: %w", p.rel, err))
 	}
 	if info, err := p.f.Stat(); err == nil {
 		e.Bytes = info.Size()
 	}
 	if err := p.f.Sync(); err != nil {
-		p.f.Close()
-		os.Remove(p.tmp)
-		return fmt.Errorf("sync shard %s: %w", p.rel, err)
+		return fail(fmt.Errorf("local: sync shard %s: %w", p.rel, err))
 	}
 	if err := p.f.Close(); err != nil {
-		os.Remove(p.tmp)
-		return fmt.Errorf("close shard %s: %w", p.rel, err)
+		return fail(fmt.Errorf("local: close shard %s: %w", p.rel, err))
 	}
 	if err := ctx.Err(); err != nil {
-		os.Remove(p.tmp)
-		return err
+		return fail(err)
 	}
 	final := filepath.Join(p.s.root, filepath.FromSlash(p.rel))
 	dir := filepath.Dir(final)
 	if _, err := os.Stat(dir); err != nil {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			os.Remove(p.tmp)
-			return fmt.Errorf("create partition folder: %w", err)
+			return fail(fmt.Errorf("local: create partition folder: %w", err))
 		}
 		// A new folder is durable only once its parent is synced.
 		if err := syncDir(filepath.Dir(dir)); err != nil {
-			os.Remove(p.tmp)
-			return err
+			return fail(err)
 		}
 	}
 	if err := os.Rename(p.tmp, final); err != nil {
-		os.Remove(p.tmp)
-		return fmt.Errorf("publish shard %s: %w", p.rel, err)
+		return fail(fmt.Errorf("local: publish shard %s: %w", p.rel, err))
 	}
 	if err := syncDir(dir); err != nil {
 		return err
 	}
 	e.Path = p.rel
-	return p.s.appendEntry(e)
+	return p.s.append(e)
 }
 
 // Abort discards the shard. It is safe to call after Commit (a no-op).
-func (p *Pending) Abort() error {
+func (p *pending) Abort() error {
 	if p.done {
 		return nil
 	}
 	p.done = true
 	p.f.Close()
 	if err := os.Remove(p.tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove temporary shard: %w", err)
+		return fmt.Errorf("local: remove temporary shard: %w", err)
 	}
 	return nil
 }
@@ -426,23 +556,34 @@ func (p *Pending) Abort() error {
 func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", dir, err)
+		return fmt.Errorf("local: open %s: %w", dir, err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
+		return fmt.Errorf("local: sync %s: %w", dir, err)
 	}
 	return nil
 }
 
-// Close closes the manifest. It is safe to call twice.
+// Close closes the dead-letter file and the manifest, and lets the lock
+// go. It is safe to call twice.
 func (s *Store) Close() error {
+	var errs []error
+	s.mu.Lock()
+	dl := s.dl
+	s.mu.Unlock()
+	if dl != nil {
+		errs = append(errs, dl.Close())
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.man == nil {
-		return nil
+	if s.man != nil {
+		errs = append(errs, s.man.Close())
+		s.man = nil
 	}
-	err := s.man.Close()
-	s.man = nil
-	return err
+	if s.lock != nil {
+		errs = append(errs, s.lock.Close()) // closing the file releases the lock
+		s.lock = nil
+	}
+	return errors.Join(errs...)
 }

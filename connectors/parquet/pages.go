@@ -61,8 +61,6 @@ func (r *levelRuns) appendTo(dst []byte) []byte {
 	return dst
 }
 
-func (r *levelRuns) size() int { return len(r.buf) + 2 + r.width }
-
 // Parquet enum values written in page headers.
 const (
 	pageTypeData     = 0

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
+
+var _ store.DeadLetters = (*DeadLetters)(nil)
 
 // DeadLetters buffers dead letters and, at each checkpoint, uploads them
 // as one create-only object that the settling manifest entry references.
@@ -19,10 +22,22 @@ type DeadLetters struct {
 	buf bytes.Buffer
 }
 
-// NewDeadLetters writes dead letters under <prefix>/_dlq/.
-func NewDeadLetters(s *Store) *DeadLetters {
-	return &DeadLetters{s: s}
+// Name describes where the letters go.
+func (d *DeadLetters) Name() string {
+	return "s3://" + d.s.cfg.Bucket + "/" + d.s.key(store.DeadLetterDir+"/")
 }
+
+// Reset drops the letters not yet checkpointed: their records go to the
+// stream's next owner.
+func (d *DeadLetters) Reset() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.buf.Reset()
+	d.Drop()
+}
+
+// Close uploads nothing (Checkpoint does).
+func (d *DeadLetters) Close() error { return nil }
 
 // Write buffers letters and notes the positions of letters and dropped
 // records as pending.

@@ -15,6 +15,7 @@ import (
 	"github.com/minio/minio-go/v7"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -27,19 +28,13 @@ func (s *Store) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []schemas.ShardEntry
-	for _, e := range s.entries {
-		if e.Path != "" {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return s.log.Committed(), nil
 }
 
 // ReadShard downloads a committed shard to a temporary file (removed when
 // the reader is closed) and opens it for reading the named columns.
 func (s *Store) ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error) {
-	if e.Path == "" || strings.Contains(e.Path, "..") {
+	if !store.CheckShardPath(e.Path) {
 		return nil, fmt.Errorf("s3: shard path %q is not a clean relative path", e.Path)
 	}
 	f, err := os.CreateTemp("", "rllm-shard-*.parquet")
@@ -85,9 +80,9 @@ func (r *removeOnClose) Close() error {
 
 // Objects returns the folder dir under the prefix as a set of small
 // create-only objects (If-None-Match: * PUTs).
-func (s *Store) Objects(dir string) (*Objects, error) {
+func (s *Store) Objects(dir string) (store.Objects, error) {
 	dir = strings.Trim(dir, "/")
-	if dir == "" || strings.Contains(dir, "..") {
+	if !store.CheckPath(dir) {
 		return nil, fmt.Errorf("s3: objects folder %q is not a clean relative path", dir)
 	}
 	return &Objects{s: s, dir: dir}, nil
@@ -101,10 +96,20 @@ type Objects struct {
 
 func (o *Objects) key(name string) string { return o.s.key(o.dir + "/" + name) }
 
+func checkName(name string) error {
+	if !store.CheckName(name) {
+		return fmt.Errorf("s3: object name %q is not a plain file name", name)
+	}
+	return nil
+}
+
 // Create writes name with data unless it exists (fs.ErrExist). After a
 // retried PUT, fs.ErrExist may mean that the first attempt landed: callers
 // put a nonce in data and read it back.
 func (o *Objects) Create(ctx context.Context, name string, data []byte) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
 	err := o.s.putIfAbsent(ctx, o.key(name), bytes.NewReader(data), int64(len(data)), "application/json")
 	if errors.Is(err, errExists) {
 		return fmt.Errorf("s3: %s: %w", name, fs.ErrExist)
@@ -112,8 +117,22 @@ func (o *Objects) Create(ctx context.Context, name string, data []byte) error {
 	return err
 }
 
+// Delete removes name (absent is not an error).
+func (o *Objects) Delete(ctx context.Context, name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if err := o.s.remove(ctx, o.key(name)); err != nil && minio.ToErrorResponse(err).Code != "NoSuchKey" {
+		return fmt.Errorf("s3: delete %s: %w", name, err)
+	}
+	return nil
+}
+
 // Get reads name (fs.ErrNotExist if absent).
 func (o *Objects) Get(ctx context.Context, name string) ([]byte, error) {
+	if err := checkName(name); err != nil {
+		return nil, err
+	}
 	data, missing, err := o.s.get(ctx, o.key(name))
 	if err != nil {
 		return nil, fmt.Errorf("s3: get %s: %w", name, err)

@@ -52,12 +52,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,12 +69,13 @@ import (
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // ErrFenced is returned when another writer has claimed a stream this
 // writer tried to settle.
-var ErrFenced = errors.New("s3: fenced: another writer claimed the stream")
+var ErrFenced = store.ErrFenced
 
 // errExists is a create-only PUT that lost.
 var errExists = errors.New("s3: object exists")
@@ -136,12 +137,14 @@ type Store struct {
 	cfg    Config
 	writer string
 
-	mu      sync.Mutex
-	entries []schemas.ShardEntry // the log, in order
-	next    int64                // the next sequence number to try
-	claims  map[string]claim     // stream → its latest claim
-	dlqSeq  atomic.Int64         // numbers this writer's dead-letter objects
+	mu     sync.Mutex
+	log    *store.Log
+	next   int64        // the next sequence number to try
+	dlqSeq atomic.Int64 // numbers this writer's dead-letter objects
+	dl     *DeadLetters
 }
+
+var _ store.Store = (*Store)(nil)
 
 // Open connects, creates the bucket if needed, and reads the manifest log
 // (orphans are removed by RemoveOrphans, not here). writer names this run
@@ -174,7 +177,7 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	if err != nil {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
-	s := &Store{cli: cli, cfg: cfg, writer: writer, claims: map[string]claim{}}
+	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog()}
 	var ok bool
 	if err := retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
@@ -223,7 +226,7 @@ func (s *Store) refresh(ctx context.Context) error {
 			return fmt.Errorf("s3: manifest entry %d: %w", s.next, err)
 		}
 		e.Seq = s.next
-		s.apply(e)
+		s.log.Apply(e)
 		s.next++
 	}
 }
@@ -245,19 +248,6 @@ func (s *Store) get(ctx context.Context, key string) (data []byte, missing bool,
 		return err
 	})
 	return data, missing, err
-}
-
-// claim is who last claimed a stream, in which Kafka generation.
-type claim struct {
-	writer     string
-	generation int64
-}
-
-func (s *Store) apply(e schemas.ShardEntry) {
-	s.entries = append(s.entries, e)
-	for _, c := range e.Claims {
-		s.claims[c] = claim{e.Writer, e.Generation}
-	}
 }
 
 // transient reports errors worth retrying: the network, throttling and
@@ -342,24 +332,6 @@ func (s *Store) putIfAbsent(ctx context.Context, key string, body io.ReadSeeker,
 // by our own earlier attempt.
 var errMaybeOurs = fmt.Errorf("%w (after a retry)", errExists)
 
-// fenced reports a stream of e last claimed by another writer.
-func (s *Store) fenced(e *schemas.ShardEntry) string {
-	for stream := range e.Settled {
-		if c, ok := s.claims[stream]; ok && c.writer != s.writer {
-			return stream
-		}
-	}
-	// A claim from an older generation than the stream's latest (a slow
-	// worker's, landing after the rebalance that moved the stream on) must
-	// not take the stream back.
-	for _, stream := range e.Claims {
-		if c, ok := s.claims[stream]; ok && c.generation > e.Generation {
-			return stream
-		}
-	}
-	return ""
-}
-
 // Append adds e to the log (a create-only PUT of the next number, retried
 // after re-reading the log when another writer got there first). It fails
 // with ErrFenced if a stream e settles was claimed by another writer.
@@ -370,7 +342,7 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 	e.Nonce = hex.EncodeToString(nb[:])
 	for attempt := 0; ; attempt++ {
 		s.mu.Lock()
-		if st := s.fenced(&e); st != "" {
+		if st := s.log.Fenced(&e, s.writer); st != "" {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: %s", ErrFenced, st)
 		}
@@ -384,7 +356,7 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 		if err == nil {
 			s.mu.Lock()
 			if e.Seq == s.next {
-				s.apply(e)
+				s.log.Apply(e)
 				s.next++
 			}
 			s.mu.Unlock()
@@ -409,40 +381,65 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 func (s *Store) isOurs(seq int64, nonce string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for i := len(s.entries) - 1; i >= 0; i-- {
-		if s.entries[i].Seq == seq {
-			return s.entries[i].Nonce == nonce
-		}
-	}
-	return false
+	e, ok := s.log.Last(seq)
+	return ok && e.Nonce == nonce
 }
 
 // Claim appends a claim of streams for this writer in a Kafka generation
 // (0 for files); later commits by their previous owners are fenced, and a
-// claim older than a stream's latest is refused with ErrFenced.
+// claim older than a stream's latest is refused with ErrFenced. It then
+// removes the orphans of writers that hold no claim any more.
+//
+// A claim of no stream (stdin) only names the writer in the log: from then
+// on the objects named after it are the store's to remove.
 func (s *Store) Claim(ctx context.Context, streams []string, generation int64) error {
-	if len(streams) == 0 {
-		return nil
+	if err := s.Append(ctx, schemas.ShardEntry{Claims: streams, Generation: generation, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}); err != nil {
+		return err
 	}
-	return s.Append(ctx, schemas.ShardEntry{Claims: streams, Generation: generation, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()})
+	_, err := s.RemoveOrphans(ctx)
+	return err
 }
 
-// Entries returns the log (a copy).
-func (s *Store) Entries() []schemas.ShardEntry {
+// Writer is the id this store writes as.
+func (s *Store) Writer() string { return s.writer }
+
+// Name is s3://bucket/prefix.
+func (s *Store) Name() string { return "s3://" + s.cfg.Bucket + "/" + s.cfg.Prefix }
+
+// Close releases nothing: the store holds no connection of its own.
+func (s *Store) Close() error { return nil }
+
+// Entries re-reads the log tail and returns the log (a copy).
+func (s *Store) Entries(ctx context.Context) ([]schemas.ShardEntry, error) {
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return append([]schemas.ShardEntry(nil), s.entries...)
+	return s.log.Entries(), nil
 }
 
-// Settled returns the union of the positions settled by every entry.
+// Settled returns the union of the positions settled by every entry read.
 func (s *Store) Settled() schemas.Settled {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := schemas.Settled{}
-	for _, e := range s.entries {
-		out.Union(e.Settled)
+	return s.log.Settled()
+}
+
+// Sweep removes this writer's shards and dead letters that no entry lists.
+func (s *Store) Sweep(ctx context.Context) error {
+	_, err := s.RemoveOwnOrphans(ctx)
+	return err
+}
+
+// DeadLetters returns this writer's dead-letter objects under _dlq/.
+func (s *Store) DeadLetters() store.DeadLetters {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.dl == nil {
+		s.dl = &DeadLetters{s: s}
 	}
-	return out
+	return s.dl
 }
 
 // Refresh re-reads the log tail (for readers following a live writer).
@@ -484,49 +481,42 @@ func (s *Store) removeUnlisted(ctx context.Context, doomed func(writer string, l
 		return nil, err
 	}
 	s.mu.Lock()
-	listed := map[string]bool{}
-	live := map[string]bool{s.writer: true}
-	for _, e := range s.entries {
-		if e.Path != "" {
-			listed[s.key(e.Path)] = true
+	live := s.log.Holders()
+	live[s.writer] = true
+	var doomedKeys []string
+	for _, obj := range objs {
+		rel := strings.TrimPrefix(obj.Key, s.key(""))
+		w := store.ShardWriter(rel)
+		if w == "" {
+			w = dlqWriter(rel)
 		}
-		if e.DeadLetters != nil {
-			listed[s.key(e.DeadLetters.File)] = true
+		// Only what the store created: named after a writer the log knows.
+		if w != "" && s.log.Known(w) && !s.log.Listed(rel) && doomed(w, live) {
+			doomedKeys = append(doomedKeys, obj.Key)
 		}
-	}
-	for _, c := range s.claims {
-		live[c.writer] = true
 	}
 	s.mu.Unlock()
 	var removed []string
-	for _, obj := range objs {
-		rel := strings.TrimPrefix(obj.Key, s.key(""))
-		isShard := strings.HasSuffix(rel, ".parquet") && !strings.HasPrefix(rel, "_") && !strings.Contains(rel, "/_")
-		isDLQ := strings.HasPrefix(rel, "_dlq/")
-		if (!isShard && !isDLQ) || listed[obj.Key] || !doomed(writerOf(path.Base(rel)), live) {
-			continue
+	for _, key := range doomedKeys {
+		if err := s.remove(ctx, key); err != nil {
+			return removed, fmt.Errorf("s3: remove orphan %s: %w", key, err)
 		}
-		if err := retry(ctx, func(int) error { return s.cli.RemoveObject(ctx, s.cfg.Bucket, obj.Key, minio.RemoveObjectOptions{}) }); err != nil {
-			return removed, fmt.Errorf("s3: remove orphan %s: %w", obj.Key, err)
-		}
-		removed = append(removed, obj.Key)
+		removed = append(removed, key)
 	}
 	sort.Strings(removed)
 	return removed, nil
 }
 
-// writerOf extracts the writer from part-<writer>-<seq>.parquet or
-// <writer>-<seq>.jsonl.
-func writerOf(name string) string {
-	name = strings.TrimPrefix(name, "part-")
-	i := strings.LastIndexByte(name, '-')
-	if i <= 0 {
-		return ""
+// dlqWriter returns the writer of a dead-letter object,
+// _dlq/<writer>-<seq>.jsonl, or "".
+func dlqWriter(rel string) string {
+	w := store.DeadLetterWriter(rel)
+	if i := strings.LastIndexByte(w, '-'); i > 0 {
+		if _, err := strconv.Atoi(w[i+1:]); err == nil {
+			return w[:i]
+		}
 	}
-	if _, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(name[i+1:], ".parquet"), ".jsonl")); err != nil {
-		return ""
-	}
-	return name[:i]
+	return ""
 }
 
 // Pending buffers a shard in a temporary file until Commit uploads it.
@@ -538,11 +528,11 @@ type Pending struct {
 }
 
 // Create starts a shard at rel (built from numbers and the writer only).
-func (s *Store) Create(ctx context.Context, rel string) (*Pending, error) {
+func (s *Store) Create(ctx context.Context, rel string) (store.Pending, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if rel == "" || strings.HasPrefix(rel, "_") || strings.Contains(rel, "..") || path.Clean(rel) != rel || path.IsAbs(rel) {
+	if !store.CheckShardPath(rel) {
 		return nil, fmt.Errorf("s3: shard path %q is not a clean relative data path", rel)
 	}
 	f, err := os.CreateTemp("", "rllm-pipe-shard-*.parquet")
@@ -609,6 +599,26 @@ func (s *Store) PutDeadLetters(ctx context.Context, seq int, data []byte) (strin
 		return "", err
 	}
 	return rel, nil
+}
+
+// remove deletes the object at key, retrying transient failures.
+func (s *Store) remove(ctx context.Context, key string) error {
+	return retry(ctx, func(int) error { return s.cli.RemoveObject(ctx, s.cfg.Bucket, key, minio.RemoveObjectOptions{}) })
+}
+
+// Get reads the object at rel under the prefix (fs.ErrNotExist if absent).
+func (s *Store) Get(ctx context.Context, rel string) ([]byte, error) {
+	if !store.CheckPath(rel) {
+		return nil, fmt.Errorf("s3: path %q is not a clean relative path", rel)
+	}
+	data, missing, err := s.get(ctx, s.key(rel))
+	if err != nil {
+		return nil, fmt.Errorf("s3: get %s: %w", rel, err)
+	}
+	if missing {
+		return nil, fmt.Errorf("s3: %s: %w", rel, fs.ErrNotExist)
+	}
+	return data, nil
 }
 
 // Client exposes the minio client and bucket, for tests and readers.

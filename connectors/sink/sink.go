@@ -13,7 +13,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strconv"
 	"sync/atomic"
@@ -23,22 +22,16 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/transform"
 )
 
-// Pending is a shard being written; its bytes are invisible to readers
-// until Commit, which publishes the shard and lists it in the manifest.
-type Pending interface {
-	io.Writer
-	Commit(ctx context.Context, e schemas.ShardEntry) error
-	Abort() error
-}
-
 // Store creates pending shards at clean relative paths, and appends
-// manifest entries that carry no shard (checkpoints).
+// manifest entries that carry no shard (checkpoints): the part of
+// store.Store the sink uses.
 type Store interface {
-	Create(ctx context.Context, rel string) (Pending, error)
+	Create(ctx context.Context, rel string) (store.Pending, error)
 	Append(ctx context.Context, e schemas.ShardEntry) error
 }
 
@@ -106,7 +99,7 @@ type lane struct {
 type shard struct {
 	rel     string
 	lane    lane
-	p       Pending
+	p       store.Pending
 	w       *parquet.Writer
 	opened  time.Time
 	groups  []string

@@ -63,18 +63,22 @@ func countRows(t *testing.T, root string, e schemas.ShardEntry) int64 {
 
 func newSink(t *testing.T, root string, cfg sink.Config) (*local.Store, *sink.Sink) {
 	t.Helper()
-	st, err := local.Open(root)
+	st, err := local.Open(root, "r")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return st, sink.New(testStore{st}, cfg)
+	return st, sink.New(st, cfg)
 }
 
-type testStore struct{ *local.Store }
-
-func (s testStore) Create(ctx context.Context, rel string) (sink.Pending, error) {
-	return s.Store.Create(ctx, rel)
+// committed returns the store's shard entries.
+func committed(t *testing.T, st *local.Store) []schemas.ShardEntry {
+	t.Helper()
+	e, err := st.Committed(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }
 
 func TestSinkRollsBySizeAndAge(t *testing.T) {
@@ -98,7 +102,7 @@ func TestSinkRollsBySizeAndAge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	entries := st.Entries()
+	entries := committed(t, st)
 	if len(entries) != 2 || entries[1].Path != "policy=3/part-r-000002.parquet" || entries[1].Rows != 4 || entries[1].Groups != 4 {
 		t.Fatalf("entries %+v", entries)
 	}
@@ -137,7 +141,7 @@ func TestSinkAbortLeavesNoData(t *testing.T) {
 	}
 	var files []string
 	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-		if !d.IsDir() && filepath.Base(p) != local.ManifestFile {
+		if !d.IsDir() && filepath.Dir(p) != filepath.Join(root, local.ManifestDir) {
 			files = append(files, p)
 		}
 		return nil
@@ -147,7 +151,11 @@ func TestSinkAbortLeavesNoData(t *testing.T) {
 	}
 }
 
-func TestRecoverShardMissingFromManifest(t *testing.T) {
+// A crash after the rename but before the manifest append leaves a
+// published shard that the manifest does not list: it is not data, and the
+// next writer removes it (its name is a known writer's), with the dead
+// writer's temporary files; files the store did not create stay.
+func TestUnlistedShardIsRemoved(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
 	mem := memory.NewGoAllocator()
@@ -161,29 +169,47 @@ func TestRecoverShardMissingFromManifest(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Close()
-	// A crash after the rename but before the manifest append: the shard
-	// is published, the manifest does not list it (and has a torn line).
 	mpath := filepath.Join(root, local.ManifestDir, local.ManifestFile)
+	entries, err := local.ReadManifest(root)
+	if err != nil || len(entries) != 1 || entries[0].Path != "policy=2/part-r-000001.parquet" {
+		t.Fatalf("manifest %+v %v", entries, err)
+	}
+	// The entry was never appended, and a second one is torn.
 	if err := os.WriteFile(mpath, []byte(`{"path":"policy=9/x.parq`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(root, local.TmpDir, "stale.tmp"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
+	litter := map[string]bool{
+		local.TmpDir + "/r.0123456789abcdef.tmp": false, // a dead writer's
+		local.TmpDir + "/notes.txt":              true,  // a user's
+		"policy=2/copy.parquet":                  true,
+		"backup/policy=2/part-r-000001.parquet":  true,
 	}
-	st2, err := local.Open(root)
+	for rel := range litter {
+		p := filepath.Join(root, filepath.FromSlash(rel))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st2, err := local.Open(root, "r2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st2.Close()
-	e := st2.Entries()
-	if len(e) != 1 || !e[0].Recovered || e[0].Path != "policy=2/part-r-000001.parquet" || e[0].Rows != 5 || len(e[0].GroupKeys) != 5 {
-		t.Fatalf("recovered %+v", e)
+	if e := committed(t, st2); len(e) != 0 {
+		t.Fatalf("committed %+v", e)
 	}
-	if _, err := os.Stat(filepath.Join(root, local.TmpDir, "stale.tmp")); !os.IsNotExist(err) {
-		t.Fatal("stale temporary file kept")
+	if _, err := os.Stat(filepath.Join(root, "policy=2", "part-r-000001.parquet")); !os.IsNotExist(err) {
+		t.Fatal("unlisted shard kept")
+	}
+	for rel, keep := range litter {
+		_, err := os.Stat(filepath.Join(root, filepath.FromSlash(rel)))
+		if kept := err == nil; kept != keep {
+			t.Errorf("%s: kept %v, want %v", rel, kept, keep)
+		}
 	}
 	again, err := local.ReadManifest(root)
-	if err != nil || len(again) != 1 {
+	if err != nil || len(again) != 0 {
 		t.Fatalf("manifest after repair: %v %+v", err, again)
 	}
 }
@@ -217,7 +243,7 @@ func TestSinkLanes(t *testing.T) {
 	if err := sk.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	entries := st.Entries()
+	entries := committed(t, st)
 	var shards int
 	var rows int64
 	seen := map[string]bool{}
@@ -265,7 +291,7 @@ func TestSinkLanesShared(t *testing.T) {
 	}
 	perVersion := map[int64]int{}
 	var rows int64
-	for _, e := range st.Entries() {
+	for _, e := range committed(t, st) {
 		if e.Path == "" {
 			continue
 		}
@@ -292,7 +318,7 @@ func TestSinkLanesShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	perVersion = map[int64]int{}
-	for _, e := range st.Entries() {
+	for _, e := range committed(t, st) {
 		if e.Path != "" {
 			perVersion[e.PolicyVersion]++
 		}

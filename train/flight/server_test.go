@@ -24,8 +24,8 @@ import (
 
 // group joins members over a directory of shards.
 type group struct {
-	sh  *local.Shards
-	obj *local.Objects
+	sh  *local.Reader
+	obj train.Objects
 }
 
 func (g group) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {
@@ -36,7 +36,7 @@ func (g group) Join(ctx context.Context, name string, pv *int64) (*train.Consume
 // writeShard commits one shard of n one-row groups.
 func writeShard(t *testing.T, root string, n int) {
 	t.Helper()
-	st, err := local.Open(root)
+	st, err := local.Open(root, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func writeShard(t *testing.T, root string, n int) {
 func TestServerProtocol(t *testing.T) {
 	root := t.TempDir()
 	writeShard(t, root, 6)
-	sh, err := local.OpenShards(root)
+	sh, err := local.OpenReader(root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,215 @@
+package store
+
+import (
+	"path"
+	"regexp"
+	"strings"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Log is a manifest replayed: its entries in order, the latest claim of
+// each stream and the union of the positions settled, kept current entry
+// by entry. Every backend appends by the same rules, checked here. Not
+// safe for concurrent use: backends hold their own lock.
+type Log struct {
+	entries []schemas.ShardEntry
+	claims  map[string]claim
+	settled schemas.Settled
+	listed  map[string]bool // shard paths and dead-letter files listed
+	writers map[string]bool // writers and runs that appended an entry
+}
+
+// claim is who last claimed a stream, in which Kafka generation.
+type claim struct {
+	writer     string
+	generation int64
+}
+
+// NewLog returns an empty log.
+func NewLog() *Log {
+	return &Log{claims: map[string]claim{}, settled: schemas.Settled{}, listed: map[string]bool{}, writers: map[string]bool{}}
+}
+
+// Apply replays e, the next entry.
+func (l *Log) Apply(e schemas.ShardEntry) {
+	l.entries = append(l.entries, e)
+	for _, c := range e.Claims {
+		l.claims[c] = claim{e.Writer, e.Generation}
+	}
+	l.settled.Union(e.Settled)
+	if e.Path != "" {
+		l.listed[e.Path] = true
+	}
+	if e.DeadLetters != nil {
+		l.listed[e.DeadLetters.File] = true
+	}
+	if e.Writer != "" {
+		l.writers[e.Writer] = true
+	}
+	if e.RunID != "" {
+		l.writers[e.RunID] = true
+	}
+}
+
+// Len is the number of entries.
+func (l *Log) Len() int { return len(l.entries) }
+
+// Entries returns the entries (a copy).
+func (l *Log) Entries() []schemas.ShardEntry { return append([]schemas.ShardEntry(nil), l.entries...) }
+
+// Committed returns the entries that list a shard.
+func (l *Log) Committed() []schemas.ShardEntry {
+	var out []schemas.ShardEntry
+	for _, e := range l.entries {
+		if e.Path != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Last returns the latest entry with sequence number seq, if any.
+func (l *Log) Last(seq int64) (schemas.ShardEntry, bool) {
+	for i := len(l.entries) - 1; i >= 0; i-- {
+		if l.entries[i].Seq == seq {
+			return l.entries[i], true
+		}
+	}
+	return schemas.ShardEntry{}, false
+}
+
+// Settled returns the union of the positions settled by every entry (a
+// copy).
+func (l *Log) Settled() schemas.Settled { return CloneSettled(l.settled) }
+
+// Listed reports whether an entry lists rel as a shard or a dead-letter
+// file.
+func (l *Log) Listed(rel string) bool { return l.listed[rel] }
+
+// Known reports whether writer appended an entry (it is a writer of this
+// store, so the objects named after it are the store's).
+func (l *Log) Known(writer string) bool { return l.writers[writer] }
+
+// Holders returns the writers that hold a claim.
+func (l *Log) Holders() map[string]bool {
+	out := map[string]bool{}
+	for _, c := range l.claims {
+		out[c.writer] = true
+	}
+	return out
+}
+
+// Fenced returns a stream that e may not touch when writer appends it: a
+// stream e settles whose latest claim is another writer's, or a stream e
+// claims whose latest claim is of a newer generation (a slow worker's
+// claim, landing after the rebalance that moved the stream on, must not
+// take the stream back). It returns "" when e may be appended.
+func (l *Log) Fenced(e *schemas.ShardEntry, writer string) string {
+	for stream := range e.Settled {
+		if c, ok := l.claims[stream]; ok && c.writer != writer {
+			return stream
+		}
+	}
+	for _, stream := range e.Claims {
+		if c, ok := l.claims[stream]; ok && c.generation > e.Generation {
+			return stream
+		}
+	}
+	return ""
+}
+
+// Streams returns the streams claimed, with their holders.
+func (l *Log) Streams() map[string]string {
+	out := make(map[string]string, len(l.claims))
+	for s, c := range l.claims {
+		out[s] = c.writer
+	}
+	return out
+}
+
+// writerID is the shape of the ids that name writers: ingest's run ids
+// (20060102T150405Z-<hex>) and the names tests and tools give, made of
+// letters, digits, '.', '_' and '-'.
+var writerID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// CheckWriter rejects a writer id that is unsafe in object names.
+func CheckWriter(id string) bool { return writerID.MatchString(id) }
+
+// ShardWriter returns the writer of a shard named by the sink's pattern,
+// <partition>/part-<writer>-<seq>.parquet, with the partition one folder
+// directly under the root; "" for any other path (not the store's).
+func ShardWriter(rel string) string {
+	dir, name := path.Split(rel)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" || strings.Contains(dir, "/") || !strings.HasPrefix(dir, schemas.PartitionKey+"=") || !strings.HasPrefix(name, "part-") || !strings.HasSuffix(name, ".parquet") {
+		return ""
+	}
+	return splitSeq(strings.TrimSuffix(strings.TrimPrefix(name, "part-"), ".parquet"))
+}
+
+// DeadLetterWriter returns the writer of a dead-letter file named
+// _dlq/<writer>.jsonl or _dlq/<writer>-<seq>.jsonl; "" for any other path.
+func DeadLetterWriter(rel string) string {
+	name, ok := strings.CutPrefix(rel, DeadLetterDir+"/")
+	if !ok || strings.Contains(name, "/") || !strings.HasSuffix(name, ".jsonl") {
+		return ""
+	}
+	name = strings.TrimSuffix(name, ".jsonl")
+	if !CheckWriter(name) {
+		return ""
+	}
+	return name
+}
+
+// splitSeq returns w of w-<digits>, or "".
+func splitSeq(s string) string {
+	i := strings.LastIndexByte(s, '-')
+	if i <= 0 || i == len(s)-1 {
+		return ""
+	}
+	for _, c := range s[i+1:] {
+		if c < '0' || c > '9' {
+			return ""
+		}
+	}
+	if !CheckWriter(s[:i]) {
+		return ""
+	}
+	return s[:i]
+}
+
+// Folder names under a root; names starting with "_" hold what is not
+// shard data.
+const (
+	ManifestDir   = "_manifest"
+	DeadLetterDir = "_dlq"
+	ConsumersDir  = "_consumers"
+)
+
+// CheckShardPath rejects shard paths that could leave the root or land in
+// a folder that is not data.
+func CheckShardPath(rel string) bool {
+	return rel != "" && !path.IsAbs(rel) && path.Clean(rel) == rel && !strings.HasPrefix(rel, "..") &&
+		!strings.ContainsAny(rel, "\\\x00") && !strings.HasPrefix(rel, "_") && !strings.Contains(rel, "/_")
+}
+
+// CheckPath rejects object paths that could leave the root.
+func CheckPath(rel string) bool {
+	return rel != "" && !path.IsAbs(rel) && path.Clean(rel) == rel && rel != ".." && !strings.HasPrefix(rel, "../") &&
+		!strings.ContainsAny(rel, "\\\x00")
+}
+
+// CloneSettled returns a deep copy of s.
+func CloneSettled(s schemas.Settled) schemas.Settled {
+	out := make(schemas.Settled, len(s))
+	for k, v := range s {
+		out[k] = append(schemas.Ranges(nil), v...)
+	}
+	return out
+}
+
+// CheckName rejects an object name that is not one plain path element.
+func CheckName(name string) bool {
+	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\\\x00")
+}

@@ -1,0 +1,190 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Group is a membership of a Kafka consumer group, as RunKafka uses it.
+type Group interface {
+	// Next blocks until the member is given its next assignment.
+	Next(ctx context.Context) (Generation, error)
+	// Close leaves the group.
+	Close() error
+}
+
+// Generation is one assignment of partitions to this member; it ends on
+// a rebalance.
+type Generation interface {
+	// ID orders generations: later ones have larger IDs.
+	ID() int64
+	// Streams names the assigned partitions as exactly-once streams.
+	Streams() []string
+	// Source reads the partitions, each from its first offset that
+	// settled does not contain; it ends with an error wrapping
+	// kafka.ErrGenerationEnded on a rebalance.
+	Source(ctx context.Context, settled schemas.Settled) (ingest.Source, error)
+	// Commit records the resume offsets implied by settled in Kafka: a
+	// hint for tools, never trusted by ingest.
+	Commit(settled schemas.Settled) error
+}
+
+// JoinKafka returns the function that joins the consumer group of cfg.
+func JoinKafka(cfg kafka.Config) func() (Group, error) {
+	return func() (Group, error) {
+		c, err := kafka.NewConsumer(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return kafkaGroup{c}, nil
+	}
+}
+
+type kafkaGroup struct{ c *kafka.Consumer }
+
+func (k kafkaGroup) Close() error { return k.c.Close() }
+
+func (k kafkaGroup) Next(ctx context.Context) (Generation, error) {
+	g, err := k.c.Next(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &kafkaGeneration{g: g}, nil
+}
+
+type kafkaGeneration struct {
+	g      *kafka.Generation
+	firsts map[int]int64
+}
+
+func (k *kafkaGeneration) ID() int64         { return k.g.ID() }
+func (k *kafkaGeneration) Streams() []string { return k.g.Streams() }
+
+func (k *kafkaGeneration) Source(ctx context.Context, settled schemas.Settled) (ingest.Source, error) {
+	firsts, err := k.g.FirstOffsets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	k.firsts = firsts
+	return k.g.Source(k.g.Resume(settled, firsts)), nil
+}
+
+func (k *kafkaGeneration) Commit(settled schemas.Settled) error {
+	return k.g.CommitOffsets(k.g.Resume(settled, k.firsts))
+}
+
+// RunKafka consumes generation after generation of the consumer group
+// that join joins, until a soft stop. Each generation claims its
+// partitions in the manifest (fencing their previous owners), starts every
+// partition at its first unsettled offset, and runs the stages until the
+// next rebalance; what it had not committed by then is left to the next
+// owner, and its dead letters not yet checkpointed are dropped (the next
+// owner dead-letters those records again).
+func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error)) error {
+	group, err := join()
+	if err != nil {
+		return err
+	}
+	defer func() { group.Close() }()
+	backoff := time.Second
+	pause := func(why error) {
+		p.cfg.Log.Warn("kafka: retrying", "err", why, "in", backoff)
+		select {
+		case <-soft.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+	for soft.Err() == nil {
+		gen, err := group.Next(soft)
+		if err != nil {
+			if soft.Err() != nil {
+				return nil
+			}
+			pause(err) // the broker is away: wait for it
+			continue
+		}
+		err = p.generation(ctx, soft, gen)
+		switch {
+		case err == nil:
+			backoff = time.Second
+		case errors.Is(err, kafka.ErrGenerationEnded):
+			// A rebalance: uncommitted work is the next owner's.
+			p.cfg.Log.Info("kafka: generation ended; rejoining", "reason", err)
+			backoff = time.Second
+		case ctx.Err() != nil:
+			return err
+		default:
+			// Fenced, an outage outlasting the retries, a broker error:
+			// nothing uncommitted is settled. Leave the group and join
+			// again (Next would wait for the current generation to end,
+			// and heartbeats keep it alive), then resume from the
+			// manifest.
+			group.Close()
+			pause(err)
+			if soft.Err() != nil {
+				return nil
+			}
+			if group, err = join(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// generation claims the generation's partitions, runs the stages from the
+// first unsettled offsets until the generation ends, and then removes
+// this writer's unlisted objects.
+func (p *Pipeline) generation(ctx, soft context.Context, gen Generation) error {
+	if err := p.store.Claim(ctx, gen.Streams(), gen.ID()); err != nil {
+		return err
+	}
+	p.dl.Reset()
+	src, err := gen.Source(ctx, p.store.Settled())
+	if err != nil {
+		return err
+	}
+	p.cfg.Log.Info("kafka: generation", "id", gen.ID(), "streams", gen.Streams())
+	if l, ok := src.(interface{ Lag() int64 }); ok {
+		p.cfg.Observer.Lag(l.Lag)
+	}
+	hintCtx, stopHints := context.WithCancel(ctx)
+	hints := make(chan struct{})
+	go func() {
+		defer close(hints)
+		commitHints(hintCtx, gen, p.store.Settled)
+	}()
+	err = p.stages(ctx, soft, src)
+	stopHints()
+	<-hints
+	// No commit of ours is in flight now: what we published without
+	// listing it goes.
+	if serr := p.store.Sweep(ctx); serr != nil {
+		p.cfg.Log.Warn("sweeping unlisted objects", "err", serr)
+	}
+	if soft.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// commitHints records the resume offsets in Kafka every few seconds, after
+// the manifest: tools see the group's progress; ingest never trusts them.
+func commitHints(ctx context.Context, gen Generation, settled func() schemas.Settled) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = gen.Commit(settled())
+		}
+	}
+}

@@ -1,0 +1,314 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"go.uber.org/goleak"
+
+	"github.com/rllm-pipe/rllm-pipe/advantage"
+	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func config(t *testing.T) pipeline.Config {
+	t.Helper()
+	est, err := advantage.New("grpo", advantage.Options{Compat: advantage.RLLM})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pipeline.Config{
+		GroupSize: 2, MinGroupSize: 2, MaxOpenGroups: 1 << 10,
+		Estimator: est, Label: "grpo/rllm",
+		ShardSize: 1 << 20, FlushInterval: 20 * time.Millisecond,
+		Decoders: 2, Encoders: 1,
+	}
+}
+
+// groupLines returns the records of group g: two one-step trajectories.
+func groupLines(g int) []string {
+	var out []string
+	for tr := range 2 {
+		out = append(out,
+			fmt.Sprintf(`{"type":"step","step_id":"g%d-t%d","task_id":"g%d","trajectory_id":"g%d-t%d","step_index":0,"policy_version":%d,"prompt_ids":[1,2,3],"response_ids":[4],"response_logprobs":[-1],"finish_reason":"stop"}`, g, tr, g, g, tr, g%3),
+			fmt.Sprintf(`{"type":"trajectory","trajectory_id":"g%d-t%d","task_id":"g%d","reward":%d,"num_steps":1}`, g, tr, g, tr))
+	}
+	return out
+}
+
+// stepCounts reads every committed shard of r and counts each step id.
+func stepCounts(t *testing.T, r store.Reader) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	es, err := r.Committed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, e := range es {
+		rd, err := r.ReadShard(ctx, e, []string{"step_id"}, memory.DefaultAllocator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			rec, err := rd.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := rec.Column(0).(*array.String)
+			for i := range ids.Len() {
+				out[ids.Value(i)]++
+			}
+			rec.Release()
+		}
+		rd.Close()
+	}
+	return out
+}
+
+func TestRunFileThenSkipOnRerun(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	var lines []string
+	for g := range 20 {
+		lines = append(lines, groupLines(g)...)
+	}
+	lines = append(lines, `{"type":"step"`) // malformed
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(dir, "out")
+	run := func(writer string) pipeline.Result {
+		st, err := local.Open(root, writer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		src, err := ingest.OpenFile(in, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Close()
+		p := pipeline.New(config(t), st, nil)
+		if err := p.Run(ctx, ctx, src, src.Stream()); err != nil {
+			t.Fatal(err)
+		}
+		return p.Result()
+	}
+	first := run("run-1")
+	if first.StepsEmitted != 40 || first.GroupsEmitted != 20 || first.Rows != 40 {
+		t.Fatalf("first run: %+v", first)
+	}
+	second := run("run-2")
+	if second.SkippedCommitted != int64(len(lines)) || second.Rows != 0 {
+		t.Fatalf("second run over the same input: %+v", second)
+	}
+	r, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, n := range stepCounts(t, r) {
+		if n != 1 {
+			t.Errorf("step %s committed %d times", id, n)
+		}
+	}
+}
+
+// fakeGroup hands out generations over two in-memory partitions: each
+// generation but the last ends (a rebalance) after reading limit records.
+type fakeGroup struct {
+	parts   [2][]string
+	limits  []int // records read by generation i before it ends; the last reads on
+	mu      sync.Mutex
+	gen     int
+	joins   int
+	commits int
+	empty   int // reads of a generation that had nothing left
+}
+
+func (f *fakeGroup) drained() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.empty
+}
+
+func (f *fakeGroup) join() (pipeline.Group, error) {
+	f.mu.Lock()
+	f.joins++
+	f.mu.Unlock()
+	return f, nil
+}
+
+func (f *fakeGroup) Close() error { return nil }
+
+func (f *fakeGroup) Next(ctx context.Context) (pipeline.Generation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen++
+	limit := -1
+	if f.gen <= len(f.limits) {
+		limit = f.limits[f.gen-1]
+	}
+	return &fakeGen{f: f, id: int64(f.gen), limit: limit}, nil
+}
+
+type fakeGen struct {
+	f     *fakeGroup
+	id    int64
+	limit int
+}
+
+func (g *fakeGen) ID() int64 { return g.id }
+func (g *fakeGen) Streams() []string {
+	return []string{kafka.Stream("t", 0), kafka.Stream("t", 1)}
+}
+
+func (g *fakeGen) Source(ctx context.Context, settled schemas.Settled) (ingest.Source, error) {
+	s := &fakeSource{f: g.f, limit: g.limit}
+	for p, lines := range g.f.parts {
+		start := kafka.ResumeOffset(settled[kafka.Stream("t", p)], 0)
+		for off := start; off < int64(len(lines)); off++ {
+			s.recs = append(s.recs, ingest.Raw{Data: []byte(lines[off]), Source: schemas.Source{
+				Stream: kafka.Stream("t", p), Topic: "t", Partition: int32(p), Offset: off}})
+		}
+	}
+	return s, nil
+}
+
+func (g *fakeGen) Commit(schemas.Settled) error {
+	g.f.mu.Lock()
+	g.f.commits++
+	g.f.mu.Unlock()
+	return nil
+}
+
+// fakeSource yields its records a few at a time (partitions interleaved as
+// the offsets were listed: partition order is kept), then the end of the
+// generation, or waits for the stop.
+type fakeSource struct {
+	f     *fakeGroup
+	recs  []ingest.Raw
+	read  int
+	limit int
+}
+
+func (s *fakeSource) Read(ctx context.Context) (ingest.Chunk, error) {
+	if s.limit >= 0 && s.read >= s.limit {
+		return ingest.Chunk{}, fmt.Errorf("fake: %w", kafka.ErrGenerationEnded)
+	}
+	if len(s.recs) == 0 {
+		s.f.mu.Lock()
+		s.f.empty++
+		s.f.mu.Unlock()
+		<-ctx.Done()
+		return ingest.Chunk{}, ctx.Err()
+	}
+	n := min(5, len(s.recs))
+	if s.limit >= 0 {
+		n = min(n, s.limit-s.read)
+	}
+	c := ingest.Chunk{Records: s.recs[:n]}
+	s.recs, s.read = s.recs[n:], s.read+n
+	time.Sleep(2 * time.Millisecond) // let commits happen between reads
+	return c, nil
+}
+
+func (s *fakeSource) Close() error { return nil }
+
+// Generations that end mid-stream hand their uncommitted records to the
+// next one: in the end every step is committed once and every bad record
+// dead-lettered once.
+// With a long flush interval nothing is committed before the last
+// generation, so every record is read three times; with a short one,
+// generations end between commits.
+func TestRunKafkaAcrossRebalances(t *testing.T) {
+	for _, flush := range []time.Duration{time.Hour, 20 * time.Millisecond} {
+		t.Run(flush.String(), func(t *testing.T) { testRunKafka(t, flush) })
+	}
+}
+
+func testRunKafka(t *testing.T, flush time.Duration) {
+	root := t.TempDir()
+	f := &fakeGroup{limits: []int{37, 23}}
+	f.parts[0] = append(f.parts[0], `{"type":"step","step_id":`) // read by every generation
+	total := 0
+	for g := range 40 {
+		p := g % 2
+		f.parts[p] = append(f.parts[p], groupLines(g)...)
+	}
+	for _, p := range f.parts {
+		total += len(p)
+	}
+	st, err := local.Open(root, "worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	soft, stop := context.WithCancel(ctx)
+	cfg := config(t)
+	cfg.FlushInterval = flush
+	p := pipeline.New(cfg, st, nil)
+	done := make(chan error, 1)
+	go func() { done <- p.RunKafka(ctx, soft, f.join) }()
+	// Wait until the last generation has read everything, then stop: the
+	// stop commits what is assembled.
+	for f.drained() < 1 {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the last generation never read its partitions to the end")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if s := st.Settled(); s[kafka.Stream("t", 0)].Len()+s[kafka.Stream("t", 1)].Len() != int64(total) {
+		t.Fatalf("settled %v of %d records", s, total)
+	}
+	if f.gen < 3 {
+		t.Fatalf("%d generations, want at least 3", f.gen)
+	}
+	counts := stepCounts(t, st)
+	if len(counts) != 80 {
+		t.Fatalf("%d steps committed, want 80", len(counts))
+	}
+	for id, n := range counts {
+		if n != 1 {
+			t.Errorf("step %s committed %d times", id, n)
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(root, local.DLQDir, "worker.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(data), "\n"); n != 1 {
+		t.Fatalf("%d dead letters, want 1:\n%s", n, data)
+	}
+	if c := st.DeadLetters().Counts(); c[schemas.ReasonMalformedJSON] != 1 {
+		t.Fatalf("dead-letter counts %v", c)
+	}
+}
