@@ -30,6 +30,8 @@ import (
 
 	_ "github.com/duckdb/duckdb-go/v2"
 	"github.com/parquet-go/parquet-go"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 )
 
 // ---------------------------------------------------------------------------
@@ -55,14 +57,20 @@ func e2eModuleRoot(t *testing.T) string {
 
 // e2eBinary builds ./cmd/rllm-pipe into a per-test temporary directory (the
 // go build cache makes repeated builds cheap). RLLM_PIPE_E2E_BIN may name a
-// prebuilt binary instead. A build failure fails the test.
+// prebuilt binary instead. A build failure fails the test. When the tests
+// run under the race detector, so does the binary: a data race in the
+// process that does the work fails the test (its exit code is 66).
 func e2eBinary(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("RLLM_PIPE_E2E_BIN"); p != "" {
 		return p
 	}
 	bin := filepath.Join(t.TempDir(), "rllm-pipe")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/rllm-pipe")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "./cmd/rllm-pipe")...)
 	cmd.Dir = e2eModuleRoot(t)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -1913,4 +1921,73 @@ func TestHostileIDs(t *testing.T) {
 
 	o := e2eReadOutput(t, out, stats)
 	e2eCheckOutput(t, o, ref, lines, in)
+}
+
+// TestSecondWriterRefused: while one ingest holds an output folder (here
+// waiting on stdin), a second ingest into it fails at once with a message
+// naming the first, and writes nothing; once the first is done, the second
+// goes through, and every group is committed once.
+func TestSecondWriterRefused(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	out := filepath.Join(work, "out")
+	gen := filepath.Join(work, "gen.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "40", "--group-size", "4", "--seed", "3", "--quiet"); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	first := exec.Command(bin, "ingest", "--from", "-", "--to", out, "--group-size", "4", "--quiet")
+	first.Env = e2eEnv()
+	stdin, err := first.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var firstErr bytes.Buffer
+	first.Stderr = &firstErr
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Process.Kill()
+	// The first holds the lock once it has opened the output.
+	lock := filepath.Join(out, "_manifest", "lock")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if b, _ := os.ReadFile(lock); bytes.Contains(b, []byte("writer")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first ingest never took the folder: %s", firstErr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	r := e2eRun(t, bin, work, "ingest", "--from", gen, "--to", out, "--group-size", "4", "--quiet")
+	if r.code == 0 || !strings.Contains(r.stderr, "another writer") || !strings.Contains(r.stderr, fmt.Sprintf("pid %d", first.Process.Pid)) {
+		t.Fatalf("second ingest: exit %d, stderr %s", r.code, r.stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "_manifest", "shards.jsonl")); len(b) != 0 {
+		t.Fatalf("the refused ingest wrote to the manifest: %s", b)
+	}
+	stdin.Close()
+	if err := first.Wait(); err != nil {
+		t.Fatalf("first ingest: %v\n%s", err, firstErr.String())
+	}
+	if r := e2eRun(t, bin, work, "ingest", "--from", gen, "--to", out, "--group-size", "4", "--quiet"); r.code != 0 {
+		t.Fatalf("second ingest after the first: exit %d: %s", r.code, r.stderr)
+	}
+	entries, err := local.ReadManifest(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := map[string]int{}
+	for _, e := range entries {
+		for _, k := range e.GroupKeys {
+			steps[k]++
+		}
+	}
+	if len(steps) == 0 {
+		t.Fatal("nothing committed")
+	}
+	for k, n := range steps {
+		if n != 1 {
+			t.Errorf("group %s committed %d times", k, n)
+		}
+	}
 }
