@@ -8,24 +8,20 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"regexp"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 )
 
 // Objects is a folder of small objects in the shard store, each created
-// at most once: the consumer group's log lives there, so coordination
-// needs no server beyond the store.
-type Objects interface {
-	// Create writes name unless it exists (an error wrapping fs.ErrExist).
-	Create(ctx context.Context, name string, data []byte) error
-	// Get reads name (an error wrapping fs.ErrNotExist if absent).
-	Get(ctx context.Context, name string) ([]byte, error)
-	// List returns the names that start with prefix, sorted.
-	List(ctx context.Context, prefix string) ([]string, error)
-}
+// at most once: the consumer group's log lives there (a store.Journal),
+// so coordination needs no server beyond the store.
+type Objects = store.Objects
 
 // GroupDir is the folder of a consumer group's log under the store root.
 func GroupDir(group string) string { return "_consumers/" + group }
@@ -222,16 +218,15 @@ func (st *groupState) clone() *groupState {
 
 // SnapshotEvery is how many events separate two snapshots of the state
 // (snap-<seq>.json): a member opening the log reads the latest snapshot
-// and the events after it, not the whole history.
+// and the events after it, not the whole history, and the events before
+// the second latest snapshot are deleted (store.Journal).
 const SnapshotEvery = 256
-
-func eventName(seq int64) string { return fmt.Sprintf("%020d.json", seq) }
-func snapName(seq int64) string  { return fmt.Sprintf("snap-%020d.json", seq) }
 
 // coordinator is one member's view of a consumer group's log. Safe for
 // concurrent use; appends are serialised.
 type coordinator struct {
 	obj       Objects
+	log       *store.Journal
 	member    string
 	snapEvery int64
 
@@ -250,7 +245,7 @@ func newMemberID(name string) string {
 
 // openCoordinator reads the latest snapshot and the events after it.
 func openCoordinator(ctx context.Context, obj Objects, member string) (*coordinator, error) {
-	c := &coordinator{obj: obj, member: member, snapEvery: SnapshotEvery, st: &groupState{Shards: map[string]*shardState{}}}
+	c := &coordinator{obj: obj, log: store.NewJournal(obj), member: member, snapEvery: SnapshotEvery, st: &groupState{Shards: map[string]*shardState{}}}
 	if err := c.load(ctx); err != nil {
 		return nil, err
 	}
@@ -260,40 +255,51 @@ func openCoordinator(ctx context.Context, obj Objects, member string) (*coordina
 	return c, nil
 }
 
-// load starts from the latest snapshot, if any.
+// load starts from the latest snapshot, if any (and if it is ahead of
+// the state held).
 func (c *coordinator) load(ctx context.Context) error {
-	obj := c.obj
-	snaps, err := obj.List(ctx, "snap-")
+	data, seq, ok, err := c.log.Latest(ctx)
 	if err != nil {
-		return fmt.Errorf("train: list snapshots: %w", err)
+		return fmt.Errorf("train: consumer-group log: %w", err)
 	}
-	if len(snaps) == 0 {
+	if !ok {
 		return nil
-	}
-	data, err := obj.Get(ctx, snaps[len(snaps)-1])
-	if err != nil {
-		return fmt.Errorf("train: read snapshot: %w", err)
 	}
 	var st groupState
 	if err := json.Unmarshal(data, &st); err != nil {
-		return fmt.Errorf("train: snapshot %s: %w", snaps[len(snaps)-1], err)
+		return fmt.Errorf("train: snapshot %d: %w", seq, err)
 	}
 	if st.Shards == nil {
 		st.Shards = map[string]*shardState{}
 	}
-	c.st = &st
+	c.mu.Lock()
+	if st.Next > c.st.Next {
+		c.st = &st
+	}
+	c.mu.Unlock()
 	return nil
 }
 
-// refresh applies the events appended since the last read.
+// refresh applies the events appended since the last read; a member
+// that fell behind a compaction reloads from the latest snapshot.
 func (c *coordinator) refresh(ctx context.Context) error {
 	for {
 		c.mu.Lock()
 		next := c.st.Next
 		c.mu.Unlock()
-		data, err := c.obj.Get(ctx, eventName(next))
+		data, err := c.log.Read(ctx, next)
 		if errors.Is(err, fs.ErrNotExist) {
-			return nil
+			behind, err := c.log.Behind(ctx, next)
+			if err != nil {
+				return fmt.Errorf("train: consumer-group log: %w", err)
+			}
+			if !behind {
+				return nil
+			}
+			if err := c.load(ctx); err != nil {
+				return err
+			}
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("train: read consumer-group event %d: %w", next, err)
@@ -337,7 +343,15 @@ func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *
 		if err != nil {
 			return fmt.Errorf("train: encode event: %w", err)
 		}
-		err = c.obj.Create(ctx, eventName(e.Seq), data)
+		err = c.log.Append(ctx, e.Seq, data)
+		if errors.Is(err, store.ErrStale) {
+			// Behind a compaction: reload and build the event again
+			// against the state that includes whatever landed.
+			if err := c.load(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		if err == nil {
 			c.mu.Lock()
 			if c.st.Next == e.Seq {
@@ -359,7 +373,7 @@ func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *
 		}
 		// Lost the race, or an earlier attempt of ours landed and its answer
 		// was lost: the nonce tells.
-		data, gerr := c.obj.Get(ctx, eventName(e.Seq))
+		data, gerr := c.log.Read(ctx, e.Seq)
 		if gerr == nil {
 			var got event
 			if json.Unmarshal(data, &got) == nil && got.Nonce == nonce {
@@ -373,14 +387,17 @@ func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *
 	}
 }
 
-// snapshot writes the state after st.Next-1; a failure only costs readers
-// time, so it is not an error.
+// snapshot writes the state after st.Next-1 and compacts the log; a
+// failure only costs readers time (the next snapshot tries again), so it
+// is logged, not returned.
 func (c *coordinator) snapshot(ctx context.Context, st *groupState) {
 	data, err := json.Marshal(st)
-	if err != nil {
-		return
+	if err == nil {
+		err = c.log.Snapshot(ctx, st.Next-1, data)
 	}
-	_ = c.obj.Create(ctx, snapName(st.Next-1), data)
+	if err != nil {
+		slog.Warn("train: consumer-group snapshot", "err", err)
+	}
 }
 
 // view runs fn on the current state under the lock.

@@ -3,11 +3,14 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand"
 	"testing"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 )
 
 func newObjects(t *testing.T) Objects {
@@ -130,8 +133,67 @@ func TestLogRules(t *testing.T) {
 	}
 }
 
+// randomEvent builds a random event over six shards.
+func randomEvent(rng *rand.Rand, n int) func(*groupState, *event) bool {
+	shard := fmt.Sprintf("s%d", rng.Intn(6))
+	kind := rng.Intn(4)
+	expect := rng.Intn(2) == 0
+	seen := int64(rng.Intn(n + 1))
+	group := int32(rng.Intn(8))
+	return func(_ *groupState, e *event) bool {
+		switch kind {
+		case 0:
+			e.Lease = []string{shard}
+			if expect {
+				e.Expect = map[string]int64{shard: seen}
+			}
+		case 1:
+			e.Ack = []marks{{shard, []int32{group}}}
+		case 2:
+			e.Skip = []marks{{shard, []int32{group}}}
+			e.Totals = map[string]int32{shard: 8}
+		case 3:
+			e.Release = []string{shard}
+		}
+		return true
+	}
+}
+
+// mirror replays every event as it is appended (before a compaction can
+// delete it): the full replay a snapshot must agree with.
+type mirror struct{ st *groupState }
+
+func (m *mirror) follow(t *testing.T, ctx context.Context, obj Objects) {
+	t.Helper()
+	for {
+		data, err := obj.Get(ctx, store.RecordName(m.st.Next))
+		if errors.Is(err, fs.ErrNotExist) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e event
+		if err := json.Unmarshal(data, &e); err != nil {
+			t.Fatal(err)
+		}
+		e.Seq = m.st.Next
+		m.st.apply(&e)
+	}
+}
+
+func (m *mirror) equal(t *testing.T, c *coordinator) {
+	t.Helper()
+	a, _ := json.Marshal(c.st)
+	b, _ := json.Marshal(m.st)
+	if string(a) != string(b) {
+		t.Fatalf("state differs from the full replay:\n%s\n%s", a, b)
+	}
+}
+
 // A member opening the log from a snapshot sees the state a full replay
-// gives.
+// gives, and the log is compacted: the events before the second latest
+// snapshot are gone.
 func TestLogSnapshots(t *testing.T) {
 	obj := newObjects(t)
 	ctx := context.Background()
@@ -141,44 +203,218 @@ func TestLogSnapshots(t *testing.T) {
 		members[i], _ = openCoordinator(ctx, obj, fmt.Sprintf("m%d/1", i))
 		members[i].snapEvery = 16
 	}
+	m := &mirror{st: &groupState{Shards: map[string]*shardState{}}}
 	for n := 0; n < 200; n++ {
 		c := members[rng.Intn(len(members))]
-		shard := fmt.Sprintf("s%d", rng.Intn(6))
-		if err := c.append(ctx, func(_ *groupState, e *event) bool {
-			switch rng.Intn(4) {
-			case 0:
-				e.Lease = []string{shard}
-				if rng.Intn(2) == 0 {
-					e.Expect = map[string]int64{shard: int64(rng.Intn(n + 1))}
-				}
-			case 1:
-				e.Ack = []marks{{shard, []int32{int32(rng.Intn(8))}}}
-			case 2:
-				e.Skip = []marks{{shard, []int32{int32(rng.Intn(8))}}}
-				e.Totals = map[string]int32{shard: 8}
-			case 3:
-				e.Release = []string{shard}
-			}
-			return true
-		}); err != nil {
+		if err := c.append(ctx, randomEvent(rng, n)); err != nil {
 			t.Fatal(err)
 		}
+		m.follow(t, ctx, obj)
 	}
+	names, _ := obj.List(ctx, "")
 	snaps, _ := obj.List(ctx, "snap-")
-	if len(snaps) < 10 {
-		t.Fatalf("%d snapshots after 200 events every 16", len(snaps))
+	if len(snaps) != 2 || len(names) > 2+2*16 {
+		t.Fatalf("after 200 events, snapshots every 16: %d objects, %d snapshots (%v)", len(names), len(snaps), snaps)
 	}
 	fromSnap, err := openCoordinator(ctx, obj, "x/1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	full := &coordinator{obj: obj, snapEvery: SnapshotEvery, st: &groupState{Shards: map[string]*shardState{}}}
-	if err := full.refresh(ctx); err != nil {
+	if m.st.Next != 200 {
+		t.Fatalf("full replay reached %d", m.st.Next)
+	}
+	m.equal(t, fromSnap)
+}
+
+// A member that slept through compactions (its next event was deleted)
+// notices, reloads, and appends at the end of the log, not in the hole.
+func TestStaleMemberReloads(t *testing.T) {
+	obj := newObjects(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewSource(2))
+	sleeper, _ := openCoordinator(ctx, obj, "sleeper/1")
+	busy, _ := openCoordinator(ctx, obj, "busy/1")
+	busy.snapEvery = 8
+	m := &mirror{st: &groupState{Shards: map[string]*shardState{}}}
+	for n := 0; n < 5; n++ {
+		if err := busy.append(ctx, randomEvent(rng, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sleeper.refresh(ctx); err != nil || sleeper.st.Next != 5 {
+		t.Fatalf("sleeper at %d: %v", sleeper.st.Next, err)
+	}
+	for n := 5; n < 100; n++ {
+		if err := busy.append(ctx, randomEvent(rng, n)); err != nil {
+			t.Fatal(err)
+		}
+		m.follow(t, ctx, obj)
+	}
+	if _, err := obj.Get(ctx, store.RecordName(5)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("event 5 not compacted: %v", err)
+	}
+	// Appending, the sleeper creates event 5 (a hole), sees it is behind,
+	// reloads, and lands at 100.
+	if err := sleeper.append(ctx, func(_ *groupState, e *event) bool { e.Release = []string{"s0"}; return true }); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := json.Marshal(fromSnap.st)
-	b, _ := json.Marshal(full.st)
-	if string(a) != string(b) || full.st.Next != 200 {
-		t.Fatalf("state from snapshot differs from full replay:\n%s\n%s", a, b)
+	if sleeper.st.Next != 101 {
+		t.Fatalf("sleeper appended and stands at %d, want 101", sleeper.st.Next)
 	}
+	if err := busy.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m.follow(t, ctx, obj)
+	m.equal(t, busy)
+	m.equal(t, sleeper)
+	// A reader behind a compaction catches up too.
+	if err := busy.append(ctx, randomEvent(rng, 101)); err != nil {
+		t.Fatal(err)
+	}
+	reader := &coordinator{obj: obj, log: store.NewJournal(obj), snapEvery: SnapshotEvery, st: &groupState{Next: 3, Shards: map[string]*shardState{}}}
+	if err := reader.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m.follow(t, ctx, obj)
+	m.equal(t, reader)
+}
+
+// failing is an Objects that stops working (the process died) after
+// budget operations.
+type failing struct {
+	Objects
+	budget int
+}
+
+var errDied = errors.New("died")
+
+func (f *failing) spend() error {
+	if f.budget <= 0 {
+		return errDied
+	}
+	f.budget--
+	return nil
+}
+
+func (f *failing) Create(ctx context.Context, name string, data []byte) error {
+	if err := f.spend(); err != nil {
+		return err
+	}
+	return f.Objects.Create(ctx, name, data)
+}
+
+func (f *failing) Get(ctx context.Context, name string) ([]byte, error) {
+	if err := f.spend(); err != nil {
+		return nil, err
+	}
+	return f.Objects.Get(ctx, name)
+}
+
+func (f *failing) List(ctx context.Context, prefix string) ([]string, error) {
+	if err := f.spend(); err != nil {
+		return nil, err
+	}
+	return f.Objects.List(ctx, prefix)
+}
+
+func (f *failing) Delete(ctx context.Context, name string) error {
+	if err := f.spend(); err != nil {
+		return err
+	}
+	return f.Objects.Delete(ctx, name)
+}
+
+// A member dies at every step of appends, snapshots and compactions (the
+// store's operations are its steps: after each one, it stops): whoever
+// opens the log next sees every event that was appended, exactly once.
+func TestLogSurvivesDeathAtEveryStep(t *testing.T) {
+	ctx := context.Background()
+	for budget := 0; budget < 120; budget++ {
+		obj := newObjects(t)
+		rng := rand.New(rand.NewSource(int64(budget)))
+		m := &mirror{st: &groupState{Shards: map[string]*shardState{}}}
+		// Some history, with two snapshots.
+		healthy, _ := openCoordinator(ctx, obj, "h/1")
+		healthy.snapEvery = 4
+		for n := 0; n < 10; n++ {
+			if err := healthy.append(ctx, randomEvent(rng, n)); err != nil {
+				t.Fatal(err)
+			}
+			m.follow(t, ctx, obj)
+		}
+		f := &failing{Objects: obj, budget: budget}
+		dying, err := openCoordinator(ctx, f, "d/1")
+		if err == nil {
+			dying.snapEvery = 4
+			for n := 10; n < 30; n++ {
+				err := dying.append(ctx, randomEvent(rng, n))
+				m.follow(t, ctx, obj)
+				if err != nil {
+					break
+				}
+			}
+		}
+		m.follow(t, ctx, obj)
+		next, err := openCoordinator(ctx, obj, "n/1")
+		if err != nil {
+			t.Fatalf("budget %d: %v", budget, err)
+		}
+		m.equal(t, next)
+		// And the log goes on.
+		next.snapEvery = 4
+		for n := 0; n < 12; n++ {
+			if err := next.append(ctx, randomEvent(rng, n)); err != nil {
+				t.Fatalf("budget %d: %v", budget, err)
+			}
+			m.follow(t, ctx, obj)
+		}
+		again, _ := openCoordinator(ctx, obj, "a/1")
+		m.equal(t, again)
+	}
+}
+
+// hooked runs before once, ahead of the first Create.
+type hooked struct {
+	Objects
+	before func()
+}
+
+func (h *hooked) Create(ctx context.Context, name string, data []byte) error {
+	if b := h.before; b != nil {
+		h.before = nil
+		b()
+	}
+	return h.Objects.Create(ctx, name, data)
+}
+
+// The log is compacted past a member between its read to the end and its
+// create: the create lands in a hole, which the member sees; it reloads
+// and appends at the end.
+func TestAppendIntoCompactedHole(t *testing.T) {
+	obj := newObjects(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewSource(3))
+	busy, _ := openCoordinator(ctx, obj, "busy/1")
+	busy.snapEvery = 4
+	m := &mirror{st: &groupState{Shards: map[string]*shardState{}}}
+	h := &hooked{Objects: obj}
+	sleeper, _ := openCoordinator(ctx, h, "sleeper/1")
+	h.before = func() {
+		for n := 0; n < 20; n++ {
+			if err := busy.append(ctx, randomEvent(rng, n)); err != nil {
+				t.Fatal(err)
+			}
+			m.follow(t, ctx, obj)
+		}
+	}
+	if err := sleeper.append(ctx, func(_ *groupState, e *event) bool { e.Release = []string{"s0"}; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if sleeper.st.Next != 21 {
+		t.Fatalf("sleeper stands at %d, want 21", sleeper.st.Next)
+	}
+	m.follow(t, ctx, obj)
+	m.equal(t, sleeper)
+	fresh, _ := openCoordinator(ctx, obj, "fresh/1")
+	m.equal(t, fresh)
 }

@@ -89,7 +89,16 @@ type Config struct {
 	Region    string
 	Bucket    string
 	Prefix    string // no leading or trailing slash
+	// SnapshotEvery is how many manifest entries separate two snapshots
+	// (0: SnapshotEvery).
+	SnapshotEvery int
 }
+
+// SnapshotEvery is how many manifest entries separate two snapshots of
+// the log: an opening reader reads the newest snapshot and fewer entries
+// than this after it, and the entries before the second newest snapshot
+// are deleted (store.Journal).
+const SnapshotEvery = 256
 
 // String describes the location without secrets.
 func (c Config) String() string {
@@ -137,6 +146,9 @@ type Store struct {
 	cfg    Config
 	writer string
 
+	journal   *store.Journal // the manifest: _manifest/<seq>.json, snapshots snap-<seq>.json
+	snapEvery int64
+
 	mu     sync.Mutex
 	log    *store.Log
 	next   int64        // the next sequence number to try
@@ -177,7 +189,11 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	if err != nil {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
-	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog()}
+	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery)}
+	if s.snapEvery <= 0 {
+		s.snapEvery = SnapshotEvery
+	}
+	s.journal = store.NewJournal(&Objects{s: s, dir: store.ManifestDir})
 	var ok bool
 	if err := retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
@@ -192,6 +208,9 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 			}
 		}
 	}
+	if err := s.load(ctx); err != nil {
+		return nil, err
+	}
 	if err := s.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -205,21 +224,28 @@ func (s *Store) key(rel string) string {
 	return s.cfg.Prefix + "/" + rel
 }
 
-func (s *Store) manifestKey(seq int64) string {
-	return s.key(fmt.Sprintf("_manifest/%020d.json", seq))
-}
-
-// refresh reads the log entries from s.next on. Callers hold no lock.
+// refresh reads the log entries from s.next on; a store that fell behind
+// a compaction reloads from the newest snapshot. Callers hold no lock.
 func (s *Store) refresh(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		data, missing, err := s.get(ctx, s.manifestKey(s.next))
+		data, err := s.journal.Read(ctx, s.next)
+		if errors.Is(err, fs.ErrNotExist) {
+			behind, err := s.journal.Behind(ctx, s.next)
+			if err != nil {
+				return fmt.Errorf("s3: manifest: %w", err)
+			}
+			if !behind {
+				return nil
+			}
+			if err := s.reload(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("s3: read manifest entry %d: %w", s.next, err)
-		}
-		if missing {
-			return nil
 		}
 		var e schemas.ShardEntry
 		if err := json.Unmarshal(data, &e); err != nil {
@@ -229,6 +255,45 @@ func (s *Store) refresh(ctx context.Context) error {
 		s.log.Apply(e)
 		s.next++
 	}
+}
+
+// reload replaces the log with the newest snapshot, which must be ahead of
+// it. Callers hold mu.
+func (s *Store) reload(ctx context.Context) error {
+	data, _, ok, err := s.journal.Latest(ctx)
+	if err != nil {
+		return fmt.Errorf("s3: manifest: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("s3: manifest entry %d is missing and no snapshot covers it", s.next)
+	}
+	l, next, err := store.RestoreLog(data)
+	if err != nil {
+		return err
+	}
+	if next <= s.next {
+		return fmt.Errorf("s3: manifest entry %d is missing below the newest snapshot (before %d)", s.next, next)
+	}
+	s.log, s.next = l, next
+	return nil
+}
+
+// load starts from the newest snapshot, if any. Callers hold no lock.
+func (s *Store) load(ctx context.Context) error {
+	data, _, ok, err := s.journal.Latest(ctx)
+	if err != nil || !ok {
+		return err
+	}
+	l, next, err := store.RestoreLog(data)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if next > s.next {
+		s.log, s.next = l, next
+	}
+	return nil
 }
 
 // get reads the object at key, retrying transient failures; missing
@@ -341,6 +406,9 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 	_, _ = rand.Read(nb[:])
 	e.Nonce = hex.EncodeToString(nb[:])
 	for attempt := 0; ; attempt++ {
+		if attempt > 1000 {
+			return fmt.Errorf("s3: manifest append: too much contention")
+		}
 		s.mu.Lock()
 		if st := s.log.Fenced(&e, s.writer); st != "" {
 			s.mu.Unlock()
@@ -352,27 +420,45 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 		if err != nil {
 			return fmt.Errorf("s3: encode manifest entry: %w", err)
 		}
-		err = s.putIfAbsent(ctx, s.manifestKey(e.Seq), bytes.NewReader(data), int64(len(data)), "application/json")
-		if err == nil {
+		err = s.journal.Append(ctx, e.Seq, data)
+		switch {
+		case err == nil:
 			s.mu.Lock()
+			var snap []byte
 			if e.Seq == s.next {
 				s.log.Apply(e)
 				s.next++
+				if e.Seq > 0 && e.Seq%s.snapEvery == 0 {
+					snap, err = s.log.Snapshot(s.next)
+				}
 			}
 			s.mu.Unlock()
+			if err == nil && snap != nil {
+				err = s.journal.Snapshot(ctx, e.Seq, snap)
+			}
+			if err != nil {
+				slog.Warn("s3: manifest snapshot", "err", err) // costs readers time only
+			}
 			return nil
-		}
-		if !errors.Is(err, errExists) {
+		case errors.Is(err, store.ErrStale):
+			// Behind a compaction: reload. A shard or dead-letter entry
+			// that landed in time is in the snapshot.
+			s.mu.Lock()
+			err := s.reload(ctx)
+			landed := (e.Path != "" && s.log.Listed(e.Path)) || (e.DeadLetters != nil && s.log.Listed(e.DeadLetters.File))
+			s.mu.Unlock()
+			if err != nil || landed {
+				return err
+			}
+		case errors.Is(err, fs.ErrExist):
+			if err := s.refresh(ctx); err != nil {
+				return err
+			}
+			if s.isOurs(e.Seq, e.Nonce) {
+				return nil // an earlier attempt landed; its answer was lost
+			}
+		default:
 			return err
-		}
-		if err := s.refresh(ctx); err != nil {
-			return err
-		}
-		if s.isOurs(e.Seq, e.Nonce) {
-			return nil // an earlier attempt landed; its answer was lost
-		}
-		if attempt > 1000 {
-			return fmt.Errorf("s3: manifest append: too much contention")
 		}
 	}
 }

@@ -265,8 +265,17 @@ func TestIntegrationLargeObjectCreateOnly(t *testing.T) {
 	}
 }
 
+// The suite runs twice: with snapshots every 4 entries, every test also
+// runs across compactions of the manifest.
 func TestIntegrationConformance(t *testing.T) {
+	for _, every := range []int{0, 4} {
+		t.Run(fmt.Sprintf("snapshot-every-%d", every), func(t *testing.T) { conformance(t, every) })
+	}
+}
+
+func conformance(t *testing.T, every int) {
 	base := testConfig(t)
+	base.SnapshotEvery = every
 	cfgOf := func(root string) Config { c := base; c.Prefix = root; return c }
 	storetest.Run(t, storetest.Backend{
 		NewRoot: func(t *testing.T) string {
@@ -296,4 +305,80 @@ func TestIntegrationConformance(t *testing.T) {
 		},
 		Crash: func(t *testing.T, st store.Store) {}, // it holds nothing: it just stops
 	})
+}
+
+// With snapshots every 8 entries, two writers and a writer that slept
+// through compactions append; readers opening from the newest snapshot
+// see every shard once, and the manifest folder stays small.
+func TestIntegrationManifestCompaction(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.SnapshotEvery = 8
+	ctx := context.Background()
+	sleeper := open(t, cfg, "sleeper")
+	if err := sleeper.Claim(ctx, []string{"s/sleeper"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	a, b := open(t, cfg, "wa"), open(t, cfg, "wb")
+	var want []string
+	for i := range 60 {
+		w := a
+		if i%2 == 1 {
+			w = b
+		}
+		rel := fmt.Sprintf("policy=0/part-%s-%06d.parquet", w.writer, i)
+		p, err := w.Create(ctx, rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Write([]byte("x"))
+		if err := p.Commit(ctx, schemas.ShardEntry{Rows: 1, Settled: schemas.Settled{"s/" + w.writer: {{int64(i), int64(i)}}}}); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, rel)
+		if i%10 == 0 { // a checkpoint without a shard, folded by snapshots
+			if err := w.Append(ctx, schemas.ShardEntry{Settled: schemas.Settled{"s/" + w.writer: {{int64(1000 + i), int64(1000 + i)}}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The sleeper's next entry was compacted away: it lands at the end.
+	p, err := sleeper.Create(ctx, "policy=0/part-sleeper-000001.parquet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Write([]byte("x"))
+	if err := p.Commit(ctx, schemas.ShardEntry{Rows: 1, Settled: schemas.Settled{"s/sleeper": {{1, 1}}}}); err != nil {
+		t.Fatal(err)
+	}
+	want = append(want, "policy=0/part-sleeper-000001.parquet")
+	r, err := OpenReader(ctx, cfg, "reader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.Committed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, e := range got {
+		seen[e.Path]++
+	}
+	for _, w := range want {
+		if seen[w] != 1 {
+			t.Errorf("%s listed %d times", w, seen[w])
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d shards listed, want %d", len(got), len(want))
+	}
+	if s := r.Settled(); s["s/wa"].Len() != 36 || s["s/wb"].Len() != 30 || s["s/sleeper"].Len() != 1 {
+		t.Fatalf("settled %v", s)
+	}
+	names, err := (&Objects{s: r, dir: store.ManifestDir}).List(ctx, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) > 2+2*8+1 {
+		t.Fatalf("%d objects in the manifest folder after compaction: %v", len(names), names)
+	}
 }

@@ -1,8 +1,11 @@
 package store
 
 import (
+	"encoding/json"
+	"fmt"
 	"path"
 	"regexp"
+	"sort"
 	"strings"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -212,4 +215,60 @@ func CloneSettled(s schemas.Settled) schemas.Settled {
 // CheckName rejects an object name that is not one plain path element.
 func CheckName(name string) bool {
 	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\\\x00")
+}
+
+// logSnapshot is a Log as a journal snapshot stores it: the entries that
+// list a shard or a dead-letter file (readers list them), and what the
+// others contributed, folded: claims, settled positions, writers.
+type logSnapshot struct {
+	Next    int64                `json:"next"`
+	Entries []schemas.ShardEntry `json:"entries"`
+	Claims  map[string]claimJSON `json:"claims,omitempty"`
+	Settled schemas.Settled      `json:"settled,omitempty"`
+	Writers []string             `json:"writers,omitempty"`
+}
+
+type claimJSON struct {
+	Writer     string `json:"writer"`
+	Generation int64  `json:"generation,omitempty"`
+}
+
+// Snapshot encodes the log, whose next entry is next, for
+// RestoreLog. Entries that list neither a shard nor dead letters are
+// folded away.
+func (l *Log) Snapshot(next int64) ([]byte, error) {
+	s := logSnapshot{Next: next, Claims: map[string]claimJSON{}, Settled: l.settled}
+	for _, e := range l.entries {
+		if e.Path != "" || e.DeadLetters != nil {
+			s.Entries = append(s.Entries, e)
+		}
+	}
+	for stream, c := range l.claims {
+		s.Claims[stream] = claimJSON{c.writer, c.generation}
+	}
+	for w := range l.writers {
+		s.Writers = append(s.Writers, w)
+	}
+	sort.Strings(s.Writers)
+	return json.Marshal(s)
+}
+
+// RestoreLog decodes a Snapshot and returns the log and its next entry.
+func RestoreLog(data []byte) (*Log, int64, error) {
+	var s logSnapshot
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, 0, fmt.Errorf("store: log snapshot: %w", err)
+	}
+	l := NewLog()
+	for _, e := range s.Entries {
+		l.Apply(e)
+	}
+	for stream, c := range s.Claims {
+		l.claims[stream] = claim{c.Writer, c.Generation}
+	}
+	l.settled.Union(s.Settled)
+	for _, w := range s.Writers {
+		l.writers[w] = true
+	}
+	return l, s.Next, nil
 }
