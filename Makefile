@@ -46,13 +46,16 @@ services-down:
 test-short:
 	$(GO) test -short -count=1 ./...
 
-# bench: unit benchmarks (estimators, generator, decoder), then the
-# service-backed ones, run once each: Kafka→MinIO ingest next to a bare
-# kafka-go drain of the same topic, and the produce→commit delay at 1,000
-# steps/s; last, file ingest side by side with DuckDB (bench-ingest).
+# bench: unit benchmarks (estimators, generator, decoder), opening long
+# logs (BENCHMARKS.md), then the service-backed ones: opening a long S3
+# manifest; Kafka→MinIO ingest next to a bare kafka-go drain of the same
+# topic, and the produce→commit delay at 1,000 steps/s (run once each);
+# last, file ingest side by side with DuckDB (bench-ingest).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/...
+	$(GO) test -run '^$$' -bench OpenGroupLog -benchtime 3x -count 3 ./train/
 	scripts/services.sh up >/dev/null
+	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench Integration -benchtime 1x -timeout 30m ./cmd/rllm-pipe/
 	$(MAKE) bench-ingest
 

@@ -25,10 +25,10 @@
 // time and peak RSS (the child's rusage ru_maxrss). DuckDB keeps its
 // defaults: all cores, no memory limit, its own Parquet settings; its
 // query reads the file once into a materialised table that both the group
-// statistics and the output read (on 1 GB with 2 cores about 15% faster
-// than --duckdb-plan two-scans, a narrow scan for the groups and then a
-// streaming scan of the steps through the joins, at the same peak RSS:
-// the faster shape is the yardstick). After every pair the two outputs are checked
+// statistics and the output read (faster than --duckdb-plan two-scans, a
+// narrow scan for the groups and then a streaming scan of the steps
+// through the joins, at the same peak RSS: the faster shape is the
+// yardstick; BENCHMARKS.md). After every pair the two outputs are checked
 // against each other (row counts, and trajectory, reward, advantage,
 // versions, token ids, logprobs and messages for a random sample of step_ids; advantages
 // within 1e-9), so the comparison is honest.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/apache/arrow-go/v18/parquet/compress"
 	"github.com/klauspost/compress/huff0"
 
 	"github.com/rllm-pipe/rllm-pipe/ingest"
@@ -39,7 +38,7 @@ func BenchmarkPageModes(b *testing.B) {
 			responses = append(responses, rec.Step.ResponseIDs...)
 		}
 	}
-	codec, err := compress.GetCodec(compress.Codecs.Zstd)
+	codec, err := pageCodec()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,7 +59,7 @@ func BenchmarkPageModes(b *testing.B) {
 				for b.Loop() {
 					switch mode {
 					case "zstd": // the writer's default: literals raw
-						out = codec.(*fastZstd).encode(out, page, 1, true)
+						out = codec.encode(out, page, 1, true)
 					case "zstd-compact":
 						out = codec.EncodeLevel(out[:0], page, 1)
 					case "literals":

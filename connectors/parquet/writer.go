@@ -22,17 +22,14 @@ import (
 type Options struct {
 	// RowGroupBytes cuts a row group once its compressed size reaches
 	// this. Default 8 MiB: an open shard buffers one row group, and a
-	// smaller working set spares the GC (16 MiB: 3.50–3.56 s instead of
-	// 3.24–3.31 s on the 1 GB no-messages input, 185–193k page faults
-	// instead of 132–147k; one build, alternating runs).
+	// smaller working set spares the GC (BENCHMARKS.md).
 	RowGroupBytes int64
 	// ZstdLevel is the zstd level. Default 1 (see the benchmarks).
 	ZstdLevel int
 	// Compact has zstd entropy-code the literals of the pages its encoder
 	// compresses (prompts, messages, small columns). Off, literals are left
-	// raw: on the ingest benchmark's shard schema, shards 11% larger for 7–10%
-	// less ingest CPU (their Huffman coding was a quarter of zstd's time),
-	// and faster to decode. The native encoder only.
+	// raw: shards somewhat larger for less ingest CPU, and faster to
+	// decode (BENCHMARKS.md). The native encoder only.
 	Compact   bool
 	Allocator memory.Allocator
 	// Reference writes with arrow-go's pqarrow even where the native

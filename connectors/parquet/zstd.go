@@ -11,10 +11,10 @@ import (
 )
 
 // The zstd codec that arrow-go registers forces entropy coding of every
-// literal block, which costs a third of the compression time on token
-// data for a size gain under 1% (measured on generated traces, see the
-// README). fastZstd is the same format from the same library with the
-// encoder's own choice; decoding and streaming are arrow-go's.
+// literal block, which costs much of the compression time on token data
+// for little size (BenchmarkPageModes; BENCHMARKS.md). fastZstd is the
+// same format from the same library with the encoder's own choice;
+// decoding and streaming are arrow-go's.
 type fastZstd struct {
 	compress.Codec
 	pools sync.Map // encoderKind → encoderPool
@@ -28,21 +28,24 @@ type encoderKind struct {
 
 // Encoders use a 1 MiB window (pages are about that size; a smaller
 // history to allocate and to keep) and no content checksum (pages are
-// decoded whole and Parquet readers do not ask for one; xxhash was 2% of
-// ingest).
+// decoded whole and Parquet readers do not ask for one, and xxhash is
+// not free).
 //
 // encoderPool keeps idle encoders of one level. Not a sync.Pool: that one
 // is emptied at every garbage collection, and a new encoder allocates its
 // tables and history again (megabytes) — churn the GC then has to collect.
 type encoderPool chan *zstd.Encoder
 
-func init() {
+// pageCodec is the native page writer's zstd codec, built on arrow-go's.
+// It is passed explicitly, never registered: arrow-go's process-wide codec
+// stays its own for the pqarrow path (Options.Reference) and for readers.
+var pageCodec = sync.OnceValues(func() (*fastZstd, error) {
 	def, err := compress.GetCodec(compress.Codecs.Zstd)
 	if err != nil {
-		return // arrow-go without zstd: nothing to improve
+		return nil, err
 	}
-	compress.RegisterCodec(compress.Codecs.Zstd, &fastZstd{Codec: def})
-}
+	return &fastZstd{Codec: def}, nil
+})
 
 func (z *fastZstd) encoder(kind encoderKind) (*zstd.Encoder, encoderPool) {
 	p, _ := z.pools.LoadOrStore(kind, make(encoderPool, 2*runtime.GOMAXPROCS(0)+2))

@@ -22,7 +22,7 @@ import (
 // testConfig points at the MinIO that `make test` starts
 // (scripts/services.sh); without it the integration tier is skipped here
 // and runs in CI.
-func testConfig(t *testing.T) Config {
+func testConfig(t testing.TB) Config {
 	t.Helper()
 	ep := os.Getenv("RLLM_S3_ENDPOINT")
 	if ep == "" {
@@ -30,7 +30,7 @@ func testConfig(t *testing.T) Config {
 	}
 	var b [4]byte
 	rand.Read(b[:])
-	cfg, err := ParseURL("s3://rllm-pipe-test/" + t.Name() + "-" + hex.EncodeToString(b[:]))
+	cfg, err := ParseURL("s3://rllm-pipe-test/" + strings.ReplaceAll(t.Name(), "/", "-") + "-" + hex.EncodeToString(b[:]))
 	if err != nil {
 		t.Fatal(err)
 	}

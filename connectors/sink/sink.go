@@ -266,8 +266,8 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 // recentWrites batches, at least one each. Lanes are for using every core
 // on few partitions; with as many partitions as cores the partitions'
 // shards already encode in parallel, and extra lanes only multiply open
-// shards (their buffers, smaller row groups): on 2 cores, 4 partitions
-// took 2.3 s and 450 MiB with two lanes each, 2.1 s and 380 MiB with one.
+// shards (their buffers, smaller row groups; BENCHMARKS.md has the
+// figures).
 func (s *Sink) lanes(v int64) int {
 	s.writes++
 	s.last[v] = s.writes
