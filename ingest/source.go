@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -134,6 +135,7 @@ type LineSource struct {
 	file      *RawFile // set for a file: records are referenced, not copied
 	m         *mapped  // set for a mapped file: lines are handed out in place
 	off       int64    // bytes consumed from r (after the mapping, if any)
+	consumed  atomic.Int64
 	r         *bufio.Reader
 	closer    io.Closer
 	maxRecord int
@@ -209,6 +211,20 @@ func NewLineSource(name string, r io.Reader, closer io.Closer, maxRecord int) *L
 
 // Read returns about a megabyte of lines at a time.
 func (s *LineSource) Read(ctx context.Context) (Chunk, error) {
+	c, err := s.read(ctx)
+	pos := s.off
+	if s.m != nil && s.m.pos < len(s.m.data) {
+		pos = int64(s.m.pos)
+	}
+	s.consumed.Store(pos)
+	return c, err
+}
+
+// Consumed is how many bytes of the input Read has handed out so far (a
+// progress figure; safe to call from any goroutine).
+func (s *LineSource) Consumed() int64 { return s.consumed.Load() }
+
+func (s *LineSource) read(ctx context.Context) (Chunk, error) {
 	var c Chunk
 	if s.done && s.pending == nil {
 		return c, io.EOF

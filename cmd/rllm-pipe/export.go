@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -79,7 +78,7 @@ follows the file's extension (.parquet, .jsonl).`,
 			if err != nil {
 				return err
 			}
-			bar := newProgressBar(cmd.ErrOrStderr(), "export sft", o.quiet)
+			bar := newProgress(cmd.ErrOrStderr(), "export sft", -1, true, o.quiet)
 			cfg.Progress = bar.update
 			var st export.SFTStats
 			err = writeAtomically(o.to, func(w io.Writer) error {
@@ -99,7 +98,7 @@ follows the file's extension (.parquet, .jsonl).`,
 				}
 				return rows.Close()
 			})
-			bar.done()
+			bar.finish()
 			if err != nil {
 				return err
 			}
@@ -156,7 +155,7 @@ token, and the file goes back through ingest into a new output.`,
 			if err != nil {
 				return err
 			}
-			bar := newProgressBar(cmd.ErrOrStderr(), "export distill", o.quiet)
+			bar := newProgress(cmd.ErrOrStderr(), "export distill", -1, true, o.quiet)
 			cfg.Progress = bar.update
 			var st export.DistillStats
 			err = writeAtomically(o.to, func(w io.Writer) error {
@@ -169,7 +168,7 @@ token, and the file goes back through ingest into a new output.`,
 					return err
 				})
 			})
-			bar.done()
+			bar.finish()
 			if err != nil {
 				return err
 			}
@@ -238,53 +237,3 @@ func writeJSONFile(path string, v any) error {
 	return os.WriteFile(path, append(data, '\n'), 0o644)
 }
 
-// progressBar draws "label  42% [=====>    ] 1.2 GiB / 2.9 GiB" on a
-// terminal, at most ten times a second; on anything else it stays quiet.
-type progressBar struct {
-	w     io.Writer
-	label string
-	on    bool
-	last  time.Time
-	drawn bool
-}
-
-func newProgressBar(w io.Writer, label string, quiet bool) *progressBar {
-	on := false
-	if f, ok := w.(*os.File); ok && !quiet {
-		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			on = true
-		}
-	}
-	return &progressBar{w: w, label: label, on: on}
-}
-
-func (p *progressBar) update(done, total int64) {
-	if !p.on || total <= 0 || (time.Since(p.last) < 100*time.Millisecond && done < total) {
-		return
-	}
-	p.last = time.Now()
-	frac := float64(done) / float64(total)
-	const width = 30
-	fill := int(frac * width)
-	bar := strings.Repeat("=", fill) + strings.Repeat(" ", width-fill)
-	fmt.Fprintf(p.w, "\r%s %3.0f%% [%s] %s / %s ", p.label, frac*100, bar, humanBytes(done), humanBytes(total))
-	p.drawn = true
-}
-
-func (p *progressBar) done() {
-	if p.drawn {
-		fmt.Fprint(p.w, "\r\033[K")
-	}
-}
-
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<30:
-		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}

@@ -271,9 +271,13 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 		if err != nil {
 			return usageErrorf("--from: %v", err)
 		}
+		stop := newProgress(stderr, "ingest", -1, false, o.quiet).follow(m.recordsRead)
 		runErr = pl.RunKafka(ctx, soft, pipeline.JoinKafka(o.conn.kafka(cfg)))
+		stop()
 	} else {
-		runErr = runFile(ctx, soft, pl, o.from, p.maxRecord, &stats)
+		runErr = runFile(ctx, soft, pl, o.from, p.maxRecord, &stats, func(total int64) *progress {
+			return newProgress(stderr, "ingest", total, true, o.quiet)
+		})
 	}
 	if err := dl.Close(); err != nil {
 		runErr = errors.Join(runErr, err)
@@ -302,8 +306,8 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	return nil
 }
 
-// runFile ingests a file or stdin.
-func runFile(ctx, soft context.Context, pl *pipeline.Pipeline, from string, maxRecord int64, stats *ingestStats) error {
+// runFile ingests a file or stdin, with a progress bar of the input read.
+func runFile(ctx, soft context.Context, pl *pipeline.Pipeline, from string, maxRecord int64, stats *ingestStats, bar func(total int64) *progress) error {
 	path, err := localPath("from", from)
 	if err != nil {
 		return err
@@ -313,11 +317,14 @@ func runFile(ctx, soft context.Context, pl *pipeline.Pipeline, from string, maxR
 		return err
 	}
 	defer src.Close()
+	total := int64(-1)
 	if path != "-" {
 		if info, err := os.Stat(path); err == nil {
-			stats.InputBytes = info.Size()
+			stats.InputBytes, total = info.Size(), info.Size()
 		}
 	}
+	stop := bar(total).follow(src.Consumed)
+	defer stop()
 	return pl.Run(ctx, soft, src, src.Stream())
 }
 

@@ -69,6 +69,13 @@ func (m *metrics) Committed(rows int64, took time.Duration) {
 	m.commitMax = max(m.commitMax, s)
 }
 
+// recordsRead is how many records the pipelines read so far.
+func (m *metrics) recordsRead() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.past.Records + m.cur.Records
+}
+
 // Lag implements pipeline.Observer.
 func (m *metrics) Lag(lag func() int64) {
 	m.mu.Lock()
