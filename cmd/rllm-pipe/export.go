@@ -236,4 +236,3 @@ func writeJSONFile(path string, v any) error {
 	}
 	return os.WriteFile(path, append(data, '\n'), 0o644)
 }
-

@@ -4,22 +4,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors"
@@ -52,41 +48,6 @@ type ingestOpts struct {
 	cpuProfile               string
 	memoryLimit              string
 	conn                     connFlags
-}
-
-// connFlags are the connection settings that may come from flags; secrets
-// come only from the environment (a flag would show in the process list).
-type connFlags struct {
-	kafkaTLS  bool
-	kafkaSASL string
-	kafkaUser string
-	s3Region  string
-	s3Endpt   string
-}
-
-func (c *connFlags) register(f *pflag.FlagSet) {
-	f.BoolVar(&c.kafkaTLS, "kafka-tls", false, "connect to Kafka over TLS")
-	f.StringVar(&c.kafkaSASL, "kafka-sasl-mechanism", "", "Kafka SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (password from RLLM_KAFKA_SASL_PASSWORD)")
-	f.StringVar(&c.kafkaUser, "kafka-sasl-username", "", "Kafka SASL user name")
-	f.StringVar(&c.s3Endpt, "s3-endpoint", "", "S3 endpoint URL (default AWS_ENDPOINT_URL; keys from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
-	f.StringVar(&c.s3Region, "s3-region", "", "S3 region (default AWS_REGION, else us-east-1)")
-}
-
-func (c *connFlags) kafka(cfg kafka.Config) kafka.Config {
-	if c.kafkaTLS {
-		cfg.TLS = true
-	}
-	if c.kafkaSASL != "" {
-		cfg.SASL = c.kafkaSASL
-	}
-	if c.kafkaUser != "" {
-		cfg.User = c.kafkaUser
-	}
-	return cfg
-}
-
-func (c *connFlags) options() connectors.Options {
-	return connectors.Options{S3Endpoint: c.s3Endpt, S3Region: c.s3Region}
 }
 
 func newIngestCmd(soft context.Context) *cobra.Command {
@@ -134,21 +95,6 @@ input skips groups already committed.`,
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	f.StringVar(&o.memoryLimit, "memory-limit", "380MiB", "soft memory limit of the Go heap (the GC works harder near it; GOMEMLIMIT wins; off to disable); the binary and the mapped input add about 60 MiB of RSS")
 	return cmd
-}
-
-// ingestStats is the run summary, printed on stderr and written by
-// --stats-json.
-type ingestStats struct {
-	RunID          string  `json:"run_id"`
-	Output         string  `json:"output"`
-	DeadLetterFile string  `json:"dead_letter_file,omitempty"`
-	Stopped        bool    `json:"stopped_early"`
-	ElapsedSeconds float64 `json:"elapsed_seconds"`
-	InputBytes     int64   `json:"input_bytes,omitempty"`
-	Estimator      string  `json:"estimator"`
-	pipeline.Result
-	DeadLetters      map[string]int64 `json:"dead_letters"`
-	DeadLettersTotal int64            `json:"dead_letters_total"`
 }
 
 func newRunID() string {
@@ -372,70 +318,4 @@ func openOutput(ctx context.Context, o ingestOpts, runID string) (store.Store, s
 		dl = st.DeadLetters()
 	}
 	return st, dl, nil
-}
-
-func writeStatsJSON(path string, st ingestStats) error {
-	b, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil && filepath.Dir(path) != "." {
-		return fmt.Errorf("stats json: %w", err)
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
-
-func printIngestSummary(w io.Writer, st ingestStats) {
-	sc := st.Totals
-	c := st.Counters
-	mb := float64(st.InputBytes) / (1 << 20)
-	fmt.Fprintf(w, "ingest %s: %d records read", st.RunID, c.Records)
-	if st.InputBytes > 0 && st.ElapsedSeconds > 0 {
-		fmt.Fprintf(w, " (%.1f MiB in %.2fs, %.1f MiB/s)", mb, st.ElapsedSeconds, mb/st.ElapsedSeconds)
-	}
-	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  written:    %d steps, %d trajectories, %d groups (%d partial) in %d shards, %.1f MiB\n",
-		c.StepsEmitted, c.TrajectoriesEmitted, c.GroupsEmitted, c.PartialGroups, sc.Shards, float64(sc.Bytes)/(1<<20))
-	fmt.Fprintf(w, "  dropped:    %d duplicates (producer retries)\n", c.Duplicates)
-	if c.SkippedCommitted > 0 {
-		fmt.Fprintf(w, "  skipped:    %d records settled by an earlier run over this input\n", c.SkippedCommitted)
-	}
-	fmt.Fprintf(w, "  repaired:   %d records with invalid UTF-8\n", c.Repaired)
-	fmt.Fprintf(w, "  advantage:  %s", st.Estimator)
-	if st.NoTeacher > 0 {
-		fmt.Fprintf(w, "; %d steps without teacher logprobs (token_advantages null)", st.NoTeacher)
-	}
-	fmt.Fprintln(w)
-	if len(st.Filtered) > 0 {
-		fmt.Fprintf(w, "  marked by filters (trajectories):")
-		keys := make([]string, 0, len(st.Filtered))
-		for k := range st.Filtered {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			fmt.Fprintf(w, " %s %d;", k, st.Filtered[k])
-		}
-		fmt.Fprintln(w)
-	}
-	if c.TimedOut > 0 || c.Evicted > 0 {
-		fmt.Fprintf(w, "  closed early: %d groups timed out, %d evicted at --max-open-groups\n", c.TimedOut, c.Evicted)
-	}
-	fmt.Fprintf(w, "  dead letters: %d", st.DeadLettersTotal)
-	if st.DeadLettersTotal > 0 {
-		fmt.Fprintf(w, " in %s", st.DeadLetterFile)
-	}
-	fmt.Fprintln(w)
-	reasons := make([]string, 0, len(st.DeadLetters))
-	for r := range st.DeadLetters {
-		reasons = append(reasons, r)
-	}
-	sort.Strings(reasons)
-	for _, r := range reasons {
-		fmt.Fprintf(w, "    %-22s %d\n", r, st.DeadLetters[r])
-	}
-	if st.Stopped {
-		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
-	}
-	fmt.Fprintf(w, "  output:     %s\n", st.Output)
 }

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"github.com/spf13/pflag"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors"
+	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
+)
+
+// connFlags are the connection settings that may come from flags; secrets
+// come only from the environment (a flag would show in the process list).
+type connFlags struct {
+	kafkaTLS  bool
+	kafkaSASL string
+	kafkaUser string
+	s3Region  string
+	s3Endpt   string
+}
+
+func (c *connFlags) register(f *pflag.FlagSet) {
+	f.BoolVar(&c.kafkaTLS, "kafka-tls", false, "connect to Kafka over TLS")
+	f.StringVar(&c.kafkaSASL, "kafka-sasl-mechanism", "", "Kafka SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (password from RLLM_KAFKA_SASL_PASSWORD)")
+	f.StringVar(&c.kafkaUser, "kafka-sasl-username", "", "Kafka SASL user name")
+	f.StringVar(&c.s3Endpt, "s3-endpoint", "", "S3 endpoint URL (default AWS_ENDPOINT_URL; keys from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
+	f.StringVar(&c.s3Region, "s3-region", "", "S3 region (default AWS_REGION, else us-east-1)")
+}
+
+func (c *connFlags) kafka(cfg kafka.Config) kafka.Config {
+	if c.kafkaTLS {
+		cfg.TLS = true
+	}
+	if c.kafkaSASL != "" {
+		cfg.SASL = c.kafkaSASL
+	}
+	if c.kafkaUser != "" {
+		cfg.User = c.kafkaUser
+	}
+	return cfg
+}
+
+func (c *connFlags) options() connectors.Options {
+	return connectors.Options{S3Endpoint: c.s3Endpt, S3Region: c.s3Region}
+}

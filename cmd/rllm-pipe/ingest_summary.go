@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+)
+
+// ingestStats is the run summary, printed on stderr and written by
+// --stats-json.
+type ingestStats struct {
+	RunID          string  `json:"run_id"`
+	Output         string  `json:"output"`
+	DeadLetterFile string  `json:"dead_letter_file,omitempty"`
+	Stopped        bool    `json:"stopped_early"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	InputBytes     int64   `json:"input_bytes,omitempty"`
+	Estimator      string  `json:"estimator"`
+	pipeline.Result
+	DeadLetters      map[string]int64 `json:"dead_letters"`
+	DeadLettersTotal int64            `json:"dead_letters_total"`
+}
+
+func writeStatsJSON(path string, st ingestStats) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil && filepath.Dir(path) != "." {
+		return fmt.Errorf("stats json: %w", err)
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func printIngestSummary(w io.Writer, st ingestStats) {
+	sc := st.Totals
+	c := st.Counters
+	mb := float64(st.InputBytes) / (1 << 20)
+	fmt.Fprintf(w, "ingest %s: %d records read", st.RunID, c.Records)
+	if st.InputBytes > 0 && st.ElapsedSeconds > 0 {
+		fmt.Fprintf(w, " (%.1f MiB in %.2fs, %.1f MiB/s)", mb, st.ElapsedSeconds, mb/st.ElapsedSeconds)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "  written:    %d steps, %d trajectories, %d groups (%d partial) in %d shards, %.1f MiB\n",
+		c.StepsEmitted, c.TrajectoriesEmitted, c.GroupsEmitted, c.PartialGroups, sc.Shards, float64(sc.Bytes)/(1<<20))
+	fmt.Fprintf(w, "  dropped:    %d duplicates (producer retries)\n", c.Duplicates)
+	if c.SkippedCommitted > 0 {
+		fmt.Fprintf(w, "  skipped:    %d records settled by an earlier run over this input\n", c.SkippedCommitted)
+	}
+	fmt.Fprintf(w, "  repaired:   %d records with invalid UTF-8\n", c.Repaired)
+	fmt.Fprintf(w, "  advantage:  %s", st.Estimator)
+	if st.NoTeacher > 0 {
+		fmt.Fprintf(w, "; %d steps without teacher logprobs (token_advantages null)", st.NoTeacher)
+	}
+	fmt.Fprintln(w)
+	if len(st.Filtered) > 0 {
+		fmt.Fprintf(w, "  marked by filters (trajectories):")
+		keys := make([]string, 0, len(st.Filtered))
+		for k := range st.Filtered {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(w, " %s %d;", k, st.Filtered[k])
+		}
+		fmt.Fprintln(w)
+	}
+	if c.TimedOut > 0 || c.Evicted > 0 {
+		fmt.Fprintf(w, "  closed early: %d groups timed out, %d evicted at --max-open-groups\n", c.TimedOut, c.Evicted)
+	}
+	fmt.Fprintf(w, "  dead letters: %d", st.DeadLettersTotal)
+	if st.DeadLettersTotal > 0 {
+		fmt.Fprintf(w, " in %s", st.DeadLetterFile)
+	}
+	fmt.Fprintln(w)
+	reasons := make([]string, 0, len(st.DeadLetters))
+	for r := range st.DeadLetters {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	for _, r := range reasons {
+		fmt.Fprintf(w, "    %-22s %d\n", r, st.DeadLetters[r])
+	}
+	if st.Stopped {
+		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
+	}
+	fmt.Fprintf(w, "  output:     %s\n", st.Output)
+}
