@@ -287,22 +287,18 @@ func (c *coordinator) refresh(ctx context.Context) error {
 		c.mu.Lock()
 		next := c.st.Next
 		c.mu.Unlock()
-		data, err := c.log.Read(ctx, next)
-		if errors.Is(err, fs.ErrNotExist) {
-			behind, err := c.log.Behind(ctx, next)
-			if err != nil {
-				return fmt.Errorf("train: consumer-group log: %w", err)
-			}
-			if !behind {
-				return nil
-			}
+		data, behind, err := c.log.Next(ctx, next)
+		if err != nil {
+			return fmt.Errorf("train: read consumer-group event %d: %w", next, err)
+		}
+		if behind {
 			if err := c.load(ctx); err != nil {
 				return err
 			}
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("train: read consumer-group event %d: %w", next, err)
+		if data == nil {
+			return nil
 		}
 		var e event
 		if err := json.Unmarshal(data, &e); err != nil {

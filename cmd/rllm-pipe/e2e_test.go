@@ -1146,6 +1146,14 @@ func e2eCheckOutput(t *testing.T, o *e2eOutput, ref *refResult, lines [][]byte, 
 	var msum int64
 	for _, m := range o.manifest {
 		p := m.Path
+		if p == "" {
+			// A checkpoint: it settles dead letters and dropped retries
+			// between commits (one is made at a tick of a slow run).
+			if m.Rows != 0 {
+				t.Errorf("a checkpoint lists %d rows", m.Rows)
+			}
+			continue
+		}
 		if _, dup := mpaths[p]; dup {
 			t.Errorf("manifest lists %q more than once", p)
 		}

@@ -230,22 +230,18 @@ func (s *Store) refresh(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		data, err := s.journal.Read(ctx, s.next)
-		if errors.Is(err, fs.ErrNotExist) {
-			behind, err := s.journal.Behind(ctx, s.next)
-			if err != nil {
-				return fmt.Errorf("s3: manifest: %w", err)
-			}
-			if !behind {
-				return nil
-			}
+		data, behind, err := s.journal.Next(ctx, s.next)
+		if err != nil {
+			return fmt.Errorf("s3: read manifest entry %d: %w", s.next, err)
+		}
+		if behind {
 			if err := s.reload(ctx); err != nil {
 				return err
 			}
 			continue
 		}
-		if err != nil {
-			return fmt.Errorf("s3: read manifest entry %d: %w", s.next, err)
+		if data == nil {
+			return nil
 		}
 		var e schemas.ShardEntry
 		if err := json.Unmarshal(data, &e); err != nil {

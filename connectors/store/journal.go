@@ -98,6 +98,18 @@ func (j *Journal) Read(ctx context.Context, seq int64) ([]byte, error) {
 	return j.obj.Get(ctx, RecordName(seq))
 }
 
+// Next returns record next for a reader that has read the ones before:
+// its data; or nil at the end of the log; or behind, when the log was
+// compacted past next and the reader must reload from the newest snapshot.
+func (j *Journal) Next(ctx context.Context, next int64) (data []byte, behind bool, err error) {
+	data, err = j.Read(ctx, next)
+	if errors.Is(err, fs.ErrNotExist) {
+		behind, err = j.Behind(ctx, next)
+		return nil, behind, err
+	}
+	return data, false, err
+}
+
 // Behind reports, for a reader whose next record next is missing, whether
 // that is because the log was compacted past it (reload from the newest
 // snapshot) rather than because it is at the end.
