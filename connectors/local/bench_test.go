@@ -15,20 +15,42 @@ import (
 
 // BenchmarkOpenManifest times opening a local output of n commits, as a
 // writer (ingest) and as a reader listing the shards (sql, consume,
-// serve). The local manifest is one JSON line per commit: both grow with
-// the shards listed (BENCHMARKS.md).
+// serve). A writer reads the state the last one left and the manifest
+// after it ("writer"); a manifest without one is read whole ("writer, no
+// state": the first open after an upgrade, or a state deleted). A reader
+// lists every shard: it grows with them (BENCHMARKS.md).
 func BenchmarkOpenManifest(b *testing.B) {
 	for _, n := range []int{10_000, 100_000, 1_000_000} {
 		root := b.TempDir()
 		writeManifest(b, root, n)
-		b.Run(fmt.Sprintf("writer/commits=%d", n), func(b *testing.B) {
+		openWriter := func(b *testing.B, i int) {
+			st, err := Open(root, fmt.Sprintf("bench-%d", i))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if got := st.Settled()["file"].Len(); got != int64(n)*2048 {
+				b.Fatalf("%d positions settled, want %d", got, n*2048)
+			}
+			if err := st.Close(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.Run(fmt.Sprintf("writer-no-state/commits=%d", n), func(b *testing.B) {
 			start := time.Now()
 			for i := range b.N {
-				st, err := Open(root, fmt.Sprintf("bench-%d", i))
-				if err != nil {
+				if err := os.Remove(filepath.Join(root, ManifestDir, StateFile)); err != nil && !os.IsNotExist(err) {
 					b.Fatal(err)
 				}
-				st.Close()
+				openWriter(b, i)
+			}
+			b.ReportMetric(float64(time.Since(start).Microseconds())/float64(b.N)/1000, "ms/open")
+		})
+		b.Run(fmt.Sprintf("writer/commits=%d", n), func(b *testing.B) {
+			openWriter(b, -1) // the run before left its state
+			b.ResetTimer()
+			start := time.Now()
+			for i := range b.N {
+				openWriter(b, i)
 			}
 			b.ReportMetric(float64(time.Since(start).Microseconds())/float64(b.N)/1000, "ms/open")
 		})

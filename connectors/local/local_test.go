@@ -2,12 +2,14 @@ package local
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -155,5 +157,88 @@ func TestSecondWriterMessage(t *testing.T) {
 	_, err = Open(root, "second-run")
 	if !errors.Is(err, store.ErrLocked) || !strings.Contains(err.Error(), "first-run") || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
 		t.Fatalf("second writer: %v", err)
+	}
+}
+
+// A writer opens from the state the last clean writer left and the
+// manifest after it, and from the registration of a writer that died:
+// what that one committed is settled, its unlisted shard removed, and the
+// entries go on numbering where the manifest ends.
+func TestWriterStateAndDeadWriter(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	commit := func(st *Store, seq int, pos int64) {
+		t.Helper()
+		rel := fmt.Sprintf("policy=0/part-%s-%06d.parquet", st.writer, seq)
+		p, err := st.Create(ctx, rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Write([]byte("x"))
+		if err := p.Commit(ctx, schemas.ShardEntry{Rows: 1, Settled: schemas.Settled{"f": {{pos, pos}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w1, err := Open(root, "w1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		commit(w1, i, int64(i))
+	}
+	if err := w1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := readState(root)
+	if err != nil || st.Entries != 10 || st.Settled["f"].Len() != 10 {
+		t.Fatalf("state after a clean close: %+v %v", st, err)
+	}
+	w2, err := Open(root, "w2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		commit(w2, i, int64(10+i))
+	}
+	orphan := filepath.Join(root, "policy=0", "part-w2-000099.parquet")
+	if err := os.WriteFile(orphan, []byte("published, never listed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	Crash(w2)
+	// Prove that w3 reads from the state on: a line before it that no
+	// reader could parse is not read.
+	data, _ := os.ReadFile(filepath.Join(root, ManifestDir, ManifestFile))
+	garbled := append([]byte("{"), data[1:]...)
+	if err := os.WriteFile(filepath.Join(root, ManifestDir, ManifestFile), garbled, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w3, err := Open(root, "w3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := w3.Settled(); s["f"].Len() != 15 || s["f"][0] != [2]int64{0, 14} {
+		t.Fatalf("settled %v", s)
+	}
+	if _, err := os.Stat(orphan); !os.IsNotExist(err) {
+		t.Fatal("the dead writer's unlisted shard is still there")
+	}
+	for _, rel := range []string{"policy=0/part-w1-000009.parquet", "policy=0/part-w2-000004.parquet"} {
+		if _, err := os.Stat(filepath.Join(root, filepath.FromSlash(rel))); err != nil {
+			t.Fatalf("committed %s: %v", rel, err)
+		}
+	}
+	commit(w3, 0, 15)
+	if err := w3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := os.ReadFile(filepath.Join(root, ManifestDir, ManifestFile))
+	lines := bytes.Split(bytes.TrimSuffix(after, []byte("\n")), []byte("\n"))
+	var last schemas.ShardEntry
+	if err := json.Unmarshal(lines[len(lines)-1], &last); err != nil || last.Seq != 15 || last.Writer != "w3" || len(lines) != 16 {
+		t.Fatalf("w3's entry: %+v %v (%d lines)", last, err, len(lines))
+	}
+	reg, _ := readWriters(root)
+	if len(reg.open) != 0 {
+		t.Fatalf("writers left open: %v", reg.open)
 	}
 }

@@ -7,6 +7,8 @@
 //	policy=<N>/part-<writer>-<seq>.parquet   committed shards
 //	_manifest/shards.jsonl                   one entry a line: the manifest
 //	_manifest/lock                           held by the one writer
+//	_manifest/writers.jsonl                  the writers that wrote here
+//	_manifest/state.json                     what a writer needs of the manifest, folded (state.go)
 //	_dlq/<writer>.jsonl                      dead letters
 //	_tmp/<writer>.<random>.tmp               shards being written
 //	_consumers/<group>/                      consumer groups' logs
@@ -36,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -64,19 +67,23 @@ type Store struct {
 	writer string
 	lock   *os.File
 
-	mu  sync.Mutex // serialises manifest appends
-	man *os.File
-	log *store.Log
-	dl  *DeadLetterFile
-	// known has the writers registered (writers.jsonl) that may have left
-	// files but no entry.
-	known *store.Log
-}
-
-// isKnown reports whether writer wrote here: files named after it are the
-// store's. Callers hold mu or run before the store is shared.
-func (s *Store) isKnown(writer string) bool {
-	return writer != "" && (s.log.Known(writer) || s.known.Known(writer) || writer == s.writer)
+	mu         sync.Mutex // serialises manifest appends
+	man        *os.File
+	size       int64 // manifest bytes
+	count      int64 // manifest entries: the next Seq
+	sinceState int   // appends since state.json was written
+	settled    schemas.Settled
+	known      map[string]bool  // writers whose files are the store's
+	durable    map[string]int64 // dead-letter file → its durable length
+	// listed has the shards and dead-letter files listed by the entries
+	// read at Open (from the oldest dead writer's registration on) and
+	// appended since: enough to tell the orphans of those writers.
+	listed map[string]bool
+	// suspects are the writers that died without closing: their orphans
+	// are removed at Open.
+	suspects map[string]bool
+	ready    bool // Open completed: the figures above are the manifest's
+	dl       *DeadLetterFile
 }
 
 var _ store.Store = (*Store)(nil)
@@ -103,7 +110,8 @@ func Open(root, writer string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("local: %s: %w", abs, err)
 	}
-	s := &Store{Reader: &Reader{root: abs}, writer: writer, lock: lock, log: store.NewLog()}
+	s := &Store{Reader: &Reader{root: abs}, writer: writer, lock: lock, settled: schemas.Settled{},
+		known: map[string]bool{writer: true}, durable: map[string]int64{}, listed: map[string]bool{}, suspects: map[string]bool{}}
 	if err := s.open(); err != nil {
 		s.Close()
 		return nil, err
@@ -112,96 +120,126 @@ func Open(root, writer string) (*Store, error) {
 }
 
 func (s *Store) open() error {
+	reg, err := readWriters(s.root)
+	if err != nil {
+		return err
+	}
+	st, err := readState(s.root)
+	if err != nil {
+		return err
+	}
 	mpath := filepath.Join(s.root, ManifestDir, ManifestFile)
-	entries, valid, err := readManifest(mpath)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		s.log.Apply(e)
-	}
-	writers, err := readWriters(s.root)
-	if err != nil {
-		return err
-	}
-	known := store.NewLog()
-	for _, w := range writers {
-		known.Apply(schemas.ShardEntry{Writer: w})
-	}
-	s.known = known
 	f, err := os.OpenFile(mpath, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return fmt.Errorf("local: open manifest: %w", err)
 	}
 	s.man = f
+	info, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("local: manifest: %w", err)
+	}
+	if st.Offset > info.Size() || st.Offset < 0 {
+		st = writerState{} // a manifest shorter than its state: read it all
+	}
+	// Read from the state on, and from the registration of every dead
+	// writer: its entries tell its orphans.
+	from := st.Offset
+	for w, off := range reg.open {
+		s.suspects[w] = true
+		from = min(from, off)
+	}
+	from = max(from, 0)
+	data := make([]byte, info.Size()-from)
+	if _, err := f.ReadAt(data, from); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("local: read manifest: %w", err)
+	}
+	before, n1, err := parseManifest(data[:st.Offset-from], from)
+	if err != nil {
+		return err
+	}
+	if n1 != st.Offset-from {
+		return fmt.Errorf("local: manifest: byte %d, where its state ends, is not the end of an entry", st.Offset)
+	}
+	after, n2, err := parseManifest(data[st.Offset-from:], st.Offset)
+	if err != nil {
+		return err
+	}
+	for _, e := range before { // folded into the state already
+		s.note(e)
+	}
+	s.settled.Union(st.Settled)
+	for _, w := range st.Writers {
+		s.known[w] = true
+	}
+	for file, n := range st.DeadLetters {
+		s.durable[file] = max(s.durable[file], n)
+	}
+	s.count = st.Entries
+	for _, e := range after {
+		s.note(e)
+		s.settled.Union(e.Settled)
+		s.count++
+	}
+	for _, w := range reg.all {
+		s.known[w] = true
+	}
+	if from == 0 {
+		// Everything was read: the writers from before the registry are
+		// known by their entries, and as dead as any.
+		for w := range s.known {
+			s.suspects[w] = true
+		}
+	}
+	delete(s.suspects, s.writer)
 	// Cut a torn tail left by a crash mid-append (no other writer is
 	// alive: we hold the lock).
-	if err := f.Truncate(valid); err != nil {
+	s.size = st.Offset + n2
+	if err := f.Truncate(s.size); err != nil {
 		return fmt.Errorf("local: repair manifest: %w", err)
 	}
-	if _, err := f.Seek(valid, io.SeekStart); err != nil {
+	if _, err := f.Seek(s.size, io.SeekStart); err != nil {
 		return fmt.Errorf("local: repair manifest: %w", err)
 	}
 	if err := s.clearTemporary(); err != nil {
 		return err
 	}
-	if err := s.removeOrphans(""); err != nil {
+	if err := s.removeOrphans(func(w string) bool { return s.suspects[w] }); err != nil {
 		return err
 	}
 	if err := s.cutDeadLetters(); err != nil {
 		return err
 	}
-	return s.register()
-}
-
-// register adds this writer to _manifest/writers.jsonl before it creates
-// anything: from then on the files named after it are the store's,
-// whatever happens to the process. (The manifest itself lists only
-// commits.)
-func (s *Store) register() error {
-	p := filepath.Join(s.root, ManifestDir, WritersFile)
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("local: register writer: %w", err)
+	// The dead writers are cleaned up: later opens need not read back to
+	// their registrations. Then this writer registers, before it creates
+	// anything: from then on the files named after it are the store's,
+	// whatever happens to the process.
+	var lines []writerLine
+	for w := range reg.open {
+		lines = append(lines, writerLine{Writer: w, Closed: true})
 	}
-	line, _ := json.Marshal(writerLine{Writer: s.writer, PID: os.Getpid(), Opened: time.Now().UTC()})
-	_, err = f.Write(append(line, '\n'))
-	if err == nil {
-		err = f.Sync()
+	lines = append(lines, writerLine{Writer: s.writer, PID: os.Getpid(), Opened: time.Now().UTC(), Offset: s.size})
+	if err := s.appendWriters(lines...); err != nil {
+		return err
 	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("local: register writer: %w", err)
-	}
+	s.ready = true
 	return nil
 }
 
-// writerLine is a line of _manifest/writers.jsonl.
-type writerLine struct {
-	Writer string    `json:"writer"`
-	PID    int       `json:"pid"`
-	Opened time.Time `json:"opened"`
-}
-
-// readWriters returns the writers registered under root.
-func readWriters(root string) ([]string, error) {
-	data, err := os.ReadFile(filepath.Join(root, ManifestDir, WritersFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+// note records what an entry lists and who wrote it. Callers hold mu or
+// run before the store is shared.
+func (s *Store) note(e schemas.ShardEntry) {
+	if e.Path != "" {
+		s.listed[e.Path] = true
 	}
-	if err != nil {
-		return nil, fmt.Errorf("local: read writers: %w", err)
+	if dl := e.DeadLetters; dl != nil {
+		s.listed[dl.File] = true
+		s.durable[dl.File] = max(s.durable[dl.File], dl.Bytes)
 	}
-	var out []string
-	for _, l := range bytes.Split(data, []byte("\n")) {
-		var w writerLine
-		if json.Unmarshal(l, &w) == nil && w.Writer != "" {
-			out = append(out, w.Writer)
+	for _, w := range []string{e.Writer, e.RunID} {
+		if w != "" {
+			s.known[w] = true
 		}
 	}
-	return out, nil
 }
 
 // ownDir creates dir if needed and checks that it is a real folder (the
@@ -223,26 +261,11 @@ func ownDir(dir string) error {
 // Writer is the id this store writes as.
 func (s *Store) Writer() string { return s.writer }
 
-// Entries returns the manifest (this writer is its only appender, so its
-// view is current).
-func (s *Store) Entries(ctx context.Context) ([]schemas.ShardEntry, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.log.Entries(), nil
-}
-
-// Committed returns the entries that list a shard.
-func (s *Store) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.log.Committed(), nil
-}
-
 // Settled returns the union of the positions settled by every entry.
 func (s *Store) Settled() schemas.Settled {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.log.Settled()
+	return store.CloneSettled(s.settled)
 }
 
 // Claim does nothing on a local directory: the lock keeps every other
@@ -269,21 +292,32 @@ func (s *Store) append(e schemas.ShardEntry) error {
 	if s.man == nil {
 		return errors.New("local: store is closed")
 	}
-	if st := s.log.Fenced(&e, s.writer); st != "" {
-		return fmt.Errorf("%w: %s", store.ErrFenced, st)
-	}
-	e.Seq = int64(s.log.Len())
+	e.Seq = s.count
 	line, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("local: encode manifest entry: %w", err)
 	}
-	if _, err := s.man.Write(append(line, '\n')); err != nil {
+	_, err = s.man.Write(append(line, '\n'))
+	if err == nil {
+		err = s.man.Sync()
+	}
+	if err != nil {
+		// A part of the line may be there (a full disk): cut it, so that
+		// the next append starts a line.
+		if s.man.Truncate(s.size) == nil {
+			_, _ = s.man.Seek(s.size, io.SeekStart)
+		}
 		return fmt.Errorf("local: append manifest: %w", err)
 	}
-	if err := s.man.Sync(); err != nil {
-		return fmt.Errorf("local: sync manifest: %w", err)
+	s.size += int64(len(line) + 1)
+	s.count++
+	s.note(e)
+	s.settled.Union(e.Settled)
+	if s.sinceState++; s.sinceState >= stateEvery {
+		if err := s.writeState(); err != nil {
+			slog.Warn("local: writer state", "err", err) // opening reads more; nothing is lost
+		}
 	}
-	s.log.Apply(e)
 	return nil
 }
 
@@ -310,10 +344,10 @@ func (s *Store) clearTemporary() error {
 	return nil
 }
 
-// removeOrphans removes published shards that no entry lists, named after
-// a writer the manifest knows (only, when only is set): the shards of a
-// writer that crashed or failed between the rename and the append.
-func (s *Store) removeOrphans(only string) error {
+// removeOrphans removes published shards, named after a writer doomed
+// reports, that no entry lists: the shards of a writer that crashed or
+// failed between the rename and the append. Callers hold no lock.
+func (s *Store) removeOrphans(doomed func(writer string) bool) error {
 	ents, err := os.ReadDir(s.root)
 	if err != nil {
 		return fmt.Errorf("local: read %s: %w", s.root, err)
@@ -331,11 +365,11 @@ func (s *Store) removeOrphans(only string) error {
 			if !f.Type().IsRegular() {
 				continue
 			}
-			s.mu.Lock()
 			w := store.ShardWriter(rel)
-			doomed := s.isKnown(w) && !s.log.Listed(rel) && (only == "" || w == only)
+			s.mu.Lock()
+			orphan := w != "" && doomed(w) && !s.listed[rel]
 			s.mu.Unlock()
-			if !doomed {
+			if !orphan {
 				continue
 			}
 			if err := os.Remove(filepath.Join(s.root, filepath.FromSlash(rel))); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -352,19 +386,13 @@ func (s *Store) Sweep(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.removeOrphans(s.writer)
+	return s.removeOrphans(func(w string) bool { return w == s.writer })
 }
 
 // cutDeadLetters truncates the dead-letter files of known writers to the
 // length the manifest made durable: lines beyond belong to records that
 // were not settled and will be dead-lettered again.
 func (s *Store) cutDeadLetters() error {
-	durable := map[string]int64{}
-	for _, e := range s.log.Entries() {
-		if e.DeadLetters != nil {
-			durable[e.DeadLetters.File] = max(durable[e.DeadLetters.File], e.DeadLetters.Bytes)
-		}
-	}
 	dir := filepath.Join(s.root, DLQDir)
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -378,14 +406,14 @@ func (s *Store) cutDeadLetters() error {
 	}
 	for _, de := range ents {
 		rel := DLQDir + "/" + de.Name()
-		if !de.Type().IsRegular() || !s.isKnown(store.DeadLetterWriter(rel)) {
+		if w := store.DeadLetterWriter(rel); !de.Type().IsRegular() || w == "" || !s.known[w] {
 			continue
 		}
 		info, err := de.Info()
 		if err != nil {
 			return fmt.Errorf("local: %w", err)
 		}
-		keep := durable[rel]
+		keep := s.durable[rel]
 		if info.Size() <= keep {
 			continue
 		}
@@ -570,13 +598,24 @@ func syncDir(dir string) error {
 func (s *Store) Close() error {
 	var errs []error
 	s.mu.Lock()
-	dl := s.dl
+	dl, open := s.dl, s.man != nil && s.ready
 	s.mu.Unlock()
 	if dl != nil {
 		errs = append(errs, dl.Close())
 	}
+	// No commit is in flight any more: this writer's unlisted shards go,
+	// and then it is closed, so that the next writer need not read the
+	// manifest back to its registration to look for them.
+	clean := open && s.removeOrphans(func(w string) bool { return w == s.writer }) == nil
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.man != nil && s.ready {
+		if err := s.writeState(); err != nil {
+			slog.Warn("local: writer state", "err", err)
+		} else if clean {
+			errs = append(errs, s.appendWriters(writerLine{Writer: s.writer, Closed: true}))
+		}
+	}
 	if s.man != nil {
 		errs = append(errs, s.man.Close())
 		s.man = nil
