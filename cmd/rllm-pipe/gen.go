@@ -39,8 +39,11 @@ func newGenCmd() *cobra.Command {
 				defer f.Close()
 				w = f
 			}
-			bw := bufio.NewWriterSize(w, 1<<20)
+			cw := &countingWriter{w: w}
+			bw := bufio.NewWriterSize(cw, 1<<20)
+			stop := newProgress(cmd.ErrOrStderr(), "gen", -1, true, quiet).follow(cw.n.Load)
 			sum, err := synth.Generate(cmd.Context(), bw, cfg)
+			stop()
 			if err != nil {
 				return fmt.Errorf("gen: %w", err)
 			}

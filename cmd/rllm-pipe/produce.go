@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"github.com/spf13/cobra"
 
@@ -50,6 +51,15 @@ func newProduceCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			total := int64(-1)
+			if f, ok := in.(*os.File); ok && f != os.Stdin {
+				if info, err := f.Stat(); err == nil && info.Mode().IsRegular() {
+					total = info.Size()
+				}
+			}
+			var read atomic.Int64
+			stop := newProgress(cmd.ErrOrStderr(), "produce", total, true, quiet).follow(read.Load)
+			defer stop()
 			r := bufio.NewReaderSize(in, 1<<20)
 			var pending [][]byte
 			var sent, bytes int64
@@ -66,6 +76,7 @@ func newProduceCmd() *cobra.Command {
 			}
 			for {
 				line, err := r.ReadBytes('\n')
+				read.Add(int64(len(line)))
 				if l := strings.TrimRight(string(line), "\r\n"); strings.TrimSpace(l) != "" {
 					pending = append(pending, []byte(l))
 					bytes += int64(len(l))
@@ -91,6 +102,7 @@ func newProduceCmd() *cobra.Command {
 			if err := p.Close(); err != nil {
 				return fmt.Errorf("produce: %w", err)
 			}
+			stop()
 			if !quiet {
 				fmt.Fprintf(cmd.ErrOrStderr(), "produce: %d records (%.1f MiB) to %s\n", sent, float64(bytes)/(1<<20), cfg)
 			}

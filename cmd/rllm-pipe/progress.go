@@ -3,6 +3,8 @@ package main
 import (
 	"io"
 	"os"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -28,7 +30,7 @@ func newProgress(w io.Writer, label string, total int64, bytes, quiet bool) *pro
 		progressbar.OptionSetPredictTime(total > 0),
 	}
 	if bytes {
-		opts = append(opts, progressbar.OptionShowBytes(true))
+		opts = append(opts, progressbar.OptionShowBytes(true), progressbar.OptionShowCount())
 	} else {
 		opts = append(opts, progressbar.OptionShowCount(), progressbar.OptionSetItsString("records"), progressbar.OptionShowIts())
 	}
@@ -51,7 +53,8 @@ func (p *progress) set(n int64) {
 	}
 }
 
-// follow sets the bar from value every 200 ms until stop is called.
+// follow sets the bar from value every 200 ms until stop (which may be
+// called more than once) is called.
 func (p *progress) follow(value func() int64) (stop func()) {
 	if p.bar == nil {
 		return func() {}
@@ -70,10 +73,13 @@ func (p *progress) follow(value func() int64) (stop func()) {
 			}
 		}
 	}()
+	var once sync.Once
 	return func() {
-		close(quit)
-		<-done
-		p.finish()
+		once.Do(func() {
+			close(quit)
+			<-done
+			p.finish()
+		})
 	}
 }
 
@@ -94,4 +100,16 @@ func (p *progress) update(done, total int64) {
 		p.bar.ChangeMax64(total)
 	}
 	p.set(done)
+}
+
+// countingWriter counts the bytes written through it (for progress).
+type countingWriter struct {
+	w io.Writer
+	n atomic.Int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
 }
