@@ -15,7 +15,6 @@ import (
 // Root is an output root named by a URL: a local directory (a path or
 // file:///path) or an S3 prefix (s3://bucket/prefix).
 type Root struct {
-	URL  string
 	Path string     // the local directory, if local
 	S3   *s3.Config // the bucket and prefix, if S3
 }
@@ -30,7 +29,7 @@ type Options struct {
 
 // ParseRoot reads an output root's URL. "-" (stdin) is no root.
 func ParseRoot(raw string, o Options) (Root, error) {
-	r := Root{URL: raw}
+	var r Root
 	switch {
 	case raw == "":
 		return r, fmt.Errorf("no output root given")

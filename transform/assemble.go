@@ -72,6 +72,21 @@ type Counters struct {
 	Evicted             int64 `json:"groups_evicted"`
 }
 
+// Add adds o's counts to c (the counters of several runs of the stages).
+func (c *Counters) Add(o Counters) {
+	c.Records += o.Records
+	c.Blank += o.Blank
+	c.Duplicates += o.Duplicates
+	c.Repaired += o.Repaired
+	c.SkippedCommitted += o.SkippedCommitted
+	c.GroupsEmitted += o.GroupsEmitted
+	c.PartialGroups += o.PartialGroups
+	c.TrajectoriesEmitted += o.TrajectoriesEmitted
+	c.StepsEmitted += o.StepsEmitted
+	c.TimedOut += o.TimedOut
+	c.Evicted += o.Evicted
+}
+
 // Step is a buffered step with its lineage.
 type Step struct {
 	*schemas.Step

@@ -2,13 +2,15 @@ package transform
 
 import (
 	"fmt"
+	"reflect"
 
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -332,5 +334,22 @@ func TestAssembleDecodeErrorsPassThrough(t *testing.T) {
 	dead := a.Take().Dead
 	if len(dead) != 1 || dead[0].Reason != schemas.ReasonMalformedJSON || string(dead[0].Record) != "{" || dead[0].Source.Line != 3 {
 		t.Fatalf("%+v", dead)
+	}
+}
+
+// Counters.Add sums every field: a counter added later and forgotten there
+// would vanish from the totals of multi-generation runs.
+func TestCountersAddEveryField(t *testing.T) {
+	var a, b Counters
+	va, vb := reflect.ValueOf(&a).Elem(), reflect.ValueOf(&b).Elem()
+	for i := range va.NumField() {
+		va.Field(i).SetInt(int64(i + 1))
+		vb.Field(i).SetInt(int64(100 * (i + 1)))
+	}
+	a.Add(b)
+	for i := range va.NumField() {
+		if got := va.Field(i).Int(); got != int64(101*(i+1)) {
+			t.Errorf("%s: %d, want %d", va.Type().Field(i).Name, got, 101*(i+1))
+		}
 	}
 }

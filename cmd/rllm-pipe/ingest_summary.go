@@ -4,9 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
 )
@@ -60,12 +61,7 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 	fmt.Fprintln(w)
 	if len(st.Filtered) > 0 {
 		fmt.Fprintf(w, "  marked by filters (trajectories):")
-		keys := make([]string, 0, len(st.Filtered))
-		for k := range st.Filtered {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(st.Filtered)) {
 			fmt.Fprintf(w, " %s %d;", k, st.Filtered[k])
 		}
 		fmt.Fprintln(w)
@@ -78,12 +74,7 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 		fmt.Fprintf(w, " in %s", st.DeadLetterFile)
 	}
 	fmt.Fprintln(w)
-	reasons := make([]string, 0, len(st.DeadLetters))
-	for r := range st.DeadLetters {
-		reasons = append(reasons, r)
-	}
-	sort.Strings(reasons)
-	for _, r := range reasons {
+	for _, r := range slices.Sorted(maps.Keys(st.DeadLetters)) {
 		fmt.Fprintf(w, "    %-22s %d\n", r, st.DeadLetters[r])
 	}
 	if st.Stopped {

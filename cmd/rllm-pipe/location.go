@@ -2,8 +2,9 @@ package main
 
 import (
 	"fmt"
-	"net/url"
 	"strings"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors"
 )
 
 // localPath resolves a --from/--to/--dlq URL of the embedded default:
@@ -15,25 +16,11 @@ func localPath(flag, raw string) (string, error) {
 	if raw == "-" {
 		return raw, nil
 	}
-	if !strings.Contains(raw, "://") {
-		return raw, nil
-	}
-	u, err := url.Parse(raw)
+	p, err := connectors.LocalPath(raw)
 	if err != nil {
-		return "", usageErrorf("--%s %q: %v", flag, raw, err)
+		return "", usageErrorf("--%s %v", flag, err)
 	}
-	switch u.Scheme {
-	case "file":
-		if u.Host != "" && u.Host != "localhost" {
-			return "", usageErrorf("--%s %q: file URLs name a local path (file:///path)", flag, raw)
-		}
-		if u.Path == "" {
-			return "", usageErrorf("--%s %q: empty path", flag, raw)
-		}
-		return u.Path, nil
-	default:
-		return "", usageErrorf("--%s %q: scheme %q is not supported by this build (use file:///path or a plain path)", flag, raw, u.Scheme)
-	}
+	return p, nil
 }
 
 // parseBytes reads sizes such as 256MiB, 64MB, 1GiB or 1048576.

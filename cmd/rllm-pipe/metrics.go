@@ -44,16 +44,7 @@ func (m *metrics) Progress(c transform.Counters, open int) {
 func (m *metrics) Ended() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	p, c := &m.past, m.cur
-	p.Records += c.Records
-	p.Duplicates += c.Duplicates
-	p.Repaired += c.Repaired
-	p.SkippedCommitted += c.SkippedCommitted
-	p.GroupsEmitted += c.GroupsEmitted
-	p.PartialGroups += c.PartialGroups
-	p.StepsEmitted += c.StepsEmitted
-	p.TimedOut += c.TimedOut
-	p.Evicted += c.Evicted
+	m.past.Add(m.cur)
 	m.cur, m.openGroups = transform.Counters{}, 0
 }
 

@@ -39,8 +39,14 @@
 //   - dead letters are uploaded as an object referenced by the entry that
 //     settles their records, so they too are committed exactly once.
 //
-// Readers list committed shards from the log (Entries); at a quiet point,
-// when no writer is mid-commit, the shard objects are exactly those.
+// The log is a store.Journal: every SnapshotEvery entries a snapshot of
+// the replayed log (snap-<seq>.json) is written, readers and writers open
+// from the newest one, and the entries before the second newest are
+// deleted; a writer that slept through that sees it and reloads.
+//
+// Readers list committed shards from the log (Committed); at a quiet
+// point, when no writer is mid-commit, the shard objects are exactly
+// those.
 package s3
 
 import (

@@ -13,8 +13,10 @@ import (
 
 // Log is a manifest replayed: its entries in order, the latest claim of
 // each stream and the union of the positions settled, kept current entry
-// by entry. Every backend appends by the same rules, checked here. Not
-// safe for concurrent use: backends hold their own lock.
+// by entry, with the fencing rules an appender checks. It serves a
+// backend shared by many writers (S3); the local directory, one writer at
+// a time under its lock, keeps only the figures it needs (local/state.go).
+// Not safe for concurrent use: backends hold their own lock.
 type Log struct {
 	entries []schemas.ShardEntry
 	claims  map[string]claim
@@ -54,9 +56,6 @@ func (l *Log) Apply(e schemas.ShardEntry) {
 		l.writers[e.RunID] = true
 	}
 }
-
-// Len is the number of entries.
-func (l *Log) Len() int { return len(l.entries) }
 
 // Entries returns the entries (a copy).
 func (l *Log) Entries() []schemas.ShardEntry { return append([]schemas.ShardEntry(nil), l.entries...) }
@@ -120,15 +119,6 @@ func (l *Log) Fenced(e *schemas.ShardEntry, writer string) string {
 		}
 	}
 	return ""
-}
-
-// Streams returns the streams claimed, with their holders.
-func (l *Log) Streams() map[string]string {
-	out := make(map[string]string, len(l.claims))
-	for s, c := range l.claims {
-		out[s] = c.writer
-	}
-	return out
 }
 
 // writerID is the shape of the ids that name writers: ingest's run ids

@@ -78,18 +78,7 @@ type Result struct {
 
 // Add adds r's counts to res.
 func (res *Result) Add(r Result) {
-	c := &res.Counters
-	c.Records += r.Records
-	c.Blank += r.Blank
-	c.Duplicates += r.Duplicates
-	c.Repaired += r.Repaired
-	c.SkippedCommitted += r.SkippedCommitted
-	c.GroupsEmitted += r.GroupsEmitted
-	c.PartialGroups += r.PartialGroups
-	c.TrajectoriesEmitted += r.TrajectoriesEmitted
-	c.StepsEmitted += r.StepsEmitted
-	c.TimedOut += r.TimedOut
-	c.Evicted += r.Evicted
+	res.Counters.Add(r.Counters)
 	res.NoTeacher += r.NoTeacher
 	if len(r.Filtered) > 0 && res.Filtered == nil {
 		res.Filtered = map[string]int64{}
