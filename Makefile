@@ -53,7 +53,7 @@ test-short:
 # last, file ingest side by side with DuckDB (bench-ingest).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/...
-	$(GO) test -run '^$$' -bench OpenGroupLog -benchtime 3x -count 3 ./train/
+	$(GO) test -run '^$$' -bench 'OpenGroupLog|LeaseAfterDone' -benchtime 3x -count 3 ./train/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/

@@ -99,6 +99,9 @@ type Consumer struct {
 	curDone  map[int32]bool // groups of cur settled before it was leased
 	entries  []schemas.ShardEntry
 	lastPoll time.Time
+	// first is the index in entries before which every shard is done: a
+	// lease scans from it, so consuming N shards costs O(N), not O(N²).
+	first int
 
 	// watch is, per shard another member holds, the LeaseSeq seen and
 	// when it was first seen (monotonic): a takeover waits until it has
@@ -447,6 +450,9 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 		if err != nil {
 			return nil, nil, err
 		}
+		if len(entries) < c.first {
+			c.first = 0 // not the manifest read before (it only grows)
+		}
 		c.entries, c.lastPoll = entries, time.Now()
 	}
 	var (
@@ -464,12 +470,16 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 	c.mu.Unlock()
 	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
 		picked, previous, e.Expect = nil, "", nil
-		for i := range c.entries {
+		for i := c.first; i < len(c.entries); i++ {
 			p := c.entries[i].Path
+			s := st.Shards[p]
+			if i == c.first && s != nil && s.Done {
+				c.first++ // done stays done
+				continue
+			}
 			if read[p] {
 				continue
 			}
-			s := st.Shards[p]
 			if s == nil || s.free(c.coord.member) {
 				picked = &c.entries[i]
 				if s != nil {
@@ -538,7 +548,7 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 func (c *Consumer) allDone() bool {
 	done := true
 	c.coord.view(func(st *groupState) {
-		for _, e := range c.entries {
+		for _, e := range c.entries[c.first:] {
 			if s := st.Shards[e.Path]; s == nil || !s.Done {
 				done = false
 				return

@@ -3,14 +3,19 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // BenchmarkOpenGroupLog times a member joining a consumer group whose log
@@ -90,4 +95,56 @@ func renewalLog(b *testing.B, n int, compacted bool) Objects {
 		}
 	}
 	return obj
+}
+
+// fixedShards is a manifest of entries that are never read (the lease
+// benchmark only leases).
+type fixedShards []schemas.ShardEntry
+
+func (f fixedShards) Committed(context.Context) ([]schemas.ShardEntry, error) { return f, nil }
+func (f fixedShards) ReadShard(context.Context, schemas.ShardEntry, []string, memory.Allocator) (*parquet.Reader, error) {
+	return nil, errors.New("not readable")
+}
+
+// BenchmarkLeaseAfterDone times leasing the next shard when the first n
+// shards of the manifest are done, as after a long run: a lease scans
+// from the first shard not done, so it costs the same at every n.
+func BenchmarkLeaseAfterDone(b *testing.B) {
+	for _, n := range []int{1_000, 100_000, 1_000_000} {
+		b.Run(fmt.Sprintf("done=%d", n), func(b *testing.B) {
+			entries := make(fixedShards, n+b.N+1)
+			for i := range entries {
+				entries[i].Path = fmt.Sprintf("v0/shard-%08d.parquet", i)
+			}
+			r, err := local.OpenReader(b.TempDir())
+			if err != nil {
+				b.Fatal(err)
+			}
+			obj, err := r.Objects(GroupDir("g"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			c, err := NewConsumer(ctx, entries, obj, ConsumerConfig{Name: "bench", LeaseTimeout: time.Hour})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.abandon()
+			c.coord.view(func(st *groupState) {
+				for _, e := range entries[:n] {
+					st.Shards[e.Path] = &shardState{Done: true}
+				}
+			})
+			b.ResetTimer()
+			start := time.Now()
+			for i := range b.N {
+				e, _, err := c.leaseNext(ctx)
+				if err != nil || e == nil || e.Path != entries[n+i].Path {
+					b.Fatalf("leased %v, %v; want %s", e, err, entries[n+i].Path)
+				}
+				c.coord.view(func(st *groupState) { st.Shards[e.Path].Done = true })
+			}
+			b.ReportMetric(float64(time.Since(start).Microseconds())/float64(b.N)/1000, "ms/lease")
+		})
+	}
 }
