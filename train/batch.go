@@ -62,10 +62,35 @@ type former struct {
 	tokens   int64
 }
 
+// MaxPolicyVersion is the largest policy version a trainer may report
+// (2^53, exact in a float64 as JSON clients hold numbers). Versions come
+// from clients and flags; CheckPolicyVersion keeps them in [0, 2^53].
+const MaxPolicyVersion = 1 << 53
+
+// CheckPolicyVersion reports whether v is a policy version a trainer may
+// report: 0 ≤ v ≤ MaxPolicyVersion.
+func CheckPolicyVersion(v int64) error {
+	if v < 0 || v > MaxPolicyVersion {
+		return fmt.Errorf("policy version %d out of range [0, 2^53]", v)
+	}
+	return nil
+}
+
 // stale reports whether g is more than MaxStaleness versions behind
 // policyVersion.
 func (f *former) stale(g *group, policyVersion int64) bool {
-	return f.cfg.MaxStaleness >= 0 && policyVersion-g.version > f.cfg.MaxStaleness
+	return f.cfg.MaxStaleness >= 0 && behind(policyVersion, g.version) > uint64(f.cfg.MaxStaleness)
+}
+
+// behind is how many versions version is behind policy (0 when it is not
+// behind), exact for any two int64s: the difference of two int64s always
+// fits a uint64, where policy-version in int64 could wrap (a group of
+// version -2^63 would look newer than every policy).
+func behind(policy, version int64) uint64 {
+	if version >= policy {
+		return 0
+	}
+	return uint64(policy) - uint64(version)
 }
 
 // passOver counts g's filtered rows and reports whether g is passed over:
