@@ -18,6 +18,18 @@
 // Close unless Options.DownloadDir keeps them. Nothing is ever written
 // under the output root.
 //
+// # Read only
+//
+// Once the views exist, DuckDB is sandboxed (unless
+// Options.AllowHostFiles): allowed_paths names exactly the files the views
+// read, enable_external_access is off (no other file, no URL, no ATTACH,
+// no INSTALL), extensions are neither installed nor loaded, and the
+// configuration is locked so that no SET undoes it. Because the files the
+// views read could still be written (COPY … TO a shard), DB.Query also
+// runs only queries: one SELECT, or EXPLAIN of one; it refuses anything
+// else with ErrRefused. Table output escapes control characters (see
+// WriteRows).
+//
 // # Views
 //
 //   - steps: every row of the committed shards (schemas.StepSchema, one

@@ -37,6 +37,14 @@ const tableCell = 60
 // shortest exact form; lists, structs and maps as JSON text in CSV);
 // a table rounds floats to 6 significant digits. Timestamps are RFC 3339
 // in UTC, blobs base64; NaN and infinities are null in JSON.
+//
+// Values may hold anything a record carried, terminal escape sequences
+// included. A table escapes control characters and bidirectional
+// overrides (printable), in values and column names; JSON lines escape
+// them as JSON (\u001b), which reads back the same; CSV keeps them as
+// they are: it is exact and meant for programs, and RFC 4180 has no
+// escape for them (quoting is all it has), so any other rendering would
+// change the values a program reads.
 func WriteRows(w io.Writer, rows *sql.Rows, format string) (int, error) {
 	cols, err := rows.Columns()
 	if err != nil {
@@ -244,15 +252,107 @@ func (o jsonObject) MarshalJSON() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// writeJSON appends v as JSON to buf. It also escapes the characters of
+// jsonEscapes as \uNNNN (they can only occur inside strings, so the
+// text stays valid JSON of the same value), so that jsonl on a terminal
+// is as safe as the table.
 func writeJSON(buf *bytes.Buffer, v any) error {
+	start := buf.Len()
 	enc := json.NewEncoder(buf)
 	enc.SetEscapeHTML(false)
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
 	buf.Truncate(buf.Len() - 1) // the encoder's newline
+	if out := buf.Bytes()[start:]; needsJSONEscape(out) {
+		esc := jsonEscapes.Replace(string(out))
+		buf.Truncate(start)
+		buf.WriteString(esc)
+	}
 	return nil
 }
+
+// needsJSONEscape is a fast check for jsonEscapes: every character it
+// replaces is encoded in UTF-8 with a lead byte 0xC2 (U+0080-U+009F),
+// 0xD8 (U+061C) or 0xE2 (U+2000-U+2FFF), or is DEL.
+func needsJSONEscape(b []byte) bool {
+	for _, c := range b {
+		if c == 0x7f || c == 0xc2 || c == 0xd8 || c == 0xe2 {
+			return true
+		}
+	}
+	return false
+}
+
+// printable escapes what a terminal would act on instead of showing:
+// newline, carriage return and tab as \n, \r, \t; other C0 and C1
+// controls and DEL as \xNN or \u00NN (ESC starts escape sequences that
+// recolour, move the cursor, set the window title or write the
+// clipboard); the Unicode bidirectional controls (U+061C, U+200E,
+// U+200F, U+202A-U+202E, U+2066-U+2069) and line and paragraph
+// separators (U+2028, U+2029) as \uNNNN; bytes that are not UTF-8 as
+// \xNN. Backslashes are kept as they are: the table is for reading, csv
+// and jsonl are exact.
+func printable(s string) string {
+	clean := utf8.ValidString(s)
+	for _, r := range s {
+		if needsEscape(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r < 0x80 && needsEscape(r):
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case needsEscape(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
+// needsEscape says whether printable escapes the character r.
+func needsEscape(r rune) bool {
+	switch {
+	case r < 0x20, r >= 0x7f && r <= 0x9f:
+		return true
+	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x2028, r == 0x2029:
+		return true
+	}
+	return false
+}
+
+// jsonEscapes are the characters encoding/json writes raw that a terminal
+// may act on: C1 controls and the bidirectional controls (it escapes C0
+// and U+2028/U+2029 itself).
+var jsonEscapes = func() *strings.Replacer {
+	var pairs []string
+	add := func(r rune) { pairs = append(pairs, string(r), fmt.Sprintf(`\u%04x`, r)) }
+	for r := rune(0x7f); r <= 0x9f; r++ {
+		add(r)
+	}
+	for _, r := range []rune{0x061c, 0x200e, 0x200f, 0x202a, 0x202b, 0x202c, 0x202d, 0x202e, 0x2066, 0x2067, 0x2068, 0x2069} {
+		add(r)
+	}
+	return strings.NewReplacer(pairs...)
+}()
 
 // table holds rows to align them.
 type table struct {
@@ -280,9 +380,10 @@ func (t *table) add(vals []any) {
 	t.rows = append(t.rows, row)
 }
 
-// cell makes s fit on one line of a terminal table.
+// cell makes s fit on one line of a terminal table, with nothing a
+// terminal would act on (see printable).
 func cell(s string) string {
-	s = strings.NewReplacer("\n", `\n`, "\r", `\r`, "\t", `\t`).Replace(s)
+	s = printable(s)
 	if utf8.RuneCountInString(s) <= tableCell {
 		return s
 	}
@@ -291,9 +392,11 @@ func cell(s string) string {
 }
 
 func (t *table) write(w io.Writer) error {
+	cols := make([]string, len(t.cols))
 	width := make([]int, len(t.cols))
 	for i, c := range t.cols {
-		width[i] = utf8.RuneCountInString(c)
+		cols[i] = cell(c)
+		width[i] = utf8.RuneCountInString(cols[i])
 	}
 	for _, r := range t.rows {
 		for i, s := range r {
@@ -317,7 +420,7 @@ func (t *table) write(w io.Writer) error {
 		b.WriteString(strings.TrimRight(l.String(), " "))
 		b.WriteString("\n")
 	}
-	line(t.cols)
+	line(cols)
 	rule := make([]string, len(t.cols))
 	for i := range rule {
 		rule[i] = strings.Repeat("-", width[i])

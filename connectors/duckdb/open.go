@@ -39,6 +39,14 @@ type Options struct {
 	DownloadDir string
 	// Parallel is how many S3 objects download at once. Default 4.
 	Parallel int
+	// AllowHostFiles turns the sandbox off: by default, once the views
+	// exist, DuckDB reaches no file but the committed shards and dead
+	// letters the views read (no other host file, no URL, no extension
+	// to install or load, settings locked) and Query runs queries only.
+	// With AllowHostFiles, DuckDB keeps its defaults and Query runs any
+	// statement: it may read and write whatever the process may, and
+	// install extensions over the network.
+	AllowHostFiles bool
 }
 
 // DB is an in-memory DuckDB with the views over one output root's
@@ -51,6 +59,7 @@ type DB struct {
 	dlqFiles int
 	warnings []string
 	work     string // temporary folder removed by Close
+	open     bool   // Options.AllowHostFiles: no sandbox
 
 	closeOnce sync.Once
 	closeErr  error
@@ -398,7 +407,7 @@ func newDB(from string, o Options) (*DB, error) {
 		os.RemoveAll(work)
 		return nil, fmt.Errorf("duckdb: open: %w", err)
 	}
-	d := &DB{db: db, from: from, work: work}
+	d := &DB{db: db, from: from, work: work, open: o.AllowHostFiles}
 	for _, set := range []string{
 		// Spill to our folder, not to the working directory (which may be
 		// the output root).
@@ -429,7 +438,8 @@ func (d *DB) downloadDir(o Options) (string, error) {
 	return dir, nil
 }
 
-// define creates the views.
+// define creates the views, then, unless Options.AllowHostFiles, closes
+// the sandbox over the files they read.
 func (d *DB) define(ctx context.Context, l *layout) error {
 	for i := range l.dlq {
 		l.dlq[i].longest = min(l.dlq[i].longest, math.MaxUint32-1024)
@@ -444,7 +454,10 @@ func (d *DB) define(ctx context.Context, l *layout) error {
 		}
 	}
 	d.views, d.shards, d.dlqFiles = views, len(l.shards), len(l.dlq)
-	return nil
+	if d.open {
+		return nil
+	}
+	return d.sandbox(ctx, l)
 }
 
 func (d *DB) warnf(format string, args ...any) {
@@ -474,12 +487,21 @@ func (d *DB) Shards() int { return d.shards }
 func (d *DB) Warnings() []string { return append([]string(nil), d.warnings...) }
 
 // SQL is the underlying database, for callers that need more than Query.
+// It runs any statement (the sandbox's file and setting limits still
+// hold): never hand it text from a user.
 func (d *DB) SQL() *sql.DB { return d.db }
 
-// Query runs q. A parse, binding or catalog error is wrapped as
-// ErrBadQuery. The caller closes the rows; cancelling ctx interrupts the
-// query.
+// Query runs q, one statement. Unless Options.AllowHostFiles, q must be a
+// query (a SELECT, or EXPLAIN of one; see readOnly): anything else, and
+// any access beyond the committed data, is an error wrapping ErrRefused.
+// A parse, binding or catalog error is wrapped as ErrBadQuery. The caller
+// closes the rows; cancelling ctx interrupts the query.
 func (d *DB) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	if !d.open {
+		if err := d.readOnly(ctx, q); err != nil {
+			return nil, err
+		}
+	}
 	rows, err := d.db.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, classify(err)
@@ -487,10 +509,17 @@ func (d *DB) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error
 	return rows, nil
 }
 
-// classify wraps DuckDB's errors about the query text as ErrBadQuery.
+// classify wraps DuckDB's errors about the query text as ErrBadQuery,
+// and the sandbox's refusals (a file or URL beyond the committed data, a
+// locked setting) as ErrRefused.
 func classify(err error) error {
 	var de *duckdbdrv.Error
 	if errors.As(err, &de) {
+		switch {
+		case de.Type == duckdbdrv.ErrorTypePermission,
+			de.Type == duckdbdrv.ErrorTypeInvalidInput && strings.Contains(de.Msg, "configuration has been locked"):
+			return fmt.Errorf("%w: %w", ErrRefused, err)
+		}
 		switch de.Type {
 		case duckdbdrv.ErrorTypeParser, duckdbdrv.ErrorTypeSyntax, duckdbdrv.ErrorTypeBinder, duckdbdrv.ErrorTypeCatalog,
 			duckdbdrv.ErrorTypeParameterNotResolved, duckdbdrv.ErrorTypeParameterNotAllowed:

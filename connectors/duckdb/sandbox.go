@@ -1,0 +1,241 @@
+package duckdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	duckdbdrv "github.com/duckdb/duckdb-go/v2"
+)
+
+// ErrRefused marks a query the read-only sandbox refused: a statement
+// that is not a query (COPY, ATTACH, INSTALL, SET, CREATE, ...), several
+// statements at once, or access to a file or the network beyond the
+// committed data the views read. Options.AllowHostFiles lifts it.
+var ErrRefused = errors.New("refused")
+
+// sandbox confines DuckDB to the files the views read, once the views
+// exist (they bind lazily, so the files must stay reachable):
+//
+//   - allowed_paths lists exactly those files and enable_external_access
+//     is off, so every other path (a host file, a glob, the manifest, a
+//     database to ATTACH, the extension and secret folders) and every URL
+//     is refused, for reading and for writing;
+//   - no extension is installed or loaded (the embedded build links
+//     parquet and json in);
+//   - lock_configuration forbids any later SET, RESET or PRAGMA that
+//     changes a setting, so a query cannot undo the above.
+//
+// The listed files can still be written by DuckDB (COPY … TO a shard
+// with USE_TMP_FILE false succeeds), which is why Query also refuses
+// every statement that is not a query (readOnly). Spilling to
+// temp_directory is internal and keeps working.
+func (d *DB) sandbox(ctx context.Context, l *layout) error {
+	files := make([]string, 0, len(l.shards)+len(l.dlq))
+	for _, s := range l.shards {
+		files = append(files, sqlString(s.file))
+	}
+	for _, f := range l.dlq {
+		files = append(files, sqlString(f.file))
+	}
+	for _, set := range []string{
+		"SET GLOBAL allowed_directories = []",
+		"SET GLOBAL allowed_paths = [" + strings.Join(files, ", ") + "]",
+		"SET GLOBAL enable_external_access = false",
+		"SET GLOBAL autoinstall_known_extensions = false",
+		"SET GLOBAL autoload_known_extensions = false",
+		"SET GLOBAL allow_community_extensions = false",
+		"SET GLOBAL lock_configuration = true",
+	} {
+		if _, err := d.db.ExecContext(ctx, set); err != nil {
+			return fmt.Errorf("duckdb: sandbox: %s: %w", clipSQL(set), err)
+		}
+	}
+	return nil
+}
+
+func clipSQL(s string) string {
+	if len(s) > 80 {
+		return s[:77] + "..."
+	}
+	return s
+}
+
+// readOnly refuses q unless it is one query: a SELECT (which covers
+// FROM, WITH, VALUES, TABLE, DESCRIBE, SHOW, SUMMARIZE, PRAGMA table
+// functions and PIVOT with an IN list), or an EXPLAIN [ANALYZE] of one
+// (EXPLAIN ANALYZE runs the statement it explains, so the explained
+// statement is checked too). The statement is only prepared here, never
+// run; preparing binds it, so a refused file access fails here already.
+func (d *DB) readOnly(ctx context.Context, q string) error {
+	typ, err := d.statementType(ctx, q)
+	if err != nil {
+		return err
+	}
+	switch typ {
+	case duckdbdrv.STATEMENT_TYPE_SELECT:
+		return nil
+	case duckdbdrv.STATEMENT_TYPE_EXPLAIN:
+		inner, ok := explained(q)
+		if !ok {
+			return fmt.Errorf("%w: EXPLAIN: only EXPLAIN [ANALYZE] followed by a query runs here", ErrRefused)
+		}
+		it, err := d.statementType(ctx, inner)
+		if err != nil || it != duckdbdrv.STATEMENT_TYPE_SELECT {
+			return fmt.Errorf("%w: EXPLAIN: only EXPLAIN [ANALYZE] followed by a query runs here", ErrRefused)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %s statements are not allowed: sql is read only (queries only)", ErrRefused, stmtName(typ))
+}
+
+// statementType prepares q on a connection of its own, without running
+// it. The driver's Prepare refuses text holding several statements
+// (PrepareContext would run all but the last).
+func (d *DB) statementType(ctx context.Context, q string) (duckdbdrv.StmtType, error) {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("duckdb: connection: %w", err)
+	}
+	defer conn.Close()
+	var typ duckdbdrv.StmtType
+	err = conn.Raw(func(dc any) error {
+		c, ok := dc.(*duckdbdrv.Conn)
+		if !ok {
+			return fmt.Errorf("duckdb: unexpected driver connection %T", dc)
+		}
+		st, err := c.Prepare(q)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		s, ok := st.(*duckdbdrv.Stmt)
+		if !ok {
+			return fmt.Errorf("duckdb: unexpected driver statement %T", st)
+		}
+		typ, err = s.StatementType()
+		return err
+	})
+	if err != nil {
+		var de *duckdbdrv.Error
+		if !errors.As(err, &de) && strings.Contains(err.Error(), "multi-statement") {
+			return 0, fmt.Errorf("%w: one statement at a time (PIVOT needs an explicit IN list)", ErrRefused)
+		}
+		return 0, classify(err)
+	}
+	return typ, nil
+}
+
+// stmtName names a statement type in messages.
+func stmtName(t duckdbdrv.StmtType) string {
+	switch t {
+	case duckdbdrv.STATEMENT_TYPE_INSERT:
+		return "INSERT"
+	case duckdbdrv.STATEMENT_TYPE_UPDATE:
+		return "UPDATE"
+	case duckdbdrv.STATEMENT_TYPE_DELETE:
+		return "DELETE"
+	case duckdbdrv.STATEMENT_TYPE_PREPARE:
+		return "PREPARE"
+	case duckdbdrv.STATEMENT_TYPE_CREATE, duckdbdrv.STATEMENT_TYPE_CREATE_FUNC:
+		return "CREATE"
+	case duckdbdrv.STATEMENT_TYPE_EXECUTE:
+		return "EXECUTE"
+	case duckdbdrv.STATEMENT_TYPE_ALTER:
+		return "ALTER"
+	case duckdbdrv.STATEMENT_TYPE_TRANSACTION:
+		return "transaction"
+	case duckdbdrv.STATEMENT_TYPE_COPY:
+		return "COPY"
+	case duckdbdrv.STATEMENT_TYPE_ANALYZE:
+		return "ANALYZE"
+	case duckdbdrv.STATEMENT_TYPE_VARIABLE_SET, duckdbdrv.STATEMENT_TYPE_SET:
+		return "SET"
+	case duckdbdrv.STATEMENT_TYPE_DROP:
+		return "DROP"
+	case duckdbdrv.STATEMENT_TYPE_EXPORT:
+		return "EXPORT"
+	case duckdbdrv.STATEMENT_TYPE_PRAGMA:
+		return "PRAGMA"
+	case duckdbdrv.STATEMENT_TYPE_VACUUM:
+		return "VACUUM"
+	case duckdbdrv.STATEMENT_TYPE_CALL:
+		return "CALL (use SELECT * FROM f())"
+	case duckdbdrv.STATEMENT_TYPE_LOAD, duckdbdrv.STATEMENT_TYPE_EXTENSION:
+		return "INSTALL/LOAD"
+	case duckdbdrv.STATEMENT_TYPE_ATTACH:
+		return "ATTACH"
+	case duckdbdrv.STATEMENT_TYPE_DETACH:
+		return "DETACH"
+	}
+	return fmt.Sprintf("type %d", t)
+}
+
+// explained returns the statement after a leading EXPLAIN [ANALYZE]. It
+// skips whitespace and comments as DuckDB's lexer does (line comments end
+// at a newline or carriage return, block comments nest); any doubt leaves
+// text that does not prepare as a query, so the statement is refused.
+func explained(q string) (string, bool) {
+	s, ok := cutWord(skipBlank(q), "explain")
+	if !ok {
+		return "", false
+	}
+	s = skipBlank(s)
+	if rest, ok := cutWord(s, "analyze"); ok {
+		s = rest
+	} else if rest, ok := cutWord(s, "analyse"); ok {
+		s = rest
+	}
+	return s, true
+}
+
+// skipBlank drops leading ASCII whitespace and SQL comments.
+func skipBlank(s string) string {
+	for {
+		s = strings.TrimLeft(s, " \t\n\r\f\v")
+		switch {
+		case strings.HasPrefix(s, "--"):
+			i := strings.IndexAny(s, "\n\r")
+			if i < 0 {
+				return ""
+			}
+			s = s[i+1:]
+		case strings.HasPrefix(s, "/*"):
+			depth, i := 1, 2
+			for depth > 0 {
+				if i+1 >= len(s) {
+					return ""
+				}
+				switch s[i : i+2] {
+				case "/*":
+					depth++
+					i += 2
+				case "*/":
+					depth--
+					i += 2
+				default:
+					i++
+				}
+			}
+			s = s[i:]
+		default:
+			return s
+		}
+	}
+}
+
+// cutWord removes the keyword w (ASCII, any case) from the front of s
+// when it is a whole word.
+func cutWord(s, w string) (string, bool) {
+	if len(s) < len(w) || !strings.EqualFold(s[:len(w)], w) {
+		return s, false
+	}
+	rest := s[len(w):]
+	if r, _ := utf8.DecodeRuneInString(rest); rest != "" && (r == '_' || r == '$' || r >= utf8.RuneSelf || unicode.IsLetter(r) || unicode.IsDigit(r)) {
+		return s, false
+	}
+	return rest, true
+}
