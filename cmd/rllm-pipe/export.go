@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/train"
 	"github.com/rllm-pipe/rllm-pipe/train/export"
 )
 
@@ -18,7 +20,13 @@ func newExportCmd(soft context.Context) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "export",
 		Short: "Write SFT or distillation datasets from committed shards",
-		Args:  cobra.NoArgs,
+		Long: `export writes SFT or distillation datasets from the committed shards of an
+ingest output. No output (--to, --requests, --stats-json) may write into
+the store it reads: the output root itself, its reserved folders (every
+folder of the root whose name starts with _: _manifest, _dlq, _tmp,
+_groups, ...) and its shards are refused (exit 2), after relative paths and
+symbolic links are resolved.`,
+		Args: cobra.NoArgs,
 	}
 	cmd.AddCommand(newExportSFTCmd(soft), newExportDistillCmd(soft))
 	return cmd
@@ -34,7 +42,7 @@ type exportOpts struct {
 func (o *exportOpts) register(cmd *cobra.Command) {
 	f := cmd.Flags()
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
-	f.StringVar(&o.to, "to", "", "the dataset file")
+	f.StringVar(&o.to, "to", "", "the dataset file (not inside the --from root's reserved _ folders, nor over a shard)")
 	f.StringVar(&o.statsJSON, "stats-json", "", "also write the export's counts as JSON to this file")
 	f.BoolVar(&o.quiet, "quiet", false, "no progress bar or summary on stderr")
 	o.conn.register(f)
@@ -76,6 +84,9 @@ follows the file's extension (.parquet, .jsonl).`,
 			}
 			src, err := openShardStore(cmd.Context(), o.from, o.conn)
 			if err != nil {
+				return err
+			}
+			if err := checkOutputs(cmd.Context(), src, o.to, o.statsJSON); err != nil {
 				return err
 			}
 			bar := newProgress(cmd.ErrOrStderr(), "export sft", -1, true, o.quiet)
@@ -155,6 +166,9 @@ token, and the file goes back through ingest into a new output.`,
 			if err != nil {
 				return err
 			}
+			if err := checkOutputs(cmd.Context(), src, o.to, requests, o.statsJSON); err != nil {
+				return err
+			}
 			bar := newProgress(cmd.ErrOrStderr(), "export distill", -1, true, o.quiet)
 			cfg.Progress = bar.update
 			var st export.DistillStats
@@ -190,6 +204,21 @@ token, and the file goes back through ingest into a new output.`,
 	f.Float64Var(&cfg.Distill.Clip, "kl-clip", 0, "clip the distillation term to [-c, c] (0: no clipping)")
 	f.Float64Var(&cfg.Distill.Discount, "kl-discount", 0, "discount γ of D_t = Σ γ^(k-t) d_k (0: D_t = d_t)")
 	return cmd
+}
+
+// checkOutputs refuses, as a usage error, output paths that would write
+// into the store the export reads (export.CheckOutput): its reserved
+// folders (_manifest, ...), the root itself, a shard.
+func checkOutputs(ctx context.Context, src train.Shards, paths ...string) error {
+	for _, p := range paths {
+		if err := export.CheckOutput(ctx, src, p); err != nil {
+			if errors.Is(err, export.ErrOutputInStore) {
+				return &exitError{code: exitUsage, err: err}
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // writeAtomically writes path through fn into a temporary file beside it,

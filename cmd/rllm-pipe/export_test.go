@@ -458,3 +458,67 @@ func TestExportDistillRoundTrip(t *testing.T) {
 		t.Errorf("%d steps re-ingested, want %d", len(again), want)
 	}
 }
+
+// TestExportRefusesStoreOutputs: an export may not write into the store it
+// reads — over the manifest, into another reserved folder, over a shard,
+// onto the root — whether named plainly, relatively or through a link;
+// the store is left as it was and still reads.
+func TestExportRefusesStoreOutputs(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	in, out := filepath.Join(work, "in.jsonl"), filepath.Join(work, "out")
+	if r := e2eRun(t, bin, work, "gen", "--groups", "8", "--group-size", "4", "--teacher", "--seed", "3", "--out", in); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", out, "--group-size", "4", "--quiet"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+	manifest := filepath.Join(out, "_manifest", "shards.jsonl")
+	entries, err := local.ReadManifest(out)
+	if err != nil || len(entries) == 0 || entries[0].Path == "" {
+		t.Fatalf("manifest %v (%v)", entries, err)
+	}
+	shard := filepath.Join(out, filepath.FromSlash(entries[0].Path))
+	if err := os.Symlink(out, filepath.Join(work, "link")); err != nil {
+		t.Fatal(err)
+	}
+	before := sqlSnapshot(t, out)
+	for _, c := range []struct {
+		dir  string
+		args []string
+	}{
+		{work, []string{"sft", "--to", manifest}},
+		{out, []string{"sft", "--to", "_manifest/shards.jsonl"}},
+		{work, []string{"sft", "--to", filepath.Join(work, "link", "_manifest", "shards.jsonl")}},
+		{work, []string{"sft", "--to", filepath.Join(out, "policy=0", "..", "_dlq", "x.jsonl")}},
+		{work, []string{"sft", "--to", filepath.Join(out, "_tmp", "sft.parquet")}},
+		{work, []string{"sft", "--to", shard}},
+		{work, []string{"sft", "--to", filepath.Join(work, "sft.jsonl"), "--stats-json", filepath.Join(out, "_manifest", "state.json")}},
+		{work, []string{"distill", "--to", shard}},
+		{work, []string{"distill", "--to", filepath.Join(work, "d.parquet"), "--requests", manifest}},
+	} {
+		args := append([]string{"export"}, c.args...)
+		args = append(args, "--from", out, "--quiet")
+		r := e2eRun(t, bin, c.dir, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, "output inside the store") {
+			t.Errorf("%q in %s: exit %d, want 2 and a refusal\n%s", args, c.dir, r.code, r.stderr)
+		}
+	}
+	if after := sqlSnapshot(t, out); after != before {
+		t.Errorf("the store changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	for _, p := range []string{filepath.Join(work, "sft.jsonl"), filepath.Join(work, "d.parquet")} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s written although another output was refused (%v)", p, err)
+		}
+	}
+	// Beside the store, and a plain file in its root, are fine.
+	for _, to := range []string{filepath.Join(work, "sft.jsonl"), filepath.Join(out, "sft.jsonl")} {
+		if r := e2eRun(t, bin, work, "export", "sft", "--from", out, "--to", to, "--quiet"); r.code != 0 {
+			t.Errorf("export sft --to %s: exit %d\n%s", to, r.code, r.stderr)
+		}
+	}
+	if r := e2eRun(t, bin, work, "sql", "--from", out, "SELECT count(*) FROM steps"); r.code != 0 {
+		t.Errorf("the store no longer reads: exit %d\n%s", r.code, r.stderr)
+	}
+}

@@ -21,6 +21,7 @@ type sqlOpts struct {
 	format      string
 	viewsSQL    bool
 	downloadDir string
+	hostFiles   bool
 	conn        connFlags
 }
 
@@ -35,7 +36,19 @@ stdin), or a named --report; with neither it lists the views, their columns
 and the reports. Only what the manifest commits is visible: the shards it
 lists (never a folder glob) and the committed lines of the dead letters.
 S3 shards are downloaded to a temporary folder first (removed on exit, or
-kept in --download-dir). Nothing is written to the output.
+kept in --download-dir).
+
+Read only: once the views exist, DuckDB can open no file but the committed
+shards and dead letters they read — no other host file (read_csv,
+read_text, glob, COPY, ATTACH, EXPORT DATABASE), no URL, no extension to
+install or load — and its settings are locked (SET, RESET and PRAGMA cannot
+undo this). QUERY must be one query: SELECT (with FROM, WITH, VALUES,
+DESCRIBE, SHOW, SUMMARIZE, PIVOT … IN (…)) or EXPLAIN of one; COPY, ATTACH,
+INSTALL, LOAD, SET, CREATE and every other statement is refused (exit 2).
+Nothing is written to the output root or anywhere else but the temporary
+folder. --allow-host-files lifts all of this, for joining your own files:
+the query may then read and write any file you can, reach the network and
+install extensions.
 
 Views: steps (every committed row), trajectories, groups, shards (the
 manifest), dead_letters. A trajectory passes when
@@ -43,7 +56,12 @@ coalesce(is_correct, reward > 0).
 
 Reports: reward-by-version, pass-at-k (--k), staleness, token-lengths,
 advantage, dead-letters. --views-sql prints the view definitions (and the
-query or report, if given) for the DuckDB CLI.`,
+query or report, if given) for the DuckDB CLI.
+
+--format table escapes control characters (ESC, CR, other C0 and C1
+controls, bidirectional overrides) so that values cannot drive the
+terminal; jsonl escapes them as JSON (\u001b); csv is exact, for programs,
+and carries them as they are.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return runSQL(soft, o, args, cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr())
@@ -56,6 +74,7 @@ query or report, if given) for the DuckDB CLI.`,
 	f.StringVar(&o.format, "format", duckdb.FormatTable, "output: table (aligned, for terminals), csv or jsonl")
 	f.BoolVar(&o.viewsSQL, "views-sql", false, "print the CREATE VIEW statements (over absolute local paths) for the DuckDB CLI instead of running anything")
 	f.StringVar(&o.downloadDir, "download-dir", "", "keep the local copies of S3 shards and dead letters here (default: a temporary folder removed on exit)")
+	f.BoolVar(&o.hostFiles, "allow-host-files", false, "lift the read-only sandbox: the query may read and write any file you can (to join your own data), reach the network and install extensions")
 	o.conn.register(f)
 	return cmd
 }
@@ -149,8 +168,12 @@ func validFormat(f string) bool {
 	return false
 }
 
-// sqlError makes a query DuckDB refused a usage error (exit 2).
+// sqlError makes a query DuckDB or the sandbox refused a usage error
+// (exit 2).
 func sqlError(err error) error {
+	if errors.Is(err, duckdb.ErrRefused) {
+		return &exitError{code: exitUsage, err: fmt.Errorf("%w (sql is read only and reads only the committed data; --allow-host-files lifts this)", err)}
+	}
 	if errors.Is(err, duckdb.ErrBadQuery) {
 		return &exitError{code: exitUsage, err: err}
 	}
@@ -168,7 +191,7 @@ func openSQL(ctx context.Context, o sqlOpts) (*duckdb.DB, error) {
 		return nil, err
 	}
 	defer r.Close()
-	return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: o.downloadDir})
+	return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: o.downloadDir, AllowHostFiles: o.hostFiles})
 }
 
 // listViews prints the views with their columns, then the reports: a

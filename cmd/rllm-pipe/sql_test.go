@@ -12,6 +12,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"database/sql"
 	"encoding/json"
 	"fmt"
@@ -1051,6 +1052,138 @@ func TestSQLCommittedOnly(t *testing.T) {
 	}
 }
 
+// sqlHostileTasks rewrites, in file, the task_id of every record of the
+// tasks ≡ 2 (mod 4) to carry a terminal escape (clear screen, set the
+// window title), a carriage return and a right-to-left override, as a
+// hostile rollout worker could; it returns the suffix.
+func sqlHostileTasks(t *testing.T, file string) string {
+	t.Helper()
+	const suffix = "\x1b[2J\x1b]0;pwned\a\r\u202e"
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines [][]byte
+	for _, l := range e2eSplitLines(data) {
+		var rec map[string]any
+		if json.Unmarshal(l, &rec) == nil && genTaskRE.Match(l) && genTask(t, l)%4 == 2 {
+			rec["task_id"] = rec["task_id"].(string) + suffix
+			if l, err = json.Marshal(rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		lines = append(lines, l)
+	}
+	if err := os.WriteFile(file, e2eJoinLines(lines), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return suffix
+}
+
+// TestSQLReadOnly: a query reaches nothing but the committed data: every
+// attempt to read a host file, write (over the manifest, a shard, or
+// anywhere), attach, install, load, or undo the settings exits 2 and
+// changes nothing, while the views and every report still run; table
+// output escapes the terminal escapes a record carried; and
+// --allow-host-files lifts the limits.
+func TestSQLReadOnly(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	files := sqlInputs(t, bin, work)
+	suffix := sqlHostileTasks(t, files[0])
+	out := filepath.Join(work, "out")
+	sqlIngest(t, bin, work, out, nil, files[:1])
+	ref := sqlLocalRef(t, out)
+	manifest := filepath.Join(out, "_manifest", "shards.jsonl")
+	shard := filepath.Join(out, filepath.FromSlash(ref.order[0]))
+	secret := filepath.Join(work, "secret.csv")
+	if err := os.WriteFile(secret, []byte("word\nhostsecret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	written := filepath.Join(work, "written")
+	q := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	before := sqlSnapshot(t, out)
+
+	for _, query := range []string{
+		"SELECT * FROM read_csv(" + q(secret) + ")",
+		"SELECT * FROM " + q(secret),
+		"SELECT content FROM read_text('/etc/passwd')",
+		"SELECT content FROM read_text(" + q(manifest) + ")",
+		"SELECT * FROM glob(" + q(out+"/*") + ")",
+		"SELECT count(*) FROM read_parquet(" + q(out+"/**/*.parquet") + ")",
+		"SELECT * FROM read_csv('http://127.0.0.1:9/x.csv')",
+		"COPY (SELECT 'x' AS x) TO " + q(manifest) + " (FORMAT csv, HEADER false)",
+		"COPY (SELECT * FROM steps LIMIT 1) TO " + q(shard) + " (FORMAT parquet, USE_TMP_FILE false)",
+		"COPY (SELECT * FROM steps) TO " + q(written+".parquet") + " (FORMAT parquet)",
+		"COPY (SELECT 1 AS x) TO " + q(written+".csv") + "; SELECT 1",
+		"EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO " + q(manifest) + " (FORMAT csv)",
+		"EXPORT DATABASE " + q(written),
+		"ATTACH " + q(written+".db"),
+		"INSTALL httpfs",
+		"LOAD httpfs",
+		"SET enable_external_access = true",
+		"RESET lock_configuration",
+		"CREATE SECRET s (TYPE s3, KEY_ID 'a', SECRET 'b')",
+		"CREATE VIEW w AS SELECT * FROM read_text(" + q(secret) + ")",
+		"SELECT * FROM query('SELECT * FROM read_csv(" + strings.ReplaceAll(q(secret), "'", "''") + ")')",
+	} {
+		r := e2eRun(t, bin, work, "sql", "--from", out, query)
+		if r.code != 2 || !strings.Contains(r.stderr, "refused") || strings.Contains(r.stdout+r.stderr, "hostsecret") {
+			t.Errorf("sql %s: exit %d, want 2 and a refusal\n%s%s", e2eClip(query, 200), r.code, e2eClip(r.stdout, 500), r.stderr)
+		}
+	}
+	for _, p := range []string{written, written + ".parquet", written + ".csv", written + ".db"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s was written (%v)", p, err)
+		}
+	}
+	if after := sqlSnapshot(t, out); after != before {
+		t.Errorf("rllm-pipe sql modified the output root:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+
+	// The views and every report still run.
+	for _, name := range reportNames() {
+		if r := e2eRun(t, bin, work, "sql", "--from", out, "--report", name); r.code != 0 {
+			t.Errorf("--report %s: exit %d\n%s", name, r.code, r.stderr)
+		}
+	}
+	for _, query := range []string{
+		"SELECT count(*) AS n FROM steps", "SELECT count(*) AS n FROM trajectories", "SELECT count(*) AS n FROM groups",
+		"SELECT count(*) AS n FROM shards", "SELECT count(*) AS n FROM dead_letters", "EXPLAIN SELECT * FROM groups", "DESCRIBE steps",
+	} {
+		if r := e2eRun(t, bin, work, "sql", "--from", out, "--format", "csv", query); r.code != 0 {
+			t.Errorf("sql %s: exit %d\n%s", query, r.code, r.stderr)
+		}
+	}
+	if r := e2eRun(t, bin, work, "sql", "--from", out); r.code != 0 || !strings.Contains(r.stdout, "trajectories:") {
+		t.Errorf("listing: exit %d\n%s", r.code, r.stderr)
+	}
+
+	// Table output escapes what the records carried; jsonl reads back
+	// exactly.
+	hostileQ := "SELECT DISTINCT task_id FROM trajectories WHERE contains(task_id, chr(27)) ORDER BY task_id LIMIT 3"
+	r := e2eRun(t, bin, work, "sql", "--from", out, hostileQ)
+	if r.code != 0 || !strings.Contains(r.stdout, `\x1b[2J\x1b]0;pwned\x07\r\u202e`) || strings.ContainsAny(r.stdout, "\x1b\a\r\u202e") {
+		t.Errorf("table output of hostile task ids (exit %d):\n%q\n%s", r.code, r.stdout, r.stderr)
+	}
+	rows := sqlRows(t, bin, work, nil, "--from", out, hostileQ)
+	if len(rows) == 0 {
+		t.Fatal("no hostile task id in the trajectories")
+	}
+	for _, row := range rows {
+		if id, _ := row["task_id"].(string); !strings.HasSuffix(id, suffix) {
+			t.Errorf("jsonl task_id %q, want the suffix %q", id, suffix)
+		}
+	}
+
+	// --allow-host-files lifts the sandbox.
+	r = e2eRun(t, bin, work, "sql", "--from", out, "--allow-host-files", "--format", "csv",
+		"SELECT word FROM read_csv("+q(secret)+") CROSS JOIN (SELECT count(*) FROM steps)")
+	if r.code != 0 || r.stdout != "word\nhostsecret\n" {
+		t.Errorf("--allow-host-files: exit %d\n%q\n%s", r.code, r.stdout, r.stderr)
+	}
+}
+
 // TestIntegrationSQLS3: the reports over an S3 output, against the
 // independent computation over the committed objects; the local copies
 // are removed on exit.
@@ -1134,5 +1267,43 @@ func TestIntegrationSQLS3(t *testing.T) {
 	r := sqlRun(t, bin, work, env, "sql", "--from", to, "--s3-endpoint", target.endpoint, "--views-sql", "--download-dir", keep)
 	if r.code != 0 || !strings.Contains(r.stdout, keep) {
 		t.Errorf("--views-sql --download-dir: exit %d\n%s%s", r.code, e2eClip(r.stdout, 2000), r.stderr)
+	}
+	// The sandbox holds over the downloaded copies too: queries run, a
+	// write over a copy or a read beside them is refused. (Each run
+	// downloads the copies again: compare their contents.)
+	copyOf := filepath.Join(keep, "shards", filepath.FromSlash(shards[0].path))
+	contents := func() string {
+		t.Helper()
+		var b strings.Builder
+		err := filepath.Walk(keep, func(p string, info os.FileInfo, err error) error {
+			if err != nil || info.IsDir() {
+				return err
+			}
+			data, err := os.ReadFile(p)
+			fmt.Fprintf(&b, "%s %x\n", p, sha256.Sum256(data))
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	before := contents()
+	r = sqlRun(t, bin, work, env, "sql", "--from", to, "--s3-endpoint", target.endpoint, "--download-dir", keep, "--format", "csv", "SELECT count(*) AS n FROM steps")
+	if want := fmt.Sprintf("n\n%d\n", ref.rows); r.code != 0 || r.stdout != want {
+		t.Errorf("steps over S3 with --download-dir: exit %d, %q, want %q\n%s", r.code, r.stdout, want, r.stderr)
+	}
+	for _, q := range []string{
+		"COPY (SELECT * FROM steps LIMIT 1) TO '" + copyOf + "' (FORMAT parquet, USE_TMP_FILE false)",
+		"SELECT * FROM glob('" + keep + "/**')",
+		"SELECT count(*) FROM read_parquet('s3://" + bucket + "/" + st.Key(shards[0].path) + "')",
+	} {
+		r := sqlRun(t, bin, work, env, "sql", "--from", to, "--s3-endpoint", target.endpoint, "--download-dir", keep, q)
+		if r.code != 2 || !strings.Contains(r.stderr, "refused") {
+			t.Errorf("sql %s over S3: exit %d, want 2 and a refusal\n%s", q, r.code, r.stderr)
+		}
+	}
+	if after := contents(); after != before {
+		t.Errorf("the downloaded copies changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }
