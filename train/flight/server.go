@@ -1,52 +1,31 @@
-// Package flight serves a consumer group's batches to trainers over Arrow
-// Flight (gRPC), the endpoint the Python client rllm_pipe talks to.
-//
-// # Protocol
-//
-// DoGet with a JSON ticket {"consumer": NAME, "policy_version": V} joins
-// the server's consumer group as member NAME (optional; a random name
-// otherwise) and streams batches as Arrow record batches of the shard
-// schema. Each carries app_metadata, JSON:
-//
-//	{"batch_id": 7, "consumer": NAME, "member": NAME/RUN, "groups": [...], "tokens": 8123, "rows": 64, "oversized": false}
-//
-// The stream ends when every committed shard is done (unless the server
-// follows the manifest) or when the client cancels it; either way the
-// member's unacknowledged work is released to the group at once.
-//
-// Actions (DoAction), JSON bodies:
-//   - "ack" {"consumer", "member"?, "batch_ids": [...], "policy_version"?} → {"groups": n, "lost": m};
-//     repeating an ack returns the first answer; naming the member of an
-//     ended stream is refused
-//   - "set_policy_version" {"consumer", "policy_version"} → {"policy_version": v}
-//   - "stats" {"consumer"} → the member's tallies, also after its stream
-//     ended (all streaming members without a name)
-//
-// At most MaxInflight batches per member await acknowledgement; the
-// stream waits beyond that, so an acknowledging trainer sets the pace.
-// Staleness is judged when a batch is formed: batches already formed
-// (up to MaxInflight) keep the policy version they were formed under. A
-// trainer that reports its new version with the acknowledgement that
-// frees the slot (ack with policy_version) gets the next batch judged by
-// it.
 package flight
 
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/flight"
 	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/rllm-pipe/rllm-pipe/train"
@@ -61,7 +40,13 @@ type Group interface {
 type Ticket struct {
 	Consumer      string `json:"consumer,omitempty"`
 	PolicyVersion *int64 `json:"policy_version,omitempty"`
+	// Key is the stream's secret, chosen by the client (at least
+	// MinKeyLen characters); actions on the stream must carry it.
+	Key string `json:"key,omitempty"`
 }
+
+// MinKeyLen is the shortest stream key a ticket may carry.
+const MinKeyLen = 16
 
 // BatchMeta is the app_metadata of every streamed batch.
 type BatchMeta struct {
@@ -74,10 +59,14 @@ type BatchMeta struct {
 	Tokens    int64    `json:"tokens"`
 	Rows      int64    `json:"rows"`
 	Oversized bool     `json:"oversized"`
+	// Key is the stream's secret when the server made it (the ticket had
+	// none); only in the first batch.
+	Key string `json:"key,omitempty"`
 }
 
 type ackRequest struct {
 	Consumer string   `json:"consumer"`
+	Key      string   `json:"key"`
 	Member   string   `json:"member,omitempty"` // the stream the batches came from
 	BatchIDs []uint64 `json:"batch_ids"`
 	// PolicyVersion, if set, is applied before the acknowledgement: the
@@ -88,39 +77,228 @@ type ackRequest struct {
 
 type policyRequest struct {
 	Consumer      string `json:"consumer"`
-	PolicyVersion int64  `json:"policy_version"`
+	Key           string `json:"key"`
+	PolicyVersion *int64 `json:"policy_version"`
+}
+
+type statsRequest struct {
+	Consumer string `json:"consumer"`
+	Key      string `json:"key"`
+}
+
+// Options secure and bound a Server. Zero fields take the defaults.
+type Options struct {
+	// Token, if set, is the bearer token every call must carry; AdminToken,
+	// if set, is accepted as well and is the only one that reads other
+	// members' stats. With neither, Serve listens on loopback only.
+	Token, AdminToken string
+	// TLS, if set, is the server's TLS configuration (certificate and key).
+	TLS *tls.Config
+	// MaxStreams is how many DoGet streams run at once (default 64).
+	MaxStreams int
+	// MaxStreamsPerConn is how many of them one client connection may
+	// hold (default 4), so that one client cannot take every slot.
+	MaxStreamsPerConn int
+	// MaxStreamBytes is how many bytes of batches a stream may have sent
+	// and not acknowledged before it waits (default 256 MiB; a batch alone
+	// over it still goes).
+	MaxStreamBytes int64
+	// SendTimeout drops a stream whose client does not take a batch within
+	// it (default 30s).
+	SendTimeout time.Duration
+	// AckTimeout drops a stream with batches in flight and no
+	// acknowledgement for this long (default 5m; negative: never).
+	AckTimeout time.Duration
+	// ShutdownGrace bounds a graceful stop: connections still open after it
+	// are closed (default 10s).
+	ShutdownGrace time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = 64
+	}
+	if o.MaxStreamsPerConn <= 0 {
+		o.MaxStreamsPerConn = 4
+	}
+	if o.MaxStreamBytes <= 0 {
+		o.MaxStreamBytes = 256 << 20
+	}
+	if o.SendTimeout <= 0 {
+		o.SendTimeout = 30 * time.Second
+	}
+	if o.AckTimeout == 0 {
+		o.AckTimeout = 5 * time.Minute
+	}
+	if o.ShutdownGrace <= 0 {
+		o.ShutdownGrace = 10 * time.Second
+	}
+	return o
 }
 
 // Server is the Flight service.
 type Server struct {
 	flight.BaseFlightServer
 	group Group
+	opts  Options
+	auth  *auth
 
 	// closing ends every stream at shutdown (a graceful stop would wait
-	// for streams that follow the manifest forever).
-	closing context.Context
-	close   context.CancelFunc
+	// for streams that follow the manifest forever); aborting also cuts
+	// the release of their work short. Abort closes aborted.
+	closing, aborting context.Context
+	close, abort      context.CancelFunc
+	abortOnce         sync.Once
+	aborted           chan struct{}
 
 	mu      sync.Mutex
-	members map[string]*train.Consumer
-	left    map[string]train.Stats // final tallies of members whose stream ended
+	members map[string]*member // nil: name reserved, joining
+	conns   map[string]int     // streams per client connection (peer address)
+	left    map[string]leftMember
 }
 
-// NewServer serves members of group.
-func NewServer(group Group) *Server {
-	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{group: group, members: map[string]*train.Consumer{}, left: map[string]train.Stats{}, closing: ctx, close: cancel}
+// member is one stream: a member of the group.
+type member struct {
+	name string
+	conn string            // the client connection's peer address
+	id   string            // the consumer's member id, name/incarnation
+	key  [sha256.Size]byte // digest of the stream's secret
+	c    *train.Consumer
+
+	mu       sync.Mutex
+	sent     map[uint64]int64 // bytes of batches sent, not acknowledged
+	bytes    int64            // their sum
+	progress time.Time        // last acknowledgement, or first batch in flight since
+	acked    chan struct{}    // signalled on every acknowledgement
 }
 
-func (s *Server) member(name string) (*train.Consumer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c := s.members[name]
-	if c == nil { // absent, or still joining (its name is reserved)
-		return nil, status.Errorf(codes.NotFound, "no consumer %q is streaming from this server", name)
+// leftMember is a stream that ended: its final tallies, for its client.
+type leftMember struct {
+	key   [sha256.Size]byte
+	stats train.Stats
+}
+
+// NewServer serves members of group under opts.
+func NewServer(group Group, opts Options) *Server {
+	closing, cancelClosing := context.WithCancel(context.Background())
+	aborting, cancelAborting := context.WithCancel(context.Background())
+	return &Server{
+		group: group, opts: opts.withDefaults(), auth: newAuth(opts.Token, opts.AdminToken),
+		members: map[string]*member{}, conns: map[string]int{}, left: map[string]leftMember{},
+		closing: closing, close: cancelClosing, aborting: aborting, abort: cancelAborting,
+		aborted: make(chan struct{}),
 	}
-	return c, nil
 }
+
+// Abort ends every stream and connection at once (Serve returns without
+// waiting out the grace); unacknowledged work is left to the lease
+// timeout if it cannot be released in time. Safe to call more than once.
+func (s *Server) Abort() {
+	s.abortOnce.Do(func() {
+		s.close()
+		s.abort()
+		close(s.aborted)
+	})
+}
+
+func keyDigest(key string) [sha256.Size]byte { return sha256.Sum256([]byte(key)) }
+
+// stream returns the live stream of consumer name whose key is key.
+// Absent and wrong keys are refused alike, so the reply tells nothing of
+// other clients' streams.
+func (s *Server) stream(name, key string) (*member, error) {
+	d := keyDigest(key)
+	s.mu.Lock()
+	m := s.members[name]
+	s.mu.Unlock()
+	if m == nil || key == "" || subtle.ConstantTimeCompare(d[:], m.key[:]) != 1 {
+		return nil, status.Errorf(codes.PermissionDenied, "no stream of consumer %q with this key is open on this server (actions name the consumer and carry the key of its stream)", name)
+	}
+	return m, nil
+}
+
+func checkVersion(what string, v *int64) error {
+	if v == nil {
+		return nil
+	}
+	if err := train.CheckPolicyVersion(*v); err != nil {
+		return status.Errorf(codes.InvalidArgument, "%s: %v", what, err)
+	}
+	return nil
+}
+
+// join reserves name for a new stream of connection conn (refused at
+// MaxStreams, MaxStreamsPerConn) and joins the group.
+func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn string) (*member, error) {
+	s.mu.Lock()
+	switch _, busy := s.members[t.Consumer]; {
+	case busy:
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.AlreadyExists, "consumer %q is already streaming", t.Consumer)
+	case len(s.members) >= s.opts.MaxStreams:
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "this server has %d streams, its limit (--max-streams)", s.opts.MaxStreams)
+	case s.conns[conn] >= s.opts.MaxStreamsPerConn:
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.ResourceExhausted, "this connection has %d streams, its limit (--max-streams-per-conn)", s.opts.MaxStreamsPerConn)
+	}
+	s.members[t.Consumer] = nil // reserve the name
+	s.conns[conn]++
+	s.mu.Unlock()
+	c, err := s.group.Join(ctx, t.Consumer, t.PolicyVersion)
+	if err != nil {
+		s.mu.Lock()
+		delete(s.members, t.Consumer)
+		s.release(conn)
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.Unavailable, "join: %v", err)
+	}
+	m := &member{name: t.Consumer, conn: conn, id: c.Stats().Member, key: key, c: c, sent: map[uint64]int64{}, acked: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.members[t.Consumer] = m
+	s.mu.Unlock()
+	return m, nil
+}
+
+// release counts one stream of conn less; s.mu held.
+func (s *Server) release(conn string) {
+	if s.conns[conn]--; s.conns[conn] <= 0 {
+		delete(s.conns, conn)
+	}
+}
+
+// leave releases m's work to the group and keeps its tallies.
+func (s *Server) leave(m *member) {
+	s.mu.Lock()
+	delete(s.members, m.name)
+	s.release(m.conn)
+	s.mu.Unlock()
+	// Release the member's shards even though the stream's context is
+	// gone: its unacknowledged batches go to the others at once. Abort
+	// cuts this short (the lease timeout releases them then).
+	cctx, cancel := context.WithTimeout(s.aborting, 30*time.Second)
+	defer cancel()
+	if err := m.c.Close(cctx); err != nil {
+		slog.Warn("flight: releasing a consumer's shards", "consumer", m.name, "err", err)
+	}
+	st := m.c.Stats()
+	s.mu.Lock()
+	if len(s.left) >= 4096 { // bounded: forget one at random
+		for k := range s.left {
+			delete(s.left, k)
+			break
+		}
+	}
+	s.left[m.name] = leftMember{key: m.key, stats: st}
+	s.mu.Unlock()
+	slog.Info("flight: consumer left", "consumer", m.name, "batches", st.Batches, "groups_acked", st.GroupsAcked)
+}
+
+var (
+	errAckTimeout  = errors.New("no acknowledgement within the ack timeout")
+	errSendTimeout = errors.New("the client did not take a batch within the send timeout")
+	errShutdown    = errors.New("the server is shutting down")
+)
 
 // DoGet streams batches to one member; see the package comment.
 func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServer) error {
@@ -131,87 +309,199 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		}
 	}
 	if t.Consumer == "" {
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		t.Consumer = "flight-" + hex.EncodeToString(b[:])
+		t.Consumer = "flight-" + randomHex(4)
 	}
 	if err := train.CheckName("consumer", t.Consumer); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	ctx, cancel := context.WithCancel(stream.Context())
-	defer cancel()
-	stop := context.AfterFunc(s.closing, cancel)
+	if err := checkVersion("ticket", t.PolicyVersion); err != nil {
+		return err
+	}
+	madeKey := ""
+	switch {
+	case t.Key == "":
+		madeKey = randomHex(16)
+		t.Key = madeKey
+	case len(t.Key) < MinKeyLen:
+		return status.Errorf(codes.InvalidArgument, "ticket: key shorter than %d characters", MinKeyLen)
+	}
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	stop := context.AfterFunc(s.closing, func() { cancel(errShutdown) })
 	defer stop()
-	s.mu.Lock()
-	if _, busy := s.members[t.Consumer]; busy {
-		s.mu.Unlock()
-		return status.Errorf(codes.AlreadyExists, "consumer %q is already streaming", t.Consumer)
+	conn := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		conn = p.Addr.String()
 	}
-	s.members[t.Consumer] = nil // reserve the name
-	s.mu.Unlock()
-	c, err := s.group.Join(ctx, t.Consumer, t.PolicyVersion)
+	m, err := s.join(ctx, t, keyDigest(t.Key), conn)
 	if err != nil {
-		s.mu.Lock()
-		delete(s.members, t.Consumer)
-		s.mu.Unlock()
-		return status.Errorf(codes.Unavailable, "join: %v", err)
+		return err
 	}
-	s.mu.Lock()
-	s.members[t.Consumer] = c
-	s.mu.Unlock()
-	member := c.Stats().Member
-	slog.Info("flight: consumer joined", "consumer", t.Consumer, "member", member)
-	defer func() {
-		s.mu.Lock()
-		delete(s.members, t.Consumer)
-		s.mu.Unlock()
-		// Release the member's shards even though the stream's context is
-		// gone: its unacknowledged batches go to the others at once.
-		cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := c.Close(cctx); err != nil {
-			slog.Warn("flight: releasing a consumer's shards", "consumer", t.Consumer, "err", err)
-		}
-		st := c.Stats()
-		s.mu.Lock()
-		if len(s.left) >= 4096 { // bounded: forget one at random
-			for k := range s.left {
-				delete(s.left, k)
-				break
-			}
-		}
-		s.left[t.Consumer] = st
-		s.mu.Unlock()
-		slog.Info("flight: consumer left", "consumer", t.Consumer, "batches", st.Batches, "groups_acked", st.GroupsAcked)
-	}()
+	slog.Info("flight: consumer joined", "consumer", m.name, "member", m.id)
+	defer s.leave(m)
+	if s.opts.AckTimeout > 0 {
+		go s.watch(ctx, m, func() { cancel(errAckTimeout) })
+	}
 
+	cs := &countingStream{DataStreamWriter: stream}
 	var w *flight.Writer
+	abandoned := false // a send still runs: the writer is not ours
 	defer func() {
-		if w != nil {
+		if w != nil && !abandoned {
 			w.Close()
 		}
 	}()
 	for {
-		d, err := c.Next(ctx)
+		if err := m.waitBytes(ctx, s.opts.MaxStreamBytes); err != nil {
+			return endStatus(ctx, err)
+		}
+		d, err := m.c.Next(ctx)
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
-			if ctx.Err() != nil {
-				return status.FromContextError(ctx.Err()).Err()
-			}
-			return status.Errorf(codes.Internal, "next batch: %v", err)
+			return endStatus(ctx, err)
 		}
-		meta, _ := json.Marshal(BatchMeta{BatchID: d.ID, Consumer: t.Consumer, Member: member, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized})
+		meta, _ := json.Marshal(BatchMeta{BatchID: d.ID, Consumer: m.name, Member: m.id, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized, Key: madeKey})
+		madeKey = ""
 		if w == nil {
-			w = flight.NewRecordWriter(stream, ipc.WithSchema(d.Record.Schema()))
+			w = flight.NewRecordWriter(cs, ipc.WithSchema(d.Record.Schema()))
 		}
-		err = w.WriteWithAppMetadata(d.Record, meta)
-		d.Record.Release()
+		n, err := s.send(ctx, w, cs, d.Record, meta)
 		if err != nil {
-			return err
+			abandoned = errors.Is(err, errSendTimeout) || ctx.Err() != nil
+			if errors.Is(err, errSendTimeout) {
+				slog.Warn("flight: dropping a stream whose client does not read", "consumer", m.name, "send_timeout", s.opts.SendTimeout)
+				return status.Errorf(codes.DeadlineExceeded, "%v (%s): stream dropped, its batches go back to the group", err, s.opts.SendTimeout)
+			}
+			return endStatus(ctx, err)
+		}
+		m.sentBatch(d.ID, n)
+	}
+}
+
+// endStatus is the status a stream ends with when ctx ended (the cause
+// says why) or err happened.
+func endStatus(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		return status.Errorf(codes.Internal, "next batch: %v", err)
+	}
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errAckTimeout):
+		return status.Errorf(codes.DeadlineExceeded, "%v: stream dropped, its batches go back to the group", cause)
+	case errors.Is(cause, errShutdown):
+		return status.Error(codes.Unavailable, cause.Error())
+	}
+	return status.FromContextError(ctx.Err()).Err()
+}
+
+// send writes one batch (rec is released) and returns the bytes it took;
+// a send not done within SendTimeout returns errSendTimeout and is left
+// running: it ends when the stream does (gRPC cancels the stream's
+// context once DoGet returns, which unblocks it).
+func (s *Server) send(ctx context.Context, w *flight.Writer, cs *countingStream, rec arrow.RecordBatch, meta []byte) (int64, error) {
+	done := make(chan error, 1)
+	before := cs.n.Load()
+	go func() {
+		err := w.WriteWithAppMetadata(rec, meta)
+		rec.Release()
+		done <- err
+	}()
+	timer := time.NewTimer(s.opts.SendTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return cs.n.Load() - before, err
+	case <-timer.C:
+		return 0, errSendTimeout
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// watch drops m (calls drop) once it has had batches in flight and no
+// acknowledgement for AckTimeout. It returns when ctx ends.
+func (s *Server) watch(ctx context.Context, m *member, drop func()) {
+	tick := min(s.opts.AckTimeout/4, time.Second)
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			m.mu.Lock()
+			idle := len(m.sent) > 0 && now.Sub(m.progress) > s.opts.AckTimeout
+			m.mu.Unlock()
+			if idle {
+				slog.Warn("flight: dropping a stream without acknowledgements", "consumer", m.name, "ack_timeout", s.opts.AckTimeout)
+				drop()
+				return
+			}
 		}
 	}
+}
+
+// sentBatch records batch id, n bytes, as in flight.
+func (m *member) sentBatch(id uint64, n int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.sent) == 0 {
+		m.progress = time.Now()
+	}
+	m.sent[id] = n
+	m.bytes += n
+}
+
+// ackedBatches takes ids out of flight.
+func (m *member) ackedBatches(ids []uint64) {
+	m.mu.Lock()
+	for _, id := range ids {
+		if n, ok := m.sent[id]; ok {
+			delete(m.sent, id)
+			m.bytes -= n
+		}
+	}
+	m.progress = time.Now()
+	m.mu.Unlock()
+	select {
+	case m.acked <- struct{}{}:
+	default:
+	}
+}
+
+// waitBytes blocks while m has at least max bytes in flight.
+func (m *member) waitBytes(ctx context.Context, max int64) error {
+	for {
+		m.mu.Lock()
+		over := len(m.sent) > 0 && m.bytes >= max
+		m.mu.Unlock()
+		if !over {
+			return nil
+		}
+		select {
+		case <-m.acked:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// countingStream counts the bytes sent through it.
+type countingStream struct {
+	flight.DataStreamWriter
+	n atomic.Int64
+}
+
+func (c *countingStream) Send(d *flight.FlightData) error {
+	c.n.Add(int64(len(d.GetDataHeader()) + len(d.GetDataBody()) + len(d.GetAppMetadata())))
+	return c.DataStreamWriter.Send(d)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // DoAction handles ack, set_policy_version and stats.
@@ -229,19 +519,23 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		if err := json.Unmarshal(a.GetBody(), &r); err != nil {
 			return status.Errorf(codes.InvalidArgument, "ack: %v", err)
 		}
-		c, err := s.member(r.Consumer)
+		if err := checkVersion("ack", r.PolicyVersion); err != nil {
+			return err
+		}
+		m, err := s.stream(r.Consumer, r.Key)
 		if err != nil {
 			return err
 		}
-		if r.Member != "" && r.Member != c.Stats().Member {
+		if r.Member != "" && r.Member != m.id {
 			return status.Errorf(codes.FailedPrecondition, "batches of %s: that stream of %q has ended (its unacknowledged batches went back to the group)", r.Member, r.Consumer)
 		}
 		if r.PolicyVersion != nil {
-			c.SetPolicyVersion(*r.PolicyVersion)
+			m.c.SetPolicyVersion(*r.PolicyVersion)
 		}
 		var total train.AckResult
+		defer m.ackedBatches(r.BatchIDs)
 		for _, id := range r.BatchIDs {
-			res, err := c.Ack(stream.Context(), id)
+			res, err := m.c.Ack(stream.Context(), id)
 			total.Groups += res.Groups
 			total.Lost += res.Lost
 			if err != nil && !errors.Is(err, train.ErrLeaseLost) {
@@ -254,54 +548,81 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		if err := json.Unmarshal(a.GetBody(), &r); err != nil {
 			return status.Errorf(codes.InvalidArgument, "set_policy_version: %v", err)
 		}
-		c, err := s.member(r.Consumer)
+		if r.PolicyVersion == nil {
+			return status.Error(codes.InvalidArgument, "set_policy_version: policy_version missing")
+		}
+		if err := checkVersion("set_policy_version", r.PolicyVersion); err != nil {
+			return err
+		}
+		m, err := s.stream(r.Consumer, r.Key)
 		if err != nil {
 			return err
 		}
-		c.SetPolicyVersion(r.PolicyVersion)
-		return reply(map[string]int64{"policy_version": r.PolicyVersion})
+		m.c.SetPolicyVersion(*r.PolicyVersion)
+		return reply(map[string]int64{"policy_version": *r.PolicyVersion})
 	case "stats":
-		var r struct {
-			Consumer string `json:"consumer"`
-		}
+		var r statsRequest
 		if len(a.GetBody()) > 0 {
 			if err := json.Unmarshal(a.GetBody(), &r); err != nil {
 				return status.Errorf(codes.InvalidArgument, "stats: %v", err)
 			}
 		}
-		if r.Consumer != "" {
-			c, err := s.member(r.Consumer)
-			if err != nil {
-				s.mu.Lock()
-				st, ok := s.left[r.Consumer]
-				s.mu.Unlock()
-				if ok {
-					return reply(st)
-				}
-				return err
-			}
-			return reply(c.Stats())
+		st, err := s.stats(callRole(stream.Context()), r)
+		if err != nil {
+			return err
 		}
-		s.mu.Lock()
-		all := map[string]train.Stats{}
-		for name, c := range s.members {
-			if c != nil {
-				all[name] = c.Stats()
-			}
-		}
-		s.mu.Unlock()
-		return reply(all)
+		return reply(st)
 	default:
 		return status.Errorf(codes.Unimplemented, "unknown action %q (have ack, set_policy_version, stats)", a.GetType())
 	}
 }
 
+// stats answers the stats action: a member's own tallies with its key
+// (also after its stream ended), any member's or all with the admin
+// token.
+func (s *Server) stats(r role, req statsRequest) (any, error) {
+	if req.Key != "" {
+		if m, err := s.stream(req.Consumer, req.Key); err == nil {
+			return m.c.Stats(), nil
+		}
+		d := keyDigest(req.Key)
+		s.mu.Lock()
+		l, ok := s.left[req.Consumer]
+		s.mu.Unlock()
+		if ok && subtle.ConstantTimeCompare(d[:], l.key[:]) == 1 {
+			return l.stats, nil
+		}
+		return nil, status.Errorf(codes.PermissionDenied, "no stream of consumer %q with this key on this server", req.Consumer)
+	}
+	if r != roleAdmin {
+		return nil, status.Error(codes.PermissionDenied, "stats without the stream's key need the admin token")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req.Consumer != "" {
+		if m := s.members[req.Consumer]; m != nil {
+			return m.c.Stats(), nil
+		}
+		if l, ok := s.left[req.Consumer]; ok {
+			return l.stats, nil
+		}
+		return nil, status.Errorf(codes.NotFound, "no consumer %q on this server", req.Consumer)
+	}
+	all := map[string]train.Stats{}
+	for name, m := range s.members {
+		if m != nil {
+			all[name] = m.c.Stats()
+		}
+	}
+	return all, nil
+}
+
 // ListActions names the actions.
 func (s *Server) ListActions(_ *flight.Empty, stream flight.FlightService_ListActionsServer) error {
 	acts := []*flight.ActionType{
-		{Type: "ack", Description: `{"consumer", "batch_ids": [...]}: acknowledge delivered batches`},
-		{Type: "set_policy_version", Description: `{"consumer", "policy_version"}: the trainer's policy version, for staleness`},
-		{Type: "stats", Description: `{"consumer"} (optional): a member's tallies, or every member's`},
+		{Type: "ack", Description: `{"consumer", "key", "batch_ids": [...]}: acknowledge delivered batches`},
+		{Type: "set_policy_version", Description: `{"consumer", "key", "policy_version"}: the trainer's policy version, for staleness`},
+		{Type: "stats", Description: `{"consumer", "key"}: the member's tallies (without a key: admin token)`},
 	}
 	sort.Slice(acts, func(i, j int) bool { return acts[i].Type < acts[j].Type })
 	for _, a := range acts {
@@ -313,25 +634,69 @@ func (s *Server) ListActions(_ *flight.Empty, stream flight.FlightService_ListAc
 }
 
 // Serve runs a Flight server for srv on addr until ctx ends; ready, if
-// set, receives the bound address.
+// set, receives the bound address. Without a token it refuses an address
+// beyond loopback (ErrNeedToken). When ctx ends every stream ends and
+// Serve waits for the connections to close, at most ShutdownGrace; then
+// (or at srv.Abort) it closes them. It returns once every stream's work
+// is released (or Abort cut that short).
 func Serve(ctx context.Context, addr string, srv *Server, ready func(string)) error {
-	fs := flight.NewServerWithMiddleware(nil)
-	if err := fs.Init(addr); err != nil {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
 		return fmt.Errorf("flight: listen on %s: %w", addr, err)
 	}
-	fs.RegisterFlightService(srv)
+	if !srv.auth.enabled() && !loopback(lis.Addr()) {
+		_ = lis.Close()
+		return fmt.Errorf("flight: %s: %w (give a token, or listen on 127.0.0.1)", addr, ErrNeedToken)
+	}
+	opts := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(srv.auth.unary),
+		grpc.ChainStreamInterceptor(srv.auth.stream),
+		// Streams beyond MaxStreams are refused; this bounds what one
+		// connection can ask at once (actions included).
+		grpc.MaxConcurrentStreams(uint32(max(4*srv.opts.MaxStreams, 256))),
+		grpc.ConnectionTimeout(10 * time.Second),
+		// Find clients that are gone without a word.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+		grpc.MaxRecvMsgSize(4 << 20),
+		// Stop and GracefulStop return once every handler has: its
+		// member's work is released by then.
+		grpc.WaitForHandlers(true),
+	}
+	if srv.opts.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(srv.opts.TLS)))
+	}
+	gs := grpc.NewServer(opts...)
+	flight.RegisterFlightServiceServer(gs, srv)
 	if ready != nil {
-		ready(fs.Addr().String())
+		ready(lis.Addr().String())
 	}
 	errc := make(chan error, 1)
-	go func() { errc <- fs.Serve() }()
+	go func() { errc <- gs.Serve(lis) }()
 	select {
 	case err := <-errc:
-		return err
+		srv.Abort()
+		gs.Stop()
+		return fmt.Errorf("flight: serve: %w", err)
 	case <-ctx.Done():
-		srv.close()
-		fs.Shutdown()
-		<-errc
-		return nil
+	case <-srv.aborted:
 	}
+	srv.close()
+	graceful := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(graceful)
+	}()
+	grace := time.NewTimer(srv.opts.ShutdownGrace)
+	defer grace.Stop()
+	select {
+	case <-graceful:
+	case <-grace.C:
+		slog.Warn("flight: shutdown grace over; closing the connections still open", "grace", srv.opts.ShutdownGrace)
+		gs.Stop()
+	case <-srv.aborted:
+		gs.Stop()
+	}
+	<-graceful
+	<-errc
+	return nil
 }

@@ -34,7 +34,11 @@ func (g group) Join(ctx context.Context, name string, pv *int64) (*train.Consume
 }
 
 // writeShard commits one shard of n one-row groups.
-func writeShard(t *testing.T, root string, n int) {
+func writeShard(t *testing.T, root string, n int) { writeShards(t, root, 1, n, 0) }
+
+// writeShards commits shards shards of n one-row groups each (group ids
+// g000, g001, ... across them), every row with tokens prompt tokens.
+func writeShards(t *testing.T, root string, shards, n, tokens int) {
 	t.Helper()
 	st, err := local.Open(root, "test")
 	if err != nil {
@@ -43,40 +47,45 @@ func writeShard(t *testing.T, root string, n int) {
 	defer st.Close()
 	b := array.NewRecordBuilder(memory.DefaultAllocator, schemas.StepSchema)
 	defer b.Release()
-	for i := 0; i < n; i++ {
-		for f := 0; f < b.Schema().NumFields(); f++ {
-			switch fb := b.Field(f).(type) {
-			case *array.StringBuilder:
-				if f == schemas.ColGroupID {
-					fb.Append(fmt.Sprintf("g%03d", i))
-				} else {
-					fb.AppendNull()
+	for s := 0; s < shards; s++ {
+		for i := 0; i < n; i++ {
+			for f := 0; f < b.Schema().NumFields(); f++ {
+				switch fb := b.Field(f).(type) {
+				case *array.StringBuilder:
+					if f == schemas.ColGroupID {
+						fb.Append(fmt.Sprintf("g%03d", s*n+i))
+					} else {
+						fb.AppendNull()
+					}
+				case *array.ListBuilder:
+					fb.Append(true)
+					if vb, ok := fb.ValueBuilder().(*array.Int32Builder); ok && b.Schema().Field(f).Name == "prompt_ids" {
+						vb.AppendValues(make([]int32, tokens), nil)
+					}
+				default:
+					fb.AppendEmptyValue()
 				}
-			case *array.ListBuilder:
-				fb.Append(true)
-			default:
-				fb.AppendEmptyValue()
 			}
 		}
-	}
-	rec := b.NewRecordBatch()
-	defer rec.Release()
-	p, err := st.Create(context.Background(), "part-0.parquet")
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := parquet.NewWriter(p, rec.Schema(), parquet.Options{}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Write(rec); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Commit(context.Background(), schemas.ShardEntry{Rows: int64(n), Groups: n}); err != nil {
-		t.Fatal(err)
+		rec := b.NewRecordBatch()
+		p, err := st.Create(context.Background(), fmt.Sprintf("part-%d.parquet", s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := parquet.NewWriter(p, rec.Schema(), parquet.Options{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(rec); err != nil {
+			t.Fatal(err)
+		}
+		rec.Release()
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Commit(context.Background(), schemas.ShardEntry{Rows: int64(n), Groups: n}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -96,7 +105,9 @@ func TestServerProtocol(t *testing.T) {
 	addr := make(chan string, 1)
 	srvCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- Serve(srvCtx, "127.0.0.1:0", NewServer(group{sh, obj}), func(a string) { addr <- a }) }()
+	go func() {
+		done <- Serve(srvCtx, "127.0.0.1:0", NewServer(group{sh, obj}, Options{}), func(a string) { addr <- a })
+	}()
 	cli, err := flight.NewClientWithMiddleware(<-addr, nil, nil, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +126,8 @@ func TestServerProtocol(t *testing.T) {
 		return r.Body, nil
 	}
 
-	stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"t0"}`)})
+	const key = "t0-secret-0123456789"
+	stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"t0","key":"` + key + `"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +144,7 @@ func TestServerProtocol(t *testing.T) {
 	if _, err := action("nope", nil); status.Code(err) != codes.Unimplemented {
 		t.Errorf("unknown action: %v", err)
 	}
-	if _, err := action("ack", map[string]any{"consumer": "t0", "batch_ids": []int{99}}); status.Code(err) != codes.FailedPrecondition {
+	if _, err := action("ack", map[string]any{"consumer": "t0", "key": key, "batch_ids": []int{99}}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("ack of a batch never delivered: %v", err)
 	}
 	var groups []string
@@ -145,7 +157,7 @@ func TestServerProtocol(t *testing.T) {
 			t.Errorf("metadata %+v for a batch of %d rows", m, rd.RecordBatch().NumRows())
 		}
 		groups = append(groups, m.Groups...)
-		body, err := action("ack", map[string]any{"consumer": "t0", "batch_ids": []uint64{m.BatchID}})
+		body, err := action("ack", map[string]any{"consumer": "t0", "key": key, "batch_ids": []uint64{m.BatchID}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,11 +171,11 @@ func TestServerProtocol(t *testing.T) {
 		}
 		// A repeat returns the first answer; an ack naming another stream
 		// of the name is refused.
-		again, err := action("ack", map[string]any{"consumer": "t0", "member": m.Member, "batch_ids": []uint64{m.BatchID}})
+		again, err := action("ack", map[string]any{"consumer": "t0", "key": key, "member": m.Member, "batch_ids": []uint64{m.BatchID}})
 		if err != nil || string(again) != string(body) {
 			t.Errorf("repeated ack: %s, %v; want %s", again, err, body)
 		}
-		if _, err := action("ack", map[string]any{"consumer": "t0", "member": "t0/ended", "batch_ids": []uint64{m.BatchID}}); status.Code(err) != codes.FailedPrecondition {
+		if _, err := action("ack", map[string]any{"consumer": "t0", "key": key, "member": "t0/ended", "batch_ids": []uint64{m.BatchID}}); status.Code(err) != codes.FailedPrecondition {
 			t.Errorf("ack naming an ended stream: %v", err)
 		}
 	}
@@ -174,7 +186,7 @@ func TestServerProtocol(t *testing.T) {
 		t.Errorf("%d groups streamed, want 6", len(groups))
 	}
 	// Tallies outlive the stream.
-	body, err := action("stats", map[string]string{"consumer": "t0"})
+	body, err := action("stats", map[string]string{"consumer": "t0", "key": key})
 	if err != nil {
 		t.Fatal(err)
 	}

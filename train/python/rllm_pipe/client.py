@@ -1,15 +1,29 @@
 """Arrow Flight client of ``rllm-pipe serve`` (see train/flight in the Go tree
 for the protocol: a JSON ticket, batches with JSON app_metadata, and the
-actions ack, set_policy_version and stats)."""
+actions ack, set_policy_version and stats).
+
+Security: the bearer token (``token=`` or ``$RLLM_PIPE_TOKEN``) goes in an
+``authorization`` header on every call; a TLS server is reached with a
+``grpc+tls://`` location and the CA certificate that signed its certificate
+(``tls_root_certs=``, PEM bytes or a file path, or ``$RLLM_PIPE_CA``). Each
+stream carries a secret key the client makes; actions on the stream carry
+it, so no other client can acknowledge for it or move its policy version."""
 
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import pyarrow as pa
 import pyarrow.flight as flight
+
+
+# pyarrow's complaint about a stream that ended cleanly before its first
+# batch (no schema either): for the client, a stream with nothing in it.
+_EMPTY_STREAM = "never sent a data message"
 
 
 @dataclass(frozen=True)
@@ -90,17 +104,48 @@ class Batch:
 class Client:
     """A member of the server's consumer group.
 
-    location: "grpc://host:port" of ``rllm-pipe serve``.
+    location: "grpc://host:port" of ``rllm-pipe serve`` ("grpc+tls://" for a
+    server with --tls-cert; implied by tls_root_certs).
     consumer: the member's stable name (a restart under the same name resumes
     its unfinished shards at once); random when omitted.
     policy_version: the trainer's current policy version, for staleness.
+    token: the server's bearer token (default ``$RLLM_PIPE_TOKEN``; none when
+    unset). It is sent on every call and never printed.
+    tls_root_certs: the CA certificate(s) to trust, PEM bytes or the path of a
+    PEM file (default: the file ``$RLLM_PIPE_CA`` names; else the system's).
+    Other keyword arguments go to ``pyarrow.flight.FlightClient``.
     """
 
-    def __init__(self, location: str, consumer: Optional[str] = None, policy_version: Optional[int] = None, **kwargs):
+    def __init__(
+        self,
+        location: str,
+        consumer: Optional[str] = None,
+        policy_version: Optional[int] = None,
+        token: Optional[str] = None,
+        tls_root_certs: Optional[Union[bytes, str, os.PathLike]] = None,
+        **kwargs,
+    ):
+        if token is None:
+            token = os.environ.get("RLLM_PIPE_TOKEN") or None
+        if tls_root_certs is None and os.environ.get("RLLM_PIPE_CA"):
+            tls_root_certs = os.environ["RLLM_PIPE_CA"]
+        if tls_root_certs is not None:
+            if not isinstance(tls_root_certs, bytes):
+                with open(tls_root_certs, "rb") as f:
+                    tls_root_certs = f.read()
+            kwargs["tls_root_certs"] = tls_root_certs
+            if location.startswith("grpc://"):
+                location = "grpc+tls://" + location[len("grpc://") :]
+        headers = [(b"authorization", b"Bearer " + token.strip().encode())] if token else None
+        self._options = flight.FlightCallOptions(headers=headers)
         self._flight = flight.FlightClient(location, **kwargs)
         self.consumer = consumer
         self.policy_version = policy_version
         self._reader = None
+        self._key: Optional[str] = None  # the current (or last) stream's secret
+
+    def __repr__(self) -> str:  # never shows the token or the stream's key
+        return f"Client(consumer={self.consumer!r}, policy_version={self.policy_version!r})"
 
     def __enter__(self) -> "Client":
         return self
@@ -112,12 +157,18 @@ class Client:
         """Stream batches until the server has nothing more (every committed
         shard done, when it does not follow the manifest) or the iteration is
         abandoned; batches not acknowledged by then go to other members."""
-        ticket: Dict[str, Any] = {}
+        self._key = secrets.token_hex(16)
+        ticket: Dict[str, Any] = {"key": self._key}
         if self.consumer:
             ticket["consumer"] = self.consumer
         if self.policy_version is not None:
             ticket["policy_version"] = int(self.policy_version)
-        self._reader = self._flight.do_get(flight.Ticket(json.dumps(ticket).encode()))
+        try:
+            self._reader = self._flight.do_get(flight.Ticket(json.dumps(ticket).encode()), self._options)
+        except flight.FlightInternalError as e:
+            if _EMPTY_STREAM in str(e):
+                return  # the stream ended without a batch: nothing left
+            raise
         try:
             while True:
                 try:
@@ -148,14 +199,14 @@ class Client:
             self._reader = None
 
     def _action(self, kind: str, body: Dict[str, Any]) -> Any:
-        results = list(self._flight.do_action(flight.Action(kind, json.dumps(body).encode())))
+        results = list(self._flight.do_action(flight.Action(kind, json.dumps(body).encode()), self._options))
         return json.loads(results[0].body.to_pybytes()) if results else None
 
     def ack(self, batch_ids: List[int], policy_version: Optional[int] = None, member: Optional[str] = None) -> Dict[str, int]:
         """Acknowledge delivered batches by id (reporting policy_version first,
         if given). member, the stream the batches came from (Batch.meta), makes
         the server refuse the ack if that stream has ended."""
-        body: Dict[str, Any] = {"consumer": self.consumer, "batch_ids": [int(b) for b in batch_ids]}
+        body: Dict[str, Any] = {"consumer": self.consumer, "key": self._key, "batch_ids": [int(b) for b in batch_ids]}
         if member:
             body["member"] = member
         if policy_version is not None:
@@ -167,11 +218,15 @@ class Client:
         --max-staleness are skipped from now on."""
         self.policy_version = int(version)
         if self.consumer is not None and self._reader is not None:
-            self._action("set_policy_version", {"consumer": self.consumer, "policy_version": self.policy_version})
+            self._action("set_policy_version", {"consumer": self.consumer, "key": self._key, "policy_version": self.policy_version})
 
-    def stats(self) -> Dict[str, Any]:
-        """This member's tallies (batches, groups acked, skipped stale, ...)."""
-        return self._action("stats", {"consumer": self.consumer})
+    def stats(self, consumer: Optional[str] = None) -> Dict[str, Any]:
+        """This member's tallies (batches, groups acked, skipped stale, ...),
+        also after its stream ended. consumer, another member's name, or "" for
+        every streaming member, needs the server's admin token."""
+        if consumer is None:
+            return self._action("stats", {"consumer": self.consumer, "key": self._key})
+        return self._action("stats", {"consumer": consumer} if consumer else {})
 
     def close(self) -> None:
         self._cancel()

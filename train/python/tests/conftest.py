@@ -45,12 +45,13 @@ def committed_groups(out):
 
 
 class Server:
-    def __init__(self, out, *flags):
+    def __init__(self, out, *flags, env=None):
         self.ready = out.parent / f"ready-{time.monotonic_ns()}"
         self.proc = subprocess.Popen(
             [BIN, "serve", "--from", str(out), "--listen", "127.0.0.1:0", "--ready-file", str(self.ready), *flags],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            env=None if env is None else {**os.environ, **env},
         )
         deadline = time.time() + 30
         while not (self.ready.exists() and self.ready.read_text().strip()):
@@ -74,8 +75,8 @@ def serve(shards):
     """serve(*flags) starts `rllm-pipe serve` on the shards; stopped at teardown."""
     started = []
 
-    def start(*flags):
-        s = Server(shards, "--follow=false", "--poll", "50ms", *flags)
+    def start(*flags, env=None):
+        s = Server(shards, "--follow=false", "--poll", "50ms", *flags, env=env)
         started.append(s)
         return s
 

@@ -1,0 +1,641 @@
+package flight
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/flight"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/train"
+)
+
+// cfgGroup joins members with cfg (Name set per member).
+type cfgGroup struct {
+	sh  *local.Reader
+	obj train.Objects
+	cfg train.ConsumerConfig
+}
+
+func (g cfgGroup) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {
+	cfg := g.cfg
+	cfg.Name = name
+	if pv != nil {
+		cfg.PolicyVersion = *pv
+	}
+	return train.NewConsumer(ctx, g.sh, g.obj, cfg)
+}
+
+// newGroup opens root's consumer group "g"; maxStale and inflight as the
+// trainer's flags.
+func newGroup(t *testing.T, root string, maxStale int64, inflight int) cfgGroup {
+	t.Helper()
+	sh, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := sh.Objects(train.GroupDir("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfgGroup{sh: sh, obj: obj, cfg: train.ConsumerConfig{
+		Config: train.Config{MaxStaleness: maxStale, IncludeFiltered: true},
+		Poll:   10 * time.Millisecond, MaxInflight: inflight, LeaseTimeout: time.Minute,
+	}}
+}
+
+// running is a Serve in a goroutine.
+type running struct {
+	addr string
+	srv  *Server
+	stop context.CancelFunc
+	done chan error
+}
+
+// startServer serves g under opts on loopback; stopped at cleanup.
+func startServer(t *testing.T, g Group, opts Options) *running {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{srv: NewServer(g, opts), stop: cancel, done: make(chan error, 1)}
+	addr := make(chan string, 1)
+	go func() { r.done <- Serve(ctx, "127.0.0.1:0", r.srv, func(a string) { addr <- a }) }()
+	select {
+	case r.addr = <-addr:
+	case err := <-r.done:
+		t.Fatalf("serve: %v", err)
+	}
+	t.Cleanup(func() {
+		r.srv.Abort()
+		<-r.done
+	})
+	return r
+}
+
+// bearer puts a token on every call.
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+func (bearer) RequireTransportSecurity() bool { return false }
+
+// dial is a Flight client of addr with token (if any) and TLS roots (nil:
+// plaintext).
+func dial(t *testing.T, addr, token string, roots *x509.CertPool) flight.Client {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if roots != nil {
+		opts[0] = grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
+	}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(bearer(token)))
+	}
+	cli, err := flight.NewClientWithMiddleware(addr, nil, nil, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// act runs action kind with body and returns the reply.
+func act(ctx context.Context, cli flight.Client, kind string, body any) ([]byte, error) {
+	data, _ := json.Marshal(body)
+	st, err := cli.DoAction(ctx, &flight.Action{Type: kind, Body: data})
+	if err != nil {
+		return nil, err
+	}
+	r, err := st.Recv()
+	if err != nil {
+		return nil, err
+	}
+	return r.Body, nil
+}
+
+// open starts a stream with ticket and reads its first batch's metadata.
+func open(ctx context.Context, t *testing.T, cli flight.Client, ticket string) (*flight.Reader, BatchMeta) {
+	t.Helper()
+	stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(ticket)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := flight.NewRecordReader(stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", ticket, err)
+	}
+	t.Cleanup(rd.Release)
+	if !rd.Next() {
+		t.Fatalf("stream %s: no batch: %v", ticket, rd.Err())
+	}
+	var m BatchMeta
+	if err := json.Unmarshal(rd.LatestAppMetadata(), &m); err != nil {
+		t.Fatal(err)
+	}
+	return rd, m
+}
+
+func wantCode(t *testing.T, what string, err error, code codes.Code) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Errorf("%s: %v, want %v", what, err, code)
+	}
+}
+
+// TestHostileClientCannotActForAnotherMember: a client learns nothing of
+// other members and cannot acknowledge for them or move their policy
+// version — not through an empty ack either — and versions out of range
+// are refused.
+func TestHostileClientCannotActForAnotherMember(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 2, 6, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, 0, 2), Options{AdminToken: "admin-token-0123456789"})
+	victim := dial(t, r.addr, "admin-token-0123456789", nil)
+	const vkey = "victim-key-0123456789"
+	_, vm := open(ctx, t, victim, `{"consumer":"victim","key":"`+vkey+`"}`)
+	if vm.Key != "" {
+		t.Errorf("the server handed out a key the client chose")
+	}
+	attacker := dial(t, r.addr, "admin-token-0123456789", nil)
+	// The attacker's own stream, with a key of its own.
+	const akey = "attacker-key-0123456789"
+	open(ctx, t, attacker, `{"consumer":"attacker","key":"`+akey+`"}`)
+
+	for _, c := range []struct {
+		name, kind string
+		body       any
+	}{
+		{"set another member's version", "set_policy_version", map[string]any{"consumer": "victim", "policy_version": 1000}},
+		{"set it with one's own key", "set_policy_version", map[string]any{"consumer": "victim", "key": akey, "policy_version": 1000}},
+		{"empty ack moving its version", "ack", map[string]any{"consumer": "victim", "batch_ids": []uint64{}, "policy_version": 1000}},
+		{"empty ack with one's own key", "ack", map[string]any{"consumer": "victim", "key": akey, "batch_ids": []uint64{}, "policy_version": 1000}},
+		{"ack its batch", "ack", map[string]any{"consumer": "victim", "member": vm.Member, "batch_ids": []uint64{vm.BatchID}}},
+		{"its stats without its key", "stats", map[string]any{"consumer": "victim", "key": akey}},
+	} {
+		_, err := act(ctx, attacker, c.kind, c.body)
+		wantCode(t, c.name, err, codes.PermissionDenied)
+	}
+	body, err := act(ctx, victim, "stats", map[string]any{"consumer": "victim", "key": vkey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st train.Stats
+	_ = json.Unmarshal(body, &st)
+	if st.PolicyVersion != 0 || st.GroupsAcked != 0 {
+		t.Errorf("the victim after the attacks: %+v", st)
+	}
+
+	// Versions out of range, from every door.
+	huge := int64(1) << 60
+	for _, c := range []struct {
+		name, kind string
+		body       any
+	}{
+		{"negative version", "set_policy_version", map[string]any{"consumer": "victim", "key": vkey, "policy_version": -1}},
+		{"huge version", "set_policy_version", map[string]any{"consumer": "victim", "key": vkey, "policy_version": huge}},
+		{"no version", "set_policy_version", map[string]any{"consumer": "victim", "key": vkey}},
+		{"ack with a negative version", "ack", map[string]any{"consumer": "victim", "key": vkey, "batch_ids": []uint64{}, "policy_version": -5}},
+	} {
+		_, err := act(ctx, victim, c.kind, c.body)
+		wantCode(t, c.name, err, codes.InvalidArgument)
+	}
+	for _, tkt := range []string{`{"consumer":"neg","policy_version":-1}`, fmt.Sprintf(`{"consumer":"big","policy_version":%d}`, huge), `{"consumer":"short","key":"abc"}`} {
+		s, err := victim.DoGet(ctx, &flight.Ticket{Ticket: []byte(tkt)})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		wantCode(t, "ticket "+tkt, err, codes.InvalidArgument)
+	}
+	// The victim moves its own version; an empty ack with its key is fine.
+	if _, err := act(ctx, victim, "set_policy_version", map[string]any{"consumer": "victim", "key": vkey, "policy_version": 3}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := act(ctx, victim, "ack", map[string]any{"consumer": "victim", "key": vkey, "batch_ids": []uint64{}, "policy_version": 4}); err != nil {
+		t.Fatal(err)
+	}
+	body, _ = act(ctx, victim, "stats", map[string]any{"consumer": "victim", "key": vkey})
+	_ = json.Unmarshal(body, &st)
+	if st.PolicyVersion != 4 {
+		t.Errorf("the victim's own version: %d, want 4", st.PolicyVersion)
+	}
+
+	// Without a key, stats need the admin token.
+	root = t.TempDir()
+	writeShards(t, root, 2, 2, 0)
+	member := startServer(t, newGroup(t, root, -1, 2), Options{Token: "member-token-0123456789", AdminToken: "admin-token-0123456789"})
+	mcli := dial(t, member.addr, "member-token-0123456789", nil)
+	open(ctx, t, mcli, `{"consumer":"m0","key":"m0-key-0123456789abc"}`)
+	for _, body := range []any{map[string]any{}, map[string]any{"consumer": "m0"}} {
+		_, err := act(ctx, mcli, "stats", body)
+		wantCode(t, fmt.Sprintf("stats %v with the member token", body), err, codes.PermissionDenied)
+	}
+	admin := dial(t, member.addr, "admin-token-0123456789", nil)
+	body, err = act(ctx, admin, "stats", map[string]any{})
+	if err != nil {
+		t.Fatalf("stats of all with the admin token: %v", err)
+	}
+	var all map[string]train.Stats
+	_ = json.Unmarshal(body, &all)
+	if _, ok := all["m0"]; !ok || len(all) != 1 {
+		t.Errorf("stats of all: %s", body)
+	}
+	// A server without tokens has no admin: nobody reads others' stats.
+	open2 := startServer(t, newGroup(t, root, -1, 2), Options{})
+	_, err = act(ctx, dial(t, open2.addr, "", nil), "stats", map[string]any{})
+	wantCode(t, "stats of all without tokens", err, codes.PermissionDenied)
+}
+
+// TestServerMadeKey: a ticket without a key gets one in the first batch,
+// and only that key acts on the stream.
+func TestServerMadeKey(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 4, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 2), Options{})
+	cli := dial(t, r.addr, "", nil)
+	rd, m := open(ctx, t, cli, `{"consumer":"t0"}`)
+	if len(m.Key) < MinKeyLen {
+		t.Fatalf("first batch's key %q", m.Key)
+	}
+	if _, err := act(ctx, cli, "ack", map[string]any{"consumer": "t0", "batch_ids": []uint64{m.BatchID}}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("ack without the key: %v", err)
+	}
+	if _, err := act(ctx, cli, "ack", map[string]any{"consumer": "t0", "key": m.Key, "batch_ids": []uint64{m.BatchID}}); err != nil {
+		t.Errorf("ack with the server's key: %v", err)
+	}
+	if !rd.Next() {
+		t.Fatal(rd.Err())
+	}
+	var next BatchMeta
+	_ = json.Unmarshal(rd.LatestAppMetadata(), &next)
+	if next.Key != "" {
+		t.Errorf("the key was sent again")
+	}
+}
+
+// TestTokens: with a token, every call without it or with a wrong one is
+// refused, unary and stream alike.
+func TestTokens(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 2, 4, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 2), Options{Token: "member-token-0123456789", AdminToken: "admin-token-0123456789"})
+	for _, tok := range []string{"", "wrong-token", "member-token-012345678", "member-token-0123456789x"} {
+		cli := dial(t, r.addr, tok, nil)
+		_, err := cli.GetFlightInfo(ctx, &flight.FlightDescriptor{})
+		wantCode(t, fmt.Sprintf("unary call with token %q", tok), err, codes.Unauthenticated)
+		_, err = act(ctx, cli, "stats", map[string]any{})
+		wantCode(t, fmt.Sprintf("action with token %q", tok), err, codes.Unauthenticated)
+		s, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"x"}`)})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		wantCode(t, fmt.Sprintf("stream with token %q", tok), err, codes.Unauthenticated)
+	}
+	for _, tok := range []string{"member-token-0123456789", "admin-token-0123456789"} {
+		cli := dial(t, r.addr, tok, nil)
+		_, err := cli.GetFlightInfo(ctx, &flight.FlightDescriptor{})
+		wantCode(t, "unary call with a good token", err, codes.Unimplemented)
+		open(ctx, t, cli, fmt.Sprintf(`{"consumer":"c%d","key":"key-0123456789abcdef"}`, len(tok)))
+	}
+}
+
+// TestListenBeyondLoopback: without a token only loopback addresses are
+// served.
+func TestListenBeyondLoopback(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 1, 0)
+	g := newGroup(t, root, -1, 2)
+	for _, addr := range []string{"0.0.0.0:0", "[::]:0", ":0"} {
+		ctx, cancel := context.WithCancel(context.Background())
+		err := Serve(ctx, addr, NewServer(g, Options{}), func(string) { cancel() })
+		cancel()
+		if !errors.Is(err, ErrNeedToken) {
+			t.Errorf("serve on %s without a token: %v, want ErrNeedToken", addr, err)
+		}
+	}
+	for _, c := range []struct {
+		addr string
+		opts Options
+	}{
+		{"localhost:0", Options{}},
+		{"127.0.0.1:0", Options{}},
+		{"0.0.0.0:0", Options{Token: "member-token-0123456789"}},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		err := Serve(ctx, c.addr, NewServer(g, c.opts), func(string) { cancel() })
+		cancel()
+		if err != nil {
+			t.Errorf("serve on %s: %v", c.addr, err)
+		}
+	}
+}
+
+// selfSigned makes a certificate for 127.0.0.1 and the pool that trusts it.
+func selfSigned(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "rllm-pipe test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, IsCA: true, BasicConstraintsValid: true,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+}
+
+// TestTLS: with a certificate the server speaks TLS only.
+func TestTLS(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 2, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cert, pool := selfSigned(t)
+	r := startServer(t, newGroup(t, root, -1, 2), Options{Token: "member-token-0123456789", TLS: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}})
+	open(ctx, t, dial(t, r.addr, "member-token-0123456789", pool), `{"consumer":"tls","key":"key-0123456789abcdef"}`)
+	plain := dial(t, r.addr, "member-token-0123456789", nil)
+	if _, err := act(ctx, plain, "stats", map[string]any{}); status.Code(err) != codes.Unavailable {
+		t.Errorf("a plaintext client of a TLS server: %v", err)
+	}
+}
+
+// drainAll reads every batch as a trainer does, acknowledging each, and
+// returns the groups; a refused start (the server is full) is retried.
+func drainAll(ctx context.Context, t *testing.T, cli flight.Client, name string) []string {
+	t.Helper()
+	key := name + "-key-0123456789abcdef"
+	for {
+		stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"` + name + `","key":"` + key + `"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd, err := flight.NewRecordReader(stream)
+		if status.Code(err) == codes.ResourceExhausted && ctx.Err() == nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("trainer: %v", err)
+		}
+		defer rd.Release()
+		var groups []string
+		for rd.Next() {
+			var m BatchMeta
+			_ = json.Unmarshal(rd.LatestAppMetadata(), &m)
+			groups = append(groups, m.Groups...)
+			if _, err := act(ctx, cli, "ack", map[string]any{"consumer": name, "key": key, "batch_ids": []uint64{m.BatchID}}); err != nil {
+				t.Fatalf("trainer's ack: %v", err)
+			}
+		}
+		if rd.Err() != nil {
+			t.Fatalf("trainer: %v", rd.Err())
+		}
+		return groups
+	}
+}
+
+// TestIdleStreamsAreBoundedAndDropped: of 1,000 streams that never read,
+// MaxStreams are accepted and the rest refused at once; the accepted ones
+// are dropped when they acknowledge nothing, and a real trainer gets every
+// group.
+func TestIdleStreamsAreBoundedAndDropped(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 4, 5, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const limit = 8
+	r := startServer(t, newGroup(t, root, -1, 2), Options{MaxStreams: limit, AckTimeout: 500 * time.Millisecond})
+	var (
+		mu       sync.Mutex
+		codesOf  = map[codes.Code]int{}
+		wg       sync.WaitGroup
+		maxLive  int
+		idleDone = make(chan struct{})
+	)
+	go func() { // the server never holds more than limit streams
+		for {
+			select {
+			case <-idleDone:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			r.srv.mu.Lock()
+			n := len(r.srv.members)
+			r.srv.mu.Unlock()
+			mu.Lock()
+			maxLive = max(maxLive, n)
+			mu.Unlock()
+		}
+	}()
+	conns := make([]flight.Client, 10)
+	for i := range conns {
+		conns[i] = dial(t, r.addr, "", nil)
+	}
+	// Open 1,000 streams that never read a batch: Header waits for the
+	// server's first word (a refusal ends the stream without one).
+	var accepted []flight.FlightService_DoGetClient
+	for i := 0; i < 1000; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := conns[i%len(conns)].DoGet(ctx, &flight.Ticket{Ticket: []byte(fmt.Sprintf(`{"consumer":"idle-%d"}`, i))})
+			var md metadata.MD
+			if err == nil {
+				md, err = s.Header()
+			}
+			if err == nil && md == nil {
+				_, err = s.Recv()
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				accepted = append(accepted, s)
+				return
+			}
+			codesOf[status.Code(err)]++
+		}()
+	}
+	wg.Wait()
+	groups := drainAll(ctx, t, dial(t, r.addr, "", nil), "trainer")
+	close(idleDone)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range accepted { // now read: batches, then the drop
+		_, err := s.Recv()
+		for err == nil {
+			_, err = s.Recv()
+		}
+		codesOf[status.Code(err)]++
+	}
+	t.Logf("idle streams: %d accepted, ended with %v", len(accepted), codesOf)
+	if len(groups) != 20 {
+		t.Errorf("the trainer got %d groups, want 20", len(groups))
+	}
+	if maxLive > limit {
+		t.Errorf("%d streams at once, limit %d", maxLive, limit)
+	}
+	if codesOf[codes.ResourceExhausted] < 1000-4*limit {
+		t.Errorf("idle streams ended with %v: want most refused (ResourceExhausted)", codesOf)
+	}
+	if codesOf[codes.DeadlineExceeded] == 0 {
+		t.Errorf("idle streams ended with %v: want the accepted ones dropped (DeadlineExceeded)", codesOf)
+	}
+}
+
+// idleStream opens a stream that never reads a batch and waits until the
+// server accepted it.
+func idleStream(ctx context.Context, t *testing.T, cli flight.Client, name string) {
+	t.Helper()
+	s, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"` + name + `"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, err := s.Header(); err != nil || md == nil {
+		t.Fatalf("idle stream not accepted: %v", err)
+	}
+}
+
+// TestReaderThatStopsIsDropped: a client that stops reading (its window
+// full) is dropped after the send timeout, and its shards go to a real
+// trainer.
+func TestReaderThatStopsIsDropped(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 32, 1<<18) // 32 batches of 1 MiB
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 100), Options{SendTimeout: 300 * time.Millisecond, AckTimeout: -1})
+	idleStream(ctx, t, dial(t, r.addr, "", nil), "stuck")
+	groups := drainAll(ctx, t, dial(t, r.addr, "", nil), "trainer")
+	if len(groups) != 32 {
+		t.Errorf("the trainer got %d groups, want 32", len(groups))
+	}
+}
+
+// TestStreamBytesBound: a stream waits for acknowledgements once its
+// batches in flight reach MaxStreamBytes.
+func TestStreamBytesBound(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 8, 1<<18)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 100), Options{MaxStreamBytes: 5 << 19}) // 2.5 MiB
+	cli := dial(t, r.addr, "", nil)
+	sctx, cancelStream := context.WithCancel(ctx)
+	rd, first := open(sctx, t, cli, `{"consumer":"t0","key":"key-0123456789abcdef"}`)
+	got := make(chan BatchMeta, 8)
+	go func() {
+		for rd.Next() {
+			var m BatchMeta
+			_ = json.Unmarshal(rd.LatestAppMetadata(), &m)
+			got <- m
+		}
+		close(got)
+	}()
+	count := func() int {
+		time.Sleep(500 * time.Millisecond)
+		return len(got) + 1
+	}
+	if n := count(); n != 3 {
+		t.Errorf("%d batches of 1 MiB in flight under a 2 MiB bound, want 3", n)
+	}
+	if _, err := act(ctx, cli, "ack", map[string]any{"consumer": "t0", "key": "key-0123456789abcdef", "batch_ids": []uint64{first.BatchID}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 4 {
+		t.Errorf("%d batches after one acknowledgement, want 4", n)
+	}
+	cancelStream()
+	for range got { // the reader is done before the cleanup releases it
+	}
+}
+
+// TestShutdownWithStuckReader: Serve returns within the grace although a
+// client stopped reading mid-batch.
+func TestShutdownWithStuckReader(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 32, 1<<18)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 100), Options{SendTimeout: time.Hour, AckTimeout: -1, ShutdownGrace: 500 * time.Millisecond})
+	idleStream(ctx, t, dial(t, r.addr, "", nil), "stuck")
+	time.Sleep(time.Second) // the server's send blocks on the full window
+	start := time.Now()
+	r.stop()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.done <- nil // for the cleanup
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve still running 10 s after its stop (grace 500 ms)")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("serve stopped after %v, grace 500 ms", d)
+	}
+}
+
+// TestStreamsPerConnection: one connection cannot take every slot.
+func TestStreamsPerConnection(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 40, 1, 0) // enough for the hog's streams to leave some
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 2), Options{MaxStreams: 16, MaxStreamsPerConn: 3})
+	hog := dial(t, r.addr, "", nil)
+	accepted, refused := 0, 0
+	for i := 0; i < 20; i++ {
+		s, err := hog.DoGet(ctx, &flight.Ticket{Ticket: []byte(fmt.Sprintf(`{"consumer":"hog-%d"}`, i))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch md, err := s.Header(); {
+		case err == nil && md != nil:
+			accepted++
+		default:
+			if _, err := s.Recv(); status.Code(err) == codes.ResourceExhausted {
+				refused++
+			}
+		}
+	}
+	if accepted != 3 || refused != 17 {
+		t.Errorf("one connection: %d streams accepted, %d refused; want 3 and 17", accepted, refused)
+	}
+	open(ctx, t, dial(t, r.addr, "", nil), `{"consumer":"trainer","key":"key-0123456789abcdef"}`)
+}
