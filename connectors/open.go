@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
@@ -25,6 +26,9 @@ type Root struct {
 type Options struct {
 	S3Endpoint string
 	S3Region   string
+	// RetryFor bounds how long an S3 operation is retried through an
+	// outage (0: s3.DefaultRetryFor).
+	RetryFor time.Duration
 }
 
 // ParseRoot reads an output root's URL. "-" (stdin) is no root.
@@ -46,6 +50,7 @@ func ParseRoot(raw string, o Options) (Root, error) {
 		if o.S3Region != "" {
 			cfg.Region = o.S3Region
 		}
+		cfg.RetryFor = o.RetryFor
 		r.S3 = &cfg
 		return r, nil
 	}

@@ -143,6 +143,11 @@ type LineSource struct {
 	done      bool
 	pending   *pendingLine
 	pool      sync.Pool // released chunk buffers
+	// stopped ends the input early (Stop): what was read from r is still
+	// handed out, nothing more is read. interrupt, if set, wakes a read
+	// blocked on a quiet pipe without consuming anything.
+	stopped   atomic.Bool
+	interrupt func()
 }
 
 // OpenFile opens path ("-" for stdin) as a LineSource. maxRecord <= 0 means
@@ -155,7 +160,7 @@ type LineSource struct {
 // it is never skipped.
 func OpenFile(path string, maxRecord int) (*LineSource, error) {
 	if path == "-" {
-		return NewLineSource("-", os.Stdin, nil, maxRecord), nil
+		return openStdin(maxRecord), nil
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -226,6 +231,9 @@ func (s *LineSource) Consumed() int64 { return s.consumed.Load() }
 
 func (s *LineSource) read(ctx context.Context) (Chunk, error) {
 	var c Chunk
+	if s.stopped.Load() && s.m == nil {
+		s.done = true // hand out the pending line, read nothing more
+	}
 	if s.done && s.pending == nil {
 		return c, io.EOF
 	}
@@ -411,7 +419,9 @@ func (s *LineSource) readLine() (data []byte, truncated bool, size int64, err er
 			return line, false, int64(len(line)), nil
 		case errors.Is(rerr, bufio.ErrBufferFull):
 			continue
-		case rerr == io.EOF:
+		case rerr == io.EOF || s.stopped.Load():
+			// The end, or a Stop interrupted the read: what was read of
+			// the line is its last part.
 			if truncated {
 				return long, true, size, io.EOF
 			}
@@ -439,6 +449,18 @@ func isBlank(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// Stop ends the input where it is, for a source that cannot be read
+// again (stdin): every record already read from the underlying reader is
+// still handed out by Read, then io.EOF; nothing more is read. A read
+// blocked on a quiet pipe returns at once when the source was opened by
+// OpenFile("-"); otherwise the input ends after the current read. Safe
+// to call from any goroutine, and more than once.
+func (s *LineSource) Stop() {
+	if s.stopped.CompareAndSwap(false, true) && s.interrupt != nil {
+		s.interrupt()
+	}
 }
 
 // Stream is the exactly-once identity of the input ("" for stdin).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"runtime"
 	"runtime/debug"
@@ -21,6 +22,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/transform"
@@ -32,6 +34,7 @@ type ingestOpts struct {
 	groupSize, minGroupSize  int
 	groupTimeout             time.Duration
 	maxOpenGroups            int
+	maxPartitions            int
 	shardSize                string
 	flushInterval            time.Duration
 	estimator, compat        string
@@ -74,6 +77,7 @@ input skips groups already committed.`,
 	f.IntVar(&o.minGroupSize, "min-group-size", 2, "least complete trajectories to emit a group partial at timeout or end of input")
 	f.DurationVar(&o.groupTimeout, "group-timeout", 10*time.Minute, "close a group this long after its first record (0: never)")
 	f.IntVar(&o.maxOpenGroups, "max-open-groups", 65536, "groups held in memory at most; one more closes the oldest")
+	f.IntVar(&o.maxPartitions, "max-partitions", sink.DefaultMaxPartitions, "policy versions written to shards of their own at once; beyond it a version shares the shard of the nearest version below (a burst of versions makes a few shards, not one each)")
 	f.StringVar(&o.shardSize, "shard-size", "256MiB", "cut a shard at about this size")
 	f.DurationVar(&o.flushInterval, "flush-interval", 30*time.Second, "commit a shard at most this long after its first row")
 	f.StringVar(&o.estimator, "estimator", "grpo", "advantage estimator: "+strings.Join(advantage.Names(), ", "))
@@ -115,14 +119,22 @@ func newPlan(o ingestOpts) (*plan, error) {
 	p := &plan{runID: newRunID()}
 	c := &p.cfg
 	var err error
-	if c.ShardSize, err = parseBytes(o.shardSize); err != nil {
-		return nil, usageErrorf("--shard-size: %v", err)
+	if c.ShardSize, err = bytesIn("shard-size", o.shardSize, 4<<10, 64<<30); err != nil {
+		return nil, err
 	}
-	if p.maxRecord, err = parseBytes(o.maxRecord); err != nil {
-		return nil, usageErrorf("--max-record-bytes: %v", err)
+	if p.maxRecord, err = bytesIn("max-record-bytes", o.maxRecord, 1<<10, 1<<30); err != nil {
+		return nil, err
 	}
-	if o.groupSize < 1 || o.minGroupSize < 1 {
-		return nil, usageErrorf("--group-size and --min-group-size must be >= 1")
+	if err := firstErr(
+		intIn("group-size", o.groupSize, 1, 1<<20), intIn("min-group-size", o.minGroupSize, 1, 1<<20),
+		durationIn("group-timeout", o.groupTimeout, 0, 365*24*time.Hour),
+		intIn("max-open-groups", o.maxOpenGroups, 1, 1<<26), intIn("max-partitions", o.maxPartitions, 1, 4096),
+		durationIn("flush-interval", o.flushInterval, time.Millisecond, 365*24*time.Hour),
+		intIn("decoders", o.decoders, 1, 1024), intIn("encoders", o.encoders, 1, 1024), intIn("zstd-level", o.zstdLevel, 1, 22),
+		floatIn("kl-coef", o.klCoef, -1e6, 1e6), floatIn("kl-clip", o.klClip, 0, math.MaxFloat64), floatIn("kl-discount", o.klDisc, 0, 1),
+		o.conn.check(),
+	); err != nil {
+		return nil, err
 	}
 	compat, err := advantage.CompatByName(o.compat)
 	if err != nil {
@@ -138,9 +150,6 @@ func newPlan(o ingestOpts) (*plan, error) {
 		return nil, usageErrorf("--filter: %v", err)
 	}
 	if o.klCoef != 0 {
-		if o.klClip < 0 || o.klDisc < 0 || o.klDisc > 1 {
-			return nil, usageErrorf("--kl-clip must be >= 0 and --kl-discount in [0, 1]")
-		}
 		c.Distill = &advantage.Distill{Coef: o.klCoef, Clip: o.klClip, Discount: o.klDisc}
 	} else if o.klClip != 0 || o.klDisc != 0 {
 		return nil, usageErrorf("--kl-clip and --kl-discount need --kl-coef")
@@ -151,7 +160,8 @@ func newPlan(o ingestOpts) (*plan, error) {
 	}
 	c.Label = p.label
 	c.GroupSize, c.MinGroupSize = o.groupSize, o.minGroupSize
-	c.GroupTimeout, c.MaxOpenGroups = o.groupTimeout, o.maxOpenGroups
+	c.GroupTimeout, c.MaxOpenGroups, c.MaxPartitions = o.groupTimeout, o.maxOpenGroups, o.maxPartitions
+	c.RetryFor = o.conn.retryFor
 	c.FlushInterval = o.flushInterval
 	c.Parquet = parquet.Options{ZstdLevel: o.zstdLevel, Compact: o.compact}
 	c.Decoders, c.Encoders = o.decoders, o.encoders
@@ -194,7 +204,8 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 	}
 	p.cfg.Log = slog.New(h).With("run", p.runID)
 	slog.SetDefault(p.cfg.Log)
-	st, dl, err := openOutput(ctx, o, p.runID)
+	// An unreachable store is not waited for past a first signal.
+	st, dl, err := openOutput(store.WithRetryStop(ctx, soft.Done()), o, p.runID)
 	if err != nil {
 		return err
 	}

@@ -77,7 +77,10 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 	for _, r := range slices.Sorted(maps.Keys(st.DeadLetters)) {
 		fmt.Fprintf(w, "    %-22s %d\n", r, st.DeadLetters[r])
 	}
-	if st.Stopped {
+	switch {
+	case st.Stopped && st.Drained:
+		fmt.Fprintln(w, "  stopped early by a signal: stdin was read up to there, and every record read was written (open groups closed as at the end of the input)")
+	case st.Stopped:
 		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
 	}
 	fmt.Fprintf(w, "  output:     %s\n", st.Output)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors"
@@ -37,9 +39,12 @@ func parseBytes(s string) (int64, error) {
 			break
 		}
 	}
-	var n int64
-	if _, err := fmt.Sscan(s, &n); err != nil || n <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive number with an optional unit (KiB, MiB, GiB)", s)
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want a positive whole number with an optional unit (KiB, MiB, GiB)", s)
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q: too large", s)
 	}
 	return n * mult, nil
 }

@@ -20,11 +20,16 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// Exit codes.
+// Exit codes: 0 also after a clean stop (the first signal: everything
+// read was committed, or is left to a rerun that reads it again).
 const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	// exitStopped: a signal stopped the command before it could finish
+	// cleanly (a second signal, or a first one while a store or broker was
+	// unreachable): what was committed is whole, a rerun resumes the rest.
+	exitStopped = 3
 )
 
 // exitError carries an exit code through cobra.
@@ -83,6 +88,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code
+	}
+	if soft.Err() != nil {
+		fmt.Fprintln(stderr, "rllm-pipe: stopped before finishing: what was committed is whole; run again to resume")
+		return exitStopped
 	}
 	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") ||
 		strings.Contains(err.Error(), "flag needs an argument") || strings.Contains(err.Error(), "invalid argument") ||

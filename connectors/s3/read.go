@@ -42,7 +42,7 @@ func (s *Store) ReadShard(ctx context.Context, e schemas.ShardEntry, columns []s
 		return nil, fmt.Errorf("s3: temporary file for %s: %w", e.Path, err)
 	}
 	tmp := &removeOnClose{File: f}
-	err = retry(ctx, func(int) error {
+	err = s.cfg.retry(ctx, func(int) error {
 		if err := f.Truncate(0); err != nil {
 			return err
 		}
@@ -146,7 +146,7 @@ func (o *Objects) Get(ctx context.Context, name string) ([]byte, error) {
 // List returns the names in the folder starting with prefix, sorted.
 func (o *Objects) List(ctx context.Context, prefix string) ([]string, error) {
 	var out []string
-	err := retry(ctx, func(int) error {
+	err := o.s.cfg.retry(ctx, func(int) error {
 		out = out[:0]
 		base := o.s.key(o.dir + "/")
 		for obj := range o.s.cli.ListObjects(ctx, o.s.cfg.Bucket, minio.ListObjectsOptions{Prefix: base + prefix}) {

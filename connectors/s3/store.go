@@ -98,7 +98,15 @@ type Config struct {
 	// SnapshotEvery is how many manifest entries separate two snapshots
 	// (0: SnapshotEvery).
 	SnapshotEvery int
+	// RetryFor bounds how long one operation is retried through an
+	// outage before it fails (0: DefaultRetryFor).
+	RetryFor time.Duration
 }
+
+// DefaultRetryFor is how long an operation is retried through an outage
+// by default: long enough for a store to restart, short enough that a
+// run whose store is gone fails with the reason.
+const DefaultRetryFor = 15 * time.Minute
 
 // SnapshotEvery is how many manifest entries separate two snapshots of
 // the log: an opening reader reads the newest snapshot and fewer entries
@@ -201,7 +209,7 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	}
 	s.journal = store.NewJournal(&Objects{s: s, dir: store.ManifestDir})
 	var ok bool
-	if err := retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
+	if err := cfg.retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
 	}
 	if !ok && !create {
@@ -301,7 +309,7 @@ func (s *Store) load(ctx context.Context) error {
 // get reads the object at key, retrying transient failures; missing
 // reports that there is none.
 func (s *Store) get(ctx context.Context, key string) (data []byte, missing bool, err error) {
-	err = retry(ctx, func(int) error {
+	err = s.cfg.retry(ctx, func(int) error {
 		obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, key, minio.GetObjectOptions{})
 		if err != nil {
 			return err
@@ -343,21 +351,40 @@ func transient(err error) bool {
 // Retries counts operations retried after a transient error.
 var Retries atomicCounter
 
+// ErrGaveUp is an operation abandoned while a transient failure lasted:
+// after Config.RetryFor, or on a soft stop (store.WithRetryStop).
+var ErrGaveUp = errors.New("s3: gave up retrying")
+
 // retry runs op until it succeeds, fails for good, or ctx ends, backing
 // off from 100 ms to 5 s between attempts: an object-store outage pauses
-// the pipeline instead of failing it. attempt is 0 on the first call.
-func retry(ctx context.Context, op func(attempt int) error) error {
+// the pipeline instead of failing it, for at most RetryFor, and no longer
+// than a soft stop. attempt is 0 on the first call.
+func (c Config) retry(ctx context.Context, op func(attempt int) error) error {
+	limit := c.RetryFor
+	if limit <= 0 {
+		limit = DefaultRetryFor
+	}
 	delay := 100 * time.Millisecond
+	var giveUp <-chan time.Time
 	for attempt := 0; ; attempt++ {
 		err := op(attempt)
 		if !transient(err) {
 			return err
+		}
+		if giveUp == nil {
+			t := time.NewTimer(limit)
+			defer t.Stop()
+			giveUp = t.C
 		}
 		Retries.Add(1)
 		slog.Warn("s3: transient failure, retrying", "attempt", attempt+1, "in", delay, "err", err)
 		select {
 		case <-ctx.Done():
 			return errors.Join(err, ctx.Err())
+		case <-store.RetryStop(ctx):
+			return fmt.Errorf("%w: stopping while %s is unreachable (%d attempts): %w", ErrGaveUp, c.Endpoint, attempt+1, err)
+		case <-giveUp:
+			return fmt.Errorf("%w: %s unreachable for %s (%d attempts; --s3-retry-for): %w", ErrGaveUp, c.Endpoint, limit, attempt+1, err)
 		case <-time.After(delay):
 		}
 		delay = min(delay*2, 5*time.Second)
@@ -368,7 +395,7 @@ func retry(ctx context.Context, op func(attempt int) error) error {
 // retries transient failures; ours reports whether an object found at the
 // key on a retry may be our own earlier attempt (whose answer was lost).
 func (s *Store) putIfAbsent(ctx context.Context, key string, body io.ReadSeeker, size int64, contentType string) error {
-	return retry(ctx, func(attempt int) error {
+	return s.cfg.retry(ctx, func(attempt int) error {
 		if _, err := body.Seek(0, io.SeekStart); err != nil {
 			return err
 		}
@@ -552,7 +579,7 @@ func (s *Store) RemoveOwnOrphans(ctx context.Context) ([]string, error) {
 // before it uploads and uploads before it appends.
 func (s *Store) removeUnlisted(ctx context.Context, doomed func(writer string, live map[string]bool) bool) ([]string, error) {
 	var objs []minio.ObjectInfo
-	err := retry(ctx, func(int) error {
+	err := s.cfg.retry(ctx, func(int) error {
 		objs = objs[:0]
 		for obj := range s.cli.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: s.key(""), Recursive: true}) {
 			if obj.Err != nil {
@@ -691,7 +718,7 @@ func (s *Store) PutDeadLetters(ctx context.Context, seq int, data []byte) (strin
 
 // remove deletes the object at key, retrying transient failures.
 func (s *Store) remove(ctx context.Context, key string) error {
-	return retry(ctx, func(int) error { return s.cli.RemoveObject(ctx, s.cfg.Bucket, key, minio.RemoveObjectOptions{}) })
+	return s.cfg.retry(ctx, func(int) error { return s.cli.RemoveObject(ctx, s.cfg.Bucket, key, minio.RemoveObjectOptions{}) })
 }
 
 // Get reads the object at rel under the prefix (fs.ErrNotExist if absent).

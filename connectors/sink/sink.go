@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"sync/atomic"
@@ -54,6 +55,13 @@ type Config struct {
 	// MaxOpenShards bounds the shards open at once; opening one more
 	// commits the oldest. Default 4 × Lanes.
 	MaxOpenShards int
+	// MaxPartitions bounds the partitions (policy versions) open at once:
+	// beyond it, a batch of a version not open joins the open partition
+	// of the nearest version below its own (else the lowest open one), so
+	// that a burst of versions makes a few shards, not one per version.
+	// A shard then holds several versions; its entry's PolicyVersion is
+	// the smallest. Default DefaultMaxPartitions, at most MaxOpenShards.
+	MaxPartitions int
 	// Lanes is the number of shards open at once for one partition, each
 	// encoded on its own goroutine; batches take them in turn. The lanes
 	// are shared among the partitions being written (see Sink.lanes).
@@ -71,6 +79,10 @@ type Config struct {
 	// rows and how long the commit (footer, upload, manifest) took.
 	OnCommit func(rows int64, took time.Duration)
 }
+
+// DefaultMaxPartitions is the default Config.MaxPartitions: more versions
+// than trainers keep in flight at once.
+const DefaultMaxPartitions = 16
 
 // Totals are the sink's tallies.
 type Totals struct {
@@ -102,6 +114,7 @@ type shard struct {
 	p       store.Pending
 	w       *parquet.Writer
 	opened  time.Time
+	minVer  int64 // the smallest group version written
 	groups  []string
 	rows    int64
 	sources map[string]*schemas.SourceRange
@@ -189,6 +202,10 @@ func New(store Store, cfg Config) *Sink {
 	if cfg.MaxOpenShards <= 0 {
 		cfg.MaxOpenShards = 4 * cfg.Lanes
 	}
+	if cfg.MaxPartitions <= 0 {
+		// Beyond MaxOpenShards partitions, opening one commits another.
+		cfg.MaxPartitions = min(DefaultMaxPartitions, cfg.MaxOpenShards)
+	}
 	if cfg.RunID == "" {
 		cfg.RunID = "run"
 	}
@@ -201,17 +218,18 @@ func New(store Store, cfg Config) *Sink {
 // Write hands b to an open shard of its partition (the lanes in turn) and
 // releases b.Record once encoded.
 func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) error {
-	n := s.lanes(b.Version)
+	part := s.partition(b.Version)
+	n := s.lanes(part)
 	for ln, sh := range s.open {
-		if ln.version == b.Version && ln.n >= n { // a lane this partition no longer takes
+		if ln.version == part && ln.n >= n { // a lane this partition no longer takes
 			if err := s.commit(ctx, sh); err != nil {
 				b.Record.Release()
 				return err
 			}
 		}
 	}
-	ln := lane{b.Version, s.turn[b.Version] % n}
-	s.turn[b.Version] = (ln.n + 1) % n
+	ln := lane{part, s.turn[part] % n}
+	s.turn[part] = (ln.n + 1) % n
 	sh := s.open[ln]
 	if sh == nil {
 		if len(s.open) >= s.cfg.MaxOpenShards {
@@ -231,6 +249,7 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 		return *perr
 	}
 	sh.rows += b.Record.NumRows()
+	sh.minVer = min(sh.minVer, b.Version)
 	sh.groups = append(sh.groups, b.Groups...)
 	sh.settled.Union(b.Settled)
 	files := b.Record.Column(schemas.ColSourceFile).(*array.String)
@@ -259,6 +278,34 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 		return s.commit(ctx, sh)
 	}
 	return nil
+}
+
+// partition is the partition a batch of version v goes to: its own, while
+// fewer than MaxPartitions are open or its own is open; beyond that the
+// open one nearest below v, else the lowest open one.
+func (s *Sink) partition(v int64) int64 {
+	open := map[int64]bool{}
+	for ln := range s.open {
+		if ln.version == v {
+			return v
+		}
+		open[ln.version] = true
+	}
+	if len(open) < s.cfg.MaxPartitions {
+		return v
+	}
+	below, found := int64(0), false
+	lowest := int64(math.MaxInt64)
+	for o := range open {
+		if o < v && (!found || o > below) {
+			below, found = o, true
+		}
+		lowest = min(lowest, o)
+	}
+	if found {
+		return below
+	}
+	return lowest
 }
 
 // lanes notes a batch for partition v and returns how many lanes v takes
@@ -313,7 +360,7 @@ func (s *Sink) create(ctx context.Context, ln lane, now time.Time) (*shard, erro
 		p.Abort()
 		return nil, err
 	}
-	sh := &shard{rel: rel, lane: ln, p: p, w: w, opened: now, sources: map[string]*schemas.SourceRange{}, settled: schemas.Settled{},
+	sh := &shard{rel: rel, lane: ln, p: p, w: w, opened: now, minVer: ln.version, sources: map[string]*schemas.SourceRange{}, settled: schemas.Settled{},
 		work: make(chan arrow.RecordBatch, 2), done: make(chan error, 1)}
 	go sh.encode(sh.work)
 	s.open[ln] = sh
@@ -331,7 +378,7 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 		Path:          sh.rel,
 		Rows:          sh.rows,
 		Groups:        len(sh.groups),
-		PolicyVersion: sh.lane.version,
+		PolicyVersion: sh.minVer,
 		GroupKeys:     sh.groups,
 		RunID:         s.cfg.RunID,
 		SchemaVersion: schemas.SchemaVersion,

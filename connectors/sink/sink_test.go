@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
@@ -327,5 +328,65 @@ func TestSinkLanesShared(t *testing.T) {
 	// before is still open, so 3 has two shards, as 2 has.
 	if perVersion[2] != 2 || perVersion[3] != 2 {
 		t.Fatalf("shards per partition %v; want two each", perVersion)
+	}
+}
+
+// TestSinkBurstOfVersions writes one group of each of 2,000 versions
+// (rising, then a few falling): beyond MaxPartitions open at once,
+// versions share shards instead of making one tiny shard each, every row
+// is written once, and an entry's policy version is its smallest.
+func TestSinkBurstOfVersions(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	st, sk := newSink(t, root, sink.Config{FlushInterval: time.Hour, RunID: "r", MaxPartitions: 4, MaxOpenShards: 8})
+	now := time.Now()
+	versions := make([]int, 0, 2010)
+	for v := range 2000 {
+		versions = append(versions, v+100)
+	}
+	for v := 10; v > 0; v-- {
+		versions = append(versions, v) // below every open partition
+	}
+	for _, v := range versions {
+		for _, b := range batches(t, mem, v, 1) {
+			if err := sk.Write(ctx, b, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := sk.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	entries := committed(t, st)
+	if len(entries) > 8 {
+		t.Fatalf("%d shards for a burst of versions, want at most 8", len(entries))
+	}
+	var rows int64
+	for _, e := range entries {
+		got := countRows(t, root, e)
+		if got != e.Rows {
+			t.Fatalf("%s: %d rows, manifest says %d", e.Path, got, e.Rows)
+		}
+		rows += got
+		var lowest int64 = -1
+		err := parquet.ReadFile(ctx, filepath.Join(root, e.Path), []string{"policy_version"}, memory.DefaultAllocator, func(r arrow.RecordBatch) error {
+			for _, v := range r.Column(0).(*array.Int64).Int64Values() {
+				if lowest < 0 || v < lowest {
+					lowest = v
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.PolicyVersion != lowest {
+			t.Fatalf("%s: entry's policy version %d, smallest in the shard %d", e.Path, e.PolicyVersion, lowest)
+		}
+	}
+	if rows != int64(len(versions)) {
+		t.Fatalf("%d rows committed, want %d", rows, len(versions))
 	}
 }

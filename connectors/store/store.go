@@ -43,6 +43,23 @@ var ErrFenced = errors.New("store: fenced: another writer claimed the stream")
 // ErrLocked is a writer refused because another writer holds the root.
 var ErrLocked = errors.New("store: another writer holds the output root")
 
+type retryStopKey struct{}
+
+// WithRetryStop returns ctx carrying stop: a backend retrying a transient
+// failure (an outage) gives up when stop is closed, with an error, while
+// requests in flight are not cancelled. Pipelines pass their soft stop,
+// so that a first signal during an outage ends the run instead of
+// waiting for the store to return.
+func WithRetryStop(ctx context.Context, stop <-chan struct{}) context.Context {
+	return context.WithValue(ctx, retryStopKey{}, stop)
+}
+
+// RetryStop is the stop ctx carries (nil, never closed, if none).
+func RetryStop(ctx context.Context) <-chan struct{} {
+	stop, _ := ctx.Value(retryStopKey{}).(<-chan struct{})
+	return stop
+}
+
 // Reader reads an output root's committed data. It writes nothing there
 // but the consumer groups' objects. Safe for concurrent use.
 type Reader interface {

@@ -3,9 +3,11 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -92,13 +94,27 @@ func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error
 	}
 	defer func() { group.Close() }()
 	backoff := time.Second
-	pause := func(why error) {
+	var failing time.Time // since when every attempt failed
+	limit := p.cfg.RetryFor
+	if limit <= 0 {
+		limit = DefaultRetryFor
+	}
+	// pause waits before the next attempt; it fails the run when attempts
+	// have failed for longer than the limit.
+	pause := func(why error) error {
+		if failing.IsZero() {
+			failing = time.Now()
+		}
+		if time.Since(failing) >= limit {
+			return fmt.Errorf("kafka: failing for %s (--retry-for): %w", limit, why)
+		}
 		p.cfg.Log.Warn("kafka: retrying", "err", why, "in", backoff)
 		select {
 		case <-soft.Done():
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 30*time.Second)
+		return nil
 	}
 	for soft.Err() == nil {
 		gen, err := group.Next(soft)
@@ -106,17 +122,19 @@ func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error
 			if soft.Err() != nil {
 				return nil
 			}
-			pause(err) // the broker is away: wait for it
+			if err := pause(err); err != nil { // the broker is away: wait for it
+				return err
+			}
 			continue
 		}
 		err = p.generation(ctx, soft, gen)
 		switch {
 		case err == nil:
-			backoff = time.Second
+			backoff, failing = time.Second, time.Time{}
 		case errors.Is(err, kafka.ErrGenerationEnded):
 			// A rebalance: uncommitted work is the next owner's.
 			p.cfg.Log.Info("kafka: generation ended; rejoining", "reason", err)
-			backoff = time.Second
+			backoff, failing = time.Second, time.Time{}
 		case ctx.Err() != nil:
 			return err
 		default:
@@ -126,7 +144,9 @@ func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error
 			// and heartbeats keep it alive), then resume from the
 			// manifest.
 			group.Close()
-			pause(err)
+			if err := pause(err); err != nil {
+				return err
+			}
 			if soft.Err() != nil {
 				return nil
 			}
@@ -142,7 +162,7 @@ func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error
 // first unsettled offsets until the generation ends, and then removes
 // this writer's unlisted objects.
 func (p *Pipeline) generation(ctx, soft context.Context, gen Generation) error {
-	if err := p.store.Claim(ctx, gen.Streams(), gen.ID()); err != nil {
+	if err := p.store.Claim(store.WithRetryStop(ctx, soft.Done()), gen.Streams(), gen.ID()); err != nil {
 		return err
 	}
 	p.dl.Reset()
@@ -160,7 +180,7 @@ func (p *Pipeline) generation(ctx, soft context.Context, gen Generation) error {
 		defer close(hints)
 		commitHints(hintCtx, gen, p.store.Settled)
 	}()
-	err = p.stages(ctx, soft, src)
+	err = p.stages(ctx, soft, src, soft)
 	stopHints()
 	<-hints
 	// No commit of ours is in flight now: what we published without

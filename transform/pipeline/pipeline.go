@@ -42,16 +42,23 @@ type Config struct {
 	Distill   *advantage.Distill
 	Filters   []transform.Filter
 	// Shards: see sink.Config.
+	MaxPartitions int
 	ShardSize     int64
 	FlushInterval time.Duration
 	Parquet       parquet.Options
 	// Decoders is the number of decoding goroutines; Encoders the shards
 	// of one partition encoded at once.
 	Decoders, Encoders int
+	// RetryFor bounds how long RunKafka retries a broker or store that
+	// keeps failing before it returns the error (0: DefaultRetryFor).
+	RetryFor time.Duration
 	// Observer, if set, sees the pipeline's progress (metrics).
 	Observer Observer
 	Log      *slog.Logger
 }
+
+// DefaultRetryFor is how long RunKafka retries by default.
+const DefaultRetryFor = 15 * time.Minute
 
 // Observer sees a pipeline's progress. Calls come from the pipeline's
 // goroutines; implementations synchronise.
@@ -74,6 +81,10 @@ type Result struct {
 	transform.Counters
 	transform.BatchCounters
 	sink.Totals
+	// Drained: a soft stop ended an input that cannot be read again
+	// (stdin) where it was, and every record read was written: open
+	// groups closed as at the end of the input.
+	Drained bool `json:"stdin_drained,omitempty"`
 }
 
 // Add adds r's counts to res.
@@ -89,7 +100,12 @@ func (res *Result) Add(r Result) {
 	res.Shards += r.Shards
 	res.Rows += r.Rows
 	res.Bytes += r.Bytes
+	res.Drained = res.Drained || r.Drained
 }
+
+// Stopper is a source that can end early where it is (ingest.LineSource
+// of stdin): Read hands out what was read, then io.EOF.
+type Stopper interface{ Stop() }
 
 // Pipeline writes to one store as one writer; its shards are numbered
 // across the runs of its stages (Kafka generations).
@@ -122,21 +138,48 @@ func (p *Pipeline) Result() Result { return p.res }
 // Run ingests src, a file or stdin, to its end or a soft stop: it claims
 // the source's stream (fencing earlier writers of it), skips the positions
 // an earlier run settled, and removes its unlisted objects at the end.
+//
+// A soft stop of a file leaves its open groups to the next run, which
+// reads them again. stdin (stream "") cannot be read again: a soft stop
+// ends it where it is (src must be a Stopper), and every record read is
+// written, open groups as partial groups or dead letters, as at its end.
 func (p *Pipeline) Run(ctx, soft context.Context, src ingest.Source, stream string) error {
 	streams := slices.DeleteFunc([]string{stream}, func(s string) bool { return s == "" }) // stdin
-	if err := p.store.Claim(ctx, streams, 0); err != nil {
+	if err := p.store.Claim(store.WithRetryStop(ctx, soft.Done()), streams, 0); err != nil {
 		return err
 	}
-	err := p.stages(ctx, soft, src)
+	var err error
+	if st, ok := src.(Stopper); ok && stream == "" {
+		err = p.drainStages(ctx, soft, src, st)
+	} else {
+		err = p.stages(ctx, soft, src, soft)
+	}
 	if err == nil {
 		err = p.store.Sweep(ctx)
 	}
 	return err
 }
 
+// drainStages runs the stages over a source that a soft stop ends rather
+// than cancels, so that nothing read is dropped.
+func (p *Pipeline) drainStages(ctx, soft context.Context, src ingest.Source, st Stopper) error {
+	stop := context.AfterFunc(soft, st.Stop)
+	defer stop()
+	// Retries go on after the stop (for at most the store's bound): what
+	// was read from stdin exists nowhere else. A second signal ends them.
+	err := p.stages(ctx, context.Background(), src, context.Background())
+	if soft.Err() != nil {
+		p.res.Drained = true
+	}
+	return err
+}
+
 // stages runs source → decode → assemble → sink until the source ends or
-// stops.
-func (p *Pipeline) stages(ctx, soft context.Context, src ingest.Source) error {
+// a soft stop cancels reading (open groups are then left unwritten, to
+// be read again). retryStop ends the store's retries of a commit while
+// an outage lasts.
+func (p *Pipeline) stages(ctx, soft context.Context, src ingest.Source, retryStop context.Context) error {
+	ctx = store.WithRetryStop(ctx, retryStop.Done())
 	cfg := p.cfg
 	mem := memory.DefaultAllocator
 	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: cfg.Estimator, Label: cfg.Label, Distill: cfg.Distill, Filters: cfg.Filters})
@@ -152,6 +195,7 @@ func (p *Pipeline) stages(ctx, soft context.Context, src ingest.Source) error {
 		OnCommit:      cfg.Observer.Committed,
 		Parquet:       po,
 		Lanes:         max(cfg.Encoders, 1),
+		MaxPartitions: cfg.MaxPartitions,
 	})
 	settled := p.store.Settled()
 

@@ -312,3 +312,46 @@ func testRunKafka(t *testing.T, flush time.Duration) {
 		t.Fatalf("dead-letter counts %v", c)
 	}
 }
+
+// downGroup is a consumer group whose broker never answers.
+type downGroup struct{ calls int }
+
+func (d *downGroup) Close() error { return nil }
+func (d *downGroup) Next(ctx context.Context) (pipeline.Generation, error) {
+	d.calls++
+	return nil, errors.New("dial tcp: connection refused")
+}
+
+// TestRunKafkaGivesUp: a broker that stays away fails the run after
+// RetryFor, with the reason; a soft stop ends the waiting at once, as a
+// clean stop.
+func TestRunKafkaGivesUp(t *testing.T) {
+	ctx := context.Background()
+	st, err := local.Open(t.TempDir(), "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cfg := config(t)
+	cfg.RetryFor = 2500 * time.Millisecond
+	d := &downGroup{}
+	start := time.Now()
+	err = pipeline.New(cfg, st, nil).RunKafka(ctx, ctx, func() (pipeline.Group, error) { return d, nil })
+	if err == nil || !strings.Contains(err.Error(), "connection refused") || !strings.Contains(err.Error(), "2.5s") {
+		t.Fatalf("RunKafka: %v, want the broker's error after 2.5s", err)
+	}
+	if took := time.Since(start); took < 2500*time.Millisecond || took > 30*time.Second || d.calls < 2 {
+		t.Fatalf("gave up after %s and %d attempts", took, d.calls)
+	}
+
+	soft, stop := context.WithCancel(ctx)
+	cfg.RetryFor = time.Hour
+	go func() { time.Sleep(200 * time.Millisecond); stop() }()
+	start = time.Now()
+	if err := pipeline.New(cfg, st, nil).RunKafka(ctx, soft, func() (pipeline.Group, error) { return &downGroup{}, nil }); err != nil {
+		t.Fatalf("a soft stop while the broker is away: %v, want a clean stop", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the soft stop took %s", took)
+	}
+}

@@ -1,0 +1,300 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// stopRecords returns groups of 4 one-step trajectories; the last group
+// of every eight has only 3 trajectories, so that open groups are left at
+// the end of the input (partial groups, min-group-size 2).
+func stopRecords(groups int) [][]byte {
+	var out [][]byte
+	for g := range groups {
+		n := 4
+		if g%8 == 7 {
+			n = 3
+		}
+		for tr := range n {
+			id := fmt.Sprintf("g%d-t%d", g, tr)
+			out = append(out,
+				fmt.Appendf(nil, `{"type":"step","step_id":"%s-s0","task_id":"g%d","trajectory_id":"%s","step_index":0,"policy_version":0,"prompt_ids":[1,2,3],"response_ids":[4,5],"response_logprobs":[-0.5,-0.25]}`, id, g, id),
+				fmt.Appendf(nil, `{"type":"trajectory","trajectory_id":"%s","task_id":"g%d","reward":%d,"num_steps":1}`, id, g, tr%2))
+		}
+	}
+	return out
+}
+
+// outputAccount returns, for an output root, the step and trajectory ids
+// of the committed rows and the raw records of the dead letters.
+func outputAccount(t *testing.T, out string) (steps, trajs map[string]int, letters []schemas.DeadLetterLine) {
+	t.Helper()
+	r, err := local.OpenReader(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := r.Committed(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, trajs = map[string]int{}, map[string]int{}
+	for _, e := range entries {
+		err := parquet.ReadFile(context.Background(), filepath.Join(out, filepath.FromSlash(e.Path)), []string{"step_id", "trajectory_id"}, memory.DefaultAllocator, func(rec arrow.RecordBatch) error {
+			s, tr := rec.Column(0).(*array.String), rec.Column(1).(*array.String)
+			for i := range int(rec.NumRows()) {
+				steps[s.Value(i)]++
+				trajs[tr.Value(i)] = 1
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "_dlq", "*.jsonl"))
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+			if len(line) == 0 {
+				continue
+			}
+			var dl schemas.DeadLetterLine
+			if err := json.Unmarshal(line, &dl); err != nil {
+				t.Fatalf("dead letter %q: %v", line, err)
+			}
+			letters = append(letters, dl)
+		}
+	}
+	return steps, trajs, letters
+}
+
+// TestStopStdinWritesEverythingRead stops `ingest --from -` with SIGTERM
+// while stdin stays open, after the whole input was read (and a last
+// line cut short): every record read is written or dead-lettered, none
+// twice, the run exits 0 and says so.
+func TestStopStdinWritesEverythingRead(t *testing.T) {
+	bin := e2eBinary(t)
+	dir := t.TempDir()
+	out := filepath.Join(dir, "out")
+	stats := filepath.Join(dir, "stats.json")
+	records := stopRecords(500)
+	cut := []byte(`{"type":"step","step_id":"cut`)
+
+	cmd := exec.Command(bin, "ingest", "--from", "-", "--to", out, "--group-size", "4", "--min-group-size", "2",
+		"--flush-interval", "1h", "--stats-json", stats)
+	cmd.Env = e2eEnv()
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w := bufio.NewWriter(stdin)
+	for _, r := range records {
+		w.Write(r)
+		w.WriteByte('\n')
+	}
+	w.Write(cut) // no newline: a line the stop cuts short
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Everything is written into the pipe; give ingest time to read it,
+	// then stop it with stdin still open.
+	time.Sleep(2 * time.Second)
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("ingest did not stop within 60s of SIGTERM with stdin open\n%s", stderr.String())
+	}
+	stdin.Close()
+	if err != nil {
+		t.Fatalf("ingest: %v (want exit 0 after a clean stop)\n%s", err, stderr.String())
+	}
+	t.Logf("stopped in %s", time.Since(start))
+	if !strings.Contains(stderr.String(), "every record read was written") {
+		t.Errorf("the summary does not say that stdin was drained:\n%s", stderr.String())
+	}
+
+	steps, trajs, letters := outputAccount(t, out)
+	lettered := map[string]int{}
+	for _, dl := range letters {
+		lettered[dl.Record]++
+	}
+	for _, r := range records {
+		var rec struct{ Type, StepID, TrajectoryID string }
+		var raw map[string]any
+		_ = json.Unmarshal(r, &raw)
+		rec.Type, _ = raw["type"].(string)
+		rec.StepID, _ = raw["step_id"].(string)
+		rec.TrajectoryID, _ = raw["trajectory_id"].(string)
+		written := 0
+		if rec.Type == "step" {
+			written = steps[rec.StepID]
+		} else {
+			written = trajs[rec.TrajectoryID]
+		}
+		if n := written + lettered[string(r)]; n != 1 {
+			t.Fatalf("record %s: written %d times, dead-lettered %d times (want once in all)", r, written, lettered[string(r)])
+		}
+	}
+	if lettered[string(cut)] != 1 {
+		t.Errorf("the line cut short by the stop is not a dead letter; letters: %d", len(letters))
+	}
+	var st struct {
+		Stopped bool `json:"stopped_early"`
+		Drained bool `json:"stdin_drained"`
+	}
+	data, err := os.ReadFile(stats)
+	if err != nil || json.Unmarshal(data, &st) != nil || !st.Stopped || !st.Drained {
+		t.Errorf("stats: %s (%v), want stopped_early and stdin_drained", data, err)
+	}
+}
+
+// closedPort returns an address nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// TestStopDuringS3Outage: an ingest whose S3 is unreachable ends on the
+// first signal (exit 3, nothing committed is at risk: the file is read
+// again by the next run), and on its own after --retry-for (exit 1, with
+// the reason).
+func TestStopDuringS3Outage(t *testing.T) {
+	bin := e2eBinary(t)
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, append(bytes.Join(stopRecords(16), []byte("\n")), '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := append(e2eEnv(), "AWS_ENDPOINT_URL=http://"+closedPort(t), "AWS_ACCESS_KEY_ID=k", "AWS_SECRET_ACCESS_KEY=secret-key-value")
+
+	t.Run("signal", func(t *testing.T) {
+		cmd := exec.Command(bin, "ingest", "--from", in, "--to", "s3://bucket/run")
+		cmd.Env = env
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // retrying by now
+		start := time.Now()
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Fatalf("ingest went on retrying for 20s after SIGTERM\n%s", e2eClip(stderr.String(), 2000))
+		}
+		if code := cmd.ProcessState.ExitCode(); code != exitStopped {
+			t.Fatalf("exit code %d, want %d (stopped before finishing)\n%s", code, exitStopped, e2eClip(stderr.String(), 2000))
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("stopped %s after the signal", took)
+		}
+		if strings.Contains(stderr.String(), "secret-key-value") {
+			t.Errorf("the secret key was logged")
+		}
+	})
+	t.Run("retry-for", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, "ingest", "--from", in, "--to", "s3://bucket/run", "--retry-for", "2s")
+		cmd.Env = env
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		_ = cmd.Run()
+		if ctx.Err() != nil {
+			t.Fatalf("ingest went on retrying past --retry-for\n%s", e2eClip(stderr.String(), 2000))
+		}
+		if code := cmd.ProcessState.ExitCode(); code != exitFailure || !strings.Contains(stderr.String(), "unreachable for 2s") {
+			t.Fatalf("exit code %d, want %d with the reason\n%s", code, exitFailure, e2eClip(stderr.String(), 2000))
+		}
+	})
+}
+
+// TestNumericFlagsRefused runs ingest with hostile values of every
+// numeric flag: each is a usage error naming the flag (exit 2), never a
+// run with NaN advantages, a wrapped size or a thousand decoders.
+func TestNumericFlagsRefused(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, append(bytes.Join(stopRecords(2), []byte("\n")), '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hostile := map[string][]string{
+		"group-size":       {"0", "-1", "99999999999", "2000000"},
+		"min-group-size":   {"0", "-5", "2000000"},
+		"group-timeout":    {"-1s", "9999999h"},
+		"max-open-groups":  {"0", "-1", "999999999"},
+		"max-partitions":   {"0", "-1", "100000"},
+		"shard-size":       {"9999999999GiB", "0", "-1MiB", "1", "NaN", "1e3", "12abc", "100GiB"},
+		"max-record-bytes": {"9999999999GiB", "0", "2GiB", "1.5MiB"},
+		"flush-interval":   {"0s", "-1s"},
+		"decoders":         {"0", "-1", "100000"},
+		"encoders":         {"0", "-3", "100000"},
+		"zstd-level":       {"0", "-1", "23", "1000"},
+		"kl-coef":          {"NaN", "Inf", "-Inf", "1e308", "-1e7"},
+		"kl-clip":          {"NaN", "-1", "Inf"},
+		"kl-discount":      {"NaN", "-0.1", "1.5", "Inf"},
+		"retry-for":        {"0s", "-1m"},
+	}
+	for flag, values := range hostile {
+		for _, v := range values {
+			args := []string{"ingest", "--from", in, "--to", filepath.Join(dir, "out"), "--quiet", "--" + flag + "=" + v}
+			if strings.HasPrefix(flag, "kl-") && flag != "kl-coef" {
+				args = append(args, "--kl-coef", "0.1")
+			}
+			var stderr bytes.Buffer
+			code := run(context.Background(), args, io.Discard, &stderr)
+			if code != exitUsage || !strings.Contains(stderr.String(), flag) {
+				t.Errorf("--%s=%s: exit %d, want %d naming the flag; stderr: %s", flag, v, code, exitUsage, e2eClip(stderr.String(), 300))
+			}
+		}
+	}
+	if entries, _ := os.ReadDir(filepath.Join(dir, "out")); len(entries) > 0 {
+		t.Errorf("a refused run wrote to the output: %d entries", len(entries))
+	}
+}
