@@ -441,7 +441,7 @@ func (d *Decoder) setString(f field, start int, b []byte) error {
 	case fModel:
 		d.step.Model = string(b)
 	case fTerminationReason:
-		d.traj.TerminationReason = string(b)
+		d.traj.TerminationReason = CanonicalTermination(b)
 	case fCreatedAt:
 		t, err := time.Parse(time.RFC3339Nano, string(b))
 		if err != nil {
@@ -793,4 +793,52 @@ func (d *Decoder) finishTraj() error {
 		t.Signals, t.HasSignals = nil, false
 	}
 	return nil
+}
+
+// terminationReasons are the canonical (stored) termination reasons that
+// rLLM also sends, in lower case (rllm.workflows.workflow.TerminationReason
+// values): the canonical form is the upper-case name of rLLM's enum member.
+var terminationReasons = [...]string{
+	"MAX_PROMPT_LENGTH_EXCEEDED", "MAX_RESPONSE_LENGTH_EXCEEDED", "ENV_DONE",
+	"MAX_TURNS_EXCEEDED", "TIMEOUT", "UNKNOWN", "ERROR",
+}
+
+// rllmEnumPrefix is what Python's str() puts before a TerminationReason
+// member's name ("TerminationReason.ENV_DONE").
+const rllmEnumPrefix = "TerminationReason."
+
+// CanonicalTermination returns the stored form of a termination_reason:
+// any spelling of one of rLLM's reasons, in any letter case and with or
+// without the "TerminationReason." prefix of Python's str(enum), becomes
+// its canonical upper-case name (env_done → ENV_DONE); any other value is
+// kept as received. It does not allocate for the canonical reasons.
+func CanonicalTermination(b []byte) string {
+	name := b
+	if len(name) > len(rllmEnumPrefix) && string(name[:len(rllmEnumPrefix)]) == rllmEnumPrefix {
+		name = name[len(rllmEnumPrefix):]
+	}
+	for _, r := range terminationReasons {
+		if equalFoldASCII(name, r) {
+			return r
+		}
+	}
+	return string(b)
+}
+
+// equalFoldASCII reports whether b equals the upper-case ASCII string
+// upper, ignoring ASCII letter case.
+func equalFoldASCII(b []byte, upper string) bool {
+	if len(b) != len(upper) {
+		return false
+	}
+	for i := range len(b) {
+		c := b[i]
+		if 'a' <= c && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		if c != upper[i] {
+			return false
+		}
+	}
+	return true
 }

@@ -232,6 +232,79 @@ func TestDecodeTrajectory(t *testing.T) {
 	}
 }
 
+// TestDecodeTerminationReason: rLLM's lower-case reasons (and any other
+// spelling of the same names) are stored in their canonical upper-case
+// form; other values are kept as sent.
+func TestDecodeTerminationReason(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"max_prompt_length_exceeded", "MAX_PROMPT_LENGTH_EXCEEDED"},
+		{"max_response_length_exceeded", "MAX_RESPONSE_LENGTH_EXCEEDED"},
+		{"env_done", "ENV_DONE"},
+		{"max_turns_exceeded", "MAX_TURNS_EXCEEDED"},
+		{"timeout", "TIMEOUT"},
+		{"unknown", "UNKNOWN"},
+		{"error", "ERROR"},
+		{"ENV_DONE", "ENV_DONE"},
+		{"Env_Done", "ENV_DONE"},
+		{"TerminationReason.ENV_DONE", "ENV_DONE"},
+		{"TerminationReason.timeout", "TIMEOUT"},
+		{"TerminationReason.", "TerminationReason."},
+		{"env_done ", "env_done "},
+		{"envdone", "envdone"},
+		{"MAX_TOKENS", "MAX_TOKENS"},
+		{"custom reason", "custom reason"},
+		{"", ""},
+		{"érror", "érror"},
+	}
+	var d Decoder
+	for _, c := range cases {
+		t.Run(c.in, func(t *testing.T) {
+			v, _ := json.Marshal(c.in)
+			rec, err := d.Decode([]byte(with(goodTraj, "termination_reason", string(v))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := rec.Trajectory.TerminationReason; got != c.want {
+				t.Fatalf("termination_reason %q stored as %q, want %q", c.in, got, c.want)
+			}
+		})
+	}
+}
+
+// TestDecodeIsCorrect: is_correct is a trajectory field (true, false or
+// null); on a step record it is ignored, whatever its value, so rLLM
+// step dicts that carry it are never rejected for it.
+func TestDecodeIsCorrect(t *testing.T) {
+	cases := []struct {
+		name         string
+		line         string
+		has, correct bool
+	}{
+		{"traj true", with(goodTraj, "is_correct", "true"), true, true},
+		{"traj false", with(goodTraj, "is_correct", "false"), true, false},
+		{"traj null", with(goodTraj, "is_correct", "null"), false, false},
+		{"traj absent", goodTraj, false, false},
+		{"traj lower-case reason and is_correct", with(goodTraj, "is_correct", "true", "termination_reason", `"env_done"`), true, true},
+		{"step true", with(goodStep, "is_correct", "true"), false, false},
+		{"step string", with(goodStep, "is_correct", `"yes"`), false, false},
+	}
+	var d Decoder
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rec, err := d.Decode([]byte(c.line))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec.Type == schemas.TypeStep {
+				return
+			}
+			if tr := rec.Trajectory; tr.HasIsCorrect != c.has || tr.IsCorrect != c.correct {
+				t.Fatalf("is_correct: has %v value %v, want %v %v", tr.HasIsCorrect, tr.IsCorrect, c.has, c.correct)
+			}
+		})
+	}
+}
+
 func TestDecodeRepairsRawJSONEscapes(t *testing.T) {
 	var d Decoder
 	line := with(goodStep, "metadata", `{"lone":"\ud800x","pair":"\ud83d\ude00","kept":"\\ud800","\udc00":1}`)
@@ -343,6 +416,10 @@ func FuzzDecode(f *testing.F) {
 		goodStep, goodTraj, with(goodStep, "messages", `[{"role":"user","content":"x"}]`),
 		with(goodTraj, "signals", `{"a":1}`), `[]`, `{}`, `{"type":"step"}`, "\xff", `{"type":"step","step_id":"\ud800"}`,
 		strings.Replace(goodStep, "-1.25", "NaN", 1), goodStep[:50],
+		with(goodTraj, "termination_reason", `"env_done"`, "is_correct", "true"),
+		with(goodTraj, "termination_reason", `"TerminationReason.max_turns_exceeded"`),
+		with(goodTraj, "termination_reason", `"Timeout"`, "is_correct", "null"),
+		with(goodStep, "is_correct", "false"),
 	} {
 		f.Add([]byte(s))
 	}
@@ -408,6 +485,14 @@ func FuzzDecode(f *testing.F) {
 			tr := rec.Trajectory
 			if tr.NumSteps < 1 || math.IsNaN(tr.Reward) || math.IsInf(tr.Reward, 0) || tr.TrajectoryID == "" || tr.TaskID == "" {
 				t.Fatalf("invariant broken: %+v", tr)
+			}
+			// A known reason is stored only in its canonical form.
+			for _, r := range terminationReasons {
+				name := strings.TrimPrefix(tr.TerminationReason, rllmEnumPrefix)
+				ascii := strings.IndexFunc(name, func(c rune) bool { return c >= utf8.RuneSelf }) < 0
+				if ascii && strings.EqualFold(name, r) && tr.TerminationReason != r {
+					t.Fatalf("termination_reason %q not canonical (%s)", tr.TerminationReason, r)
+				}
 			}
 		default:
 			t.Fatalf("no type: %+v", rec)
