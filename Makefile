@@ -59,18 +59,21 @@ bench:
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench Integration -benchtime 1x -timeout 30m ./cmd/rllm-pipe/
 	$(MAKE) bench-ingest
+	$(MAKE) bench-ingest SHAPE=agents
 
 # bench-ingest: `rllm-pipe ingest` (GRPO, zstd Parquet) against DuckDB doing
 # the same job on the same generated input of SIZE (cached in WORK), PAIRS
-# alternating runs; prints wall times, the ratio DuckDB / rllm-pipe and peak
+# alternating runs, traces of SHAPE (steps: 1-4 calls; agents: 30-turn agents);
+# prints wall times, the ratio DuckDB / rllm-pipe and peak
 # RSS (cmd/ingestbench; BENCH_FLAGS adds flags, e.g. --json FILE).
 SIZE  ?= 1GB
 PAIRS ?= 3
+SHAPE ?= steps
 WORK  ?= $(HOME)/.cache/rllm-pipe/bench
 BENCH_FLAGS ?=
 .PHONY: bench-ingest
 bench-ingest: build
-	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(WORK) $(BENCH_FLAGS)
+	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(WORK) --shape $(SHAPE) $(BENCH_FLAGS)
 
 # fuzz: run the decoder fuzzer for FUZZTIME (default 60s).
 FUZZTIME ?= 60s

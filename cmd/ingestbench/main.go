@@ -107,12 +107,23 @@ const duckMode = "duckdb"
 // RSS of every rllm-pipe run after it.
 const checkMode = "check"
 
-// genShape is the trace shape of the benchmark (issue 7): `rllm-pipe gen`
-// flags without --groups, --seed and --out.
-var genShape = []string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}
+// shape is a trace shape of the benchmark: `rllm-pipe gen` flags without
+// --groups, --seed and --out, and how many groups are generated once to
+// learn the bytes per group.
+type shape struct {
+	args        []string
+	calibration int
+}
 
-// calibrationGroups are generated once to learn the bytes per group.
-const calibrationGroups = 256
+// shapes: "steps" is the benchmark's shape since issue 7 (1-4 calls per
+// trajectory); "agents" is 30-turn agents (issue 16): a ~1,200-token
+// first prompt, ~150-token actions, ~400-token observations with a heavy
+// tail, a few context resets and parallel tool calls, every prompt the
+// whole conversation so far.
+var shapes = map[string]shape{
+	"steps":  {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}, 256},
+	"agents": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1"}, 4},
+}
 
 type config struct {
 	bin         string
@@ -122,6 +133,7 @@ type config struct {
 	pairs       int
 	work        string
 	seed        uint64
+	shape       string
 	jsonOut     string
 	ingestArgs  []string
 	sample      int
@@ -147,6 +159,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.pairs, "pairs", 3, "alternating (rllm-pipe, DuckDB) pairs to run")
 	fs.StringVar(&c.work, "work", filepath.Join(home, ".cache", "rllm-pipe", "bench"), "work folder: cached inputs, outputs, logs")
 	fs.Uint64Var(&c.seed, "seed", 1, "generator seed")
+	fs.StringVar(&c.shape, "shape", "steps", "trace shape: steps (1-4 calls per trajectory) or agents (30-turn agents, long observations)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the numbers as JSON to this file")
 	fs.StringVar(&ingestArgs, "ingest-args", "", "extra flags for rllm-pipe ingest, space-separated (e.g. \"--decoders 2 --cpuprofile /tmp/cpu.out\")")
 	fs.IntVar(&c.sample, "sample", 2000, "step_ids sampled to compare the two outputs")
@@ -420,7 +433,14 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 		}
 		return inputInfo{Path: p, Bytes: st.Size()}, nil
 	}
+	sh, ok := shapes[c.shape]
+	if !ok {
+		return inputInfo{}, fmt.Errorf("--shape %q: want steps or agents", c.shape)
+	}
 	name := fmt.Sprintf("traces-%d-seed%d", c.size, c.seed)
+	if c.shape != "steps" {
+		name = fmt.Sprintf("traces-%s-%d-seed%d", c.shape, c.size, c.seed)
+	}
 	path := filepath.Join(c.work, name+".jsonl")
 	metaPath := filepath.Join(c.work, name+".meta.json")
 	if !c.regen {
@@ -435,8 +455,8 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 	}
 
 	// Calibrate: bytes per group of this shape and seed.
-	base := append(slices.Clone(genShape), "--seed", strconv.FormatUint(c.seed, 10))
-	cal := exec.CommandContext(ctx, c.bin, append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(calibrationGroups), "--quiet", "--out", "-")...)
+	base := append(slices.Clone(sh.args), "--seed", strconv.FormatUint(c.seed, 10))
+	cal := exec.CommandContext(ctx, c.bin, append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(sh.calibration), "--quiet", "--out", "-")...)
 	var cw countWriter
 	cal.Stdout = &cw
 	var calErr bytes.Buffer
@@ -447,7 +467,7 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 	if cw.n == 0 {
 		return inputInfo{}, errors.New("rllm-pipe gen wrote nothing")
 	}
-	groups := max(1, int(math.Round(float64(c.size)*calibrationGroups/float64(cw.n))))
+	groups := max(1, int(math.Round(float64(c.size)*float64(sh.calibration)/float64(cw.n))))
 
 	genArgs := append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(groups))
 	fmt.Fprintf(stdout, "generating %s of traces: rllm-pipe %s --out %s\n", human(c.size), strings.Join(genArgs, " "), path)

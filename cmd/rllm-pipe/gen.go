@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -16,6 +18,7 @@ func newGenCmd() *cobra.Command {
 	var (
 		cfg   synth.Config
 		out   string
+		turns string
 		quiet bool
 	)
 	cmd := &cobra.Command{
@@ -23,6 +26,9 @@ func newGenCmd() *cobra.Command {
 		Short: "Write realistic synthetic traces (wire-format JSON lines) for demos and benchmarks",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkGen(&cfg, turns); err != nil {
+				return err
+			}
 			var w io.Writer = cmd.OutOrStdout()
 			var f *os.File
 			if out != "" && out != "-" {
@@ -68,6 +74,10 @@ func newGenCmd() *cobra.Command {
 	f.IntVar(&cfg.GroupSize, "group-size", 8, "trajectories per group")
 	f.IntVar(&cfg.MinSteps, "min-steps", 1, "fewest steps per trajectory")
 	f.IntVar(&cfg.MaxSteps, "max-steps", 4, "most steps per trajectory")
+	f.StringVar(&turns, "turns", "", "multi-turn agents: A..B calls per trajectory (or N), each prompt the whole conversation so far (sets --min-steps and --max-steps)")
+	f.IntVar(&cfg.ObservationLen, "observation-len", 0, "mean tokens of a tool observation, heavy-tailed like file contents and test output (0: short, 8-127)")
+	f.Float64Var(&cfg.Resets, "resets", 0, "probability that a turn starts from a summarised context instead of the whole conversation")
+	f.Float64Var(&cfg.ParallelTools, "parallel-tools", 0, "probability that an action makes 2-3 tool calls at once")
 	f.IntVar(&cfg.PromptLen, "prompt-len", 512, "mean prompt tokens of a first step")
 	f.IntVar(&cfg.ResponseLen, "response-len", 256, "mean response tokens")
 	f.IntVar(&cfg.Vocab, "vocab", 151936, "vocabulary size")
@@ -82,4 +92,29 @@ func newGenCmd() *cobra.Command {
 	f.Uint64Var(&cfg.Seed, "seed", 1, "random seed")
 	f.BoolVar(&quiet, "quiet", false, "no summary on stderr")
 	return cmd
+}
+
+// checkGen validates gen's numbers and applies --turns.
+func checkGen(cfg *synth.Config, turns string) error {
+	if turns != "" {
+		lo, hi, ok := strings.Cut(turns, "..")
+		if !ok {
+			hi = lo
+		}
+		a, err1 := strconv.Atoi(lo)
+		b, err2 := strconv.Atoi(hi)
+		if err1 != nil || err2 != nil || a < 1 || b < a {
+			return usageErrorf("--turns: %q is not A..B with 1 <= A <= B, or N", turns)
+		}
+		cfg.MinSteps, cfg.MaxSteps = a, b
+	}
+	return firstErr(
+		intIn("groups", cfg.Groups, 1, 1<<30), intIn("group-size", cfg.GroupSize, 1, 1<<16),
+		intIn("min-steps", cfg.MinSteps, 1, 10_000), intIn("max-steps", cfg.MaxSteps, cfg.MinSteps, 10_000),
+		intIn("prompt-len", cfg.PromptLen, 1, 1<<20), intIn("response-len", cfg.ResponseLen, 1, 1<<20),
+		intIn("observation-len", cfg.ObservationLen, 0, 1<<20), intIn("vocab", cfg.Vocab, 256, 1<<24),
+		intIn("policy-versions", cfg.PolicyVersions, 1, 1<<20), intIn("interleave", cfg.Interleave, 1, 1<<20),
+		floatIn("shuffle", cfg.Shuffle, -1, 1), floatIn("duplicates", cfg.Duplicates, 0, 1),
+		floatIn("resets", cfg.Resets, 0, 1), floatIn("parallel-tools", cfg.ParallelTools, 0, 1),
+	)
 }

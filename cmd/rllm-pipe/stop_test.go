@@ -298,3 +298,26 @@ func TestNumericFlagsRefused(t *testing.T) {
 		t.Errorf("a refused run wrote to the output: %d entries", len(entries))
 	}
 }
+
+// TestGenFlagsRefused: gen's numbers are range-checked too, and --turns
+// is A..B or N.
+func TestGenFlagsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--turns", "0..3"}, {"--turns", "5..2"}, {"--turns", "x"}, {"--turns", "3..y"},
+		{"--resets", "NaN"}, {"--resets", "2"}, {"--parallel-tools", "-1"}, {"--observation-len", "-1"},
+		{"--groups", "0"}, {"--group-size", "-1"}, {"--max-steps", "0"}, {"--duplicates", "Inf"}, {"--vocab", "3"},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), append([]string{"gen", "--quiet", "--out", filepath.Join(t.TempDir(), "x.jsonl")}, args...), io.Discard, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), strings.TrimPrefix(args[0], "--")) {
+			t.Errorf("gen %v: exit %d, want %d naming the flag; stderr: %s", args, code, exitUsage, e2eClip(stderr.String(), 300))
+		}
+	}
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"gen", "--quiet", "--groups", "1", "--group-size", "1", "--turns", "3..3", "--seed", "2"}, &out, io.Discard); code != 0 {
+		t.Fatalf("gen --turns 3..3: exit %d", code)
+	}
+	if steps := bytes.Count(out.Bytes(), []byte(`"type":"step"`)); steps != 3 {
+		t.Fatalf("gen --turns 3..3 wrote %d steps for one trajectory, want 3", steps)
+	}
+}

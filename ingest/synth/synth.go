@@ -2,6 +2,7 @@ package synth
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -59,6 +60,19 @@ type Config struct {
 	// Duplicates is the fraction in [0,1] of records emitted twice (the
 	// exact same line, as a producer retry would). Default 0.
 	Duplicates float64
+	// ObservationLen is the mean length in tokens of a tool observation
+	// appended to the context after each action: lognormal with a heavy
+	// tail (file contents, test output), at least 4 and at most 16 times
+	// the mean. 0 keeps short observations of 8 to 127 tokens.
+	ObservationLen int
+	// Resets is the probability that a turn after the first starts from a
+	// fresh context (system prompt, task and a summary of the work so
+	// far) instead of the whole conversation: the prefix chain breaks
+	// there, in the tokens and in the messages.
+	Resets float64
+	// ParallelTools is the probability that an action makes 2 or 3 tool
+	// calls at once, each answered by its own observation.
+	ParallelTools float64
 	// Seed seeds the generator; the same Config gives the same bytes.
 	Seed uint64
 }
@@ -117,13 +131,24 @@ func (c Config) withDefaults() Config {
 	case c.Shuffle > 1:
 		c.Shuffle = 1
 	}
-	switch {
-	case c.Duplicates < 0 || math.IsNaN(c.Duplicates):
-		c.Duplicates = 0
-	case c.Duplicates > 1:
-		c.Duplicates = 1
+	c.Duplicates = clamp01(c.Duplicates)
+	c.Resets = clamp01(c.Resets)
+	c.ParallelTools = clamp01(c.ParallelTools)
+	if c.ObservationLen < 0 {
+		c.ObservationLen = 0
 	}
 	return c
+}
+
+// clamp01 clamps a probability to [0, 1] (NaN: 0).
+func clamp01(p float64) float64 {
+	switch {
+	case p < 0 || math.IsNaN(p):
+		return 0
+	case p > 1:
+		return 1
+	}
+	return p
 }
 
 // Generate writes the dataset described by cfg to w as JSON lines and
@@ -217,7 +242,9 @@ type traj struct {
 
 	built     bool
 	tok       []byte
+	promptBeg []int // where step k's prompt starts in tok (a reset starts anew)
 	promptEnd []int
+	msgBeg    []int
 	respEnd   []int
 	respN     []int
 	msgs      []byte
@@ -637,7 +664,9 @@ func (g *gen) build(t *traj) {
 	gr := t.g
 	n := t.n
 	t.built = true
+	t.promptBeg = t.promptBeg[:0]
 	t.promptEnd = t.promptEnd[:0]
+	t.msgBeg = t.msgBeg[:0]
 	t.respEnd = t.respEnd[:0]
 	t.respN = t.respN[:0]
 	t.msgEnd = t.msgEnd[:0]
@@ -651,8 +680,11 @@ func (g *gen) build(t *traj) {
 		t.msgs = append(t.msgs[:0], gr.promptMsgs...)
 	}
 	now := t.start
+	segTok, segMsg := 0, 0 // where the current context starts
 	for k := 0; k < n; k++ {
 		last := k == n-1
+		t.promptBeg = append(t.promptBeg, segTok)
+		t.msgBeg = append(t.msgBeg, segMsg)
 		fin := finToolCalls
 		if last {
 			switch t.term {
@@ -687,14 +719,24 @@ func (g *gen) build(t *traj) {
 		}
 
 		// Tokens of the response.
+		calls := 0
 		t.promptEnd = append(t.promptEnd, len(t.tok))
 		switch fin {
 		case finToolCalls:
 			think := max(0, rl-3-rl/4)
+			if calls = 1; cfg.ParallelTools > 0 && g.r.Float64() < cfg.ParallelTools {
+				calls = 2 + g.r.IntN(2)
+				if rl-think-1 < 3*calls { // too short for the calls' templates
+					calls = 1
+				}
+			}
+			args := rl - think - 1 - 2*calls // argument tokens of all the calls
 			t.tok = g.appendRandTok(t.tok, think)
-			t.tok = g.appendTok(t.tok, tokToolCall)
-			t.tok = g.appendRandTok(t.tok, rl-think-3)
-			t.tok = g.appendTok(t.tok, tokToolCallEnd)
+			for c := range calls {
+				t.tok = g.appendTok(t.tok, tokToolCall)
+				t.tok = g.appendRandTok(t.tok, args/calls+boolInt(c < args%calls))
+				t.tok = g.appendTok(t.tok, tokToolCallEnd)
+			}
 			t.tok = g.appendTok(t.tok, tokImEnd)
 			if rl < 3 { // too short for the template: trim to rl tokens
 				t.tok = g.trimTokens(t.tok, t.promptEnd[k], rl)
@@ -735,11 +777,18 @@ func (g *gen) build(t *traj) {
 			m = appendMaybeUnicode(m, g.r)
 			m = append(m, '"')
 			if fin == finToolCalls {
-				m = append(m, `,"tool_calls":[{"id":"call_`...)
-				m = strconv.AppendInt(m, int64(k+1), 10)
-				m = append(m, `","type":"function","function":{"name":"python","arguments":"`...)
-				m = append(m, sn.args...)
-				m = append(m, `"}}]`...)
+				m = append(m, `,"tool_calls":[`...)
+				for c := range calls {
+					if c > 0 {
+						m = append(m, ',')
+					}
+					m = append(m, `{"id":"call_`...)
+					m = appendCallID(m, k, c)
+					m = append(m, `","type":"function","function":{"name":"python","arguments":"`...)
+					m = append(m, sn.args...)
+					m = append(m, `"}}`...)
+				}
+				m = append(m, ']')
 			}
 			m = append(m, '}')
 			t.msgEnd = append(t.msgEnd, len(m))
@@ -755,32 +804,116 @@ func (g *gen) build(t *traj) {
 		t.version = append(t.version, v)
 		t.tvSplit = append(t.tvSplit, split)
 
-		if !last {
+		if last {
+			continue
+		}
+		if cfg.Resets > 0 && g.r.Float64() < cfg.Resets {
+			// The agent's context is summarised: the next prompt is the
+			// system prompt, the task and the summary, not the history.
+			segTok, segMsg = len(t.tok), len(t.msgs)
+			g.appendReset(t)
+		} else {
 			// Tool turn: becomes part of the next prompt.
-			t.tok = g.appendTok(t.tok, tokNewline)
-			t.tok = g.appendTok(t.tok, tokImStart)
-			t.tok = g.appendTok(t.tok, tokUser)
-			t.tok = g.appendTok(t.tok, tokNewline)
-			t.tok = g.appendTok(t.tok, tokToolResp)
-			t.tok = g.appendRandTok(t.tok, 8+g.r.IntN(120))
-			t.tok = g.appendTok(t.tok, tokToolRespEnd)
-			t.tok = g.appendTok(t.tok, tokImEnd)
-			t.tok = g.appendTok(t.tok, tokNewline)
-			t.tok = g.appendTok(t.tok, tokImStart)
-			t.tok = g.appendTok(t.tok, tokAssistant)
-			t.tok = g.appendTok(t.tok, tokNewline)
-			if cfg.Messages {
-				m := t.msgs
-				m = append(m, `{"role":"tool","tool_call_id":"call_`...)
-				m = strconv.AppendInt(m, int64(k+1), 10)
-				m = append(m, `","content":"`...)
-				m = append(m, sn.output...)
-				m = append(m, `"},`...)
-				t.msgs = m
+			g.appendObservations(t, k, max(calls, 1), sn)
+		}
+		now += int64(50_000 + g.r.IntN(2_000_000)) // tool execution
+	}
+}
+
+// appendObservations appends the tool turn answering the calls of action
+// k to the context: tokens and messages.
+func (g *gen) appendObservations(t *traj, k, calls int, sn snippet) {
+	cfg := &g.cfg
+	t.tok = g.appendTok(t.tok, tokNewline)
+	t.tok = g.appendTok(t.tok, tokImStart)
+	t.tok = g.appendTok(t.tok, tokUser)
+	t.tok = g.appendTok(t.tok, tokNewline)
+	for c := range calls {
+		t.tok = g.appendTok(t.tok, tokToolResp)
+		n := 8 + g.r.IntN(120)
+		if cfg.ObservationLen > 0 {
+			n = g.observationLen()
+		}
+		t.tok = g.appendRandTok(t.tok, n)
+		t.tok = g.appendTok(t.tok, tokToolRespEnd)
+		if cfg.Messages {
+			m := t.msgs
+			m = append(m, `{"role":"tool","tool_call_id":"call_`...)
+			m = appendCallID(m, k, c)
+			m = append(m, `","content":"`...)
+			m = append(m, sn.output...)
+			if cfg.ObservationLen > 0 {
+				// A long observation reads like one: the snippet's
+				// output, then text the size of its tokens.
+				m = append(m, `\n`...)
+				m = appendWords(m, g.r, max(1, int(float64(n)*wordsPerToken)))
 			}
-			now += int64(50_000 + g.r.IntN(2_000_000)) // tool execution
+			m = append(m, `"},`...)
+			t.msgs = m
 		}
 	}
+	t.tok = g.appendTok(t.tok, tokImEnd)
+	t.tok = g.appendTok(t.tok, tokNewline)
+	t.tok = g.appendTok(t.tok, tokImStart)
+	t.tok = g.appendTok(t.tok, tokAssistant)
+	t.tok = g.appendTok(t.tok, tokNewline)
+}
+
+// appendReset appends a fresh context at the end of t.tok and t.msgs: the
+// task's system and user turns, then a user turn summarising the work so
+// far, then the assistant's header.
+func (g *gen) appendReset(t *traj) {
+	gr := t.g
+	head := gr.promptTok
+	for cut := 0; cut < 3; cut++ { // drop the assistant header (3 tokens)
+		head = head[:len(head)-1]
+		head = head[:bytes.LastIndexByte(head, ',')+1]
+	}
+	n := g.vary(max(64, g.cfg.PromptLen/2), 0.5)
+	t.tok = append(t.tok, head...)
+	t.tok = g.appendTok(t.tok, tokImStart)
+	t.tok = g.appendTok(t.tok, tokUser)
+	t.tok = g.appendTok(t.tok, tokNewline)
+	t.tok = g.appendRandTok(t.tok, n)
+	t.tok = g.appendTok(t.tok, tokImEnd)
+	t.tok = g.appendTok(t.tok, tokNewline)
+	t.tok = g.appendTok(t.tok, tokImStart)
+	t.tok = g.appendTok(t.tok, tokAssistant)
+	t.tok = g.appendTok(t.tok, tokNewline)
+	if g.cfg.Messages {
+		m := append(t.msgs, gr.promptMsgs...)
+		m = append(m, `{"role":"user","content":"Summary of the work so far: `...)
+		m = appendWords(m, g.r, max(1, int(float64(n)*wordsPerToken)))
+		m = append(m, `"},`...)
+		t.msgs = m
+	}
+}
+
+// observationLen draws an observation length: lognormal around
+// ObservationLen (sigma 1: most are short, some are whole files).
+func (g *gen) observationLen() int {
+	const sigma = 1.0
+	mean := float64(g.cfg.ObservationLen)
+	n := math.Exp(math.Log(mean) - sigma*sigma/2 + sigma*g.r.NormFloat64())
+	return int(min(max(n, 4), 16*mean))
+}
+
+// appendCallID appends the id of call c of action k: k+1 for the first
+// call, k+1_c for parallel ones.
+func appendCallID(b []byte, k, c int) []byte {
+	b = strconv.AppendInt(b, int64(k+1), 10)
+	if c > 0 {
+		b = append(b, '_')
+		b = strconv.AppendInt(b, int64(c), 10)
+	}
+	return b
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // trimTokens keeps only the first n comma-terminated tokens after from.
@@ -838,7 +971,7 @@ func (g *gen) appendStep(b []byte, t *traj, k int) []byte {
 		b = append(b, `,"done":true`...)
 	}
 	b = append(b, `,"prompt_ids":[`...)
-	b = append(b, t.tok[:t.promptEnd[k]-1]...)
+	b = append(b, t.tok[t.promptBeg[k]:t.promptEnd[k]-1]...)
 	b = append(b, `],"response_ids":[`...)
 	b = append(b, t.tok[t.promptEnd[k]:t.respEnd[k]-1]...)
 	rl := t.respN[k]
@@ -865,7 +998,7 @@ func (g *gen) appendStep(b []byte, t *traj, k int) []byte {
 	}
 	if cfg.Messages {
 		b = append(b, `,"messages":[`...)
-		b = append(b, t.msgs[:t.msgEnd[k]]...)
+		b = append(b, t.msgs[t.msgBeg[k]:t.msgEnd[k]]...)
 		b = append(b, ']')
 	}
 	if g.r.IntN(5) == 0 {

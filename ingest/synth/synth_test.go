@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -229,7 +230,7 @@ func checkOutput(t *testing.T, out []byte, sum Summary, cfg Config) *checked {
 			if *s.TaskID != *ti.rec.TaskID {
 				t.Fatalf("trajectory %s: task ids differ", id)
 			}
-			if k > 0 {
+			if k > 0 && cfg.Resets == 0 { // a reset starts a shorter context
 				prev := ti.steps[k-1]
 				if len(s.PromptIDs) <= len(prev.PromptIDs)+len(prev.ResponseIDs) {
 					t.Fatalf("trajectory %s step %d: prompt %d not longer than previous turn %d+%d",
@@ -398,6 +399,7 @@ func TestInvariants(t *testing.T) {
 		{"tiny", Config{Groups: 5, GroupSize: 1, MinSteps: 3, MaxSteps: 3, PromptLen: 1, ResponseLen: 1, Vocab: 7, PolicyVersions: 1, Interleave: 1, Messages: true, Teacher: true, TokenVersions: true}},
 		{"one-step", Config{Groups: 30, GroupSize: 3, MinSteps: 1, MaxSteps: 1, ResponseLen: 2, PromptLen: 8}},
 		{"long", Config{Groups: 4, GroupSize: 2, MinSteps: 20, MaxSteps: 30, PromptLen: 32, ResponseLen: 16, Messages: true}},
+		{"agents", agentConfig()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, sum := generate(t, tc.cfg)
@@ -757,4 +759,98 @@ func TestAppendLogprob(t *testing.T) {
 			t.Errorf("appendLogprob(%#x) = %q: want 6 significant digits", x, s)
 		}
 	}
+}
+
+// agentConfig is a multi-turn agent workload: long observations, resets,
+// parallel tool calls.
+func agentConfig() Config {
+	return Config{Groups: 6, GroupSize: 4, MinSteps: 20, MaxSteps: 30, PromptLen: 300, ResponseLen: 40,
+		ObservationLen: 120, Resets: 0.05, ParallelTools: 0.2, Messages: true, Teacher: true, Seed: 7}
+}
+
+// TestAgentTraces checks the structure of multi-turn agent traces: every
+// step's prompt is its predecessor's prompt and response followed by the
+// observations (the prefix chain), except after a context reset, which
+// starts again from the task's first prompt turns; the messages follow
+// the same chain; parallel tool calls are each answered; observations
+// have the configured mean length.
+func TestAgentTraces(t *testing.T) {
+	cfg := agentConfig()
+	out, sum := generate(t, cfg)
+	c := checkOutput(t, out, sum, cfg)
+	var chained, resets, parallel, observations, obsTokens int
+	for id, ti := range c.trajs {
+		var prev *record
+		first := ti.steps[0]
+		for k := int64(0); k < int64(len(ti.steps)); k++ {
+			s := ti.steps[k]
+			if s == nil {
+				t.Fatalf("%s: step %d missing", id, k)
+			}
+			if prev == nil {
+				prev = s
+				continue
+			}
+			base := append(append([]int64(nil), prev.PromptIDs...), prev.ResponseIDs...)
+			switch {
+			case len(s.PromptIDs) > len(base) && slices.Equal(s.PromptIDs[:len(base)], base):
+				chained++
+				// The observations between: one tool response block per
+				// call of the previous action.
+				added := s.PromptIDs[len(base):]
+				calls := len(prev.Messages[len(prev.Messages)-1].ToolCalls)
+				if got := count(added, tokToolResp); got != calls {
+					t.Fatalf("%s step %d: %d observations for %d tool calls", id, k, got, calls)
+				}
+				if calls > 1 {
+					parallel++
+				}
+				observations += calls
+				obsTokens += len(added) - 9 - 2*calls
+				// Messages: the previous ones (its answer last), one tool
+				// message per call, then this step's answer.
+				if len(s.Messages) != len(prev.Messages)+calls+1 {
+					t.Fatalf("%s step %d: %d messages after %d (+%d tool calls)", id, k, len(s.Messages), len(prev.Messages), calls)
+				}
+				for i := range prev.Messages {
+					if !reflect.DeepEqual(s.Messages[i], prev.Messages[i]) {
+						t.Fatalf("%s step %d: message %d differs from its predecessor's", id, k, i)
+					}
+				}
+			default:
+				// A reset: the task's system and user turns, then a summary.
+				resets++
+				head := first.PromptIDs[:len(first.PromptIDs)-3]
+				if !slices.Equal(s.PromptIDs[:len(head)], head) {
+					t.Fatalf("%s step %d: neither extends its predecessor nor restarts from the task", id, k)
+				}
+				if len(s.Messages) != 4 || !reflect.DeepEqual(s.Messages[:2], first.Messages[:2]) || !strings.HasPrefix(s.Messages[2].Content, "Summary of the work so far") {
+					t.Fatalf("%s step %d: reset messages %+v", id, k, s.Messages)
+				}
+			}
+			prev = s
+		}
+	}
+	turns := chained + resets
+	t.Logf("%d turns: %d chained, %d resets, %d with parallel calls, mean observation %d tokens",
+		turns, chained, resets, parallel, obsTokens/max(observations, 1))
+	if resets == 0 || resets > turns/8 {
+		t.Errorf("%d resets in %d turns, want about 5%%", resets, turns)
+	}
+	if parallel == 0 || parallel > turns/2 {
+		t.Errorf("%d turns after parallel calls in %d, want about 20%% of the tool calls", parallel, turns)
+	}
+	if mean := obsTokens / max(observations, 1); mean < 80 || mean > 170 {
+		t.Errorf("mean observation %d tokens, want about %d", mean, cfg.ObservationLen)
+	}
+}
+
+func count(ids []int64, tok int64) int {
+	n := 0
+	for _, id := range ids {
+		if id == tok {
+			n++
+		}
+	}
+	return n
 }
