@@ -83,3 +83,86 @@ def serve(shards):
     yield start
     for s in started:
         s.stop()
+
+
+# -- the capture gateway (issue 15) ------------------------------------------
+
+import socket  # noqa: E402
+import sys  # noqa: E402
+
+import httpx  # noqa: E402
+
+import stub_llm  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def stub_backend():
+    """The stub LLM backend replaying ingest/gateway/testdata, for the session."""
+    with stub_llm.StubLLM() as s:
+        yield s
+
+
+@pytest.fixture
+def llm(stub_backend):
+    """The session's stub backend with its calls and knobs cleared."""
+    stub_backend.reset()
+    yield stub_backend
+    stub_backend.reset()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url, proc, what, timeout=30):
+    deadline = time.time() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited: " + (proc.stderr.read().decode() if proc.stderr else ""))
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline:
+            raise TimeoutError(f"{what} did not start")
+        time.sleep(0.05)
+
+
+class RLLMGateway:
+    """rLLM's own model gateway (the PyPI package rllm-model-gateway) as a
+    process on loopback with its SQLite trace store, in front of the stub."""
+
+    def __init__(self, workdir, upstream):
+        self.db = workdir / f"rllm-{time.monotonic_ns()}.db"
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rllm_model_gateway", "--host", "127.0.0.1", "--port", str(port), "--worker", upstream,
+             "--store", "sqlite", "--db-path", str(self.db), "--log-level", "warning"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        wait_http(self.url + "/health", self.proc, "rllm-model-gateway")
+
+    def traces(self, session_id):
+        """The session's traces as rLLM stores them, oldest first."""
+        httpx.post(self.url + "/admin/flush", timeout=30).raise_for_status()
+        got = httpx.get(f"{self.url}/sessions/{session_id}/traces", timeout=30).json()
+        return sorted(got, key=lambda t: t["timestamp"])
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture
+def rllm_gateway(tmp_path, llm):
+    g = RLLMGateway(tmp_path, llm.url)
+    yield g
+    g.stop()
