@@ -87,6 +87,7 @@ def serve(shards):
 
 # -- the capture gateway (issue 15) ------------------------------------------
 
+import functools  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
 
@@ -166,3 +167,89 @@ def rllm_gateway(tmp_path, llm):
     g = RLLMGateway(tmp_path, llm.url)
     yield g
     g.stop()
+
+
+@functools.lru_cache(maxsize=None)
+def has_gateway_command():
+    try:
+        return subprocess.run([BIN, "gateway", "--help"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+class Gateway:
+    """`rllm-pipe gateway` as a process on loopback in front of the stub,
+    writing to a record log (JSON lines readable by `rllm-pipe ingest`)."""
+
+    def __init__(self, workdir, upstream, *flags):
+        stamp = time.monotonic_ns()
+        self.log = workdir / f"gateway-{stamp}" / "records.jsonl"
+        self.log.parent.mkdir()
+        self.ready = workdir / f"gateway-ready-{stamp}"
+        self.proc = subprocess.Popen(
+            [BIN, "gateway", "--listen", "127.0.0.1:0", "--upstream", upstream, "--to", str(self.log),
+             "--ready-file", str(self.ready), *flags],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.time() + 30
+        while not (self.ready.exists() and self.ready.read_text().strip()):
+            if self.proc.poll() is not None:
+                raise RuntimeError("gateway exited: " + self.proc.stderr.read().decode())
+            if time.time() > deadline:
+                raise TimeoutError("gateway did not start")
+            time.sleep(0.05)
+        self.url = "http://" + self.ready.read_text().strip()
+        wait_http(self.url + "/health", self.proc, "rllm-pipe gateway")
+
+    def session_url(self, session_id):
+        return f"{self.url}/sessions/{session_id}/v1"
+
+    def finish(self, session_id, **body):
+        """POST /sessions/{id}/finish: returns once the session's records are durable."""
+        r = httpx.post(f"{self.url}/sessions/{session_id}/finish", json=body, timeout=60)
+        r.raise_for_status()
+        return r.json()
+
+    def records(self):
+        """Every record in the log (and any rotated file beside it), in order."""
+        out = []
+        for p in sorted(self.log.parent.glob("*.jsonl*")):
+            with open(p, "rb") as f:
+                out.extend(json.loads(line) for line in f if line.strip())
+        return out
+
+    def steps(self, trajectory_id):
+        got = [r for r in self.records() if r.get("type") == "step" and r.get("trajectory_id") == trajectory_id]
+        return sorted(got, key=lambda r: r["step_index"])
+
+    def trajectory(self, trajectory_id):
+        got = [r for r in self.records() if r.get("type") == "trajectory" and r.get("trajectory_id") == trajectory_id]
+        assert len(got) == 1, f"{len(got)} trajectory records for {trajectory_id}"
+        return got[0]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def gateway(tmp_path, llm):
+    """gateway(*flags) starts `rllm-pipe gateway` in front of the stub."""
+    if not has_gateway_command():
+        pytest.skip("this rllm-pipe has no `gateway` command yet")
+    started = []
+
+    def start(*flags):
+        g = Gateway(tmp_path, llm.url, *flags)
+        started.append(g)
+        return g
+
+    yield start
+    for g in started:
+        g.stop()

@@ -8,7 +8,7 @@ A fixture is a JSON file (ingest/gateway/testdata/*.json): {"name", "engine",
 "path", "request", "response"} for a plain answer, or "sse_data" (the SSE
 data payloads in order, "[DONE]" included) instead of "response" for a
 streamed one, and "expect" (what a gateway should record). The call picks
-its fixture by the header X-Stub-Fixture, else by the request's "model" when
+its fixture by the header X-Fixture (as the Go stub does), else by the request's "model" when
 that names a fixture, else the engine's plain or streaming default for the
 path (vllm_chat, vllm_completions, sglang_generate, + "_stream").
 
@@ -19,9 +19,9 @@ that forgot to force them records nothing. Every call is kept (request,
 fixture, what was sent, whether the stream reached its end) for the tests
 to compare what each gateway recorded against what the backend returned.
 
-Knobs: chunk_delay (seconds between SSE events), fail_next(status) (the next
-call answers that status), and the /health and /v1/models routes a gateway
-probes.
+Knobs: chunk_delay (seconds between SSE events), fail_next(status) or the
+header X-Stub-Fail: STATUS (answer with that status), and the /health and
+/v1/models routes a gateway probes.
 """
 
 from __future__ import annotations
@@ -299,11 +299,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
         hdrs = {k.lower(): v for k, v in self.headers.items()}
         fail = self.stub._take_failure()
+        if (self.headers.get("X-Stub-Fail") or "").isdigit():
+            fail = int(self.headers["X-Stub-Fail"])
         if fail is not None:
             body = {"error": {"message": "stub: injected failure", "type": "InternalServerError", "code": fail}}
             self.stub._record(Call(path, req, None, fail, body, True, hdrs))
             return self._json(fail, body)
-        fx = self.stub.pick(path, req, self.headers.get("X-Stub-Fixture"))
+        fx = self.stub.pick(path, req, self.headers.get("X-Fixture"))
         if fx is None:
             body = {"error": {"message": "stub: no fixture for this request", "type": "NotFoundError"}}
             self.stub._record(Call(path, req, None, 404, body, True, hdrs))

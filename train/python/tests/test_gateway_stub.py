@@ -24,7 +24,7 @@ def test_every_fixture_replays(llm):
     http = httpx.Client(timeout=10)
     for i, (name, fx) in enumerate(sorted(llm.fixtures.items())):
         req = {**fx.request, "stream": fx.streaming}
-        r = http.post(llm.url + fx.path, json=req, headers={"X-Stub-Fixture": name})
+        r = http.post(llm.url + fx.path, json=req, headers={"X-Fixture": name})
         assert r.status_code == fx.status, name
         call = llm.wait_completed(i + 1)[-1]
         assert call.fixture == name and call.completed
