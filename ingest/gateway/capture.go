@@ -1,0 +1,382 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"sort"
+	"strconv"
+)
+
+// capture is what one upstream call yielded for its step: choice 0's token
+// ids and logprobs (nulls noted, never filled in), the assistant message,
+// the finish reason, usage. A nil slice is absent; an empty one present.
+type capture struct {
+	model        string
+	promptIDs    []int64
+	responseIDs  []int64
+	logprobs     []float64 // the non-null entries
+	lpEntries    int       // entries seen, null ones included
+	nullAt       []int     // positions of null entries
+	haveLogprobs bool
+	message      json.RawMessage // chat: the assistant message
+	finishReason string
+	promptTok    int64
+	complTok     int64
+	choices      int  // n
+	unreadable   bool // a body or chunk was not the JSON expected
+
+	// streaming accumulation (choice 0)
+	role       string
+	content    bytes.Buffer
+	hasContent bool
+	reasoning  map[string]*bytes.Buffer // reasoning_content / reasoning
+	toolCalls  map[int]*toolCall
+	sglang     bool
+}
+
+type toolCall struct {
+	id, typ, name string
+	args          bytes.Buffer
+}
+
+type wireResp struct {
+	Model          string       `json:"model"`
+	PromptTokenIDs []int64      `json:"prompt_token_ids"`
+	Choices        []wireChoice `json:"choices"`
+	Usage          *wireUsage   `json:"usage"`
+	// SGLang native /generate
+	Text      *string `json:"text"`
+	OutputIDs []int64 `json:"output_ids"`
+	MetaInfo  *sgMeta `json:"meta_info"`
+}
+
+type wireUsage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+}
+
+type wireChoice struct {
+	Index          int             `json:"index"`
+	Message        json.RawMessage `json:"message"`
+	Delta          *wireDelta      `json:"delta"`
+	FinishReason   *string         `json:"finish_reason"`
+	TokenIDs       []int64         `json:"token_ids"`
+	PromptTokenIDs []int64         `json:"prompt_token_ids"`
+	Logprobs       *wireLogprobs   `json:"logprobs"`
+}
+
+type wireDelta struct {
+	Role             string          `json:"role"`
+	Content          *string         `json:"content"`
+	ReasoningContent *string         `json:"reasoning_content"`
+	Reasoning        *string         `json:"reasoning"`
+	ToolCalls        []wireToolDelta `json:"tool_calls"`
+}
+
+type wireToolDelta struct {
+	Index    int    `json:"index"`
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function *struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+type wireLogprobs struct {
+	Content       []*struct{ Logprob *float64 } `json:"content"`
+	TokenLogprobs []*float64                    `json:"token_logprobs"`
+}
+
+type sgMeta struct {
+	OutputTokenLogprobs [][]json.RawMessage `json:"output_token_logprobs"`
+	FinishReason        json.RawMessage     `json:"finish_reason"`
+	PromptTokens        int64               `json:"prompt_tokens"`
+	CompletionTokens    int64               `json:"completion_tokens"`
+}
+
+// parseResponse reads a non-streaming response body.
+func parseResponse(body []byte, c *capture) {
+	var r wireResp
+	if err := json.Unmarshal(body, &r); err != nil {
+		c.unreadable = true
+		return
+	}
+	c.model = r.Model
+	if r.Usage != nil {
+		c.promptTok, c.complTok = r.Usage.PromptTokens, r.Usage.CompletionTokens
+	}
+	if r.MetaInfo != nil && len(r.Choices) == 0 {
+		c.sglangGenerate(&r)
+		return
+	}
+	if r.PromptTokenIDs != nil {
+		c.promptIDs = r.PromptTokenIDs
+	}
+	c.choices = len(r.Choices)
+	for i := range r.Choices {
+		ch := &r.Choices[i]
+		if ch.Index != 0 {
+			continue
+		}
+		if c.promptIDs == nil {
+			c.promptIDs = ch.PromptTokenIDs
+		}
+		c.responseIDs = ch.TokenIDs
+		c.addLogprobs(ch.Logprobs)
+		if ch.FinishReason != nil {
+			c.finishReason = *ch.FinishReason
+		}
+		if len(ch.Message) > 0 && !isNull(ch.Message) {
+			c.message = compactMessage(ch.Message)
+		}
+	}
+}
+
+// sglangGenerate reads SGLang's /generate layout: output ids at the root
+// and in meta_info.output_token_logprobs rows [logprob, token_id, text].
+// Streamed events are cumulative, so each replaces the last.
+func (c *capture) sglangGenerate(r *wireResp) {
+	c.sglang = true
+	m := r.MetaInfo
+	c.promptTok, c.complTok = m.PromptTokens, m.CompletionTokens
+	c.choices = 1
+	rows := m.OutputTokenLogprobs
+	ids := make([]int64, 0, len(rows))
+	c.logprobs, c.nullAt, c.lpEntries, c.haveLogprobs = c.logprobs[:0], nil, 0, rows != nil
+	for i, row := range rows {
+		var lp *float64
+		var id int64
+		if len(row) >= 2 {
+			_ = json.Unmarshal(row[0], &lp)
+			if err := json.Unmarshal(row[1], &id); err != nil {
+				c.unreadable = true
+			}
+		} else {
+			c.unreadable = true
+		}
+		ids = append(ids, id)
+		c.lpEntries++
+		if lp == nil {
+			c.nullAt = append(c.nullAt, i)
+			continue
+		}
+		c.logprobs = append(c.logprobs, *lp)
+	}
+	switch {
+	case r.OutputIDs != nil:
+		c.responseIDs = r.OutputIDs
+	case rows != nil:
+		c.responseIDs = ids
+	}
+	var fr struct {
+		Type string `json:"type"`
+	}
+	if len(m.FinishReason) > 0 && json.Unmarshal(m.FinishReason, &fr) == nil && fr.Type != "" {
+		c.finishReason = fr.Type
+	}
+	if r.Text != nil {
+		c.content.Reset()
+		c.content.WriteString(*r.Text)
+		c.hasContent = true
+	}
+}
+
+func (c *capture) addLogprobs(lp *wireLogprobs) {
+	if lp == nil {
+		return
+	}
+	c.haveLogprobs = true
+	if lp.Content != nil {
+		for _, e := range lp.Content {
+			if e == nil || e.Logprob == nil {
+				c.nullAt = append(c.nullAt, c.lpEntries)
+			} else {
+				c.logprobs = append(c.logprobs, *e.Logprob)
+			}
+			c.lpEntries++
+		}
+		return
+	}
+	for _, v := range lp.TokenLogprobs {
+		if v == nil {
+			c.nullAt = append(c.nullAt, c.lpEntries)
+		} else {
+			c.logprobs = append(c.logprobs, *v)
+		}
+		c.lpEntries++
+	}
+}
+
+// addChunk folds one SSE data payload into the capture. It returns false
+// when the payload is not a JSON object of the shapes known.
+func (c *capture) addChunk(data []byte) bool {
+	var r wireResp
+	if err := json.Unmarshal(data, &r); err != nil {
+		c.unreadable = true
+		return false
+	}
+	if c.model == "" {
+		c.model = r.Model
+	}
+	if r.Usage != nil {
+		c.promptTok, c.complTok = r.Usage.PromptTokens, r.Usage.CompletionTokens
+	}
+	if r.MetaInfo != nil && len(r.Choices) == 0 {
+		c.sglangGenerate(&r)
+		return true
+	}
+	if c.promptIDs == nil && r.PromptTokenIDs != nil {
+		c.promptIDs = r.PromptTokenIDs
+	}
+	for i := range r.Choices {
+		ch := &r.Choices[i]
+		c.choices = max(c.choices, ch.Index+1)
+		if ch.Index != 0 {
+			continue
+		}
+		if c.promptIDs == nil && ch.PromptTokenIDs != nil {
+			c.promptIDs = ch.PromptTokenIDs
+		}
+		if ch.TokenIDs != nil {
+			if c.responseIDs == nil {
+				c.responseIDs = []int64{}
+			}
+			c.responseIDs = append(c.responseIDs, ch.TokenIDs...)
+		}
+		c.addLogprobs(ch.Logprobs)
+		if ch.FinishReason != nil && *ch.FinishReason != "" {
+			c.finishReason = *ch.FinishReason
+		}
+		if d := ch.Delta; d != nil {
+			c.addDelta(d)
+		}
+	}
+	return true
+}
+
+func (c *capture) addDelta(d *wireDelta) {
+	if d.Role != "" {
+		c.role = d.Role
+	}
+	if d.Content != nil && *d.Content != "" {
+		c.content.WriteString(*d.Content)
+		c.hasContent = true
+	}
+	for key, v := range map[string]*string{"reasoning_content": d.ReasoningContent, "reasoning": d.Reasoning} {
+		if v == nil || *v == "" {
+			continue
+		}
+		if c.reasoning == nil {
+			c.reasoning = map[string]*bytes.Buffer{}
+		}
+		if c.reasoning[key] == nil {
+			c.reasoning[key] = &bytes.Buffer{}
+		}
+		c.reasoning[key].WriteString(*v)
+	}
+	for _, td := range d.ToolCalls {
+		if c.toolCalls == nil {
+			c.toolCalls = map[int]*toolCall{}
+		}
+		tc := c.toolCalls[td.Index]
+		if tc == nil {
+			tc = &toolCall{}
+			c.toolCalls[td.Index] = tc
+		}
+		if td.ID != "" {
+			tc.id = td.ID
+		}
+		if td.Type != "" {
+			tc.typ = td.Type
+		}
+		if td.Function != nil {
+			tc.name += td.Function.Name
+			tc.args.WriteString(td.Function.Arguments)
+		}
+	}
+}
+
+// streamMessage assembles the assistant message of a chat stream.
+func (c *capture) streamMessage() json.RawMessage {
+	role := c.role
+	if role == "" {
+		role = "assistant"
+	}
+	b := []byte(`{"role":`)
+	b = strconv.AppendQuote(b, role)
+	b = append(b, `,"content":`...)
+	switch {
+	case c.hasContent:
+		b = appendJSONString(b, c.content.String())
+	case len(c.toolCalls) > 0:
+		b = append(b, "null"...)
+	default:
+		b = append(b, `""`...)
+	}
+	if len(c.reasoning) > 0 {
+		keys := make([]string, 0, len(c.reasoning))
+		for k := range c.reasoning {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			b = append(b, ',')
+			b = strconv.AppendQuote(b, k)
+			b = append(b, ':')
+			b = appendJSONString(b, c.reasoning[k].String())
+		}
+	}
+	if len(c.toolCalls) > 0 {
+		idx := make([]int, 0, len(c.toolCalls))
+		for i := range c.toolCalls {
+			idx = append(idx, i)
+		}
+		sort.Ints(idx)
+		b = append(b, `,"tool_calls":[`...)
+		for n, i := range idx {
+			tc := c.toolCalls[i]
+			if n > 0 {
+				b = append(b, ',')
+			}
+			typ := tc.typ
+			if typ == "" {
+				typ = "function"
+			}
+			b = append(b, `{"id":`...)
+			b = appendJSONString(b, tc.id)
+			b = append(b, `,"type":`...)
+			b = appendJSONString(b, typ)
+			b = append(b, `,"function":{"name":`...)
+			b = appendJSONString(b, tc.name)
+			b = append(b, `,"arguments":`...)
+			b = appendJSONString(b, tc.args.String())
+			b = append(b, `}}`...)
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}')
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	return append(b, marshal(s)...)
+}
+
+// compactMessage drops the members of a response message that are null
+// (refusal, audio, function_call, ...) or an empty tool_calls list, keeping
+// role and content (null content stays: tool-call messages have it).
+func compactMessage(m json.RawMessage) json.RawMessage {
+	fs, err := splitObject(m)
+	if err != nil {
+		return m
+	}
+	out := fs[:0]
+	for _, f := range fs {
+		v := bytes.TrimSpace(f.val)
+		if f.key != "role" && f.key != "content" && (isNull(v) || (f.key == "tool_calls" && string(v) == "[]")) {
+			continue
+		}
+		out = append(out, f)
+	}
+	return joinObject(out)
+}

@@ -1,0 +1,67 @@
+// Package gateway is the capture gateway core: an OpenAI-compatible reverse
+// proxy in front of vLLM/SGLang workers that speaks rLLM's model-gateway API
+// (rllm-org/rllm, rllm-model-gateway) and turns every LLM call an agent makes
+// inside a session into a Step record of the wire format (schemas/README.md),
+// stamped with the weight version in force at dispatch, and every
+// POST /sessions/{id}/finish into the Trajectory record that closes it.
+//
+// Records go to an Output (Kafka, a record log, a shard root: implemented
+// elsewhere, cmd/rllm-pipe/gateway.go wires one in) through a bounded queue:
+// the agent's response never waits for the output, but beyond
+// Config.MaxBufferedBytes new calls are refused with 503, and finish and
+// POST /records answer 200 only once their records are durable (Output.Write
+// returned nil). Nothing acknowledged is dropped: a failed Write is retried
+// until it succeeds or Close gives up (and says how much was left).
+//
+// Routes (Server.Handler):
+//
+//	/sessions/{session_id}/v1/...      agent calls in a session (chat and completions recorded)
+//	/sessions/{session_id}/generate    SGLang's native /generate in a session (recorded)
+//	/v1/...                            calls outside a session: forwarded and counted, not recorded
+//	POST/GET /sessions, GET/DELETE /sessions/{id}, GET /sessions/{id}/traces,
+//	POST /sessions/{id}/finish, POST /sessions/batch_delete, GET /traces/{id},
+//	POST /traces/query, GET/POST /admin/workers, DELETE /admin/workers/{id},
+//	GET/POST /admin/weight_version, POST /admin/flush, POST /admin/reload,
+//	POST /records, GET /metrics, GET /health, GET /health/workers
+//
+// Agent routes need Config.AgentToken, the rest Config.AdminToken (bearer,
+// compared in constant time; empty means none, which cmd allows on loopback
+// only); /health is open.
+//
+// Decisions, each as rLLM's gateway makes them unless said otherwise:
+//
+//   - Request rewriting: logprobs (true for chat, 0 for completions, which
+//     returns the sampled token's logprob only) and return_token_ids are
+//     added when absent, and set when the agent turned them off (rLLM leaves
+//     an explicit false alone and records a call it cannot train on); a
+//     session's sampling_params fill the keys the agent did not send. The
+//     response the agent gets has logprobs and token ids set back to null
+//     when it did not ask for them, as vLLM would answer it directly.
+//   - n > 1: choice 0 is the step (rLLM's data_process.py reads
+//     choices[0] only); the other choices reach the agent, are counted
+//     (rllm_gateway_choices_unrecorded_total) and the step's metadata says n.
+//   - One logprob per response token: a null entry or a count mismatch is
+//     not repaired. The call is proxied unchanged and its Step record is
+//     written with the non-null logprobs only and
+//     metadata.gateway_reject = null_logprob | logprob_count, so that ingest
+//     dead-letters it as length_mismatch; a response with no token ids or
+//     an unreadable body is written without the missing fields
+//     (gateway_reject = missing_token_ids | unreadable_response) and ingest
+//     dead-letters it as missing_field. Both are counted here
+//     (rllm_gateway_rejected_steps_total{reason}).
+//   - A stream cut short (the agent disconnected, or the upstream stream
+//     broke) is recorded with what arrived, finish_reason "abort" and
+//     metadata.cut_off = client_disconnect | upstream_cut. The upstream
+//     request is cancelled when the agent goes (vLLM aborts the generation).
+//   - Upstream errors (a status other than 200, no worker reachable) go to
+//     the agent with their status and body and are counted; no step.
+//   - step_index is the order in which a session's calls completed (a
+//     failed call takes no index, so indices have no holes); step_id is
+//     "{trajectory_id}#{step_index}", so a retried write is a duplicate
+//     downstream, not a new step.
+//   - Step fields the wire format has no column for (latency_ms, tools, the
+//     session id, usage, n) ride in the step's metadata object.
+//
+// The package must not import connectors/ or transform/: outputs are
+// injected.
+package gateway

@@ -1,0 +1,206 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Record is one wire-format record (a Step or Trajectory JSON line, no
+// newline) and the key that keeps a group together (its task_id / group id):
+// outputs partition by it.
+type Record struct {
+	Key  string
+	Line []byte
+}
+
+// Output is where captured records go. Write returns once every record is
+// durable (fsynced, acknowledged by Kafka with acks=all, or in the shard
+// root's write-ahead log); an error means none of them may be counted as
+// durable (the caller reports it to the agent). Write is called from many
+// goroutines; implementations batch concurrent calls (group commit). Close
+// flushes and releases.
+type Output interface {
+	Write(ctx context.Context, recs []Record) error
+	Close() error
+}
+
+// Config configures a Server. Zero values take the documented defaults.
+type Config struct {
+	Upstreams        []string // worker base URLs (http://host:port, optionally with an API path such as /v1), as given by --upstream
+	GroupSize        int      // default group size written on trajectory records when the session does not say (0: none written)
+	AgentToken       string   // bearer token for /sessions/{id}/v1/... and /v1/... (empty: none; only allowed on loopback, checked by cmd)
+	AdminToken       string   // bearer token for management routes, /records and /metrics (empty: none)
+	MaxRequestBytes  int64    // request body bound (default 32 MiB)
+	MaxBufferedBytes int64    // bound on records waiting for the output (default 256 MiB); beyond it agents get 503 with a JSON error
+	WeightVersion    int64    // initial weight (policy) version
+	Log              *slog.Logger
+
+	// MaxResponseBytes bounds a non-streaming upstream body the gateway
+	// reads to record (default 256 MiB); a larger one is a 502.
+	MaxResponseBytes int64
+	// HealthInterval is the period of the workers' health checks (GET
+	// {url}/health; default 5s, negative: off).
+	HealthInterval time.Duration
+	// MaxTracesPerSession and MaxTraces bound the traces kept in memory for
+	// GET /sessions/{id}/traces (defaults 4096 and 200,000). Beyond the
+	// total, finished sessions' traces go first, oldest first; the durable
+	// copy is the Output.
+	MaxTracesPerSession int
+	MaxTraces           int
+	// FinishTimeout bounds how long finish and POST /records wait for their
+	// records to be durable before answering 503 (default 60s).
+	FinishTimeout time.Duration
+	// Writers is the number of concurrent Output.Write calls (default 4);
+	// BatchRecords the most records per call (default 1024).
+	Writers      int
+	BatchRecords int
+	// Transport overrides the upstream transport (tests); the default is
+	// tuned for many keep-alive connections to few hosts.
+	Transport http.RoundTripper
+}
+
+func (c *Config) defaults() {
+	if c.MaxRequestBytes <= 0 {
+		c.MaxRequestBytes = 32 << 20
+	}
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = 256 << 20
+	}
+	if c.MaxResponseBytes <= 0 {
+		c.MaxResponseBytes = 256 << 20
+	}
+	if c.HealthInterval == 0 {
+		c.HealthInterval = 5 * time.Second
+	}
+	if c.MaxTracesPerSession <= 0 {
+		c.MaxTracesPerSession = 4096
+	}
+	if c.MaxTraces <= 0 {
+		c.MaxTraces = 200_000
+	}
+	if c.FinishTimeout <= 0 {
+		c.FinishTimeout = 60 * time.Second
+	}
+	if c.Writers <= 0 {
+		c.Writers = 4
+	}
+	if c.BatchRecords <= 0 {
+		c.BatchRecords = 1024
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Server is the capture gateway. It is safe for concurrent use.
+type Server struct {
+	cfg      Config
+	log      *slog.Logger
+	out      Output
+	queue    *queue
+	pool     *pool
+	sessions *sessions
+	metrics  *metrics
+	client   *http.Client
+	weight   atomic.Int64
+
+	closing  atomic.Bool
+	inflight tracker // handlers running (agent calls, finish, /records)
+	closeMu  sync.Mutex
+	closed   bool
+	closeErr error
+}
+
+// New returns a Server over out with cfg's upstream workers; it starts the
+// output writers and the health checks, which Close stops.
+func New(cfg Config, out Output) (*Server, error) {
+	if out == nil {
+		return nil, errors.New("gateway: nil output")
+	}
+	if cfg.GroupSize < 0 || cfg.WeightVersion < 0 {
+		return nil, fmt.Errorf("gateway: group size %d and weight version %d must be >= 0", cfg.GroupSize, cfg.WeightVersion)
+	}
+	cfg.defaults()
+	tr := cfg.Transport
+	if tr == nil {
+		tr = newTransport()
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Log,
+		out:      out,
+		metrics:  newMetrics(),
+		client:   &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		sessions: newSessions(cfg.MaxTracesPerSession, cfg.MaxTraces),
+	}
+	s.weight.Store(cfg.WeightVersion)
+	s.queue = newQueue(out, cfg.MaxBufferedBytes, cfg.Writers, cfg.BatchRecords, s.metrics, cfg.Log)
+	s.pool = newPool(s.client, cfg.HealthInterval, cfg.Log)
+	for i, u := range cfg.Upstreams {
+		if _, err := s.pool.add(fmt.Sprint(i), u, "", "", 1); err != nil {
+			s.queue.stop()
+			s.pool.stop()
+			return nil, fmt.Errorf("gateway: upstream %d: %w", i, err)
+		}
+	}
+	return s, nil
+}
+
+// newTransport is tuned for latency: keep-alive connections to few hosts,
+// many idle connections per host, no compression negotiated on our side
+// (bodies are parsed), HTTP/1.1 (what vLLM and SGLang serve).
+func newTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          8192,
+		MaxIdleConnsPerHost:   4096,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 0, // generations can take minutes before the first byte
+		ExpectContinueTimeout: 0,
+		DisableCompression:    true,
+		WriteBufferSize:       64 << 10,
+		ReadBufferSize:        64 << 10,
+	}
+}
+
+// WeightVersion is the weight version stamped on calls dispatched now.
+func (s *Server) WeightVersion() int64 { return s.weight.Load() }
+
+// Close stops taking calls (new ones get 503), waits for the calls in
+// flight, waits until every queued record is durable, then closes the
+// Output. When ctx ends first it stops the writers and returns an error
+// naming what was not written. Safe to call twice.
+func (s *Server) Close(ctx context.Context) error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed {
+		return s.closeErr
+	}
+	s.closed = true
+	s.closing.Store(true)
+	s.pool.stop()
+	var errs []error
+	if err := s.inflight.wait(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("gateway close: calls still in flight: %w", err))
+	}
+	if err := s.queue.drain(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	s.queue.stop()
+	if err := s.out.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("gateway close: output: %w", err))
+	}
+	if t, ok := s.client.Transport.(*http.Transport); ok {
+		t.CloseIdleConnections()
+	}
+	s.closeErr = errors.Join(errs...)
+	return s.closeErr
+}

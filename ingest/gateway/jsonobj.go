@@ -1,0 +1,145 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+)
+
+// field is one member of a JSON object, its value kept as received, so that
+// a request or response is rewritten without reordering or reformatting
+// what the gateway does not touch.
+type field struct {
+	key string
+	val json.RawMessage
+}
+
+var errNotObject = errors.New("not a JSON object")
+
+// splitObject returns the members of a JSON object in order.
+func splitObject(b []byte) ([]field, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, errNotObject
+	}
+	var out []field
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, err
+		}
+		out = append(out, field{key: kt.(string), val: v})
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err == nil {
+		return nil, errors.New("trailing data after the object")
+	}
+	return out, nil
+}
+
+func joinObject(fs []field) []byte {
+	n := 2
+	for _, f := range fs {
+		n += len(f.key) + len(f.val) + 4
+	}
+	b := make([]byte, 0, n)
+	b = append(b, '{')
+	for i, f := range fs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendQuote(b, f.key)
+		b = append(b, ':')
+		b = append(b, f.val...)
+	}
+	return append(b, '}')
+}
+
+func getField(fs []field, key string) (json.RawMessage, bool) {
+	for _, f := range fs {
+		if f.key == key {
+			return f.val, true
+		}
+	}
+	return nil, false
+}
+
+func setField(fs []field, key string, val json.RawMessage) []field {
+	for i := range fs {
+		if fs[i].key == key {
+			fs[i].val = val
+			return fs
+		}
+	}
+	return append(fs, field{key: key, val: val})
+}
+
+var jsonNull = json.RawMessage("null")
+
+func isNull(v json.RawMessage) bool { return len(bytes.TrimSpace(v)) == 0 || string(bytes.TrimSpace(v)) == "null" }
+
+// nullFields sets the present root keys and choices[i] keys of a response
+// (or a stream chunk) to null; changed is false when nothing was there.
+func nullFields(body []byte, rootKeys, choiceKeys []string) (out []byte, changed bool, err error) {
+	fs, err := splitObject(body)
+	if err != nil {
+		return nil, false, err
+	}
+	for i := range fs {
+		for _, k := range rootKeys {
+			if fs[i].key == k && !isNull(fs[i].val) {
+				fs[i].val, changed = jsonNull, true
+			}
+		}
+		if fs[i].key != "choices" || len(choiceKeys) == 0 || isNull(fs[i].val) {
+			continue
+		}
+		var choices []json.RawMessage
+		if err := json.Unmarshal(fs[i].val, &choices); err != nil {
+			return nil, false, err
+		}
+		cchanged := false
+		for j, c := range choices {
+			cf, err := splitObject(c)
+			if err != nil {
+				return nil, false, err
+			}
+			hit := false
+			for k := range cf {
+				for _, key := range choiceKeys {
+					if cf[k].key == key && !isNull(cf[k].val) {
+						cf[k].val, hit = jsonNull, true
+					}
+				}
+			}
+			if hit {
+				choices[j], cchanged = joinObject(cf), true
+			}
+		}
+		if cchanged {
+			b := []byte{'['}
+			for j, c := range choices {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = append(b, c...)
+			}
+			fs[i].val, changed = append(b, ']'), true
+		}
+	}
+	if !changed {
+		return body, false, nil
+	}
+	return joinObject(fs), true, nil
+}

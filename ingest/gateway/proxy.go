@@ -1,0 +1,470 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// hop-by-hop and gateway-only request headers, never forwarded upstream.
+var dropRequestHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Te", "Trailer",
+	"Transfer-Encoding", "Upgrade", "Authorization", "Content-Length", "Accept-Encoding"}
+
+var dropResponseHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
+
+// endpointOf names the recorded endpoints; "" for the others.
+func endpointOf(tail string) string {
+	switch strings.TrimRight(tail, "/") {
+	case "/v1/chat/completions":
+		return "chat"
+	case "/v1/completions":
+		return "completions"
+	case "/generate":
+		return "generate"
+	}
+	return ""
+}
+
+// rewrite is the request as forwarded, and what the agent asked for.
+type rewrite struct {
+	body          []byte
+	askedLogprobs bool
+	askedTokenIDs bool
+	stream        bool
+	messages      json.RawMessage
+	tools         json.RawMessage
+	model         string
+	inputIDs      []int64 // SGLang /generate: the prompt ids sent
+}
+
+func truthy(v json.RawMessage) bool {
+	s := string(bytes.TrimSpace(v))
+	return s != "" && s != "null" && s != "false"
+}
+
+// rewriteRequest forces what recording needs (logprobs, token ids) and
+// fills the session's sampling params the agent did not set.
+func rewriteRequest(body []byte, endpoint string, sampling []field) (*rewrite, error) {
+	fs, err := splitObject(body)
+	if err != nil {
+		return nil, err
+	}
+	rw := &rewrite{}
+	for _, sp := range sampling {
+		if _, ok := getField(fs, sp.key); !ok {
+			fs = append(fs, sp)
+		}
+	}
+	if v, ok := getField(fs, "stream"); ok {
+		rw.stream = string(bytes.TrimSpace(v)) == "true"
+	}
+	if v, ok := getField(fs, "model"); ok {
+		_ = json.Unmarshal(v, &rw.model)
+	}
+	rw.messages, _ = getField(fs, "messages")
+	if t, ok := getField(fs, "tools"); ok && !isNull(t) {
+		rw.tools = t
+	}
+	switch endpoint {
+	case "generate":
+		v, _ := getField(fs, "return_logprob")
+		rw.askedLogprobs, rw.askedTokenIDs = truthy(v), true
+		fs = setField(fs, "return_logprob", json.RawMessage("true"))
+		if v, ok := getField(fs, "input_ids"); ok {
+			_ = json.Unmarshal(v, &rw.inputIDs)
+		}
+	default:
+		lp, ok := getField(fs, "logprobs")
+		rw.askedLogprobs = ok && truthy(lp)
+		if endpoint == "completions" && ok && string(bytes.TrimSpace(lp)) == "0" {
+			rw.askedLogprobs = true // completions: logprobs=0 asks for the sampled token's
+		}
+		if !rw.askedLogprobs {
+			if endpoint == "chat" {
+				fs = setField(fs, "logprobs", json.RawMessage("true"))
+			} else {
+				fs = setField(fs, "logprobs", json.RawMessage("0"))
+			}
+		}
+		ti, _ := getField(fs, "return_token_ids")
+		rw.askedTokenIDs = truthy(ti)
+		if !rw.askedTokenIDs {
+			fs = setField(fs, "return_token_ids", json.RawMessage("true"))
+		}
+	}
+	if len(rw.messages) > 0 && (isNull(rw.messages) || bytes.TrimSpace(rw.messages)[0] != '[') {
+		rw.messages = nil
+	}
+	rw.body = joinObject(fs)
+	return rw, nil
+}
+
+// strip sets back to null what the agent did not ask for.
+func (rw *rewrite) stripKeys() (root, choice []string) {
+	if !rw.askedTokenIDs {
+		root = append(root, "prompt_token_ids")
+		choice = append(choice, "token_ids", "prompt_token_ids")
+	}
+	if !rw.askedLogprobs {
+		choice = append(choice, "logprobs")
+	}
+	return root, choice
+}
+
+// upstreamDo sends the request to the session's worker; a worker that
+// cannot be reached is marked unhealthy and the next one is tried (the
+// request never reached it, so nothing is generated twice).
+func (s *Server) upstreamDo(r *http.Request, sid, tail string, body []byte) (*http.Response, *worker, error) {
+	var tried []*worker
+	for {
+		w := s.pool.pick(sid, tried)
+		if w == nil {
+			if len(tried) == 0 {
+				return nil, nil, errNoWorker
+			}
+			return nil, nil, fmt.Errorf("%w reachable (tried %d)", errNoWorker, len(tried))
+		}
+		tried = append(tried, w)
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, w.target(tail, r.URL.RawQuery), bytes.NewReader(body))
+		if err != nil {
+			return nil, nil, err
+		}
+		for k, vs := range r.Header {
+			req.Header[k] = vs
+		}
+		for _, h := range dropRequestHeaders {
+			req.Header.Del(h)
+		}
+		if len(body) > 0 && req.Header.Get("Content-Type") == "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		w.active.Add(1)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			w.active.Add(-1)
+			if r.Context().Err() != nil {
+				return nil, nil, r.Context().Err()
+			}
+			var op *net.OpError
+			if errors.As(err, &op) && op.Op == "dial" {
+				w.healthy.Store(false)
+				s.log.Warn("gateway: worker unreachable; marked unhealthy", "worker_id", w.id, "url", w.url)
+				continue
+			}
+			return nil, nil, err
+		}
+		return resp, w, nil
+	}
+}
+
+// handleAgent serves an agent call: tail is "/v1/..." or "/generate"; sid
+// is "" outside a session.
+func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail string) {
+	start := time.Now()
+	if s.closing.Load() {
+		writeOpenAIError(w, http.StatusServiceUnavailable, "gateway_closing", "the gateway is shutting down")
+		return
+	}
+	s.inflight.add(1)
+	defer s.inflight.done(1)
+	endpoint := endpointOf(tail)
+	recorded := sid != "" && endpoint != "" && r.Method == http.MethodPost
+	switch {
+	case recorded:
+		s.metrics.calls.inc("recorded")
+	case sid != "":
+		s.metrics.calls.inc("passthrough")
+	default:
+		s.metrics.calls.inc("plain")
+	}
+	var body []byte
+	if r.Body != nil {
+		var err error
+		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxRequestBytes))
+		if err != nil {
+			s.bodyError(w, err, true)
+			return
+		}
+	}
+	if !recorded {
+		s.passThrough(w, r, sid, tail, body, start)
+		return
+	}
+	if s.queue.full(0) {
+		s.metrics.errors.inc("buffer_full")
+		writeOpenAIError(w, http.StatusServiceUnavailable, "buffer_full",
+			"the capture gateway's record buffer is full (the output is behind or down); retry later")
+		return
+	}
+	sess := s.sessions.ensure(sid, func() *session {
+		return newSession(sid, time.Now(), nil, nil, identity{}, s.cfg.GroupSize)
+	})
+	sess.inflight.add(1)
+	defer sess.inflight.done(1)
+	sess.mu.Lock()
+	finished := sess.finished != nil
+	sess.mu.Unlock()
+	if finished {
+		s.metrics.errors.inc("session_finished")
+		writeOpenAIError(w, http.StatusConflict, "session_finished", "session "+sid+" is finished; calls after finish are not recorded")
+		return
+	}
+	rw, err := rewriteRequest(body, endpoint, sess.sampling)
+	if err != nil {
+		s.metrics.errors.inc("bad_request")
+		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
+		return
+	}
+	cl := &call{sess: sess, endpoint: endpoint, version: s.weight.Load(), dispatch: time.Now(), messages: rw.messages,
+		tools: rw.tools, model: rw.model, stream: rw.stream}
+	cl.cap.promptIDs = rw.inputIDs
+	resp, wk, err := s.upstreamDo(r, sid, tail, rw.body)
+	if err != nil {
+		s.upstreamError(w, r, err)
+		return
+	}
+	defer wk.active.Add(-1)
+	defer resp.Body.Close()
+	upStart := cl.dispatch
+	if resp.StatusCode != http.StatusOK {
+		s.metrics.errors.inc("upstream_status")
+		s.copyResponse(w, resp)
+		return
+	}
+	var upstream time.Duration
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		cl.stream = true
+		upstream = s.relayStream(w, r, resp, rw, cl)
+	} else {
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
+		upstream = time.Since(upStart)
+		if err != nil || int64(len(raw)) > s.cfg.MaxResponseBytes {
+			s.metrics.errors.inc("upstream_read")
+			writeOpenAIError(w, http.StatusBadGateway, "upstream_error", "reading the upstream response failed or it was too large")
+			return
+		}
+		parseResponse(raw, &cl.cap)
+		out := raw
+		if root, choice := rw.stripKeys(); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
+			if b, _, err := nullFields(raw, root, choice); err == nil {
+				out = b
+			}
+		}
+		copyHeaders(w.Header(), resp.Header)
+		w.Header().Set("Content-Length", fmt.Sprint(len(out)))
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(out)
+		_ = http.NewResponseController(w).Flush()
+	}
+	cl.latency = time.Since(cl.dispatch)
+	s.record(cl)
+	s.metrics.added.observe(time.Since(start) - upstream)
+}
+
+// relayStream passes an SSE stream through event by event, flushing each,
+// and folds the data payloads into the capture. It returns the time spent
+// waiting on the upstream.
+func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, rw *rewrite, cl *call) time.Duration {
+	rc := http.NewResponseController(w)
+	copyHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	_ = rc.Flush()
+	root, choice := rw.stripKeys()
+	if cl.endpoint == "generate" {
+		root, choice = nil, nil
+	}
+	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	var waited time.Duration
+	clientGone, sawDone := false, false
+	var line []byte
+	for {
+		t0 := time.Now()
+		chunk, err := br.ReadSlice('\n')
+		waited += time.Since(t0)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			line = append(line, chunk...)
+			continue
+		}
+		if len(line) > 0 {
+			chunk = append(line, chunk...)
+			line = line[:0]
+		}
+		if len(chunk) > 0 {
+			out := chunk
+			if data, ok := bytes.CutPrefix(chunk, []byte("data:")); ok {
+				data = bytes.TrimSpace(data)
+				if string(data) == "[DONE]" {
+					sawDone = true
+				} else if len(data) > 0 && cl.cap.addChunk(data) && len(root)+len(choice) > 0 {
+					if b, changed, err := nullFields(data, root, choice); err == nil && changed {
+						out = append(append([]byte("data: "), b...), '\n')
+					}
+				}
+			}
+			if !clientGone {
+				if _, werr := w.Write(out); werr != nil {
+					clientGone = true
+				} else if len(bytes.TrimSpace(chunk)) == 0 { // end of an event
+					if rc.Flush() != nil {
+						clientGone = true
+					}
+				}
+			}
+		}
+		if err != nil {
+			switch {
+			case clientGone || r.Context().Err() != nil:
+				cl.cutOff = cutClientDisconnect
+			case !errors.Is(err, io.EOF) || !sawDone:
+				cl.cutOff = cutUpstream
+			}
+			break
+		}
+		if clientGone {
+			// The agent is gone: stop the generation (vLLM aborts a request
+			// whose connection closes) and record what arrived.
+			cl.cutOff = cutClientDisconnect
+			break
+		}
+	}
+	_ = rc.Flush()
+	return waited
+}
+
+// record turns a finished call into its step and trace.
+func (s *Server) record(cl *call) {
+	sess := cl.sess
+	sess.mu.Lock()
+	index := sess.steps
+	sess.steps++
+	sess.mu.Unlock()
+	line, tr, reject := buildStep(cl, index)
+	s.queue.enqueue(&sess.durable, Record{Key: sess.key(), Line: line})
+	s.metrics.steps.Add(1)
+	if reject != "" {
+		s.metrics.rejected.inc(reject)
+	}
+	if cl.cutOff != "" {
+		s.metrics.cutOff.inc(cl.cutOff)
+	}
+	if cl.cap.choices > 1 {
+		s.metrics.unrecordedN.Add(int64(cl.cap.choices - 1))
+	}
+	s.metrics.promptTokens.Add(int64(len(cl.cap.promptIDs)))
+	s.metrics.complTokens.Add(int64(len(cl.cap.responseIDs)))
+	if n := s.sessions.addTrace(sess, tr); n > 0 {
+		s.metrics.tracesEvicted.Add(int64(n))
+	}
+}
+
+// passThrough forwards a call that is not recorded, streaming the body.
+func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, sid, tail string, body []byte, start time.Time) {
+	t0 := time.Now()
+	resp, wk, err := s.upstreamDo(r, sid, tail, body)
+	if err != nil {
+		s.upstreamError(w, r, err)
+		return
+	}
+	defer wk.active.Add(-1)
+	defer resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		s.metrics.errors.inc("upstream_status")
+	}
+	upstream := time.Since(t0)
+	s.copyResponse(w, resp)
+	s.metrics.added.observe(time.Since(start) - upstream)
+}
+
+// copyResponse relays status, headers and body, flushing as it goes.
+func (s *Server) copyResponse(w http.ResponseWriter, resp *http.Response) {
+	copyHeaders(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func copyHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = vs
+	}
+	for _, h := range dropResponseHeaders {
+		dst.Del(h)
+	}
+}
+
+func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		s.metrics.errors.inc("client_gone")
+		return
+	}
+	s.metrics.errors.inc("upstream_unreachable")
+	s.log.Warn("gateway: upstream call failed", "path", r.URL.Path, "err", err)
+	writeOpenAIError(w, http.StatusBadGateway, "upstream_unreachable", "no upstream worker answered: "+err.Error())
+}
+
+// bodyError answers a request body that could not be read.
+func (s *Server) bodyError(w http.ResponseWriter, err error, openai bool) {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		s.metrics.errors.inc("body_too_large")
+		msg := fmt.Sprintf("request body over %d bytes", mbe.Limit)
+		if openai {
+			writeOpenAIError(w, http.StatusRequestEntityTooLarge, "request_too_large", msg)
+		} else {
+			writeError(w, http.StatusRequestEntityTooLarge, msg)
+		}
+		return
+	}
+	s.metrics.errors.inc("bad_request")
+	if openai {
+		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", "reading the request body failed")
+	} else {
+		writeError(w, http.StatusBadRequest, "reading the request body failed")
+	}
+}
+
+// writeOpenAIError answers in the OpenAI error shape agents' SDKs parse.
+func writeOpenAIError(w http.ResponseWriter, status int, typ, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status}})
+}
+
+// writeError answers a management route in rLLM's shape: {"error": "..."}.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	var b []byte
+	switch x := v.(type) {
+	case []byte:
+		b = x
+	case json.RawMessage:
+		b = x
+	default:
+		b = marshal(v)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", fmt.Sprint(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,225 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"time"
+)
+
+// Reasons a step is written so that ingest dead-letters it
+// (metadata.gateway_reject; the ingest reason in parentheses).
+const (
+	rejectNullLogprob    = "null_logprob"        // a null logprob entry (length_mismatch)
+	rejectLogprobCount   = "logprob_count"       // not one logprob per response token (length_mismatch)
+	rejectMissingIDs     = "missing_token_ids"   // no prompt or response ids (missing_field)
+	rejectUnreadable     = "unreadable_response" // the body was not the JSON expected (missing_field)
+	cutClientDisconnect  = "client_disconnect"
+	cutUpstream          = "upstream_cut"
+	finishReasonCutShort = "abort"
+)
+
+// call is one recorded agent call, from dispatch to the last byte.
+type call struct {
+	sess      *session
+	endpoint  string // chat, completions, generate
+	version   int64  // weight version at dispatch
+	dispatch  time.Time
+	latency   time.Duration
+	messages  json.RawMessage // request messages (chat)
+	tools     json.RawMessage
+	model     string // requested model
+	cap       capture
+	stream    bool
+	cutOff    string
+}
+
+// stepRecord is a Step of the wire format. Pointer slices: nil is absent
+// (ingest: missing_field), empty is present.
+type stepRecord struct {
+	Type             string          `json:"type"`
+	StepID           string          `json:"step_id"`
+	TaskID           string          `json:"task_id"`
+	GroupID          string          `json:"group_id,omitempty"`
+	Role             string          `json:"role,omitempty"`
+	TrajectoryID     string          `json:"trajectory_id"`
+	StepIndex        int64           `json:"step_index"`
+	PolicyVersion    int64           `json:"policy_version"`
+	PromptIDs        *[]int64        `json:"prompt_ids,omitempty"`
+	ResponseIDs      *[]int64        `json:"response_ids,omitempty"`
+	ResponseLogprobs *[]float64      `json:"response_logprobs,omitempty"`
+	Messages         json.RawMessage `json:"messages,omitempty"`
+	FinishReason     string          `json:"finish_reason,omitempty"`
+	Model            string          `json:"model,omitempty"`
+	CreatedAt        string          `json:"created_at"`
+	Metadata         json.RawMessage `json:"metadata"`
+}
+
+// stepMeta is the step's metadata: what the wire format has no field for.
+type stepMeta struct {
+	SessionID     string          `json:"session_id"`
+	Endpoint      string          `json:"endpoint"`
+	LatencyMS     float64         `json:"latency_ms"`
+	Stream        bool            `json:"stream,omitempty"`
+	Tools         json.RawMessage `json:"tools,omitempty"`
+	Choices       int             `json:"n,omitempty"`
+	CutOff        string          `json:"cut_off,omitempty"`
+	Reject        string          `json:"gateway_reject,omitempty"`
+	NullLogprobAt []int           `json:"null_logprob_positions,omitempty"`
+	PromptTokens  int64           `json:"prompt_tokens,omitempty"`
+	ComplTokens   int64           `json:"completion_tokens,omitempty"`
+}
+
+// reject classifies a capture: "" when the step is trainable.
+func (c *capture) reject() string {
+	switch {
+	case c.unreadable && (c.promptIDs == nil || c.responseIDs == nil):
+		return rejectUnreadable
+	case c.promptIDs == nil || c.responseIDs == nil:
+		return rejectMissingIDs
+	case len(c.nullAt) > 0:
+		return rejectNullLogprob
+	case len(c.logprobs) != len(c.responseIDs):
+		return rejectLogprobCount
+	}
+	return ""
+}
+
+func stepID(trajID string, index int64) string {
+	return trajID + "#" + strconv.FormatInt(index, 10)
+}
+
+// buildStep renders the step line and its trace for call index.
+func buildStep(cl *call, index int64) (line []byte, tr *trace, reject string) {
+	s, c := cl.sess, &cl.cap
+	reject = c.reject()
+	finish := c.finishReason
+	if cl.cutOff != "" {
+		finish = finishReasonCutShort
+	}
+	model := c.model
+	if model == "" {
+		model = cl.model
+	}
+	meta := stepMeta{SessionID: s.id, Endpoint: cl.endpoint, LatencyMS: float64(cl.latency.Microseconds()) / 1e3, Stream: cl.stream,
+		Tools: cl.tools, CutOff: cl.cutOff, Reject: reject, NullLogprobAt: c.nullAt, PromptTokens: c.promptTok, ComplTokens: c.complTok}
+	if c.choices > 1 {
+		meta.Choices = c.choices
+	}
+	metaJSON := marshal(meta)
+	id := stepID(s.trajID, index)
+	rec := stepRecord{Type: "step", StepID: id, TaskID: s.taskID, GroupID: s.groupID, Role: s.role, TrajectoryID: s.trajID,
+		StepIndex: index, PolicyVersion: cl.version, FinishReason: finish, Model: model,
+		CreatedAt: cl.dispatch.UTC().Format("2006-01-02T15:04:05.000000Z"), Metadata: metaJSON}
+	if c.promptIDs != nil {
+		rec.PromptIDs = &c.promptIDs
+	}
+	if c.responseIDs != nil {
+		rec.ResponseIDs = &c.responseIDs
+	}
+	if reject != rejectUnreadable && reject != rejectMissingIDs {
+		lp := c.logprobs
+		if lp == nil {
+			lp = []float64{}
+		}
+		rec.ResponseLogprobs = &lp
+	}
+	respMsg := c.message
+	if cl.endpoint == "chat" && cl.stream {
+		respMsg = c.streamMessage()
+	}
+	if len(cl.messages) > 0 && len(respMsg) > 0 {
+		rec.Messages = appendToArray(cl.messages, respMsg)
+	}
+	line = marshal(rec)
+
+	var fr *string
+	if finish != "" {
+		fr = &finish
+	}
+	counts := map[string]int64{}
+	if c.promptTok > 0 {
+		counts["prompt"] = c.promptTok
+	}
+	if c.complTok > 0 {
+		counts["completion"] = c.complTok
+	}
+	msgs := cl.messages
+	if len(msgs) == 0 {
+		msgs = json.RawMessage("[]")
+	}
+	if len(respMsg) == 0 {
+		respMsg = json.RawMessage("{}")
+	}
+	t := TraceRecord{TraceID: id, SessionID: s.id, Model: model, Messages: msgs, PromptTokenIDs: nonNil(c.promptIDs),
+		ResponseMessage: respMsg, CompletionTokenIDs: nonNil(c.responseIDs), Logprobs: c.logprobs, FinishReason: fr,
+		WeightVersion: cl.version, LatencyMS: meta.LatencyMS, TokenCounts: counts, Timestamp: unixSeconds(cl.dispatch), Metadata: metaJSON}
+	tj := marshal(t)
+	return line, &trace{id: id, ts: t.Timestamp, json: tj}, reject
+}
+
+func nonNil(s []int64) []int64 {
+	if s == nil {
+		return []int64{}
+	}
+	return s
+}
+
+// appendToArray returns the JSON array arr with v appended.
+func appendToArray(arr, v json.RawMessage) json.RawMessage {
+	var items []json.RawMessage
+	if err := json.Unmarshal(arr, &items); err != nil {
+		return nil
+	}
+	items = append(items, v)
+	out := marshal(items)
+	return out
+}
+
+// finishBody is POST /sessions/{id}/finish.
+type finishBody struct {
+	Reward            *float64        `json:"reward"`
+	IsCorrect         *bool           `json:"is_correct"`
+	TerminationReason string          `json:"termination_reason"`
+	Signals           json.RawMessage `json:"signals"`
+	Metadata          json.RawMessage `json:"metadata"`
+}
+
+type trajectoryRecord struct {
+	Type              string          `json:"type"`
+	TrajectoryID      string          `json:"trajectory_id"`
+	TaskID            string          `json:"task_id"`
+	GroupID           string          `json:"group_id,omitempty"`
+	Role              string          `json:"role,omitempty"`
+	Reward            float64         `json:"reward"`
+	NumSteps          int64           `json:"num_steps"`
+	TerminationReason string          `json:"termination_reason,omitempty"`
+	Signals           json.RawMessage `json:"signals,omitempty"`
+	IsCorrect         *bool           `json:"is_correct,omitempty"`
+	GroupSize         int             `json:"group_size,omitempty"`
+	Metadata          json.RawMessage `json:"metadata,omitempty"`
+}
+
+func buildTrajectory(s *session, f *finishBody, numSteps int64) []byte {
+	rec := trajectoryRecord{Type: "trajectory", TrajectoryID: s.trajID, TaskID: s.taskID, GroupID: s.groupID, Role: s.role,
+		Reward: *f.Reward, NumSteps: numSteps, TerminationReason: f.TerminationReason, IsCorrect: f.IsCorrect, GroupSize: s.groupSize}
+	if !isNull(f.Signals) {
+		rec.Signals = f.Signals
+	}
+	if !isNull(f.Metadata) {
+		rec.Metadata = f.Metadata
+	}
+	return marshal(rec)
+}
+
+// marshal is json.Marshal without HTML escaping (messages keep "<tool_call>"
+// as received) and without the encoder's newline.
+func marshal(v any) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		panic("gateway: marshal: " + err.Error()) // only our own types, with valid raw JSON
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'})
+}

@@ -1,0 +1,315 @@
+package gateway
+
+import (
+	"encoding/json"
+	"strings"
+	"sync"
+	"time"
+)
+
+// TraceRecord is one recorded call in rLLM's TraceRecord JSON shape
+// (rllm_model_gateway/models.py), what GET /sessions/{id}/traces returns.
+type TraceRecord struct {
+	TraceID            string           `json:"trace_id"`
+	SessionID          string           `json:"session_id"`
+	Model              string           `json:"model"`
+	Messages           json.RawMessage  `json:"messages"`
+	PromptTokenIDs     []int64          `json:"prompt_token_ids"`
+	ResponseMessage    json.RawMessage  `json:"response_message"`
+	CompletionTokenIDs []int64          `json:"completion_token_ids"`
+	Logprobs           []float64        `json:"logprobs"`
+	FinishReason       *string          `json:"finish_reason"`
+	WeightVersion      int64            `json:"weight_version"`
+	LatencyMS          float64          `json:"latency_ms"`
+	TokenCounts        map[string]int64 `json:"token_counts"`
+	Timestamp          float64          `json:"timestamp"`
+	Metadata           json.RawMessage  `json:"metadata"`
+}
+
+// SessionInfo is rLLM's session description.
+type SessionInfo struct {
+	SessionID  string          `json:"session_id"`
+	TraceCount int             `json:"trace_count"`
+	CreatedAt  float64         `json:"created_at"`
+	Metadata   json.RawMessage `json:"metadata"`
+}
+
+type trace struct {
+	id   string
+	ts   float64
+	json []byte
+}
+
+// session is one agent run. Its identity (task, group, trajectory, role)
+// is fixed at creation: from POST /sessions, else from the id
+// ({task_id}:{rollout_idx}).
+type session struct {
+	id        string
+	created   time.Time
+	metadata  json.RawMessage // object
+	sampling  []field         // sampling_params, in the order given
+	taskID    string
+	groupID   string
+	trajID    string
+	role      string
+	groupSize int
+
+	durable  tracker // this session's records not yet durable
+	inflight tracker // recorded calls running
+
+	mu       sync.Mutex
+	steps    int64  // recorded calls: the next step_index
+	finished []byte // the trajectory line once finished
+	traces   []*trace
+}
+
+// identity fields a POST /sessions body (or its metadata) may name.
+type identity struct {
+	TaskID       string `json:"task_id"`
+	GroupID      string `json:"group_id"`
+	TrajectoryID string `json:"trajectory_id"`
+	Role         string `json:"role"`
+	GroupSize    int    `json:"group_size"`
+}
+
+func newSession(id string, now time.Time, metadata json.RawMessage, sampling []field, ident identity, defaultGroupSize int) *session {
+	if len(metadata) == 0 || string(metadata) == "null" {
+		metadata = json.RawMessage("{}")
+	}
+	s := &session{id: id, created: now, metadata: metadata, sampling: sampling,
+		taskID: ident.TaskID, groupID: ident.GroupID, trajID: ident.TrajectoryID, role: ident.Role, groupSize: ident.GroupSize}
+	if s.taskID == "" {
+		s.taskID = id
+		if i := strings.LastIndexByte(id, ':'); i > 0 {
+			s.taskID = id[:i]
+		}
+	}
+	if s.trajID == "" {
+		s.trajID = id
+	}
+	if s.groupSize <= 0 {
+		s.groupSize = defaultGroupSize
+	}
+	return s
+}
+
+// key is the output partition key: the group when named, else the task.
+func (s *session) key() string {
+	if s.groupID != "" {
+		return s.groupID
+	}
+	return s.taskID
+}
+
+func (s *session) info() SessionInfo {
+	s.mu.Lock()
+	n := len(s.traces)
+	s.mu.Unlock()
+	return SessionInfo{SessionID: s.id, TraceCount: n, CreatedAt: unixSeconds(s.created), Metadata: s.metadata}
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixMicro()) / 1e6 }
+
+// sessions is the session table and the bounded in-memory trace store.
+type sessions struct {
+	perSession, total int
+
+	mu        sync.Mutex
+	m         map[string]*session
+	traces    map[string]*session // trace id → session
+	count     int                 // traces held
+	finishedQ []*session          // finished sessions, oldest first: evicted first
+	evicted   int64
+}
+
+func newSessions(perSession, total int) *sessions {
+	return &sessions{perSession: perSession, total: total, m: map[string]*session{}, traces: map[string]*session{}}
+}
+
+func (t *sessions) get(id string) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[id]
+}
+
+// create registers s unless the id exists; it returns the session in force.
+func (t *sessions) create(s *session) (*session, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.m[s.id]; ok {
+		return old, false
+	}
+	t.m[s.id] = s
+	return s, true
+}
+
+// ensure returns the session of id, creating a default one (a call to a
+// session URL that POST /sessions never named, as rLLM allows).
+func (t *sessions) ensure(id string, mk func() *session) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.m[id]; ok {
+		return s
+	}
+	s := mk()
+	t.m[id] = s
+	return s
+}
+
+func (t *sessions) list() []*session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]*session, 0, len(t.m))
+	for _, s := range t.m {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (t *sessions) open() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m) - len(t.finishedQ)
+}
+
+// remove deletes a session and its traces; it returns the traces deleted.
+func (t *sessions) remove(id string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, ok := t.m[id]
+	if !ok {
+		return 0
+	}
+	delete(t.m, id)
+	for i, f := range t.finishedQ {
+		if f == s {
+			t.finishedQ = append(t.finishedQ[:i:i], t.finishedQ[i+1:]...)
+			break
+		}
+	}
+	s.mu.Lock()
+	n := len(s.traces)
+	for _, tr := range s.traces {
+		delete(t.traces, tr.id)
+	}
+	s.traces = nil
+	s.mu.Unlock()
+	t.count -= n
+	return n
+}
+
+// markFinished queues s for eviction ahead of open sessions.
+func (t *sessions) markFinished(s *session) {
+	t.mu.Lock()
+	t.finishedQ = append(t.finishedQ, s)
+	t.mu.Unlock()
+}
+
+// addTrace stores a trace of s within the bounds and returns how many
+// traces were evicted to make room.
+func (t *sessions) addTrace(s *session, tr *trace) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[s.id] != s { // deleted meanwhile
+		return 0
+	}
+	evicted := 0
+	s.mu.Lock()
+	s.traces = append(s.traces, tr)
+	if len(s.traces) > t.perSession {
+		delete(t.traces, s.traces[0].id)
+		s.traces[0] = nil
+		s.traces = s.traces[1:]
+		evicted++
+		t.count--
+	}
+	s.mu.Unlock()
+	t.traces[tr.id] = s
+	t.count++
+	for t.count > t.total {
+		victim := s
+		for len(t.finishedQ) > 0 {
+			f := t.finishedQ[0]
+			f.mu.Lock()
+			empty := len(f.traces) == 0
+			f.mu.Unlock()
+			if !empty {
+				victim = f
+				break
+			}
+			t.finishedQ = t.finishedQ[1:]
+		}
+		victim.mu.Lock()
+		if len(victim.traces) == 0 {
+			victim.mu.Unlock()
+			break
+		}
+		delete(t.traces, victim.traces[0].id)
+		victim.traces[0] = nil
+		victim.traces = victim.traces[1:]
+		victim.mu.Unlock()
+		t.count--
+		evicted++
+	}
+	return evicted
+}
+
+func (t *sessions) trace(id string) []byte {
+	t.mu.Lock()
+	s := t.traces[id]
+	t.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, tr := range s.traces {
+		if tr.id == id {
+			return tr.json
+		}
+	}
+	return nil
+}
+
+// traceList returns a session's traces at or after since (unix seconds;
+// <= 0: all), at most limit (<= 0: all), as one JSON array.
+func (s *session) traceList(since float64, limit int) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	buf := []byte{'['}
+	n := 0
+	for _, tr := range s.traces {
+		if since > 0 && tr.ts < since {
+			continue
+		}
+		if limit > 0 && n == limit {
+			break
+		}
+		if n > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, tr.json...)
+		n++
+	}
+	return append(buf, ']')
+}
+
+// replaceUnused swaps in s for the session of the same id when that one
+// has no recorded call and is not finished.
+func (t *sessions) replaceUnused(s *session) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.m[s.id]
+	if old == nil {
+		t.m[s.id] = s
+		return true
+	}
+	old.mu.Lock()
+	unused := old.steps == 0 && old.finished == nil && old.inflight.count() == 0
+	old.mu.Unlock()
+	if !unused {
+		return false
+	}
+	t.m[s.id] = s
+	return true
+}
