@@ -87,7 +87,9 @@ func setField(fs []field, key string, val json.RawMessage) []field {
 
 var jsonNull = json.RawMessage("null")
 
-func isNull(v json.RawMessage) bool { return len(bytes.TrimSpace(v)) == 0 || string(bytes.TrimSpace(v)) == "null" }
+func isNull(v json.RawMessage) bool {
+	return len(bytes.TrimSpace(v)) == 0 || string(bytes.TrimSpace(v)) == "null"
+}
 
 // nullFields sets the present root keys and choices[i] keys of a response
 // (or a stream chunk) to null; changed is false when nothing was there.

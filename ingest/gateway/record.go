@@ -21,17 +21,17 @@ const (
 
 // call is one recorded agent call, from dispatch to the last byte.
 type call struct {
-	sess      *session
-	endpoint  string // chat, completions, generate
-	version   int64  // weight version at dispatch
-	dispatch  time.Time
-	latency   time.Duration
-	messages  json.RawMessage // request messages (chat)
-	tools     json.RawMessage
-	model     string // requested model
-	cap       capture
-	stream    bool
-	cutOff    string
+	sess     *session
+	endpoint string // chat, completions, generate
+	version  int64  // weight version at dispatch
+	dispatch time.Time
+	latency  time.Duration
+	messages json.RawMessage // request messages (chat)
+	tools    json.RawMessage
+	model    string // requested model
+	cap      capture
+	stream   bool
+	cutOff   string
 }
 
 // stepRecord is a Step of the wire format. Pointer slices: nil is absent
