@@ -1,0 +1,116 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	kgo "github.com/segmentio/kafka-go"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+)
+
+// Keyed is one wire record (a JSON line without its newline) and the key
+// that keeps its group in one partition.
+type Keyed struct {
+	Key  string
+	Line []byte
+}
+
+// OutputOptions tune an Output; zero values take the defaults.
+type OutputOptions struct {
+	// BatchTimeout is how long a partition's batch waits for more records
+	// before it is sent (default 5ms): the latency a lone Write adds.
+	BatchTimeout time.Duration
+	// BatchBytes bounds one request to a partition (default 1 MiB, the
+	// broker's default message.max.bytes).
+	BatchBytes int64
+	// MaxAttempts bounds the sends of one batch to a failing broker
+	// (default 3); the Write's ctx bounds the whole.
+	MaxAttempts int
+}
+
+// Output is the capture gateway's Kafka output: it produces records to
+// cfg.Topic keyed by their group (a hash balancer, so a group stays in one
+// partition and with one ingest worker), waiting for every in-sync
+// replica (acks=all). Concurrent Writes share the producer's batches, so
+// many small Writes make few requests. Safe for concurrent use.
+//
+// A Write returns once every record is acknowledged, or with an error
+// when one is not (the broker is down past MaxAttempts, or ctx ended): the
+// records may then still reach the topic (the producer is not idempotent),
+// so a caller that retries may double one, which ingest drops as a
+// duplicate (same id, same content).
+type Output struct {
+	w     *kgo.Writer
+	tr    *kgo.Transport
+	topic string
+}
+
+// NewOutput returns an Output to cfg.Topic, with TLS and SASL from cfg.
+// It does not create the topic (EnsureTopic does).
+func NewOutput(cfg Config, o OutputOptions) (*Output, error) {
+	d, err := cfg.dialer()
+	if err != nil {
+		return nil, err
+	}
+	if o.BatchTimeout <= 0 {
+		o.BatchTimeout = 5 * time.Millisecond
+	}
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 1 << 20
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 3
+	}
+	tr := &kgo.Transport{TLS: d.TLS, SASL: d.SASLMechanism, DialTimeout: d.Timeout}
+	return &Output{topic: cfg.Topic, tr: tr, w: &kgo.Writer{
+		Addr:                   kgo.TCP(cfg.Brokers...),
+		Topic:                  cfg.Topic,
+		Balancer:               &kgo.Hash{},
+		RequiredAcks:           kgo.RequireAll,
+		BatchSize:              10000,
+		BatchBytes:             o.BatchBytes,
+		BatchTimeout:           o.BatchTimeout,
+		MaxAttempts:            o.MaxAttempts,
+		AllowAutoTopicCreation: true,
+		Transport:              tr,
+	}}, nil
+}
+
+// Write produces recs and returns once the broker acknowledged all of
+// them (acks=all), or ctx ended. A record without a key is keyed by its
+// group_id or task_id (Key).
+func (o *Output) Write(ctx context.Context, recs []Keyed) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	var d ingest.Decoder
+	msgs := make([]kgo.Message, len(recs))
+	for i, r := range recs {
+		key := []byte(r.Key)
+		if len(key) == 0 {
+			key = Key(&d, r.Line)
+		}
+		msgs[i] = kgo.Message{Key: key, Value: r.Line}
+	}
+	if err := o.w.WriteMessages(ctx, msgs...); err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			err = fmt.Errorf("%w (%v)", ctxErr, err)
+		}
+		return fmt.Errorf("kafka: produce to %s: %w", o.topic, err)
+	}
+	return nil
+}
+
+// Close flushes what is batched and closes the producer. Safe to call
+// twice.
+func (o *Output) Close() error {
+	err := o.w.Close()
+	o.tr.CloseIdleConnections() // the writer closes only a transport of its own
+	if err != nil {
+		return fmt.Errorf("kafka: close output to %s: %w", o.topic, err)
+	}
+	return nil
+}

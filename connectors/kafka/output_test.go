@@ -1,0 +1,115 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	kgo "github.com/segmentio/kafka-go"
+)
+
+// TestOutputBrokerDown: with no broker a Write fails within its ctx's
+// bound, with an error that says where it was going.
+func TestOutputBrokerDown(t *testing.T) {
+	out, err := NewOutput(Config{Brokers: []string{"127.0.0.1:1"}, Topic: "down"}, OutputOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err = out.Write(ctx, []Keyed{{Key: "g", Line: []byte(`{}`)}})
+	if err == nil || !strings.Contains(err.Error(), "down") {
+		t.Fatalf("write to no broker: %v", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("write to no broker took %v", took)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+}
+
+// TestIntegrationOutput: concurrent Writes against the real broker; every
+// record arrives once, and every key stays in one partition.
+func TestIntegrationOutput(t *testing.T) {
+	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	if brokers == "" {
+		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("gateway-out-%d", time.Now().UnixNano())}
+	const parts = 4
+	if err := EnsureTopic(ctx, cfg, parts, 1); err != nil {
+		t.Fatal(err)
+	}
+	out, err := NewOutput(cfg, OutputOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers, each, groups = 16, 25, 12
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				g := (w*each + i) % groups
+				if err := out.Write(ctx, []Keyed{{Key: fmt.Sprintf("task-%d", g), Line: fmt.Appendf(nil, `{"w":%d,"i":%d}`, w, i)}}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	partOf := map[string]int{}
+	for p := range parts {
+		conn, err := kgo.DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := conn.ReadLastOffset()
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		if last == 0 {
+			continue
+		}
+		r := kgo.NewReader(kgo.ReaderConfig{Brokers: cfg.Brokers, Topic: cfg.Topic, Partition: p, MaxWait: 100 * time.Millisecond})
+		for n := int64(0); n < last; n++ {
+			m, err := r.ReadMessage(ctx)
+			if err != nil {
+				r.Close()
+				t.Fatal(err)
+			}
+			seen[string(m.Value)]++
+			if q, ok := partOf[string(m.Key)]; ok && q != p {
+				t.Errorf("key %s in partitions %d and %d", m.Key, q, p)
+			}
+			partOf[string(m.Key)] = p
+		}
+		r.Close()
+	}
+	if len(seen) != writers*each || len(partOf) != groups {
+		t.Fatalf("%d records in %d keys, want %d in %d", len(seen), len(partOf), writers*each, groups)
+	}
+	for v, n := range seen {
+		if n != 1 {
+			t.Errorf("%s produced %d times", v, n)
+		}
+	}
+	if err := out.Write(ctx, []Keyed{{Key: "x", Line: []byte(`{}`)}}); err == nil || errors.Is(err, context.Canceled) {
+		t.Fatalf("write after close: %v", err)
+	}
+}
