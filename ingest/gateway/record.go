@@ -92,6 +92,9 @@ func stepID(trajID string, index int64) string {
 // buildStep renders the step line and its trace for call index.
 func buildStep(cl *call, index int64) (line []byte, tr *trace, reject string) {
 	s, c := cl.sess, &cl.cap
+	if cl.cutOff != "" && c.promptIDs != nil && c.responseIDs == nil {
+		c.responseIDs = []int64{} // cut before the first token: an empty response, not a missing one
+	}
 	reject = c.reject()
 	finish := c.finishReason
 	if cl.cutOff != "" {

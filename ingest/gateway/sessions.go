@@ -119,7 +119,6 @@ type sessions struct {
 	traces    map[string]*session // trace id → session
 	count     int                 // traces held
 	finishedQ []*session          // finished sessions, oldest first: evicted first
-	evicted   int64
 }
 
 func newSessions(perSession, total int) *sessions {

@@ -1,0 +1,692 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/gatewaytest"
+)
+
+const chatBody = `{"model":"Qwen/Qwen2.5-7B-Instruct","messages":[{"role":"user","content":"What is 6*7?"}]}`
+
+func TestSplitSessionPath(t *testing.T) {
+	for _, tc := range []struct {
+		in, sid, tail string
+		ok            bool
+	}{
+		{"abc/v1/chat/completions", "abc", "/v1/chat/completions", true},
+		{"t42:3/v1/completions", "t42:3", "/v1/completions", true},
+		{"harbor/hello-world:0/v1/chat/completions", "harbor/hello-world:0", "/v1/chat/completions", true},
+		{"a/v1", "a", "/v1", true},
+		{"a/v1/v1/models", "a", "/v1/v1/models", true},
+		{"a/v10/v1/models", "a/v10", "/v1/models", true},
+		{"x:1/generate", "x:1", "/generate", true},
+		{"abc/traces", "", "", false},
+		{"abc", "", "", false},
+		{"/v1/models", "", "", false},
+	} {
+		sid, tail, ok := splitSessionPath(tc.in)
+		if sid != tc.sid || tail != tc.tail || ok != tc.ok {
+			t.Errorf("%q: got (%q, %q, %v), want (%q, %q, %v)", tc.in, sid, tail, ok, tc.sid, tc.tail, tc.ok)
+		}
+	}
+}
+
+// The agent did not ask for logprobs or token ids: the upstream gets them
+// forced on, the agent gets them back as null (as vLLM would answer it),
+// the record has them.
+func TestRewriteAndStrip(t *testing.T) {
+	e := newEnv(t, nil)
+	for _, stream := range []bool{false, true} {
+		body := chatBody
+		if stream {
+			body = strings.Replace(body, `{"model"`, `{"stream":true,"model"`, 1)
+		}
+		code, b := e.do("POST", "/sessions/strip:0/v1/chat/completions", body)
+		if code != 200 {
+			t.Fatalf("status %d: %s", code, b)
+		}
+		reqs := e.backend.Requests()
+		var up map[string]any
+		_ = json.Unmarshal(reqs[len(reqs)-1].Body, &up)
+		if up["logprobs"] != true || up["return_token_ids"] != true {
+			t.Fatalf("upstream request not rewritten: %s", reqs[len(reqs)-1].Body)
+		}
+		payloads := []string{string(b)}
+		if stream {
+			payloads = sseData(t, strings.NewReader(string(b)))
+			payloads = payloads[:len(payloads)-1]
+		}
+		for _, p := range payloads {
+			var r struct {
+				PromptTokenIDs any `json:"prompt_token_ids"`
+				Choices        []map[string]any
+			}
+			if err := json.Unmarshal([]byte(p), &r); err != nil {
+				t.Fatalf("agent got bad JSON: %s", p)
+			}
+			if r.PromptTokenIDs != nil {
+				t.Fatalf("prompt_token_ids not stripped: %s", p)
+			}
+			for _, c := range r.Choices {
+				if c["token_ids"] != nil || c["logprobs"] != nil {
+					t.Fatalf("token_ids/logprobs not stripped: %s", p)
+				}
+			}
+		}
+	}
+	e.finish("strip:0", 0)
+	st := steps(decodeAll(t, e.out.records()))
+	if len(st) != 2 {
+		t.Fatalf("%d steps", len(st))
+	}
+	for i, s := range st {
+		if s.reason != "" || len(s.rec.Step.ResponseIDs) == 0 || len(s.rec.Step.ResponseLogprobs) != len(s.rec.Step.ResponseIDs) {
+			t.Fatalf("step %d: reason %q ids %d", i, s.reason, len(s.rec.Step.ResponseIDs))
+		}
+	}
+}
+
+// A session's sampling params fill what the agent did not set; the agent's
+// own values win (rLLM's default priority).
+func TestSessionSamplingParams(t *testing.T) {
+	e := newEnv(t, nil)
+	e.mustJSON("POST", "/sessions", `{"session_id":"sp:0","sampling_params":{"temperature":0.6,"top_p":0.9}}`, 200, nil)
+	e.mustJSON("POST", "/sessions/sp:0/v1/chat/completions", `{"model":"m","temperature":1.0,"messages":[]}`, 200, nil)
+	reqs := e.backend.Requests()
+	var up map[string]any
+	_ = json.Unmarshal(reqs[len(reqs)-1].Body, &up)
+	if up["temperature"] != 1.0 || up["top_p"] != 0.9 {
+		t.Fatalf("upstream got %s", reqs[len(reqs)-1].Body)
+	}
+}
+
+// The agent receives the first event while the stub still holds the last.
+func TestStreamChunkByChunk(t *testing.T) {
+	e := newEnv(t, nil)
+	first, release := e.backend.HoldLast()
+	resp := e.req("POST", "/sessions/ttft:0/v1/chat/completions", `{"stream":true,"messages":[]}`)
+	defer resp.Body.Close()
+	<-first
+	br := bufio.NewReader(resp.Body)
+	got := make(chan string, 1)
+	go func() {
+		line, _ := br.ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		if !strings.HasPrefix(line, "data: {") {
+			t.Fatalf("first line %q", line)
+		}
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("the first event did not reach the agent while the upstream held the last")
+	}
+	close(release)
+	rest, _ := io.ReadAll(br)
+	if !strings.Contains(string(rest), "data: [DONE]") {
+		t.Fatalf("stream did not end with [DONE]")
+	}
+}
+
+// An agent that goes away mid-stream leaves a step marked as cut off.
+func TestClientDisconnectMidStream(t *testing.T) {
+	e := newEnv(t, nil)
+	e.backend.SetChunkDelay(50 * time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.srv.URL+"/sessions/gone:0/v1/chat/completions", strings.NewReader(`{"stream":true,"messages":[]}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	for range 6 { // three events: the role, two tokens
+		if _, err := br.ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	waitFor(t, func() bool { return len(e.out.records()) == 1 })
+	e.finish("gone:0", 0)
+	st := steps(decodeAll(t, e.out.records()))
+	meta := st[0].raw["metadata"].(map[string]any)
+	if st[0].raw["finish_reason"] != "abort" || meta["cut_off"] != "client_disconnect" {
+		t.Fatalf("step %s", mustJSON(st[0].raw))
+	}
+	if st[0].reason != "" {
+		t.Fatalf("a consistent cut-off step is rejected: %s: %s", st[0].reason, mustJSON(st[0].raw))
+	}
+	if n := len(st[0].rec.Step.ResponseIDs); n == 0 || n >= 9 {
+		t.Fatalf("cut-off step has %d response ids, want a part of 9", n)
+	}
+}
+
+func TestUpstreamCutMidStream(t *testing.T) {
+	e := newEnv(t, nil)
+	e.backend.CutNextStream(4)
+	resp := e.req("POST", "/sessions/cut:0/v1/chat/completions", `{"stream":true,"messages":[]}`)
+	_, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	e.finish("cut:0", 0)
+	st := steps(decodeAll(t, e.out.records()))
+	meta := st[0].raw["metadata"].(map[string]any)
+	if len(st) != 1 || meta["cut_off"] != "upstream_cut" || st[0].raw["finish_reason"] != "abort" || len(st[0].rec.Step.ResponseIDs) != 3 {
+		t.Fatalf("step %s", mustJSON(st[0].raw))
+	}
+}
+
+// policy_version is the weight version at dispatch; step_index the order.
+func TestWeightVersionMidSession(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WeightVersion = 3 })
+	e.mustJSON("POST", "/sessions/wv:0/v1/chat/completions", chatBody, 200, nil)
+	var v map[string]int64
+	e.mustJSON("POST", "/admin/weight_version", `{"weight_version":4}`, 200, &v)
+	if v["weight_version"] != 4 {
+		t.Fatalf("%v", v)
+	}
+	e.mustJSON("GET", "/admin/weight_version", "", 200, &v)
+	if v["weight_version"] != 4 {
+		t.Fatalf("%v", v)
+	}
+	e.mustJSON("POST", "/sessions/wv:0/v1/completions", `{"prompt":"x"}`, 200, nil)
+	res := e.finish("wv:0", 1)
+	if res["num_steps"] != 2.0 {
+		t.Fatalf("finish %v", res)
+	}
+	ds := decodeAll(t, e.out.records())
+	st := steps(ds)
+	if len(st) != 2 {
+		t.Fatalf("%d steps", len(st))
+	}
+	for i, want := range []int64{3, 4} {
+		s := st[i].rec.Step
+		if st[i].reason != "" || s.PolicyVersion != want || s.StepIndex != int64(i) || s.StepID != fmt.Sprintf("wv:0#%d", i) || s.TaskID != "wv" {
+			t.Fatalf("step %d: %s", i, mustJSON(st[i].raw))
+		}
+	}
+	traj := ds[len(ds)-1]
+	if traj.raw["type"] != "trajectory" || traj.raw["num_steps"] != 2.0 || traj.raw["trajectory_id"] != "wv:0" || traj.raw["is_correct"] != true {
+		t.Fatalf("trajectory %s", mustJSON(traj.raw))
+	}
+	code, _ := e.do("POST", "/admin/weight_version", `{"weight_version":-1}`)
+	if code != 400 {
+		t.Fatalf("negative version: %d", code)
+	}
+}
+
+// Upstream errors reach the agent with their status; no step is recorded
+// and the next call still gets index 0.
+func TestUpstreamErrorPassedThrough(t *testing.T) {
+	e := newEnv(t, nil)
+	e.backend.FailNext(1, 500)
+	code, b := e.do("POST", "/sessions/err:0/v1/chat/completions", chatBody)
+	if code != 500 || !strings.Contains(string(b), "stub failure") {
+		t.Fatalf("status %d: %s", code, b)
+	}
+	e.mustJSON("POST", "/sessions/err:0/v1/chat/completions", chatBody, 200, nil)
+	e.finish("err:0", 1)
+	st := steps(decodeAll(t, e.out.records()))
+	if len(st) != 1 || st[0].rec.Step.StepIndex != 0 {
+		t.Fatalf("steps %d", len(st))
+	}
+	if !strings.Contains(metricsText(e), `rllm_gateway_errors_total{kind="upstream_status"} 1`) {
+		t.Fatalf("upstream error not counted:\n%s", metricsText(e))
+	}
+}
+
+func metricsText(e *env) string {
+	_, b := e.do("GET", "/metrics", "")
+	return string(b)
+}
+
+// Plain /v1 calls are forwarded and counted, not recorded.
+func TestPlainV1NotRecorded(t *testing.T) {
+	e := newEnv(t, nil)
+	e.mustJSON("POST", "/v1/chat/completions", chatBody, 200, nil)
+	e.mustJSON("GET", "/v1/models", "", 200, nil)
+	e.mustJSON("GET", "/sessions/pm:0/v1/models", "", 200, nil)
+	e.mustJSON("POST", "/admin/flush", "", 200, nil)
+	if n := len(e.out.records()); n != 0 {
+		t.Fatalf("%d records from unrecorded calls", n)
+	}
+	m := metricsText(e)
+	for _, want := range []string{`rllm_gateway_calls_total{kind="plain"} 2`, `rllm_gateway_calls_total{kind="passthrough"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Fatalf("missing %s in\n%s", want, m)
+		}
+	}
+}
+
+func TestTokens(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.AgentToken, c.AdminToken = "agent-secret", "admin-secret" })
+	for _, tc := range []struct {
+		method, path, body, token string
+		want                      int
+	}{
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, "", 401},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, "admin-secret", 401},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, "agent-secret", 200},
+		{"POST", "/v1/chat/completions", chatBody, "agent-secret-", 401},
+		{"GET", "/sessions", "", "agent-secret", 401},
+		{"GET", "/sessions", "", "admin-secret", 200},
+		{"GET", "/metrics", "", "", 401},
+		{"POST", "/admin/weight_version", `{"weight_version":2}`, "agent-secret", 401},
+		{"POST", "/records", `{"type":"step"}`, "agent-secret", 401},
+		{"GET", "/health", "", "", 200},
+	} {
+		hdr := []string{}
+		if tc.token != "" {
+			hdr = []string{"Authorization", "Bearer " + tc.token}
+		}
+		if code, b := e.do(tc.method, tc.path, tc.body, hdr...); code != tc.want {
+			t.Errorf("%s %s with %q: %d, want %d: %s", tc.method, tc.path, tc.token, code, tc.want, b)
+		}
+	}
+	reqs := e.backend.Requests()
+	if len(reqs) != 1 || reqs[0].Header.Get("Authorization") != "" {
+		t.Fatalf("the agent's token reached the upstream: %v", reqs)
+	}
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxRequestBytes = 1024 })
+	big := `{"messages":[{"role":"user","content":"` + strings.Repeat("x", 2000) + `"}]}`
+	for _, p := range []string{"/sessions/big:0/v1/chat/completions", "/v1/chat/completions", "/sessions", "/records"} {
+		if code, b := e.do("POST", p, big); code != 413 {
+			t.Errorf("%s: %d, want 413: %s", p, code, b)
+		}
+	}
+	if e.backend.Calls() != 0 {
+		t.Fatalf("an oversized body reached the upstream")
+	}
+}
+
+// The output fails: records wait in the buffer, beyond its bound agents get
+// 503, finish cannot answer 200; once the output is back every call the
+// agent got a 200 for has exactly one step, and finish returns 200.
+func TestOutputFailingNothingLost(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.MaxBufferedBytes = 8 << 10
+		c.FinishTimeout = 300 * time.Millisecond
+	})
+	e.out.setFail(true)
+	ok, refused := 0, 0
+	for i := 0; i < 40 && refused == 0; i++ {
+		code, b := e.do("POST", "/sessions/down:0/v1/chat/completions", chatBody)
+		switch code {
+		case 200:
+			ok++
+		case 503:
+			refused++
+			if !strings.Contains(string(b), "buffer_full") {
+				t.Fatalf("503 without a clear error: %s", b)
+			}
+		default:
+			t.Fatalf("status %d: %s", code, b)
+		}
+	}
+	if refused == 0 || ok == 0 {
+		t.Fatalf("ok %d refused %d: the bound was not enforced", ok, refused)
+	}
+	code, _ := e.do("POST", "/sessions/down:0/finish", `{"reward":1}`)
+	if code != 503 {
+		t.Fatalf("finish answered %d while the output is down", code)
+	}
+	if !strings.Contains(metricsText(e), `rllm_gateway_errors_total{kind="output_write"}`) {
+		t.Fatal("output errors not counted")
+	}
+	e.out.setFail(false)
+	e.mustJSON("POST", "/sessions/down:0/finish", `{"reward":1}`, 200, nil) // the same body: waits again, answers 200
+	ds := decodeAll(t, e.out.records())
+	st := steps(ds)
+	seen := map[string]bool{}
+	for _, s := range st {
+		if seen[s.rec.Step.StepID] {
+			t.Fatalf("step %s written twice", s.rec.Step.StepID)
+		}
+		seen[s.rec.Step.StepID] = true
+	}
+	if len(st) != ok || len(ds) != ok+1 {
+		t.Fatalf("%d steps, %d records for %d acknowledged calls", len(st), len(ds), ok)
+	}
+	if ds[len(ds)-1].raw["num_steps"] != float64(ok) {
+		t.Fatalf("trajectory %s", mustJSON(ds[len(ds)-1].raw))
+	}
+	// A finish with another body is refused.
+	if code, _ := e.do("POST", "/sessions/down:0/finish", `{"reward":0}`); code != 409 {
+		t.Fatalf("a different second finish: %d", code)
+	}
+	// A call after finish is refused, not recorded out of range.
+	if code, _ := e.do("POST", "/sessions/down:0/v1/chat/completions", chatBody); code != 409 {
+		t.Fatalf("a call after finish: %d", code)
+	}
+}
+
+// Two upstreams: sessions stick to one; when it dies they move to the
+// other and the agent sees no error.
+func TestStickyAndFallback(t *testing.T) {
+	fx := fixtures(t)
+	b1, b2 := gatewaytest.NewBackend(fx), gatewaytest.NewBackend(fx)
+	u1, u2 := httptest.NewServer(b1), httptest.NewServer(b2)
+	defer u2.Close()
+	out := &memOutput{}
+	gw, err := New(Config{Upstreams: []string{u1.URL, u2.URL + "/v1"}, HealthInterval: -1}, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw.Handler())
+	defer func() {
+		srv.Close()
+		_ = gw.Close(context.Background())
+	}()
+	post := func(sid string) int {
+		resp, err := http.Post(srv.URL+"/sessions/"+sid+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 20; i++ {
+			post(fmt.Sprintf("sticky-%d:0", i))
+		}
+	}
+	if c1, c2 := b1.Calls(), b2.Calls(); c1%3 != 0 || c2%3 != 0 || c1 == 0 || c2 == 0 {
+		t.Fatalf("calls %d and %d: sessions not sticky or not spread", c1, c2)
+	}
+	u1.Close()
+	before2 := b2.Calls()
+	for i := 0; i < 20; i++ {
+		if code := post(fmt.Sprintf("sticky-%d:0", i)); code != 200 {
+			t.Fatalf("session %d got %d after a worker died", i, code)
+		}
+	}
+	if b2.Calls()-before2 != 20 {
+		t.Fatalf("the live worker took %d of 20", b2.Calls()-before2)
+	}
+	var ws []WorkerInfo
+	resp, _ := http.Get(srv.URL + "/admin/workers")
+	_ = json.NewDecoder(resp.Body).Decode(&ws)
+	resp.Body.Close()
+	if len(ws) != 2 || ws[0].Healthy || !ws[1].Healthy || ws[1].APIPath != "/v1" {
+		t.Fatalf("workers %+v", ws)
+	}
+}
+
+// Adding a worker moves only the sessions it now wins; removing it moves
+// them back, no other.
+func TestPoolStickiness(t *testing.T) {
+	p := newPool(http.DefaultClient, -1, nil)
+	defer p.stop()
+	for i := range 4 {
+		if _, err := p.add(fmt.Sprint(i), fmt.Sprintf("http://127.0.0.1:%d", 9000+i), "", "", 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owner := map[string]string{}
+	for i := range 2000 {
+		sid := fmt.Sprintf("task-%d:%d", i/8, i%8)
+		owner[sid] = p.pick(sid, nil).id
+	}
+	if _, err := p.add("new", "http://127.0.0.1:9100", "", "", 1); err != nil {
+		t.Fatal(err)
+	}
+	moved := 0
+	for sid, was := range owner {
+		now := p.pick(sid, nil).id
+		if now != was {
+			if now != "new" {
+				t.Fatalf("%s moved from %s to %s, not to the new worker", sid, was, now)
+			}
+			moved++
+		}
+	}
+	if moved < 250 || moved > 550 {
+		t.Fatalf("%d of 2000 sessions moved, want about 1/5", moved)
+	}
+	p.remove("new")
+	for sid, was := range owner {
+		if now := p.pick(sid, nil).id; now != was {
+			t.Fatalf("%s did not return to %s", sid, was)
+		}
+	}
+}
+
+func TestManagementAPI(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.GroupSize = 8 })
+	var created map[string]string
+	e.mustJSON("POST", "/sessions", `{"session_id":"ns/t1:0","metadata":{"task_id":"t1","group_id":"t1:solver","role":"solver","group_size":4}}`, 200, &created)
+	if created["session_id"] != "ns/t1:0" || created["url"] != "/sessions/ns/t1:0/v1" {
+		t.Fatalf("%v", created)
+	}
+	e.mustJSON("POST", "/sessions", `{}`, 200, &created)
+	if len(created["session_id"]) != 32 {
+		t.Fatalf("generated id %v", created)
+	}
+	if code, _ := e.do("POST", "/sessions", `{"session_id":"bad/v1/x"}`); code != 400 {
+		t.Fatalf("ambiguous id accepted: %d", code)
+	}
+	e.mustJSON("POST", "/sessions/ns/t1:0/v1/chat/completions", chatBody, 200, nil)
+	e.mustJSON("POST", "/sessions/ns/t1:0/v1/chat/completions", chatBody, 200, nil)
+	var info SessionInfo
+	e.mustJSON("GET", "/sessions/ns/t1:0", "", 200, &info)
+	if info.SessionID != "ns/t1:0" || info.TraceCount != 2 || info.CreatedAt == 0 {
+		t.Fatalf("%+v", info)
+	}
+	var list []SessionInfo
+	e.mustJSON("GET", "/sessions?limit=1", "", 200, &list)
+	if len(list) != 1 || list[0].SessionID != "ns/t1:0" {
+		t.Fatalf("%+v", list)
+	}
+	var traces []TraceRecord
+	e.mustJSON("GET", "/sessions/ns/t1:0/traces", "", 200, &traces)
+	if len(traces) != 2 || traces[0].SessionID != "ns/t1:0" || len(traces[0].CompletionTokenIDs) != 9 ||
+		len(traces[0].Logprobs) != 9 || len(traces[0].PromptTokenIDs) == 0 || traces[1].TraceID != "ns/t1:0#1" {
+		t.Fatalf("traces %+v", traces)
+	}
+	e.mustJSON("GET", "/sessions/ns/t1:0/traces?limit=1", "", 200, &traces)
+	if len(traces) != 1 {
+		t.Fatalf("limit: %d", len(traces))
+	}
+	var tr TraceRecord
+	e.mustJSON("GET", "/traces/ns/t1:0%231", "", 200, &tr)
+	if tr.TraceID != "ns/t1:0#1" {
+		t.Fatalf("%+v", tr)
+	}
+	if code, _ := e.do("GET", "/traces/nope", ""); code != 404 {
+		t.Fatalf("unknown trace: %d", code)
+	}
+	e.mustJSON("POST", "/traces/query", `{"session_ids":["ns/t1:0","nope"]}`, 200, &traces)
+	if len(traces) != 2 {
+		t.Fatalf("query: %d", len(traces))
+	}
+	e.finish("ns/t1:0", 0.5)
+	ds := decodeAll(t, e.out.records())
+	for _, d := range ds {
+		if d.reason != "" || d.raw["task_id"] != "t1" || d.raw["group_id"] != "t1:solver" || d.raw["role"] != "solver" {
+			t.Fatalf("record %s (%s)", mustJSON(d.raw), d.reason)
+		}
+	}
+	if ds[2].raw["group_size"] != 4.0 || e.out.records()[0].Key != "t1:solver" {
+		t.Fatalf("group size / key: %s", mustJSON(ds[2].raw))
+	}
+	// workers
+	var added map[string]string
+	e.mustJSON("POST", "/admin/workers", `{"url":"http://127.0.0.1:1/v1","worker_id":"w9","model_name":"m"}`, 200, &added)
+	if added["worker_id"] != "w9" || added["url"] != "http://127.0.0.1:1" || added["api_path"] != "/v1" {
+		t.Fatalf("%v", added)
+	}
+	var health struct {
+		Workers        []WorkerInfo
+		Healthy, Total int
+	}
+	e.mustJSON("GET", "/health/workers", "", 200, &health)
+	if health.Total != 2 {
+		t.Fatalf("%+v", health)
+	}
+	e.mustJSON("DELETE", "/admin/workers/w9", "", 200, nil)
+	if code, _ := e.do("DELETE", "/admin/workers/w9", ""); code != 404 {
+		t.Fatalf("second remove: %d", code)
+	}
+	if code, _ := e.do("POST", "/admin/workers", `{}`); code != 400 {
+		t.Fatalf("worker without url: %d", code)
+	}
+	var flushed map[string]string
+	e.mustJSON("POST", "/admin/flush", "", 200, &flushed)
+	if flushed["status"] != "flushed" {
+		t.Fatalf("%v", flushed)
+	}
+	e.mustJSON("POST", "/admin/reload", "", 200, nil)
+	var del map[string]int
+	e.mustJSON("DELETE", "/sessions/ns/t1:0", "", 200, &del)
+	if del["deleted"] != 2 {
+		t.Fatalf("%v", del)
+	}
+	if code, _ := e.do("GET", "/sessions/ns/t1:0", ""); code != 404 {
+		t.Fatalf("deleted session: %d", code)
+	}
+	e.mustJSON("POST", "/sessions/batch_delete", `{"session_ids":["`+created["session_id"]+`"]}`, 200, &del)
+	var h map[string]string
+	e.mustJSON("GET", "/health", "", 200, &h)
+	if h["status"] != "ok" {
+		t.Fatalf("%v", h)
+	}
+}
+
+func TestPostRecords(t *testing.T) {
+	e := newEnv(t, nil)
+	lines := `{"type":"step","step_id":"a#0","task_id":"a","trajectory_id":"a/0","step_index":0,"policy_version":1,"prompt_ids":[1],"response_ids":[2],"response_logprobs":[-0.5]}
+{"type":"trajectory","trajectory_id":"a/0","task_id":"a","group_id":"ga","reward":1,"num_steps":1}
+`
+	var res map[string]int
+	e.mustJSON("POST", "/records", lines, 200, &res)
+	recs := e.out.records()
+	if res["accepted"] != 2 || len(recs) != 2 || recs[0].Key != "a" || recs[1].Key != "ga" {
+		t.Fatalf("%v %v", res, recs)
+	}
+	code, b := e.do("POST", "/records", lines+"not json\n")
+	if code != 400 || !strings.Contains(string(b), `"line":3`) || len(e.out.records()) != 2 {
+		t.Fatalf("%d %s: a bad line must refuse the whole body", code, b)
+	}
+}
+
+func TestTraceBounds(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxTracesPerSession, c.MaxTraces = 2, 3 })
+	for range 3 {
+		e.mustJSON("POST", "/sessions/tb:0/v1/chat/completions", chatBody, 200, nil)
+	}
+	var info SessionInfo
+	e.mustJSON("GET", "/sessions/tb:0", "", 200, &info)
+	if info.TraceCount != 2 {
+		t.Fatalf("per-session bound: %d", info.TraceCount)
+	}
+	e.finish("tb:0", 1)
+	for range 2 {
+		e.mustJSON("POST", "/sessions/tb:1/v1/chat/completions", chatBody, 200, nil)
+	}
+	e.mustJSON("GET", "/sessions/tb:0", "", 200, &info)
+	if info.TraceCount != 1 {
+		t.Fatalf("the finished session should lose traces first: %d", info.TraceCount)
+	}
+	e.mustJSON("GET", "/sessions/tb:1", "", 200, &info)
+	if info.TraceCount != 2 {
+		t.Fatalf("open session: %d", info.TraceCount)
+	}
+	if st := steps(decodeAll(t, e.out.records())); len(st) != 5 {
+		t.Fatalf("evicting traces lost records: %d steps, want 5", len(st))
+	}
+}
+
+// Concurrent sessions, each numbered in order, none lost.
+func TestConcurrentSessions(t *testing.T) {
+	e := newEnv(t, nil)
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sid := fmt.Sprintf("cc-%d:0", i)
+			for range 3 {
+				resp, err := http.Post(e.srv.URL+"/sessions/"+sid+"/v1/chat/completions", "application/json", strings.NewReader(`{"stream":true,"messages":[]}`))
+				if err == nil {
+					_, _ = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
+			}
+			resp, err := http.Post(e.srv.URL+"/sessions/"+sid+"/finish", "application/json", strings.NewReader(`{"reward":1}`))
+			if err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	ds := decodeAll(t, e.out.records())
+	if len(ds) != 16*4 {
+		t.Fatalf("%d records, want 64", len(ds))
+	}
+	idx := map[string][]int64{}
+	for _, d := range ds {
+		if d.reason != "" {
+			t.Fatalf("rejected: %s", d.reason)
+		}
+		if d.rec.Step != nil {
+			idx[d.rec.Step.TrajectoryID] = append(idx[d.rec.Step.TrajectoryID], d.rec.Step.StepIndex)
+		}
+	}
+	for id, xs := range idx {
+		if fmt.Sprint(xs) != "[0 1 2]" {
+			t.Fatalf("%s: indices %v", id, xs)
+		}
+	}
+}
+
+func TestCloseDrains(t *testing.T) {
+	fx := fixtures(t)
+	up := httptest.NewServer(gatewaytest.NewBackend(fx))
+	defer up.Close()
+	out := &memOutput{}
+	gw, err := New(Config{Upstreams: []string{up.URL}, HealthInterval: 10 * time.Millisecond}, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(gw.Handler())
+	resp, err := http.Post(srv.URL+"/sessions/cl:0/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	srv.Close()
+	if err := gw.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.Close(context.Background()); err != nil {
+		t.Fatal("second close:", err)
+	}
+	if len(out.records()) != 1 || !out.closed {
+		t.Fatalf("close did not drain and close the output: %d", len(out.records()))
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("timed out")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
