@@ -4,6 +4,8 @@ PyPI package rllm-model-gateway, unchanged) on the session and admin API.
 Every recorded Step is compared with what the stub backend returned for
 that call, field by field."""
 
+import json
+import subprocess
 import threading
 import time
 
@@ -14,6 +16,7 @@ from rllm_model_gateway import GatewayClient
 from rllm_model_gateway.models import TraceRecord
 
 import stub_llm
+from conftest import BIN
 
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 TOOLS = [{"type": "function", "function": {"name": "python", "description": "Run Python code",
@@ -317,3 +320,44 @@ def test_session_ids_with_slashes_and_colons(gateway, llm):
     gw.finish(sid, reward=1.0)
     steps = gw.steps(sid)
     assert len(steps) == 1 and steps[0]["trajectory_id"] == sid
+
+
+def test_sglang_shapes(gateway, llm, tmp_path):
+    """SGLang's native /generate is recorded from its own layout; SGLang's
+    chat endpoint returns no token ids, so its step is marked and ingest
+    dead-letters it missing_field (never a step without tokens)."""
+    gw = gateway("--group-size", "1")
+    gen = llm.fixtures["sglang_generate"]
+    r = httpx.post(f"{gw.url}/sessions/sg-gen:0/generate", json=gen.request, headers=fx("sglang_generate"), timeout=30)
+    assert r.status_code == 200 and r.json()["output_ids"] == gen.expect["response_ids"]
+    gs = llm.fixtures["sglang_generate_stream"]
+    with httpx.stream("POST", f"{gw.url}/sessions/sg-gen:0/generate", json=gs.request, headers=fx("sglang_generate_stream"), timeout=30) as r:
+        assert r.status_code == 200
+        events = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    agent(gw, "sg-chat:0").chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("sglang_chat"))
+    gw.finish("sg-gen:0", reward=1.0)
+    gw.finish("sg-chat:0", reward=1.0)
+
+    steps = gw.steps("sg-gen:0")
+    assert len(steps) == 2
+    for s, f in zip(steps, (gen, gs)):
+        assert s["prompt_ids"] == f.expect["prompt_ids"]
+        assert s["response_ids"] == f.expect["response_ids"]
+        assert s["response_logprobs"] == pytest.approx(f.expect["response_logprobs"])
+        assert s["finish_reason"] == f.expect["finish_reason"]
+    (chat,) = gw.steps("sg-chat:0")
+    assert chat["metadata"]["gateway_reject"] == "missing_token_ids"
+
+    out = tmp_path / "shards"
+    subprocess.run([BIN, "ingest", "--from", str(gw.log), "--to", str(out), "--group-size", "1", "--quiet"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    reasons = {}
+    for p in (out / "_dlq").glob("*.jsonl"):
+        for line in p.read_text().splitlines():
+            d = json.loads(line)
+            rec = d.get("record")
+            rec = json.loads(rec) if isinstance(rec, str) else rec
+            if isinstance(rec, dict) and rec.get("type") == "step":
+                reasons[rec["step_id"]] = d["reason"]
+    assert reasons == {chat["step_id"]: llm.fixtures["sglang_chat"].expect["dead_letter"]}
