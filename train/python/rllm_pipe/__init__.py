@@ -13,11 +13,17 @@ the trainer's policy version so stale groups are skipped::
             batch.ack()
             client.set_policy_version(new_version)
 
+Workers that hold rLLM Episodes send them in with ``rllm_pipe.emit``
+(``episode_records``, then ``post_records`` to the capture gateway or
+``write_records`` to a file for ``rllm-pipe ingest``).
+
 Only pyarrow is required; numpy comes with pyarrow's numpy conversions and
 torch is used when installed (``Batch.tensors``).
 """
 
+from . import emit
 from .client import Batch, Client, TokenColumn
+from .emit import episode_records, post_records, write_records
 
-__all__ = ["Batch", "Client", "TokenColumn"]
+__all__ = ["Batch", "Client", "TokenColumn", "emit", "episode_records", "post_records", "write_records"]
 __version__ = "0.1.0"
