@@ -105,6 +105,7 @@ type Backend struct {
 
 	calls     atomic.Int64
 	unhealthy atomic.Bool
+	forget    atomic.Bool // do not keep request bodies (benchmarks)
 
 	mu         sync.Mutex
 	requests   []Request
@@ -165,6 +166,9 @@ func (b *Backend) HoldLast() (first <-chan struct{}, release chan<- struct{}) {
 	b.holdLast, b.sentFirst = make(chan struct{}), make(chan struct{})
 	return b.sentFirst, b.holdLast
 }
+
+// KeepRequests turns the log of request bodies on (the default) or off.
+func (b *Backend) KeepRequests(on bool) { b.forget.Store(!on) }
 
 // SetHealthy sets what /health answers (200 or 503).
 func (b *Backend) SetHealthy(ok bool) { b.unhealthy.Store(!ok) }
@@ -293,6 +297,9 @@ func (b *Backend) pick(r *http.Request, body []byte) *Fixture {
 }
 
 func (b *Backend) record(req Request) {
+	if b.forget.Load() {
+		return
+	}
 	b.mu.Lock()
 	b.requests = append(b.requests, req)
 	b.mu.Unlock()
