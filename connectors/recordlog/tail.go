@@ -3,6 +3,7 @@ package recordlog
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -23,11 +24,13 @@ type Tail struct {
 	l         *Log
 	onSegment func(context.Context, Segment) error
 
-	next int // the segment to open next
-	seg  Segment
-	f    *os.File
-	off  int64
-	line int64
+	rmu    sync.Mutex // held by Read except while it waits; Close takes it
+	closed bool
+	next   int // the segment to open next
+	seg    Segment
+	f      *os.File
+	off    int64
+	line   int64
 
 	mu     sync.Mutex
 	pos    Position
@@ -49,11 +52,17 @@ func (l *Log) Tail(onSegment func(context.Context, Segment) error) *Tail {
 	return &Tail{l: l, onSegment: onSegment}
 }
 
-// Read implements ingest.Source.
+// Read implements ingest.Source. It may be called while Close runs
+// (a stage abandoning a blocked read): it then fails.
 func (t *Tail) Read(ctx context.Context) (ingest.Chunk, error) {
+	t.rmu.Lock()
+	defer t.rmu.Unlock()
 	for {
 		if err := ctx.Err(); err != nil {
 			return ingest.Chunk{}, err
+		}
+		if t.closed {
+			return ingest.Chunk{}, errors.New("recordlog: tail: read after close")
 		}
 		if t.f == nil {
 			opened, err := t.open(ctx)
@@ -87,11 +96,12 @@ func (t *Tail) Read(ctx context.Context) (ingest.Chunk, error) {
 			t.f, t.next = nil, t.seg.N+1
 			continue
 		}
+		t.rmu.Unlock()
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return ingest.Chunk{}, ctx.Err()
 		}
+		t.rmu.Lock()
 	}
 }
 
@@ -108,6 +118,8 @@ func (t *Tail) open(ctx context.Context) (bool, error) {
 	}
 	if !found {
 		_, changed := t.l.Durable()
+		t.rmu.Unlock()
+		defer t.rmu.Lock()
 		select {
 		case <-changed:
 			return false, nil
@@ -191,8 +203,12 @@ func (t *Tail) Passed() []Passed {
 	return p
 }
 
-// Close closes the segment being read.
+// Close closes the segment being read; a Read after it fails. Safe to
+// call twice, and while a Read waits.
 func (t *Tail) Close() error {
+	t.rmu.Lock()
+	defer t.rmu.Unlock()
+	t.closed = true
 	if t.f == nil {
 		return nil
 	}
