@@ -321,6 +321,10 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 		if err != nil {
 			switch {
+			case sawDone && !clientGone && errors.Is(err, io.EOF):
+				// The whole transcript reached the agent: complete, even
+				// when the agent hung up before the upstream's EOF (its
+				// request context is then already cancelled).
 			case clientGone || r.Context().Err() != nil:
 				cl.cutOff = cutClientDisconnect
 			case !errors.Is(err, io.EOF) || !sawDone:
