@@ -113,6 +113,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	}
 	root.AddCommand(newIngestCmd(soft), newGenCmd(), newSummaryCmd(), newProduceCmd(), newServeCmd(soft), newConsumeCmd(soft), newExportCmd(soft), newSQLCmd(soft))
 	root.AddCommand(newImportCmd())
+	root.AddCommand(newGatewayCmd(soft))
 	return root
 }
 

@@ -1,0 +1,211 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/gatewaytest"
+)
+
+// TestGatewayBorrowsIngestFlags: every pipeline flag the gateway takes from
+// ingest exists there with the type ingestOptsFrom reads.
+func TestGatewayBorrowsIngestFlags(t *testing.T) {
+	o, err := ingestOptsFrom(newIngestCmd(context.Background()).Flags())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.groupSize != 8 || o.estimator != "grpo" || o.shardSize != "256MiB" || o.flushInterval != 30*time.Second {
+		t.Fatalf("ingest's defaults not read back: %+v", o)
+	}
+	cmd := newGatewayCmd(context.Background())
+	for _, name := range pipelineFlags {
+		if cmd.Flags().Lookup(name) == nil {
+			t.Errorf("gateway has no --%s", name)
+		}
+	}
+}
+
+func TestGatewayUsageErrors(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct {
+		args []string
+		env  map[string]string
+	}{
+		"no upstream":                {args: []string{"--to", dir}},
+		"no to":                      {args: []string{"--upstream", "http://127.0.0.1:1"}},
+		"beyond loopback, no tokens": {args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "a.jsonl")}},
+		"beyond loopback, agent token only": {
+			args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "b.jsonl")},
+			env:  map[string]string{"RLLM_GATEWAY_AGENT_TOKEN": "secret-agent"},
+		},
+		"bad size":           {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--max-buffered-bytes", "lots"}},
+		"missing token file": {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--agent-token-file", filepath.Join(dir, "none")}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("RLLM_GATEWAY_AGENT_TOKEN", "")
+			t.Setenv("RLLM_GATEWAY_ADMIN_TOKEN", "")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			var stderr bytes.Buffer
+			if code := run(context.Background(), append([]string{"gateway"}, tc.args...), io.Discard, &stderr); code != exitUsage {
+				t.Fatalf("exit %d, want %d\n%s", code, exitUsage, stderr.String())
+			}
+			if strings.Contains(stderr.String(), "secret-agent") {
+				t.Fatal("a token in the output")
+			}
+		})
+	}
+}
+
+// gatewayProc is a gateway started as a binary.
+type gatewayProc struct {
+	cmd    *exec.Cmd
+	done   chan error
+	stderr *syncBuffer
+	base   string
+}
+
+func startGateway(t *testing.T, bin string, args ...string) *gatewayProc {
+	t.Helper()
+	ready := filepath.Join(t.TempDir(), "ready")
+	cmd := exec.Command(bin, append([]string{"gateway", "--listen", "127.0.0.1:0", "--ready-file", ready}, args...)...)
+	cmd.Env = e2eEnv()
+	g := &gatewayProc{cmd: cmd, done: make(chan error, 1), stderr: &syncBuffer{}}
+	cmd.Stderr = g.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { g.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+		}
+	})
+	g.base = "http://" + gwWaitReady(t, ready, g.done, g.stderr)
+	return g
+}
+
+// stop sends the first signal and waits for a clean exit.
+func (g *gatewayProc) stop(t *testing.T) {
+	t.Helper()
+	g.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-g.done:
+		if err != nil {
+			t.Fatalf("gateway: %v\n%s", err, g.stderr.String())
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("gateway did not stop\n%s", g.stderr.String())
+	}
+}
+
+// TestGatewayShardRootBinary runs `rllm-pipe gateway --to DIR` (the
+// pipeline in-process) as a binary in front of the stub backend: sessions
+// of three tasks through HTTP, streaming and not, rewards posted with
+// finish, a stop, then the shards; a task whose second rollout comes only
+// after a restart is committed then, and nothing is committed twice.
+func TestGatewayShardRootBinary(t *testing.T) {
+	bin := e2eBinary(t)
+	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
+	defer stub.Close()
+	root := filepath.Join(t.TempDir(), "data")
+	args := []string{"--upstream", stub.URL, "--to", root, "--group-size", "2", "--flush-interval", "100ms", "--wal-file-bytes", "80KiB"}
+	client := &http.Client{Timeout: time.Minute}
+	session := func(base, sid string, calls int) {
+		for j := range calls {
+			name := []string{"vllm_chat", "vllm_chat_stream", "vllm_completions"}[j%3]
+			if err := gwAgentCall(client, base, sid, fixtures[name]); err != nil {
+				t.Fatalf("%s call %d (%s): %v", sid, j, name, err)
+			}
+		}
+		gwPost(t, client, base+"/sessions/"+sid+"/finish", fmt.Sprintf(`{"reward":%d,"is_correct":true,"termination_reason":"env_done"}`, len(sid)%2))
+	}
+
+	g := startGateway(t, bin, args...)
+	var wg sync.WaitGroup
+	for k := range 3 {
+		for r := range 2 {
+			wg.Go(func() { session(g.base, fmt.Sprintf("task-%d:%d", k, r), 2+r) })
+		}
+	}
+	wg.Wait()
+	session(g.base, "late:0", 2) // its group's other rollout comes after the restart
+	g.stop(t)
+	steps := gatewaySteps(t, root)
+	if len(steps) != 15 {
+		t.Fatalf("%d steps committed after the first run, want 15 (3 tasks of 2+3 calls)\n%s", len(steps), g.stderr.String())
+	}
+
+	g = startGateway(t, bin, args...)
+	session(g.base, "late:1", 3)
+	session(g.base, "task-9:0", 1)
+	session(g.base, "task-9:1", 1)
+	g.stop(t)
+	steps = gatewaySteps(t, root)
+	if len(steps) != 15+2+3+2 {
+		t.Fatalf("%d steps committed after the restart, want 22\n%s", len(steps), g.stderr.String())
+	}
+	for id, n := range steps {
+		if n != 1 {
+			t.Errorf("step %s committed %d times", id, n)
+		}
+	}
+}
+
+// gatewaySteps counts each committed step id of a local root.
+func gatewaySteps(t *testing.T, root string) map[string]int {
+	t.Helper()
+	r, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	es, err := r.Committed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for _, e := range es {
+		rd, err := r.ReadShard(ctx, e, []string{"step_id"}, memory.DefaultAllocator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			rec, err := rd.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := rec.Column(0).(*array.String)
+			for i := range ids.Len() {
+				out[ids.Value(i)]++
+			}
+			rec.Release()
+		}
+		rd.Close()
+	}
+	return out
+}
