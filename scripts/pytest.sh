@@ -6,7 +6,8 @@
 #
 # Environment:
 #   RLLM_CACHE   cache folder for the virtualenv (default ~/.cache/rllm-pipe)
-#   PYTHON       interpreter to build it from (default python3; 3.9 or newer)
+#   PYTHON       interpreter to build it from (default python3; 3.10 or newer:
+#                the openai SDK and rllm-model-gateway need it)
 set -euo pipefail
 
 REPO_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -14,7 +15,9 @@ CACHE_DIR=${RLLM_CACHE:-${HOME:?HOME is not set}/.cache/rllm-pipe}
 PYTHON=${PYTHON:-python3}
 REQS=$REPO_DIR/train/python/requirements-test.txt
 
-command -v "$PYTHON" >/dev/null || { echo "pytest.sh: $PYTHON not found (Python 3.9+ is needed for the client tests)" >&2; exit 1; }
+command -v "$PYTHON" >/dev/null || { echo "pytest.sh: $PYTHON not found (Python 3.10+ is needed for the client tests)" >&2; exit 1; }
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' ||
+	{ echo "pytest.sh: $("$PYTHON" --version 2>&1) is too old: the client tests need Python 3.10+ (set PYTHON)" >&2; exit 1; }
 key=$( (cat "$REQS"; "$PYTHON" --version) | sha256sum | cut -c1-12)
 VENV=$CACHE_DIR/venv-$key
 
