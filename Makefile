@@ -54,6 +54,7 @@ test-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/...
 	$(GO) test -run '^$$' -bench 'OpenGroupLog|LeaseAfterDone' -benchtime 3x -count 3 ./train/
+	$(GO) test -run '^$$' -bench 'GatewayLatency|SessionMemory' -benchtime 1x ./ingest/gateway/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/
