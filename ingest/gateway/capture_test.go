@@ -60,8 +60,12 @@ func TestEveryFixtureRecorded(t *testing.T) {
 				if s.reason != x.DeadLetter {
 					t.Errorf("ingest reason %q, want %q", s.reason, x.DeadLetter)
 				}
-				if meta["gateway_reject"] == nil {
-					t.Errorf("metadata.gateway_reject missing: %v", meta)
+				want := "missing_token_ids"
+				if x.NullLogprobPositions != nil {
+					want = "null_logprob"
+				}
+				if meta["gateway_reject"] != want {
+					t.Errorf("metadata.gateway_reject %v, want %s", meta["gateway_reject"], want)
 				}
 				if x.NullLogprobPositions != nil && fmt.Sprint(meta["null_logprob_positions"]) != fmt.Sprint(toAny(x.NullLogprobPositions)) {
 					t.Errorf("null positions %v, want %v", meta["null_logprob_positions"], x.NullLogprobPositions)
