@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -90,6 +91,8 @@ func reasonOf(err error) string {
 	return s
 }
 
+// steps returns the step records by trajectory and step_index (writers
+// run concurrently: records reach the output in any order).
 func steps(ds []decoded) []decoded {
 	var out []decoded
 	for _, d := range ds {
@@ -97,7 +100,28 @@ func steps(ds []decoded) []decoded {
 			out = append(out, d)
 		}
 	}
+	slices.SortStableFunc(out, func(a, b decoded) int {
+		if c := strings.Compare(fmt.Sprint(a.raw["trajectory_id"]), fmt.Sprint(b.raw["trajectory_id"])); c != 0 {
+			return c
+		}
+		return int(a.raw["step_index"].(float64) - b.raw["step_index"].(float64))
+	})
 	return out
+}
+
+// trajectory returns the one trajectory record.
+func trajectory(t *testing.T, ds []decoded) decoded {
+	t.Helper()
+	var out []decoded
+	for _, d := range ds {
+		if d.raw["type"] == "trajectory" {
+			out = append(out, d)
+		}
+	}
+	if len(out) != 1 {
+		t.Fatalf("%d trajectory records", len(out))
+	}
+	return out[0]
 }
 
 type env struct {
