@@ -20,6 +20,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/gatewaytest"
 )
 
@@ -82,11 +83,11 @@ type gatewayProc struct {
 	base   string
 }
 
-func startGateway(t *testing.T, bin string, args ...string) *gatewayProc {
+func startGateway(t *testing.T, bin string, env []string, args ...string) *gatewayProc {
 	t.Helper()
 	ready := filepath.Join(t.TempDir(), "ready")
 	cmd := exec.Command(bin, append([]string{"gateway", "--listen", "127.0.0.1:0", "--ready-file", ready}, args...)...)
-	cmd.Env = e2eEnv()
+	cmd.Env = env
 	g := &gatewayProc{cmd: cmd, done: make(chan error, 1), stderr: &syncBuffer{}}
 	cmd.Stderr = g.stderr
 	if err := cmd.Start(); err != nil {
@@ -116,12 +117,36 @@ func (g *gatewayProc) stop(t *testing.T) {
 	}
 }
 
-// TestGatewayShardRootBinary runs `rllm-pipe gateway --to DIR` (the
-// pipeline in-process) as a binary in front of the stub backend: sessions
-// of three tasks through HTTP, streaming and not, rewards posted with
-// finish, a stop, then the shards; a task whose second rollout comes only
-// after a restart is committed then, and nothing is committed twice.
+// kill ends the gateway with SIGKILL (a crash).
+func (g *gatewayProc) kill() {
+	g.cmd.Process.Kill()
+	<-g.done
+}
+
 func TestGatewayShardRootBinary(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "data")
+	gatewayShardRoot(t, e2eEnv(), []string{"--to", root}, func() store.Reader {
+		r, err := local.OpenReader(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	})
+}
+
+func TestIntegrationGatewayShardRootS3(t *testing.T) {
+	target := newS3Target(t, "gateway")
+	args := append([]string{"--to", target.url, "--wal-dir", filepath.Join(t.TempDir(), "wal")}, target.flags()...)
+	gatewayShardRoot(t, serviceEnv(), args, func() store.Reader { return target.open(t, "check") })
+}
+
+// gatewayShardRoot runs `rllm-pipe gateway --to ROOT` (the pipeline
+// in-process) as a binary in front of the stub backend: sessions of three
+// tasks through HTTP, streaming and not, rewards posted with finish, a
+// stop, then the shards. A task whose second rollout comes only after a
+// restart is committed then; sessions acknowledged before a SIGKILL are
+// committed after the next start; nothing is committed twice.
+func gatewayShardRoot(t *testing.T, env, to []string, reader func() store.Reader) {
 	bin := e2eBinary(t)
 	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
 	if err != nil {
@@ -129,8 +154,7 @@ func TestGatewayShardRootBinary(t *testing.T) {
 	}
 	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
 	defer stub.Close()
-	root := filepath.Join(t.TempDir(), "data")
-	args := []string{"--upstream", stub.URL, "--to", root, "--group-size", "2", "--flush-interval", "100ms", "--wal-file-bytes", "80KiB"}
+	args := append([]string{"--upstream", stub.URL, "--group-size", "2", "--flush-interval", "100ms", "--wal-file-bytes", "80KiB"}, to...)
 	client := &http.Client{Timeout: time.Minute}
 	session := func(base, sid string, calls int) {
 		for j := range calls {
@@ -141,8 +165,20 @@ func TestGatewayShardRootBinary(t *testing.T) {
 		}
 		gwPost(t, client, base+"/sessions/"+sid+"/finish", fmt.Sprintf(`{"reward":%d,"is_correct":true,"termination_reason":"env_done"}`, len(sid)%2))
 	}
+	check := func(want int, g *gatewayProc) {
+		t.Helper()
+		steps := gatewaySteps(t, reader())
+		if len(steps) != want {
+			t.Fatalf("%d steps committed, want %d\n%s", len(steps), want, g.stderr.String())
+		}
+		for id, n := range steps {
+			if n != 1 {
+				t.Errorf("step %s committed %d times", id, n)
+			}
+		}
+	}
 
-	g := startGateway(t, bin, args...)
+	g := startGateway(t, bin, env, args...)
 	var wg sync.WaitGroup
 	for k := range 3 {
 		for r := range 2 {
@@ -152,34 +188,21 @@ func TestGatewayShardRootBinary(t *testing.T) {
 	wg.Wait()
 	session(g.base, "late:0", 2) // its group's other rollout comes after the restart
 	g.stop(t)
-	steps := gatewaySteps(t, root)
-	if len(steps) != 15 {
-		t.Fatalf("%d steps committed after the first run, want 15 (3 tasks of 2+3 calls)\n%s", len(steps), g.stderr.String())
-	}
+	check(15, g) // 3 tasks of 2+3 calls; late's group still open
 
-	g = startGateway(t, bin, args...)
+	g = startGateway(t, bin, env, args...)
 	session(g.base, "late:1", 3)
 	session(g.base, "task-9:0", 1)
 	session(g.base, "task-9:1", 1)
+	g.kill() // every finish was answered: those records are durable
+	g = startGateway(t, bin, env, args...)
 	g.stop(t)
-	steps = gatewaySteps(t, root)
-	if len(steps) != 15+2+3+2 {
-		t.Fatalf("%d steps committed after the restart, want 22\n%s", len(steps), g.stderr.String())
-	}
-	for id, n := range steps {
-		if n != 1 {
-			t.Errorf("step %s committed %d times", id, n)
-		}
-	}
+	check(15+2+3+2, g)
 }
 
-// gatewaySteps counts each committed step id of a local root.
-func gatewaySteps(t *testing.T, root string) map[string]int {
+// gatewaySteps counts each committed step id.
+func gatewaySteps(t *testing.T, r store.Reader) map[string]int {
 	t.Helper()
-	r, err := local.OpenReader(root)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
 	es, err := r.Committed(ctx)
 	if err != nil {
