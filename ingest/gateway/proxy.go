@@ -321,10 +321,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 		if err != nil {
 			switch {
-			case sawDone && !clientGone && errors.Is(err, io.EOF):
+			case sawDone && !clientGone:
 				// The whole transcript reached the agent: complete, even
 				// when the agent hung up before the upstream's EOF (its
-				// request context is then already cancelled).
+				// request context is then already cancelled, and the read
+				// fails with that rather than EOF).
 			case clientGone || r.Context().Err() != nil:
 				cl.cutOff = cutClientDisconnect
 			case !errors.Is(err, io.EOF) || !sawDone:
