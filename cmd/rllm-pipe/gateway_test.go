@@ -232,3 +232,49 @@ func gatewaySteps(t *testing.T, r store.Reader) map[string]int {
 	}
 	return out
 }
+
+// TestGatewayRecordLogBinary: `--to PATH.jsonl` writes a record log that
+// `rllm-pipe ingest --from` reads; ingesting it again after the gateway
+// appended more commits each step once.
+func TestGatewayRecordLogBinary(t *testing.T) {
+	bin := e2eBinary(t)
+	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
+	defer stub.Close()
+	work := t.TempDir()
+	logPath, root := filepath.Join(work, "traces.jsonl"), filepath.Join(work, "data")
+	client := &http.Client{Timeout: time.Minute}
+	run := func(task string) {
+		g := startGateway(t, bin, e2eEnv(), "--upstream", stub.URL, "--to", logPath, "--group-size", "2")
+		for r := range 2 {
+			sid := fmt.Sprintf("%s:%d", task, r)
+			if err := gwAgentCall(client, g.base, sid, fixtures["vllm_chat"]); err != nil {
+				t.Fatal(err)
+			}
+			gwPost(t, client, g.base+"/sessions/"+sid+"/finish", `{"reward":1}`)
+		}
+		g.stop(t)
+		res := e2eRun(t, bin, work, "ingest", "--from", logPath, "--to", root, "--quiet")
+		if res.code != 0 {
+			t.Fatalf("ingest: exit %d\n%s", res.code, res.stderr)
+		}
+	}
+	run("a")
+	run("b")
+	r, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := gatewaySteps(t, r)
+	if len(steps) != 4 {
+		t.Fatalf("%d steps committed, want 4: %v", len(steps), steps)
+	}
+	for id, n := range steps {
+		if n != 1 {
+			t.Errorf("step %s committed %d times", id, n)
+		}
+	}
+}
