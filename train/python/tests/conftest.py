@@ -179,15 +179,16 @@ def has_gateway_command():
 
 class Gateway:
     """`rllm-pipe gateway` as a process on loopback in front of the stub,
-    writing to a record log (JSON lines readable by `rllm-pipe ingest`)."""
+    writing to a record log (JSON lines readable by `rllm-pipe ingest`), or
+    to the shard root `to` (the pipeline in-process)."""
 
-    def __init__(self, workdir, upstream, *flags):
+    def __init__(self, workdir, upstream, *flags, to=None):
         stamp = time.monotonic_ns()
         self.log = workdir / f"gateway-{stamp}" / "records.jsonl"
         self.log.parent.mkdir()
         self.ready = workdir / f"gateway-ready-{stamp}"
         self.proc = subprocess.Popen(
-            [BIN, "gateway", "--listen", "127.0.0.1:0", "--upstream", upstream, "--to", str(self.log),
+            [BIN, "gateway", "--listen", "127.0.0.1:0", "--upstream", upstream, "--to", str(to or self.log),
              "--ready-file", str(self.ready), *flags],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -229,13 +230,17 @@ class Gateway:
         return got[0]
 
     def stop(self):
+        """SIGTERM: in-flight calls finish, the output is flushed; the exit
+        status (None if it had to be killed)."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(30)
+                self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                return None
+        return self.proc.returncode
 
 
 @pytest.fixture
@@ -245,8 +250,8 @@ def gateway(tmp_path, llm):
         pytest.skip("this rllm-pipe has no `gateway` command yet")
     started = []
 
-    def start(*flags):
-        g = Gateway(tmp_path, llm.url, *flags)
+    def start(*flags, to=None):
+        g = Gateway(tmp_path, llm.url, *flags, to=to)
         started.append(g)
         return g
 

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import openai
+import pyarrow.parquet as pq
 import pytest
 from rllm_model_gateway import GatewayClient
 from rllm_model_gateway.models import TraceRecord
@@ -373,3 +374,60 @@ def test_sglang_shapes(gateway, llm, tmp_path):
             if isinstance(rec, dict) and rec.get("type") == "step":
                 reasons[rec["step_id"]] = d["reason"]
     assert reasons == {chat["step_id"]: llm.fixtures["sglang_chat"].expect["dead_letter"]}
+
+
+def test_shard_root_output_call_by_call(gateway, llm, tmp_path):
+    """The embedded default (`--to ROOT`, the pipeline in-process): agents in
+    groups of two, a weight-version change between the two rounds; once the
+    gateway stops, the committed shards hold every call once, equal to the
+    stub's answer, with its version at dispatch and its group's advantage."""
+    root = tmp_path / "data"
+    gw = gateway("--group-size", "2", "--flush-interval", "200ms", to=root)
+    gc = GatewayClient(gw.url)
+    names = ["vllm_chat", "vllm_chat_stream", "vllm_chat_tools", "vllm_completions_stream"]
+    made = {}  # (session, index) -> (fixture, version)
+    for rnd, version in ((0, 0), (1, 5)):
+        if version:
+            set_weight_version(gc, version)
+        for task in range(3):
+            for r in range(2):
+                sid = f"root-{task}:{r}"
+                name = names[(task + r + rnd) % len(names)]
+                c = agent(gw, sid)
+                f = llm.fixtures[name]
+                if f.path == "/v1/completions":
+                    list(c.completions.create(model=MODEL, prompt="The capital of France is", stream=True, extra_headers=fx(name)))
+                else:
+                    out = c.chat.completions.create(model=MODEL, messages=QUESTION, stream=f.streaming, extra_headers=fx(name))
+                    if f.streaming:
+                        list(out)
+                made[(sid, rnd)] = (name, version)
+    rewards = {}
+    for task in range(3):
+        for r in range(2):
+            rewards[f"root-{task}:{r}"] = float(r)
+            gw.finish(f"root-{task}:{r}", reward=float(r), is_correct=bool(r))
+    assert gw.stop() == 0
+
+    with open(root / "_manifest" / "shards.jsonl") as f:
+        paths = [json.loads(line)["path"] for line in f if json.loads(line).get("path")]
+    cols = ["step_id", "trajectory_id", "task_id", "step_index", "policy_version", "prompt_ids", "prompt_prefix_len",
+            "response_ids", "response_logprobs", "finish_reason", "reward", "advantage"]
+    rows = []
+    for p in paths:
+        t = pq.read_table(root / p)
+        rows.extend(t.select([c for c in cols if c in t.column_names]).to_pylist())
+    assert sorted(r["step_id"] for r in rows) == sorted(f"{sid}#{i}" for sid, i in made)
+    for r in rows:
+        name, version = made[(r["trajectory_id"], r["step_index"])]
+        want = llm.fixtures[name].expect
+        assert r["task_id"] == r["trajectory_id"].split(":")[0]
+        assert r["policy_version"] == version
+        if not r.get("prompt_prefix_len"):
+            assert r["prompt_ids"] == want["prompt_ids"]
+        assert r["response_ids"] == want["response_ids"]
+        assert r["response_logprobs"] == pytest.approx(want["response_logprobs"], abs=1e-6)
+        assert r["finish_reason"] == want["finish_reason"]
+        assert r["reward"] == rewards[r["trajectory_id"]]
+        # GRPO over a group of two with rewards 0 and 1: -1 and +1.
+        assert r["advantage"] == pytest.approx(1.0 if r["reward"] else -1.0, abs=1e-3)
