@@ -431,3 +431,29 @@ def test_shard_root_output_call_by_call(gateway, llm, tmp_path):
         assert r["reward"] == rewards[r["trajectory_id"]]
         # GRPO over a group of two with rewards 0 and 1: -1 and +1.
         assert r["advantage"] == pytest.approx(1.0 if r["reward"] else -1.0, abs=1e-3)
+
+
+def test_bearer_tokens_with_real_clients(gateway, llm, tmp_path):
+    """The openai SDK's api_key is the agent token; a wrong one is refused
+    (401) and records nothing; management needs the admin token."""
+    (tmp_path / "agent").write_text("agent-secret-1\n")
+    (tmp_path / "admin").write_text("admin-secret-2\n")
+    gw = gateway("--agent-token-file", str(tmp_path / "agent"), "--admin-token-file", str(tmp_path / "admin"))
+    sid = "task-tok:0"
+    bad = openai.OpenAI(base_url=gw.session_url(sid), api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat"))
+    assert llm.calls == []
+    ok = openai.OpenAI(base_url=gw.session_url(sid), api_key="agent-secret-1", max_retries=0)
+    assert ok.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat")).choices[0].message.content
+    # The agent token is not an admin token.
+    assert httpx.get(f"{gw.url}/sessions/{sid}", headers={"Authorization": "Bearer agent-secret-1"}).status_code == 401
+    admin = {"Authorization": "Bearer admin-secret-2"}
+    assert httpx.get(f"{gw.url}/sessions/{sid}", headers=admin).json()["trace_count"] == 1
+    r = httpx.post(f"{gw.url}/sessions/{sid}/finish", json={"reward": 1.0}, headers=admin, timeout=60)
+    assert r.status_code == 200, r.text
+    assert gw.stop() == 0
+    steps = [x for x in gw.records() if x["type"] == "step"]
+    assert len(steps) == 1 and steps[0]["trajectory_id"] == sid
+    err = gw.proc.stderr.read().decode()
+    assert "agent-secret-1" not in err and "admin-secret-2" not in err
