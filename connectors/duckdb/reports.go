@@ -30,7 +30,17 @@ const (
 	ReportTokenLengths    = "token-lengths"
 	ReportAdvantage       = "advantage"
 	ReportDeadLetters     = "dead-letters"
+	// The reports below feed the charts of `rllm-pipe report` and `ui`.
+	ReportPassAtKByVersion   = "pass-at-k-by-version"
+	ReportLengthsByVersion   = "token-lengths-by-version"
+	ReportAdvantageHistogram = "advantage-histogram"
+	ReportFilteredByVersion  = "filtered-by-version"
+	ReportThroughput         = "throughput"
+	ReportRoles              = "roles"
 )
+
+// AdvantageBins is the number of bins of the advantage-histogram report.
+const AdvantageBins = 30
 
 // Reports lists the named reports in a stable order.
 func Reports() []ReportInfo {
@@ -41,6 +51,12 @@ func Reports() []ReportInfo {
 		{ReportTokenLengths, "prompt and response tokens per step: steps, mean, quantiles p50/p90/p99 (quantile_cont: linear interpolation), min, max"},
 		{ReportAdvantage, "per estimator, over trajectories: count, mean, std (population), min, p01, p50, p99 (quantile_cont), max, fraction exactly zero"},
 		{ReportDeadLetters, "committed dead letters by reason code, with their share"},
+		{ReportPassAtKByVersion, "per group_version: tasks, then per --k the mean over its tasks of the unbiased pass@k of pass-at-k (tasks with k > n left out)"},
+		{ReportLengthsByVersion, "per group_version: steps, prompt and response tokens per step: mean and p90 (quantile_cont)"},
+		{ReportAdvantageHistogram, "per estimator, trajectories by advantage in 30 equal bins between the min and max over all trajectories (bin, bin_lo, bin_hi; empty bins left out)"},
+		{ReportFilteredByVersion, "per group_version and filter_reason ('(kept)' for groups not filtered): groups"},
+		{ReportThroughput, "per committed shard in manifest order: committed_at, rows, groups, cumulative rows, and rows per second since the previous commit"},
+		{ReportRoles, "per role ('(none)' when unset): trajectories, mean reward, pass rate, mean response tokens per trajectory"},
 	}
 }
 
@@ -64,6 +80,22 @@ func Report(name string, o ReportOptions) (string, error) {
 		return advantageSQL, nil
 	case ReportDeadLetters:
 		return deadLettersReportSQL, nil
+	case ReportPassAtKByVersion:
+		ks, err := passKs(o.K)
+		if err != nil {
+			return "", err
+		}
+		return passAtKByVersionSQL(ks), nil
+	case ReportLengthsByVersion:
+		return lengthsByVersionSQL, nil
+	case ReportAdvantageHistogram:
+		return advantageHistogramSQL, nil
+	case ReportFilteredByVersion:
+		return filteredByVersionSQL, nil
+	case ReportThroughput:
+		return throughputSQL, nil
+	case ReportRoles:
+		return rolesSQL, nil
 	}
 	var names []string
 	for _, r := range Reports() {
@@ -179,3 +211,71 @@ const deadLettersReportSQL = `SELECT reason, count(*) AS dead_letters, count(*) 
 FROM dead_letters
 GROUP BY reason
 ORDER BY dead_letters DESC, reason`
+
+// passAtKByVersionSQL is pass-at-k's estimator per (group_version,
+// task_id), averaged per group_version over the tasks where it is defined.
+func passAtKByVersionSQL(ks []int) string {
+	var per, mean []string
+	for _, k := range ks {
+		col := fmt.Sprintf(`"pass@%d"`, k)
+		kk := itoa(k)
+		per = append(per, fmt.Sprintf(`  CASE WHEN %[1]s > n THEN NULL::DOUBLE WHEN c = 0 THEN 0::DOUBLE WHEN n - c < %[1]s THEN 1::DOUBLE
+    ELSE 1::DOUBLE - list_product(list_transform(range(n - c + 1, n + 1), i -> 1::DOUBLE - %[1]s::DOUBLE / i)) END AS %[2]s`, kk, col))
+		mean = append(mean, fmt.Sprintf("avg(%[1]s) AS %[1]s", col))
+	}
+	return `WITH per_task AS (
+  SELECT group_version, task_id, count(*) AS n, count(*) FILTER (WHERE pass) AS c
+  FROM trajectories
+  GROUP BY group_version, task_id
+), estimates AS (
+  SELECT group_version, task_id,
+` + strings.Join(per, ",\n") + `
+  FROM per_task
+)
+SELECT group_version, count(*) AS tasks, ` + strings.Join(mean, ", ") + `
+FROM estimates
+GROUP BY group_version
+ORDER BY group_version`
+}
+
+const lengthsByVersionSQL = `SELECT group_version, count(*) AS steps,
+  avg(len(prompt_ids)) AS prompt_mean, quantile_cont(len(prompt_ids), 0.9) AS prompt_p90,
+  avg(len(response_ids)) AS response_mean, quantile_cont(len(response_ids), 0.9) AS response_p90
+FROM steps
+GROUP BY group_version
+ORDER BY group_version`
+
+const advantageHistogramSQL = `WITH a AS (
+  SELECT estimator, advantage FROM trajectories WHERE isfinite(advantage)
+), r AS (
+  SELECT min(advantage) AS lo, max(advantage) AS hi FROM a
+), binned AS (
+  SELECT estimator, CASE WHEN r.hi = r.lo THEN 0
+    ELSE least(floor((advantage - r.lo) / (r.hi - r.lo) * 30), 29)::INTEGER END AS bin, r.lo, r.hi
+  FROM a, r
+)
+SELECT estimator, bin,
+  lo + (hi - lo) * bin / 30.0 AS bin_lo,
+  CASE WHEN hi = lo THEN hi ELSE lo + (hi - lo) * (bin + 1) / 30.0 END AS bin_hi,
+  count(*) AS trajectories
+FROM binned
+GROUP BY estimator, bin, lo, hi
+ORDER BY estimator, bin`
+
+const filteredByVersionSQL = `SELECT group_version, coalesce(nullif(filter_reason, ''), '(kept)') AS filter_reason, count(DISTINCT group_id) AS "groups"
+FROM trajectories
+GROUP BY 1, 2
+ORDER BY group_version, filter_reason`
+
+const throughputSQL = `SELECT seq, committed_at, "rows", "groups",
+  sum("rows") OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_rows,
+  "rows" / nullif(epoch(committed_at) - epoch(lag(committed_at) OVER (ORDER BY seq)), 0) AS rows_per_second
+FROM shards
+ORDER BY seq`
+
+const rolesSQL = `SELECT coalesce(role, '(none)') AS role, count(*) AS trajectories, avg(reward) AS mean_reward,
+  avg(CASE WHEN pass THEN 1.0::DOUBLE ELSE 0.0::DOUBLE END) AS pass_rate,
+  avg(response_tokens) AS mean_response_tokens
+FROM trajectories
+GROUP BY 1
+ORDER BY 1`

@@ -1,0 +1,212 @@
+package report
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
+)
+
+// Linker gives the link of a bucket to the trajectories behind it: the
+// filters as query parameters (version, reason, role). Nil: no links.
+type Linker func(filters url.Values) string
+
+// Charts draws the charts of d, in page order.
+func Charts(d *Data, link Linker) []*Chart {
+	lk := func(kv ...string) string {
+		if link == nil {
+			return ""
+		}
+		v := url.Values{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			v.Set(kv[i], kv[i+1])
+		}
+		return link(v)
+	}
+	version := func(x float64) string { return lk("version", fmtNum(x)) }
+	var out []*Chart
+
+	rv := d.Tables[duckdb.ReportRewardByVersion]
+	out = append(out, &Chart{ID: "reward", Title: "Mean reward by policy version", XLabel: "group_version", YLabel: "mean reward", Kind: KindLine,
+		Series: lineSeries(rv, "group_version", []string{"mean_reward"}, []string{"mean reward"}, version)})
+	pk := d.Tables[duckdb.ReportPassAtKByVersion]
+	pass := lineSeries(rv, "group_version", []string{"pass_rate"}, []string{"pass rate"}, version)
+	var cols, names []string
+	for _, k := range d.Ks {
+		cols = append(cols, fmt.Sprintf("pass@%d", k))
+		names = append(names, fmt.Sprintf("pass@%d", k))
+	}
+	pass = append(pass, lineSeries(pk, "group_version", cols, names, version)...)
+	out = append(out, &Chart{ID: "pass", Title: "Pass rate and pass@k by policy version", XLabel: "group_version", YLabel: "share of trajectories / pass@k", Kind: KindLine, Series: pass})
+
+	st := d.Tables[duckdb.ReportStaleness]
+	out = append(out, &Chart{ID: "staleness", Title: "Staleness of committed groups", XLabel: "staleness (versions behind the newest at commit)", YLabel: "groups", Kind: KindBar,
+		Series: barSeries(st, "staleness", []string{"groups"}, []string{"groups"}, nil)})
+
+	ah := d.Tables[duckdb.ReportAdvantageHistogram]
+	out = append(out, &Chart{ID: "advantage", Title: "Advantage distribution", XLabel: "advantage (bin centre)", YLabel: "trajectories", Kind: KindLine,
+		Series: histSeries(ah)})
+
+	lv := d.Tables[duckdb.ReportLengthsByVersion]
+	out = append(out, &Chart{ID: "lengths", Title: "Prompt and response tokens per step by policy version", XLabel: "group_version", YLabel: "tokens per step", Kind: KindLine,
+		Series: lineSeries(lv, "group_version", []string{"prompt_mean", "prompt_p90", "response_mean", "response_p90"},
+			[]string{"prompt mean", "prompt p90", "response mean", "response p90"}, version)})
+
+	fv := d.Tables[duckdb.ReportFilteredByVersion]
+	out = append(out, &Chart{ID: "filtered", Title: "Groups filtered by reason, by policy version", XLabel: "group_version", YLabel: "groups", Kind: KindLine,
+		Series: filteredSeries(fv, lk), Note: "no group was filtered"})
+
+	dl := d.Tables[duckdb.ReportDeadLetters]
+	out = append(out, &Chart{ID: "dead-letters", Title: "Dead letters by reason", XLabel: "reason", YLabel: "dead letters", Kind: KindBar,
+		Series: barSeries(dl, "reason", []string{"dead_letters"}, []string{"dead letters"}, nil), Note: "no dead letters"})
+
+	tp := d.Tables[duckdb.ReportThroughput]
+	out = append(out, &Chart{ID: "throughput", Title: "Ingest: rows committed over commit time", XLabel: "commit time (UTC)", YLabel: "rows committed (cumulative)", Kind: KindLine, XTime: true,
+		Series: lineSeries(tp, "committed_at", []string{"cumulative_rows"}, []string{"rows"}, nil)})
+
+	ro := d.Tables[duckdb.ReportRoles]
+	if hasRoles(ro) {
+		out = append(out, &Chart{ID: "roles", Title: "Mean reward and pass rate by role", XLabel: "role", YLabel: "mean reward / pass rate", Kind: KindBar,
+			Series: barSeries(ro, "role", []string{"mean_reward", "pass_rate"}, []string{"mean reward", "pass rate"}, func(cat string) string { return lk("role", cat) })})
+	}
+	return out
+}
+
+// lineSeries makes one series per column of ys against column x.
+func lineSeries(t *Table, x string, ys, names []string, link func(float64) string) []Series {
+	if t == nil {
+		return nil
+	}
+	xi := t.Col(x)
+	var out []Series
+	for j, y := range ys {
+		yi := t.Col(y)
+		if xi < 0 || yi < 0 {
+			continue
+		}
+		s := Series{Name: names[j]}
+		for _, r := range t.Rows {
+			xv, ok1 := Num(r[xi])
+			yv, ok2 := Num(r[yi])
+			if !ok1 || !ok2 {
+				continue
+			}
+			p := Point{X: xv, Y: yv}
+			if link != nil {
+				p.Link = link(xv)
+			}
+			s.Points = append(s.Points, p)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// barSeries makes one series per column of ys over the categories of
+// column cat.
+func barSeries(t *Table, cat string, ys, names []string, link func(string) string) []Series {
+	if t == nil {
+		return nil
+	}
+	ci := t.Col(cat)
+	var out []Series
+	for j, y := range ys {
+		yi := t.Col(y)
+		if ci < 0 || yi < 0 {
+			continue
+		}
+		s := Series{Name: names[j]}
+		for _, r := range t.Rows {
+			yv, ok := Num(r[yi])
+			if !ok {
+				continue
+			}
+			p := Point{Label: Str(r[ci]), Y: yv}
+			if link != nil {
+				p.Link = link(p.Label)
+			}
+			s.Points = append(s.Points, p)
+		}
+		if len(s.Points) > 0 {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// histSeries: one series per estimator, x the bin centre.
+func histSeries(t *Table) []Series {
+	if t == nil {
+		return nil
+	}
+	ei, lo, hi, n := t.Col("estimator"), t.Col("bin_lo"), t.Col("bin_hi"), t.Col("trajectories")
+	if ei < 0 || lo < 0 || hi < 0 || n < 0 {
+		return nil
+	}
+	idx := map[string]int{}
+	var out []Series
+	for _, r := range t.Rows {
+		e := Str(r[ei])
+		a, ok1 := Num(r[lo])
+		b, ok2 := Num(r[hi])
+		c, ok3 := Num(r[n])
+		if !ok1 || !ok2 || !ok3 {
+			continue
+		}
+		i, ok := idx[e]
+		if !ok {
+			i = len(out)
+			idx[e] = i
+			out = append(out, Series{Name: e})
+		}
+		out[i].Points = append(out[i].Points, Point{X: (a + b) / 2, Y: c, Label: fmtNum(a) + " to " + fmtNum(b)})
+	}
+	return out
+}
+
+// filteredSeries: one series per filter reason (not "(kept)").
+func filteredSeries(t *Table, lk func(...string) string) []Series {
+	if t == nil {
+		return nil
+	}
+	vi, ri, gi := t.Col("group_version"), t.Col("filter_reason"), t.Col("groups")
+	if vi < 0 || ri < 0 || gi < 0 {
+		return nil
+	}
+	by := map[string][]Point{}
+	for _, r := range t.Rows {
+		reason := Str(r[ri])
+		if reason == "(kept)" {
+			continue
+		}
+		v, ok1 := Num(r[vi])
+		g, ok2 := Num(r[gi])
+		if !ok1 || !ok2 {
+			continue
+		}
+		by[reason] = append(by[reason], Point{X: v, Y: g, Link: lk("version", fmtNum(v), "reason", reason)})
+	}
+	var reasons []string
+	for r := range by {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	var out []Series
+	for _, r := range reasons {
+		out = append(out, Series{Name: r, Points: by[r]})
+	}
+	return out
+}
+
+func hasRoles(t *Table) bool {
+	if t == nil || t.Col("role") < 0 {
+		return false
+	}
+	for _, r := range t.Rows {
+		if Str(r[t.Col("role")]) != "(none)" {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,258 @@
+package report
+
+import (
+	"fmt"
+	"html"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Chart kinds.
+const (
+	KindLine = "line" // numeric x, one polyline with points per series
+	KindBar  = "bar"  // categorical x, grouped bars per series
+)
+
+// Point is one bucket of a chart. Label names a category (bars) or
+// replaces the x value in the tooltip; Link, when set, leads to the
+// trajectories behind the bucket (live view only).
+type Point struct {
+	X     float64
+	Label string
+	Y     float64
+	Link  string
+}
+
+// Series is one named line or set of bars.
+type Series struct {
+	Name   string
+	Points []Point
+}
+
+// Chart is one chart.
+type Chart struct {
+	ID, Title, XLabel, YLabel string
+	Kind                      string
+	// XTime draws x values (Unix seconds) as clock times.
+	XTime  bool
+	Series []Series
+	// Note explains an empty chart.
+	Note string
+}
+
+// Points counts the points of all series.
+func (c *Chart) Points() int {
+	n := 0
+	for _, s := range c.Series {
+		n += len(s.Points)
+	}
+	return n
+}
+
+const (
+	svgW, svgH                 = 640, 300
+	padL, padR, padT, padB     = 64, 16, 16, 48
+	maxPointsDrawn             = 2000
+	legendLine, legendInterval = 14, 130
+)
+
+// fmtNum prints a figure for a label or tooltip: 4 significant digits.
+func fmtNum(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1e15 {
+		return strconv.FormatInt(int64(v), 10)
+	}
+	return strconv.FormatFloat(v, 'g', 4, 64)
+}
+
+// exact prints a figure for a data attribute: the shortest exact form.
+func exact(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// niceTicks returns about n round tick values covering [lo, hi].
+func niceTicks(lo, hi float64, n int) []float64 {
+	if hi < lo {
+		lo, hi = hi, lo
+	}
+	if hi == lo {
+		if lo == 0 {
+			hi = 1
+		} else {
+			lo, hi = lo-math.Abs(lo)*0.1, hi+math.Abs(hi)*0.1
+		}
+	}
+	raw := (hi - lo) / float64(n)
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+		if m*mag >= raw {
+			step = m * mag
+			break
+		}
+	}
+	var out []float64
+	for v := math.Floor(lo/step) * step; ; v += step {
+		out = append(out, math.Round(v/step)*step)
+		if v >= hi-step*1e-9 || len(out) > 50 {
+			break
+		}
+	}
+	if len(out) < 2 {
+		out = append(out, out[len(out)-1]+step)
+	}
+	return out
+}
+
+// SVG draws the chart. Each series is a <g class="series"
+// data-series="NAME">, each point a <circle class="pt"> or <rect
+// class="bar"> with data-x and data-y holding its exact values.
+func (c *Chart) SVG() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="chart" id="%s" data-kind="%s" data-series-count="%d" data-points="%d" viewBox="0 0 %d %d" role="img" aria-label="%s" xmlns="http://www.w3.org/2000/svg">`,
+		esc(c.ID), c.Kind, len(c.Series), c.Points(), svgW, svgH, esc(c.Title))
+	fmt.Fprintf(&b, `<title>%s</title>`, esc(c.Title))
+	if c.Points() == 0 {
+		note := c.Note
+		if note == "" {
+			note = "no data"
+		}
+		fmt.Fprintf(&b, `<text class="note" x="%d" y="%d" text-anchor="middle">%s</text></svg>`, svgW/2, svgH/2, esc(note))
+		return b.String()
+	}
+	// y range, always including 0 for bars.
+	ylo, yhi := math.Inf(1), math.Inf(-1)
+	xlo, xhi := math.Inf(1), math.Inf(-1)
+	var cats []string
+	catIdx := map[string]int{}
+	for _, s := range c.Series {
+		for _, p := range s.Points {
+			ylo, yhi = math.Min(ylo, p.Y), math.Max(yhi, p.Y)
+			xlo, xhi = math.Min(xlo, p.X), math.Max(xhi, p.X)
+			if _, ok := catIdx[p.Label]; !ok {
+				catIdx[p.Label] = len(cats)
+				cats = append(cats, p.Label)
+			}
+		}
+	}
+	if c.Kind == KindBar || ylo > 0 && ylo < yhi/3 {
+		ylo = math.Min(ylo, 0)
+	}
+	yt := niceTicks(ylo, yhi, 5)
+	ylo, yhi = yt[0], yt[len(yt)-1]
+	pw, ph := float64(svgW-padL-padR), float64(svgH-padT-padB)
+	ymap := func(v float64) float64 { return float64(padT) + ph - (v-ylo)/(yhi-ylo)*ph }
+	// Axes and grid.
+	b.WriteString(`<g class="axis y">`)
+	for _, t := range yt {
+		y := ymap(t)
+		fmt.Fprintf(&b, `<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/><text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`,
+			padL, svgW-padR, y, y, padL-6, y, fmtNum(t))
+	}
+	fmt.Fprintf(&b, `<text class="label" transform="translate(14 %d) rotate(-90)" text-anchor="middle">%s</text></g>`, padT+int(ph/2), esc(c.YLabel))
+	fmt.Fprintf(&b, `<g class="axis x"><line class="base" x1="%d" x2="%d" y1="%d" y2="%d"/>`, padL, svgW-padR, padT+int(ph), padT+int(ph))
+	var xmap func(p Point) float64
+	switch c.Kind {
+	case KindBar:
+		slot := pw / float64(len(cats))
+		xmap = func(p Point) float64 { return float64(padL) + slot*(float64(catIdx[p.Label])+0.5) }
+		every := max(1, len(cats)/12)
+		for i, cat := range cats {
+			if i%every != 0 {
+				continue
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, float64(padL)+slot*(float64(i)+0.5), padT+int(ph)+16, esc(clip(cat, 18)))
+		}
+	default:
+		var xt []float64
+		if xlo == xhi {
+			xt = []float64{xlo - 1, xlo, xlo + 1}
+		} else {
+			xt = niceTicks(xlo, xhi, 6)
+		}
+		if c.XTime {
+			xt = []float64{xlo, (xlo + xhi) / 2, xhi}
+			if xlo == xhi {
+				xt = []float64{xlo - 30, xlo, xlo + 30}
+			}
+		}
+		x0, x1 := xt[0], xt[len(xt)-1]
+		xmap = func(p Point) float64 { return float64(padL) + (p.X-x0)/(x1-x0)*pw }
+		for _, t := range xt {
+			lbl := fmtNum(t)
+			if c.XTime {
+				lbl = time.Unix(int64(t), 0).UTC().Format("15:04:05")
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, xmap(Point{X: t}), padT+int(ph)+16, lbl)
+		}
+	}
+	fmt.Fprintf(&b, `<text class="label" x="%d" y="%d" text-anchor="middle">%s</text></g>`, padL+int(pw/2), svgH-8, esc(c.XLabel))
+	// Series.
+	for si, s := range c.Series {
+		fmt.Fprintf(&b, `<g class="series s%d" data-series="%s" data-points="%d">`, si%8, esc(s.Name), len(s.Points))
+		pts := s.Points
+		stride := max(1, len(pts)/maxPointsDrawn)
+		switch c.Kind {
+		case KindBar:
+			slot := pw / float64(len(cats))
+			bw := slot * 0.8 / float64(len(c.Series))
+			for _, p := range pts {
+				x := xmap(p) - slot*0.4 + bw*float64(si)
+				y0, y1 := ymap(math.Max(0, ylo)), ymap(p.Y)
+				top, h := math.Min(y0, y1), math.Abs(y0-y1)
+				open, close := link(p.Link)
+				fmt.Fprintf(&b, `%s<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" data-x="%s" data-y="%s"><title>%s %s: %s</title></rect>%s`,
+					open, x, top, math.Max(bw-1, 1), math.Max(h, 0.5), esc(p.Label), exact(p.Y), esc(s.Name), esc(p.Label), fmtNum(p.Y), close)
+			}
+		default:
+			var path strings.Builder
+			for i := 0; i < len(pts); i += stride {
+				cmd := "L"
+				if i == 0 {
+					cmd = "M"
+				}
+				fmt.Fprintf(&path, "%s%.1f %.1f", cmd, xmap(pts[i]), ymap(pts[i].Y))
+			}
+			fmt.Fprintf(&b, `<path class="line" d="%s"/>`, path.String())
+			for i := 0; i < len(pts); i += stride {
+				p := pts[i]
+				xl := p.Label
+				if xl == "" {
+					xl = fmtNum(p.X)
+				}
+				open, close := link(p.Link)
+				fmt.Fprintf(&b, `%s<circle class="pt" cx="%.1f" cy="%.1f" r="3" data-x="%s" data-y="%s"><title>%s at %s: %s</title></circle>%s`,
+					open, xmap(p), ymap(p.Y), exact(p.X), exact(p.Y), esc(s.Name), esc(xl), fmtNum(p.Y), close)
+			}
+		}
+		b.WriteString(`</g>`)
+	}
+	// Legend, top right, when there is more than one series.
+	if len(c.Series) > 1 {
+		b.WriteString(`<g class="legend">`)
+		for si, s := range c.Series {
+			x := padL + 8 + (si%4)*legendInterval
+			y := padT + 6 + (si/4)*legendLine
+			fmt.Fprintf(&b, `<rect class="key s%d" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text>`, si%8, x, y, x+14, y+9, esc(clip(s.Name, 16)))
+		}
+		b.WriteString(`</g>`)
+	}
+	b.WriteString(`</svg>`)
+	return b.String()
+}
+
+func link(href string) (string, string) {
+	if href == "" {
+		return "", ""
+	}
+	return `<a href="` + esc(href) + `">`, `</a>`
+}
+
+func esc(s string) string { return html.EscapeString(s) }
+
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
