@@ -114,6 +114,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	root.AddCommand(newIngestCmd(soft), newGenCmd(), newSummaryCmd(), newProduceCmd(), newServeCmd(soft), newConsumeCmd(soft), newExportCmd(soft), newSQLCmd(soft))
 	root.AddCommand(newImportCmd())
 	root.AddCommand(newGatewayCmd(soft))
+	root.AddCommand(newReportCmd(soft))
 	return root
 }
 
