@@ -30,6 +30,7 @@ run: build
 test:
 	$(GO) vet ./...
 	scripts/services.sh up >/dev/null
+	scripts/browser.sh >/dev/null || echo "make test: NO CHROMIUM: the browser tests of report and ui will skip" >&2
 	eval "$$(scripts/services.sh env)" && $(GO) test -race -count=1 -timeout 60m ./...
 	scripts/pytest.sh
 

@@ -1,0 +1,229 @@
+package main
+
+// `rllm-pipe report` through the real binary: the figures of every chart
+// are read back from the page's SVG and compared with the rows of
+// `rllm-pipe sql --report` over the same output; then the page is opened in
+// headless Chromium: no console error, no request but the file itself,
+// the expected charts with their number of series and points.
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+)
+
+// reportFixture generates and ingests a run with roles and several policy
+// versions; returns the output root.
+func reportFixture(t *testing.T, bin, work string) string {
+	t.Helper()
+	in := filepath.Join(work, "in.jsonl")
+	r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "60", "--group-size", "4", "--policy-versions", "5",
+		"--roles", "solver,verifier", "--seed", "7", "--prompt-len", "60", "--response-len", "30", "--quiet")
+	if r.code != 0 {
+		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)
+	}
+	out := filepath.Join(work, "out")
+	r = e2eRun(t, bin, work, "ingest", "--from", in, "--to", out, "--group-size", "4")
+	if r.code != 0 {
+		t.Fatalf("ingest: exit %d\n%s", r.code, r.stderr)
+	}
+	return out
+}
+
+// sqlReport runs `sql --report name --format jsonl`.
+func sqlReport(t *testing.T, bin, work, from, name string) []map[string]any {
+	t.Helper()
+	r := e2eRun(t, bin, work, "sql", "--from", from, "--report", name, "--format", "jsonl")
+	if r.code != 0 {
+		t.Fatalf("sql --report %s: exit %d\n%s", name, r.code, r.stderr)
+	}
+	var rows []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("sql --report %s: %v: %s", name, err, l)
+		}
+		rows = append(rows, m)
+	}
+	return rows
+}
+
+var (
+	svgRe    = regexp.MustCompile(`(?s)<svg class="chart" id="([^"]+)".*?</svg>`)
+	seriesRe = regexp.MustCompile(`(?s)<g class="series s\d" data-series="([^"]*)" data-points="\d+">(.*?)</g>`)
+	pointRe  = regexp.MustCompile(`class="(?:pt|bar)"[^>]*data-x="([^"]*)" data-y="([^"]*)"`)
+)
+
+// pagePoints reads chart id → series → "x" → y from the page.
+func pagePoints(t *testing.T, html string) map[string]map[string]map[string]float64 {
+	t.Helper()
+	out := map[string]map[string]map[string]float64{}
+	for _, m := range svgRe.FindAllStringSubmatch(html, -1) {
+		series := map[string]map[string]float64{}
+		for _, s := range seriesRe.FindAllStringSubmatch(m[0], -1) {
+			pts := map[string]float64{}
+			for _, p := range pointRe.FindAllStringSubmatch(s[2], -1) {
+				y, err := strconv.ParseFloat(p[2], 64)
+				if err != nil {
+					t.Fatalf("chart %s series %s: y %q: %v", m[1], s[1], p[2], err)
+				}
+				pts[p[1]] = y
+			}
+			series[s[1]] = pts
+		}
+		out[m[1]] = series
+	}
+	return out
+}
+
+func jsonKey(v any) string {
+	switch x := v.(type) {
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	case string:
+		return x
+	}
+	return fmt.Sprint(v)
+}
+
+// sameFigures compares a chart series with a column of sql --report rows.
+func sameFigures(t *testing.T, what string, got map[string]float64, rows []map[string]any, xcol, ycol string) {
+	t.Helper()
+	want := map[string]float64{}
+	for _, r := range rows {
+		y, ok := r[ycol].(float64)
+		if !ok || r[xcol] == nil {
+			continue
+		}
+		want[jsonKey(r[xcol])] = y
+	}
+	if len(want) == 0 {
+		t.Errorf("%s: sql --report has no %s", what, ycol)
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: %d points on the page, sql --report has %d (%v vs %v)", what, len(got), len(want), got, want)
+	}
+	for x, y := range want {
+		g, ok := got[x]
+		if !ok {
+			t.Errorf("%s: x=%s missing on the page", what, x)
+			continue
+		}
+		if math.Abs(g-y) > 1e-9*math.Max(1, math.Abs(y)) {
+			t.Errorf("%s at %s: page %v, sql --report %v", what, x, g, y)
+		}
+	}
+}
+
+func TestReportFiguresEqualSQLReports(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	from := reportFixture(t, bin, work)
+	out := filepath.Join(work, "report.html")
+	if r := e2eRun(t, bin, work, "report", "--from", from, "--out", out); r.code != 0 {
+		t.Fatalf("report: exit %d\n%s", r.code, r.stderr)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	html := string(data)
+	pts := pagePoints(t, html)
+
+	rv := sqlReport(t, bin, work, from, "reward-by-version")
+	sameFigures(t, "reward: mean reward", pts["reward"]["mean reward"], rv, "group_version", "mean_reward")
+	sameFigures(t, "pass: pass rate", pts["pass"]["pass rate"], rv, "group_version", "pass_rate")
+	pk := sqlReport(t, bin, work, from, "pass-at-k-by-version")
+	for _, k := range []string{"pass@1", "pass@2", "pass@4", "pass@8"} {
+		sameFigures(t, "pass: "+k, pts["pass"][k], pk, "group_version", k)
+	}
+	sameFigures(t, "staleness", pts["staleness"]["groups"], sqlReport(t, bin, work, from, "staleness"), "staleness", "groups")
+	lv := sqlReport(t, bin, work, from, "token-lengths-by-version")
+	for col, name := range map[string]string{"prompt_mean": "prompt mean", "prompt_p90": "prompt p90", "response_mean": "response mean", "response_p90": "response p90"} {
+		sameFigures(t, "lengths: "+name, pts["lengths"][name], lv, "group_version", col)
+	}
+	ro := sqlReport(t, bin, work, from, "roles")
+	sameFigures(t, "roles: mean reward", pts["roles"]["mean reward"], ro, "role", "mean_reward")
+	sameFigures(t, "roles: pass rate", pts["roles"]["pass rate"], ro, "role", "pass_rate")
+	tp := sqlReport(t, bin, work, from, "throughput")
+	if got := len(pts["throughput"]["rows"]); got != len(tp) {
+		t.Errorf("throughput: %d points, sql --report throughput has %d shards", got, len(tp))
+	}
+	var last float64
+	for _, r := range tp {
+		last = math.Max(last, r["cumulative_rows"].(float64))
+	}
+	var pageLast float64
+	for _, y := range pts["throughput"]["rows"] {
+		pageLast = math.Max(pageLast, y)
+	}
+	if pageLast != last || last == 0 {
+		t.Errorf("throughput: last cumulative rows %v on the page, %v in sql --report", pageLast, last)
+	}
+	// Advantage histogram: per estimator, the counts add up to the
+	// trajectories of the advantage report.
+	adv := sqlReport(t, bin, work, from, "advantage")
+	for _, r := range adv {
+		est := r["estimator"].(string)
+		var sum float64
+		for _, y := range pts["advantage"][est] {
+			sum += y
+		}
+		if sum != r["trajectories"].(float64) {
+			t.Errorf("advantage histogram of %s sums to %v, the advantage report counts %v", est, sum, r["trajectories"])
+		}
+	}
+	if strings.Contains(html, "<script") || strings.Contains(html, "http://") && !strings.Contains(html, `xmlns="http://www.w3.org/2000/svg"`) {
+		t.Errorf("the report holds a script or an outside link")
+	}
+
+	// In the browser.
+	p := newPage(t)
+	p.do(t, "open the report", chromedp.Navigate(e2eFileURL(out)), chromedp.WaitVisible(chromedp.CSS(`#reward`)))
+	charts := eval[int](t, p, `document.querySelectorAll('svg.chart').length`)
+	series := eval[int](t, p, `document.querySelectorAll('svg.chart g.series').length`)
+	points := eval[int](t, p, `document.querySelectorAll('svg.chart .pt, svg.chart .bar').length`)
+	ids := eval[[]string](t, p, `[...document.querySelectorAll('svg.chart')].map(s => s.id)`)
+	wantIDs := []string{"advantage", "dead-letters", "filtered", "lengths", "pass", "reward", "roles", "staleness", "throughput"}
+	sort.Strings(ids)
+	if strings.Join(ids, ",") != strings.Join(wantIDs, ",") {
+		t.Errorf("charts %v, want %v", ids, wantIDs)
+	}
+	wantSeries, wantPoints := 0, 0
+	for _, s := range pts {
+		wantSeries += len(s)
+		for _, p := range s {
+			wantPoints += len(p)
+		}
+	}
+	// reward 1, pass 5, staleness 1, advantage (1 estimator), lengths 4,
+	// throughput 1, roles 2; no filtered groups, no dead letters.
+	if series != 15 || series != wantSeries || points != wantPoints || charts != len(wantIDs) {
+		t.Errorf("browser: %d charts, %d series, %d points; want %d, 15 (=%d), %d", charts, series, points, len(wantIDs), wantSeries, wantPoints)
+	}
+	p.screenshot(t, "report.png")
+	errs, reqs := p.seen()
+	if len(errs) > 0 {
+		t.Errorf("console errors: %q", errs)
+	}
+	for _, u := range reqs {
+		if u != e2eFileURL(out) {
+			t.Errorf("the report made a request: %s", u)
+		}
+	}
+	if len(reqs) == 0 {
+		t.Errorf("no request seen at all: the request listener is not working")
+	}
+}
