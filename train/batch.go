@@ -10,6 +10,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/train/merge"
 )
 
 // Config says what a trainer accepts.
@@ -30,6 +31,38 @@ type Config struct {
 	Batch advantage.BatchEstimator
 	// Allocator for the batches; default Go allocator.
 	Allocator memory.Allocator
+	// Layout of the delivered rows: one per step (default), or merged
+	// trajectory rows (package merge), which the token budget then counts.
+	Layout Layout
+}
+
+// Layout is the row layout of delivered batches.
+type Layout int
+
+const (
+	// LayoutSteps delivers one row per step, in the shard schema.
+	LayoutSteps Layout = iota
+	// LayoutTrajectories delivers merged trajectory rows (merge.Schema): the
+	// steps of a trajectory that extend each other become one row.
+	LayoutTrajectories
+)
+
+// ParseLayout parses "steps" or "trajectories".
+func ParseLayout(s string) (Layout, error) {
+	switch s {
+	case "steps", "":
+		return LayoutSteps, nil
+	case "trajectories":
+		return LayoutTrajectories, nil
+	}
+	return 0, fmt.Errorf("layout %q: want steps or trajectories", s)
+}
+
+func (l Layout) String() string {
+	if l == LayoutTrajectories {
+		return "trajectories"
+	}
+	return "steps"
 }
 
 // Batch is whole groups of rows. The receiver owns Record and must
@@ -39,12 +72,18 @@ type Batch struct {
 	Groups    []string
 	Tokens    int64
 	Oversized bool // a single group over the token budget
+	// Merge, with LayoutTrajectories, tallies the merge (steps in, rows
+	// out, action and observation tokens).
+	Merge *merge.Stats
 }
 
 // Counters are the reader's tallies.
 type Counters struct {
-	Groups          int64 `json:"groups"`
-	Rows            int64 `json:"rows"`
+	Groups int64 `json:"groups"`
+	Rows   int64 `json:"rows"`
+	// Steps counts the step rows delivered (Rows counts merged rows with
+	// LayoutTrajectories).
+	Steps           int64 `json:"steps"`
 	Batches         int64 `json:"batches"`
 	SkippedStale    int64 `json:"groups_skipped_stale"`
 	SkippedFiltered int64 `json:"rows_skipped_filtered"`
@@ -146,11 +185,21 @@ func (f *former) take() (*Batch, []*group, error) {
 		}
 		rec = out
 	}
+	steps := rec.NumRows()
+	if f.cfg.Layout == LayoutTrajectories {
+		out, st, err := merge.Rows(f.mem, rec)
+		rec.Release()
+		if err != nil {
+			return nil, groups, fmt.Errorf("train: %w", err)
+		}
+		rec, b.Merge = out, &st
+	}
 	b.Record = rec
 	b.Oversized = len(groups) == 1 && f.cfg.MaxTokens > 0 && b.Tokens > f.cfg.MaxTokens
 	f.counters.Batches++
 	f.counters.Groups += int64(len(groups))
 	f.counters.Rows += rec.NumRows()
+	f.counters.Steps += steps
 	if b.Oversized {
 		f.counters.Oversized++
 	}
@@ -216,7 +265,7 @@ func (r *Reader) ReadShards(ctx context.Context, paths []string, emit func(Batch
 		if err != nil {
 			return err
 		}
-		sr := newShardReader(p, rd, r.cfg.IncludeFiltered)
+		sr := newShardReader(p, rd, r.cfg.IncludeFiltered, r.cfg.Layout)
 		err = func() error {
 			defer sr.close()
 			for {

@@ -430,7 +430,7 @@ func (c *Consumer) nextGroup(ctx context.Context) (*group, error) {
 		if err != nil {
 			return nil, fmt.Errorf("train: shard %s: %w", e.Path, err)
 		}
-		c.cur, c.curDone = newShardReader(e.Path, rd, c.cfg.IncludeFiltered), settled
+		c.cur, c.curDone = newShardReader(e.Path, rd, c.cfg.IncludeFiltered, c.cfg.Layout), settled
 	}
 }
 

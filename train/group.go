@@ -8,6 +8,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/train/merge"
 )
 
 // group is the rows of one group in one shard: slices of reader batches.
@@ -36,6 +37,7 @@ type shardReader struct {
 	path            string
 	rd              *parquet.Reader
 	includeFiltered bool
+	layout          Layout
 
 	rec     arrow.RecordBatch // retained; nil before the first or after the last
 	row     int
@@ -48,8 +50,8 @@ type shardReader struct {
 	filterReason *array.String
 }
 
-func newShardReader(path string, rd *parquet.Reader, includeFiltered bool) *shardReader {
-	return &shardReader{path: path, rd: rd, includeFiltered: includeFiltered}
+func newShardReader(path string, rd *parquet.Reader, includeFiltered bool, layout Layout) *shardReader {
+	return &shardReader{path: path, rd: rd, includeFiltered: includeFiltered, layout: layout}
 }
 
 // load makes s.rec the next non-empty record batch; false at the end.
@@ -95,8 +97,22 @@ func (s *shardReader) load() (bool, error) {
 }
 
 // next returns the shard's next group, or nil after the last. Rows a
-// filter marked are dropped (and counted) unless includeFiltered.
+// filter marked are dropped (and counted) unless includeFiltered. With
+// LayoutTrajectories the group's tokens are those of its merged rows.
 func (s *shardReader) next() (*group, error) {
+	g, err := s.read()
+	if err != nil || g == nil || s.layout != LayoutTrajectories {
+		return g, err
+	}
+	if g.tokens, err = merge.Tokens(g.parts); err != nil {
+		g.release()
+		return nil, fmt.Errorf("train: shard %s: %w", s.path, err)
+	}
+	return g, nil
+}
+
+// read returns the shard's next group of step rows, or nil after the last.
+func (s *shardReader) read() (*group, error) {
 	var g *group
 	for {
 		ok, err := s.load()

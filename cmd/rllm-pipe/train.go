@@ -23,6 +23,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
 	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
+	"github.com/rllm-pipe/rllm-pipe/train/merge"
 )
 
 // trainOpts are the flags serve and consume share: where the shards are,
@@ -36,6 +37,7 @@ type trainOpts struct {
 	includeFiltered bool
 	batchEstimator  string
 	compat          string
+	layout          string
 	leaseTimeout    time.Duration
 	maxInflight     int
 	follow          bool
@@ -52,6 +54,7 @@ func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
 	f.BoolVar(&o.includeFiltered, "include-filtered", false, "deliver rows a filter marked (filter_reason)")
 	f.StringVar(&o.batchEstimator, "batch-estimator", "", "recompute advantage over each batch: reinforce_plus_plus_baseline, prpo, batch_std")
 	f.StringVar(&o.compat, "compat", "rllm", "numerical conventions of --batch-estimator: rllm, verl, trl")
+	f.StringVar(&o.layout, "layout", "steps", "rows of a batch: steps (one per step, the shard schema) or trajectories (the steps of a trajectory that extend each other merged into one row, as rLLM's verl backend trains on; --max-tokens counts merged rows)")
 	f.DurationVar(&o.leaseTimeout, "lease-timeout", 30*time.Second, "a crashed member's shards go to another member after this")
 	f.IntVar(&o.maxInflight, "max-inflight", 4, "batches per member delivered and not yet acknowledged, at most")
 	f.BoolVar(&o.follow, "follow", follow, "keep following the manifest for new shards (else stop when every committed shard is done)")
@@ -74,6 +77,11 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 		},
 		Name: name, LeaseTimeout: o.leaseTimeout, MaxInflight: o.maxInflight, Follow: o.follow, Poll: o.poll,
 	}
+	layout, err := train.ParseLayout(o.layout)
+	if err != nil {
+		return cfg, usageErrorf("--layout: %v", err)
+	}
+	cfg.Layout = layout
 	if o.batchEstimator != "" {
 		compat, err := advantage.CompatByName(o.compat)
 		if err != nil {
@@ -311,6 +319,9 @@ type consumeLine struct {
 	Rows      int64    `json:"rows"`
 	Tokens    int64    `json:"tokens"`
 	Oversized bool     `json:"oversized"`
+	// With --layout trajectories: the merge's tallies.
+	Layout string       `json:"layout,omitempty"`
+	Merge  *merge.Stats `json:"merge,omitempty"`
 }
 
 func newConsumeCmd(soft context.Context) *cobra.Command {
@@ -415,7 +426,10 @@ func consumeLoop(ctx context.Context, c *train.Consumer, w io.Writer, format str
 		if err != nil {
 			return err
 		}
-		line := consumeLine{BatchID: d.ID, Groups: d.Groups, Rows: d.Record.NumRows(), Tokens: d.Tokens, Oversized: d.Oversized}
+		line := consumeLine{BatchID: d.ID, Groups: d.Groups, Rows: d.Record.NumRows(), Tokens: d.Tokens, Oversized: d.Oversized, Merge: d.Merge}
+		if d.Merge != nil {
+			line.Layout = "trajectories"
+		}
 		if format == "arrow" {
 			if iw == nil {
 				iw = ipc.NewWriter(bw, ipc.WithSchema(d.Record.Schema()))

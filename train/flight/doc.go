@@ -14,7 +14,11 @@
 //
 //	{"batch_id": 7, "consumer": NAME, "member": NAME/RUN, "groups": [...], "tokens": 8123, "rows": 64, "oversized": false, "key": K}
 //
-// ("key" only when the server made it). The stream ends when every
+// ("key" only when the server made it). A server whose consumers merge
+// trajectories (train.LayoutTrajectories) streams rows of merge.Schema
+// instead, and adds "layout": "trajectories" and "merge": {steps, rows,
+// trajectories, action_tokens, observation_tokens, ...} to the metadata;
+// "tokens" then counts the merged rows' tokens. The stream ends when every
 // committed shard is done (unless the server follows the manifest), when
 // the client cancels it, or when the server drops it (below); either way
 // the member's unacknowledged work is released to the group at once.

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rllm-pipe/rllm-pipe/train"
+	"github.com/rllm-pipe/rllm-pipe/train/merge"
 )
 
 // Group opens members of the served consumer group.
@@ -59,6 +60,10 @@ type BatchMeta struct {
 	Tokens    int64    `json:"tokens"`
 	Rows      int64    `json:"rows"`
 	Oversized bool     `json:"oversized"`
+	// Layout is "trajectories" when the rows are merged trajectory rows
+	// (serve --layout trajectories); Merge then tallies the merge.
+	Layout string       `json:"layout,omitempty"`
+	Merge  *merge.Stats `json:"merge,omitempty"`
 	// Key is the stream's secret when the server made it (the ticket had
 	// none); only in the first batch.
 	Key string `json:"key,omitempty"`
@@ -362,7 +367,11 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		if err != nil {
 			return endStatus(ctx, err)
 		}
-		meta, _ := json.Marshal(BatchMeta{BatchID: d.ID, Consumer: m.name, Member: m.id, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized, Key: madeKey})
+		bm := BatchMeta{BatchID: d.ID, Consumer: m.name, Member: m.id, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized, Merge: d.Merge, Key: madeKey}
+		if d.Merge != nil {
+			bm.Layout = "trajectories"
+		}
+		meta, _ := json.Marshal(bm)
 		madeKey = ""
 		if w == nil {
 			w = flight.NewRecordWriter(cs, ipc.WithSchema(d.Record.Schema()))

@@ -1,0 +1,277 @@
+package merge
+
+import (
+	"fmt"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// input is every column of the step rows that Rows reads.
+type input struct {
+	*steps
+	task, role, sid, term, est *array.String
+	idx, numSteps, groupSize   *array.Int32
+	pv, gv                     *array.Int64
+	lp, tokAdv                 *array.List
+	lpV, tokAdvV               []float32
+	reward, adv                *array.Float64
+	partial, correct           *array.Boolean
+}
+
+func inputColumns(rec arrow.RecordBatch) (*input, error) {
+	s, err := stepColumns(rec)
+	if err != nil {
+		return nil, err
+	}
+	in := &input{steps: s}
+	sc := rec.Schema()
+	var missing []string
+	col := func(name string) arrow.Array {
+		idx := sc.FieldIndices(name)
+		if len(idx) == 0 {
+			missing = append(missing, name)
+			return nil
+		}
+		return rec.Column(idx[0])
+	}
+	in.task, _ = col("task_id").(*array.String)
+	in.role, _ = col("role").(*array.String)
+	in.sid, _ = col("step_id").(*array.String)
+	in.term, _ = col("termination_reason").(*array.String)
+	in.est, _ = col("estimator").(*array.String)
+	in.idx, _ = col("step_index").(*array.Int32)
+	in.numSteps, _ = col("num_steps").(*array.Int32)
+	in.groupSize, _ = col("group_size").(*array.Int32)
+	in.pv, _ = col("policy_version").(*array.Int64)
+	in.gv, _ = col("group_version").(*array.Int64)
+	in.lp, _ = col("response_logprobs").(*array.List)
+	in.tokAdv, _ = col("token_advantages").(*array.List)
+	in.reward, _ = col("reward").(*array.Float64)
+	in.adv, _ = col("advantage").(*array.Float64)
+	in.partial, _ = col("partial").(*array.Boolean)
+	in.correct, _ = col("is_correct").(*array.Boolean)
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("merge: the step rows have no column %v", missing)
+	}
+	if in.task == nil || in.role == nil || in.sid == nil || in.term == nil || in.est == nil || in.idx == nil ||
+		in.numSteps == nil || in.groupSize == nil || in.pv == nil || in.gv == nil || in.lp == nil || in.tokAdv == nil ||
+		in.reward == nil || in.adv == nil || in.partial == nil || in.correct == nil {
+		return nil, fmt.Errorf("merge: unexpected column types in %s", sc)
+	}
+	lpV, ok1 := in.lp.ListValues().(*array.Float32)
+	taV, ok2 := in.tokAdv.ListValues().(*array.Float32)
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("merge: response_logprobs and token_advantages must be lists of float32")
+	}
+	in.lpV, in.tokAdvV = lpV.Float32Values(), taV.Float32Values()
+	return in, nil
+}
+
+// logprobsOf returns row i's response logprobs (one per response token:
+// the shard schema guarantees it, and Rows checks it).
+func (in *input) logprobsOf(i int) []float32 {
+	a, b := in.lp.ValueOffsets(i)
+	return in.lpV[a:b]
+}
+
+// tokenAdvantagesOf returns row i's per-token advantages, nil when the
+// row has none.
+func (in *input) tokenAdvantagesOf(i int) []float32 {
+	if in.tokAdv.IsNull(i) {
+		return nil
+	}
+	a, b := in.tokAdv.ValueOffsets(i)
+	return in.tokAdvV[a:b]
+}
+
+// builders are Schema's column builders.
+type builders struct {
+	rb                                    *array.RecordBuilder
+	gid, task, role, tid, first, last     *array.StringBuilder
+	term, est                             *array.StringBuilder
+	firstIdx, lastIdx, merged, seg, nRows *array.Int32Builder
+	numSteps, tokAdvSteps, act, obs, gs   *array.Int32Builder
+	isLast, partial, correct              *array.BooleanBuilder
+	pv, maxPV, gv                         *array.Int64Builder
+	reward, adv, frac                     *array.Float64Builder
+	prompt, resp, mask, lp, advs          *array.ListBuilder
+	promptV, respV                        *array.Int32Builder
+	maskV                                 *array.Int8Builder
+	lpV, advsV                            *array.Float32Builder
+}
+
+func newBuilders(mem memory.Allocator) *builders {
+	rb := array.NewRecordBuilder(mem, Schema)
+	f := func(i int) array.Builder { return rb.Field(i) }
+	b := &builders{rb: rb}
+	b.gid, b.task, b.role, b.tid = f(ColGroupID).(*array.StringBuilder), f(ColTaskID).(*array.StringBuilder), f(ColRole).(*array.StringBuilder), f(ColTrajectoryID).(*array.StringBuilder)
+	b.first, b.last = f(ColFirstStepID).(*array.StringBuilder), f(ColLastStepID).(*array.StringBuilder)
+	b.term, b.est = f(ColTerminationReason).(*array.StringBuilder), f(ColEstimator).(*array.StringBuilder)
+	b.firstIdx, b.lastIdx, b.merged = f(ColFirstStepIndex).(*array.Int32Builder), f(ColLastStepIndex).(*array.Int32Builder), f(ColStepsMerged).(*array.Int32Builder)
+	b.seg, b.nRows, b.numSteps = f(ColSegment).(*array.Int32Builder), f(ColRowsInTrajectory).(*array.Int32Builder), f(ColNumSteps).(*array.Int32Builder)
+	b.tokAdvSteps, b.act, b.obs, b.gs = f(ColTokenAdvantageSteps).(*array.Int32Builder), f(ColActionTokens).(*array.Int32Builder), f(ColObservationTokens).(*array.Int32Builder), f(ColGroupSize).(*array.Int32Builder)
+	b.isLast, b.partial, b.correct = f(ColIsLast).(*array.BooleanBuilder), f(ColPartial).(*array.BooleanBuilder), f(ColIsCorrect).(*array.BooleanBuilder)
+	b.pv, b.maxPV, b.gv = f(ColPolicyVersion).(*array.Int64Builder), f(ColMaxPolicyVersion).(*array.Int64Builder), f(ColGroupVersion).(*array.Int64Builder)
+	b.reward, b.adv, b.frac = f(ColReward).(*array.Float64Builder), f(ColAdvantage).(*array.Float64Builder), f(ColActionFraction).(*array.Float64Builder)
+	b.prompt, b.resp, b.mask = f(ColPromptIDs).(*array.ListBuilder), f(ColResponseIDs).(*array.ListBuilder), f(ColResponseMask).(*array.ListBuilder)
+	b.lp, b.advs = f(ColRolloutLogProbs).(*array.ListBuilder), f(ColAdvantages).(*array.ListBuilder)
+	b.promptV, b.respV = b.prompt.ValueBuilder().(*array.Int32Builder), b.resp.ValueBuilder().(*array.Int32Builder)
+	b.maskV = b.mask.ValueBuilder().(*array.Int8Builder)
+	b.lpV, b.advsV = b.lp.ValueBuilder().(*array.Float32Builder), b.advs.ValueBuilder().(*array.Float32Builder)
+	return b
+}
+
+// Rows merges the step rows of rec (whole groups, each trajectory's steps
+// contiguous and in step order, whole prompt_ids) into rows of Schema.
+// The receiver releases the record.
+func Rows(mem memory.Allocator, rec arrow.RecordBatch) (arrow.RecordBatch, Stats, error) {
+	var st Stats
+	in, err := inputColumns(rec)
+	if err != nil {
+		return nil, st, err
+	}
+	n := int(rec.NumRows())
+	for i := 0; i < n; i++ {
+		if lp := in.logprobsOf(i); len(lp) != len(in.respOf(i)) {
+			return nil, st, fmt.Errorf("merge: step %q has %d logprobs for %d response tokens", in.sid.Value(i), len(lp), len(in.respOf(i)))
+		}
+		if ta := in.tokenAdvantagesOf(i); ta != nil && len(ta) != len(in.respOf(i)) {
+			return nil, st, fmt.Errorf("merge: step %q has %d token advantages for %d response tokens", in.sid.Value(i), len(ta), len(in.respOf(i)))
+		}
+	}
+	b := newBuilders(mem)
+	defer b.rb.Release()
+	b.promptV.Reserve(len(in.promptV))
+	var (
+		segs  []int // start rows of the trajectory's merged rows
+		ones  []int8
+		zeros = make([]int8, 0)
+		zf    []float32
+	)
+	for start := 0; start < n; {
+		// The trajectory's rows: [start, end).
+		end := start + 1
+		for end < n && in.gid.Value(end) == in.gid.Value(start) && in.tid.Value(end) == in.tid.Value(start) {
+			end++
+		}
+		segs = append(segs[:0], start)
+		for i := start + 1; i < end; i++ {
+			if !continues(in.steps, i, in.steps, i-1) {
+				segs = append(segs, i)
+			}
+		}
+		segs = append(segs, end)
+		st.Trajectories++
+		st.Steps += int64(end - start)
+		st.MaxRowsPerTrajectory = max(st.MaxRowsPerTrajectory, int32(len(segs)-1))
+		for k := 0; k+1 < len(segs); k++ {
+			first, last := segs[k], segs[k+1]-1
+			prompt := in.promptOf(first)
+			b.prompt.Append(true)
+			b.promptV.AppendValues(prompt, nil)
+			b.resp.Append(true)
+			b.mask.Append(true)
+			b.lp.Append(true)
+			b.advs.Append(true)
+			var action, obs, tokAdvSteps int
+			minPV, maxPV := in.pv.Value(first), in.pv.Value(first)
+			for i := first; i <= last; i++ {
+				if i > first {
+					// The observation: the prompt tokens after the previous
+					// step's prompt and response.
+					delta := in.promptOf(i)[len(in.promptOf(i-1))+len(in.respOf(i-1)):]
+					zeros = grow(zeros, len(delta), 0)
+					zf = growF(zf, len(delta))
+					b.respV.AppendValues(delta, nil)
+					b.maskV.AppendValues(zeros[:len(delta)], nil)
+					b.lpV.AppendValues(zf[:len(delta)], nil)
+					b.advsV.AppendValues(zf[:len(delta)], nil)
+					obs += len(delta)
+					minPV, maxPV = min(minPV, in.pv.Value(i)), max(maxPV, in.pv.Value(i))
+				}
+				resp := in.respOf(i)
+				ones = grow(ones, len(resp), 1)
+				b.respV.AppendValues(resp, nil)
+				b.maskV.AppendValues(ones[:len(resp)], nil)
+				b.lpV.AppendValues(in.logprobsOf(i), nil)
+				if ta := in.tokenAdvantagesOf(i); ta != nil {
+					b.advsV.AppendValues(ta, nil)
+					tokAdvSteps++
+				} else {
+					a := float32(in.adv.Value(i))
+					for range resp {
+						b.advsV.Append(a)
+					}
+				}
+				action += len(resp)
+			}
+			b.gid.Append(in.gid.Value(first))
+			b.task.Append(in.task.Value(first))
+			appendNullableString(b.role, in.role, first)
+			b.tid.Append(in.tid.Value(first))
+			b.first.Append(in.sid.Value(first))
+			b.last.Append(in.sid.Value(last))
+			b.firstIdx.Append(in.idx.Value(first))
+			b.lastIdx.Append(in.idx.Value(last))
+			b.merged.Append(int32(last - first + 1))
+			b.seg.Append(int32(k))
+			b.nRows.Append(int32(len(segs) - 1))
+			b.numSteps.Append(in.numSteps.Value(first))
+			b.isLast.Append(in.idx.Value(last) == in.numSteps.Value(last)-1)
+			b.pv.Append(minPV)
+			b.maxPV.Append(maxPV)
+			b.gv.Append(in.gv.Value(first))
+			b.reward.Append(in.reward.Value(first))
+			b.adv.Append(in.adv.Value(first))
+			b.tokAdvSteps.Append(int32(tokAdvSteps))
+			b.act.Append(int32(action))
+			b.obs.Append(int32(obs))
+			frac := 1.0
+			if action+obs > 0 {
+				frac = float64(action) / float64(action+obs)
+			}
+			b.frac.Append(frac)
+			b.gs.Append(in.groupSize.Value(first))
+			b.partial.Append(in.partial.Value(first))
+			if in.correct.IsNull(first) {
+				b.correct.AppendNull()
+			} else {
+				b.correct.Append(in.correct.Value(first))
+			}
+			appendNullableString(b.term, in.term, first)
+			b.est.Append(in.est.Value(first))
+			st.Rows++
+			st.ActionTokens += int64(action)
+			st.ObservationTokens += int64(obs)
+			st.PromptTokens += int64(len(prompt))
+		}
+		start = end
+	}
+	return b.rb.NewRecordBatch(), st, nil
+}
+
+func appendNullableString(b *array.StringBuilder, a *array.String, i int) {
+	if a.IsNull(i) {
+		b.AppendNull()
+	} else {
+		b.Append(a.Value(i))
+	}
+}
+
+// grow returns s with at least n items, all v.
+func grow(s []int8, n int, v int8) []int8 {
+	for len(s) < n {
+		s = append(s, v)
+	}
+	return s
+}
+
+// growF returns s with at least n zeros.
+func growF(s []float32, n int) []float32 {
+	if len(s) < n {
+		s = append(s, make([]float32, n-len(s))...)
+	}
+	return s
+}
