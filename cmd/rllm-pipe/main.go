@@ -115,6 +115,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	root.AddCommand(newImportCmd())
 	root.AddCommand(newGatewayCmd(soft))
 	root.AddCommand(newReportCmd(soft))
+	root.AddCommand(newUICmd(soft))
 	return root
 }
 

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report/live"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/train"
+)
+
+// uiOpts are the flags of `rllm-pipe ui`.
+type uiOpts struct {
+	from, listen, tokenFile string
+	poll                    time.Duration
+	k                       []int
+	conn                    connFlags
+}
+
+func newUICmd(soft context.Context) *cobra.Command {
+	var o uiOpts
+	cmd := &cobra.Command{
+		Use:   "ui --from URL [--listen ADDR]",
+		Short: "Serve the report's charts live, the pipeline's health and a trajectory browser over HTTP (read only)",
+		Long: `ui serves, over HTTP, the charts of "rllm-pipe report" following the
+manifest of --from (a path, file:///path or s3://bucket/prefix) as shards
+commit; the pipeline's health (shards, rows, commits per minute, consumer
+groups with their acknowledged groups and lag); and a trajectory browser
+(filters by task, policy version, role, filter reason and reward; pages;
+a trajectory's steps with their messages and tool calls, response tokens
+coloured by logprob). Chart buckets link to the trajectories behind them.
+
+Read only: GET and HEAD only, over the sandboxed views of "sql". It listens
+on loopback by default; anywhere else it needs a bearer token (from
+--token-file or $RLLM_PIPE_UI_TOKEN, never a flag value), sent as
+"Authorization: Bearer TOKEN" or, from a browser, as the password of the
+basic-authentication prompt.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runUI(soft, o, cmd)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8817", "address to serve on (host:port; port 0 picks one); beyond loopback only with a token")
+	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token (default: $RLLM_PIPE_UI_TOKEN; none: loopback only)")
+	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often to re-read the manifest")
+	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of pass@k")
+	o.conn.register(f)
+	return cmd
+}
+
+func groupProgress(ctx context.Context, obj store.Objects) (int64, int64, error) {
+	p, err := train.GroupProgress(ctx, obj)
+	return p.GroupsAcked, p.GroupsSkip, err
+}
+
+func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
+	if o.from == "" {
+		return usageErrorf("--from is required")
+	}
+	tok, err := token("token-file", o.tokenFile, "RLLM_PIPE_UI_TOKEN")
+	if err != nil {
+		return err
+	}
+	if tok == "" && !loopbackAddr(o.listen) {
+		return usageErrorf("--listen %s is beyond loopback: ui refuses it without a token (--token-file or RLLM_PIPE_UI_TOKEN), or listen on 127.0.0.1", o.listen)
+	}
+	r, err := openShardStore(ctx, o.from, o.conn)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress})
+	if err := srv.Refresh(ctx); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("ui: %w", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(runCtx) }()
+	go func() {
+		<-runCtx.Done()
+		sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+		defer c()
+		hs.Shutdown(sctx)
+	}()
+	fmt.Fprintf(cmd.ErrOrStderr(), "rllm-pipe ui: serving %s on http://%s/\n", r.Name(), ln.Addr())
+	slog.Debug("ui", "auth", tok != "")
+	err = hs.Serve(ln)
+	cancel()
+	<-done
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

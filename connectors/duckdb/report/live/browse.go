@@ -1,0 +1,301 @@
+package live
+
+import (
+	"encoding/json"
+	"fmt"
+	"html"
+	"html/template"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
+)
+
+// maxPage bounds ?page (OFFSET scans grow with it).
+const maxPage = 100_000
+
+// maxTokensShown bounds the tokens drawn per step.
+const maxTokensShown = 8192
+
+// trajectoriesSQL: one page of trajectories matching the filters (an
+// empty filter matches all); ordered, so pages are stable.
+const trajectoriesSQL = `SELECT group_id, group_version, trajectory_id, task_id, coalesce(role, '') AS role, reward, advantage, steps,
+  response_tokens, coalesce(filter_reason, '') AS filter_reason, pass
+FROM trajectories
+WHERE ($1 = '' OR task_id = $1) AND ($2::BIGINT IS NULL OR group_version = $2::BIGINT) AND ($3 = '' OR coalesce(role, '') = $3)
+  AND ($4 = '' OR coalesce(filter_reason, '') = $4) AND ($5::DOUBLE IS NULL OR reward >= $5::DOUBLE) AND ($6::DOUBLE IS NULL OR reward <= $6::DOUBLE)
+ORDER BY group_version, group_id, trajectory_id
+LIMIT $7 OFFSET $8`
+
+const stepsSQL = `SELECT step_index, step_id, policy_version, messages, response_ids, response_logprobs, teacher_logprobs, token_advantages,
+  reward, step_reward, advantage, finish_reason
+FROM steps
+WHERE group_id = $1 AND group_version = $2 AND trajectory_id = $3
+ORDER BY step_index
+LIMIT 10000`
+
+func optNum(s string) (any, error) {
+	if s == "" {
+		return nil, nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil, fmt.Errorf("%q is not a number", s)
+	}
+	return f, nil
+}
+
+func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := func(k string) string { return strings.TrimSpace(q.Get(k)) }
+	page, _ := strconv.Atoi(q.Get("page"))
+	page = min(max(page, 0), maxPage)
+	var version any
+	if v := f("version"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			http.Error(w, "version: not an integer", http.StatusBadRequest)
+			return
+		}
+		version = n
+	}
+	lo, err1 := optNum(f("min_reward"))
+	hi, err2 := optNum(f("max_reward"))
+	if err1 != nil || err2 != nil {
+		http.Error(w, "reward bounds: not numbers", http.StatusBadRequest)
+		return
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
+		return
+	}
+	n := s.o.PageSize
+	t, err := report.RunTable(r.Context(), s.db, "trajectories", trajectoriesSQL,
+		f("task"), version, f("role"), f("reason"), lo, hi, n+1, page*n)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	more := len(t.Rows) > n
+	if more {
+		t.Rows = t.Rows[:n]
+	}
+	var b strings.Builder
+	b.WriteString(`<p class="meta"><a href="/">charts</a></p><form id="filters" method="get" action="/trajectories">`)
+	for _, k := range [][2]string{{"task", "task"}, {"version", "policy version"}, {"role", "role"}, {"reason", "filter reason"}, {"min_reward", "reward ≥"}, {"max_reward", "reward ≤"}} {
+		fmt.Fprintf(&b, `<label>%s <input name="%s" value="%s" size="10"></label> `, k[1], k[0], html.EscapeString(f(k[0])))
+	}
+	b.WriteString(`<button type="submit">filter</button></form>`)
+	fmt.Fprintf(&b, `<table id="trajectories" data-page="%d" data-rows="%d"><tr>`, page, len(t.Rows))
+	for _, c := range t.Columns {
+		fmt.Fprintf(&b, `<th>%s</th>`, html.EscapeString(c))
+	}
+	b.WriteString(`</tr>`)
+	for _, row := range t.Rows {
+		v := url.Values{"g": {report.Str(row[0])}, "v": {report.FormatCell(row[1])}, "t": {report.Str(row[2])}}
+		b.WriteString(`<tr class="traj">`)
+		for i, c := range row {
+			cell := html.EscapeString(report.FormatCell(c))
+			if i == 2 {
+				cell = `<a href="/trajectory?` + html.EscapeString(v.Encode()) + `">` + cell + `</a>`
+			}
+			fmt.Fprintf(&b, `<td>%s</td>`, cell)
+		}
+		b.WriteString(`</tr>`)
+	}
+	b.WriteString(`</table><p class="pager">`)
+	nav := func(p int, label, id string) {
+		qq := url.Values{}
+		for k, vs := range q {
+			qq[k] = vs
+		}
+		qq.Set("page", strconv.Itoa(p))
+		fmt.Fprintf(&b, `<a id="%s" href="/trajectories?%s">%s</a> `, id, html.EscapeString(qq.Encode()), label)
+	}
+	if page > 0 {
+		nav(page-1, "← previous", "prev")
+	}
+	fmt.Fprintf(&b, `page %d `, page+1)
+	if more {
+		nav(page+1, "next →", "next")
+	}
+	b.WriteString(`</p>`)
+	render(w, "trajectories", 0, template.HTML(b.String()))
+}
+
+type message struct {
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls []struct {
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	} `json:"tool_calls"`
+	Name string `json:"name"`
+}
+
+func contentText(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(raw, &parts) == nil {
+		var out []string
+		for _, p := range parts {
+			out = append(out, p.Text)
+		}
+		return strings.Join(out, "\n")
+	}
+	return string(raw)
+}
+
+func floats(v any) []float64 {
+	l, _ := v.([]any)
+	out := make([]float64, 0, len(l))
+	for _, x := range l {
+		f, _ := report.Num(normaliseAny(x))
+		out = append(out, f)
+	}
+	return out
+}
+
+func normaliseAny(x any) any {
+	switch v := x.(type) {
+	case float32:
+		return float64(v)
+	case int32:
+		return int64(v)
+	}
+	return x
+}
+
+// tokenClass buckets a logprob: sure (no colour) to unsure.
+func tokenClass(lp float64) string {
+	switch {
+	case lp > -0.1:
+		return "lp0"
+	case lp > -1:
+		return "lp1"
+	case lp > -3:
+		return "lp2"
+	}
+	return "lp3"
+}
+
+func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	gv, err := strconv.ParseInt(q.Get("v"), 10, 64)
+	if err != nil || q.Get("g") == "" || q.Get("t") == "" {
+		http.Error(w, "want g, v and t", http.StatusBadRequest)
+		return
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.db == nil {
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
+		return
+	}
+	t, err := report.RunTable(r.Context(), s.db, "steps", stepsSQL, q.Get("g"), gv, q.Get("t"))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, `<p class="meta"><a href="/trajectories">trajectories</a> · group %s v%d · trajectory %s · %d steps</p>`,
+		html.EscapeString(q.Get("g")), gv, html.EscapeString(q.Get("t")), len(t.Rows))
+	b.WriteString(`<p class="meta">response tokens coloured by logprob: <span class="tok lp0">&gt; -0.1</span> <span class="tok lp1">&gt; -1</span> <span class="tok lp2">&gt; -3</span> <span class="tok lp3">≤ -3</span></p>`)
+	for _, row := range t.Rows {
+		fmt.Fprintf(&b, `<section class="step" data-step="%s"><h3>step %s · policy v%s · reward %s · advantage %s · finish %s</h3>`,
+			html.EscapeString(report.FormatCell(row[0])), html.EscapeString(report.FormatCell(row[0])), html.EscapeString(report.FormatCell(row[2])),
+			html.EscapeString(report.FormatCell(row[8])), html.EscapeString(report.FormatCell(row[10])), html.EscapeString(report.FormatCell(row[11])))
+		var msgs []message
+		if m := report.Str(row[3]); m != "" && json.Unmarshal([]byte(m), &msgs) == nil {
+			for _, m := range msgs {
+				fmt.Fprintf(&b, `<div class="msg %s"><b>%s</b>`, html.EscapeString(m.Role), html.EscapeString(m.Role))
+				if txt := contentText(m.Content); txt != "" && txt != "null" {
+					fmt.Fprintf(&b, `<pre>%s</pre>`, html.EscapeString(txt))
+				}
+				for _, tc := range m.ToolCalls {
+					fmt.Fprintf(&b, `<div class="toolcall">tool call <code>%s(%s)</code></div>`, html.EscapeString(tc.Function.Name), html.EscapeString(tc.Function.Arguments))
+				}
+				b.WriteString(`</div>`)
+			}
+		}
+		ids, _ := row[4].([]any)
+		lps := floats(row[5])
+		teacher := floats(row[6])
+		tadv := floats(row[7])
+		b.WriteString(`<div class="tokens">`)
+		for i, id := range ids {
+			if i >= maxTokensShown {
+				fmt.Fprintf(&b, ` … %d more`, len(ids)-i)
+				break
+			}
+			lp := math.NaN()
+			if i < len(lps) {
+				lp = lps[i]
+			}
+			title := fmt.Sprintf("token %v logprob %.4g", id, lp)
+			if i < len(teacher) {
+				title += fmt.Sprintf(" teacher %.4g", teacher[i])
+			}
+			if i < len(tadv) {
+				title += fmt.Sprintf(" advantage %.4g", tadv[i])
+			}
+			fmt.Fprintf(&b, `<span class="tok %s" title="%s">%v</span>`, tokenClass(lp), title, id)
+		}
+		b.WriteString(`</div></section>`)
+	}
+	render(w, "trajectory", 0, template.HTML(b.String()))
+}
+
+var shell = template.Must(template.New("ui").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">
+<meta name="color-scheme" content="light dark"><title>{{.Title}}</title><style>{{.CSS}}</style></head>
+<body data-generation="{{.Gen}}"><h1>{{.Title}}</h1>{{.Body}}<script src="/app.js"></script></body></html>
+`))
+
+const uiCSS = `.tok{font:12px ui-monospace,monospace;padding:0 2px;margin:1px;display:inline-block;border-radius:3px}
+.lp1{background:rgba(255,200,0,.25)} .lp2{background:rgba(255,120,0,.45)} .lp3{background:rgba(230,0,40,.55)}
+.msg{border-left:3px solid var(--grid);padding:2px 8px;margin:6px 0} .msg pre{white-space:pre-wrap;margin:2px 0}
+.toolcall{color:var(--c3)} .step{background:var(--card);border-radius:8px;padding:8px 12px;margin:12px 0}
+#health{font-variant-numeric:tabular-nums} form label{margin-right:8px}`
+
+func render(w http.ResponseWriter, title string, gen int, body template.HTML) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	shell.Execute(w, map[string]any{"Title": title, "Gen": gen, "CSS": template.CSS(report.CSS + uiCSS), "Body": body})
+}
+
+// appJS polls /api/state: it fills the health panel and, when the
+// generation changes (a shard committed), reloads the charts.
+const appJS = `(function(){
+const health=document.getElementById('health'), charts=document.getElementById('charts');
+if(!health) return;
+let gen=document.body.dataset.generation;
+function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));}
+async function tick(){
+  try{
+    const st=await (await fetch('/api/state')).json();
+    let h='<p>'+st.shards+' shards · '+st.rows+' rows · '+st.groups+' groups · newest policy v'+st.newest_policy_version+
+      ' · '+st.commits_per_minute.toFixed(1)+' commits/min (last 10 min)</p>';
+    if(st.consumers.length){h+='<table id="consumers"><tr><th>consumer group</th><th>acknowledged</th><th>skipped</th><th>lag (groups)</th></tr>';
+      for(const c of st.consumers){h+='<tr><td>'+esc(c.group)+'</td><td>'+c.groups_acked+'</td><td>'+c.groups_skipped+'</td><td>'+c.lag_groups+'</td></tr>';}
+      h+='</table>';} else {h+='<p class="meta">no consumer group yet</p>';}
+    health.innerHTML=h;
+    if(String(st.generation)!==String(gen)){
+      const r=await fetch('/charts');
+      if(r.ok){charts.innerHTML=await r.text(); gen=r.headers.get('X-Generation'); document.body.dataset.generation=gen;}
+    }
+  }catch(e){health.textContent='not reachable';}
+}
+tick(); setInterval(tick,1000);
+})();`

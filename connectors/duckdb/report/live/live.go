@@ -1,0 +1,291 @@
+// Package live serves the charts of package report over HTTP, following
+// the manifest as shards commit, with the pipeline's health and a
+// trajectory browser. It is read only: it runs the sandboxed DuckDB views
+// of connectors/duckdb and the consumer groups' progress, and answers GET
+// and HEAD only.
+package live
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Progress reads a consumer group's progress (train.GroupProgress).
+type Progress func(ctx context.Context, obj store.Objects) (acked, skipped int64, err error)
+
+// Options configure a Server.
+type Options struct {
+	// Token, when set, is required as "Authorization: Bearer TOKEN" (or
+	// as the password of HTTP basic authentication, for browsers).
+	Token string
+	// Poll is how often the manifest is re-read. Default 2s.
+	Poll time.Duration
+	// K are the k of pass@k.
+	K []int
+	// Progress reads consumer groups' progress; nil: no consumer groups.
+	Progress Progress
+	// PageSize is the trajectories per page of the browser. Default 50.
+	PageSize int
+}
+
+// Server is the live view of one output root.
+type Server struct {
+	r    store.Reader
+	o    Options
+	open func(ctx context.Context) (*duckdb.DB, error)
+
+	mu      sync.RWMutex
+	db      *duckdb.DB
+	data    *report.Data
+	entries []schemas.ShardEntry
+	gen     int
+	err     error
+}
+
+// New returns a server over r; Run follows the manifest.
+func New(r store.Reader, o Options) *Server {
+	if o.Poll <= 0 {
+		o.Poll = 2 * time.Second
+	}
+	if o.PageSize <= 0 {
+		o.PageSize = 50
+	}
+	return &Server{r: r, o: o, open: func(ctx context.Context) (*duckdb.DB, error) { return duckdb.Open(ctx, r, duckdb.Options{}) }}
+}
+
+// Run re-reads the manifest every Poll and reopens the views when it
+// grew, until ctx ends; it closes the views on return.
+func (s *Server) Run(ctx context.Context) error {
+	defer func() {
+		s.mu.Lock()
+		if s.db != nil {
+			s.db.Close()
+			s.db = nil
+		}
+		s.mu.Unlock()
+	}()
+	t := time.NewTicker(s.o.Poll)
+	defer t.Stop()
+	for {
+		if err := s.Refresh(ctx); err != nil && ctx.Err() == nil {
+			slog.Warn("ui: refresh", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Refresh reopens the views if the manifest has new entries.
+func (s *Server) Refresh(ctx context.Context) error {
+	entries, err := s.r.Entries(ctx)
+	if err != nil {
+		return fmt.Errorf("ui: manifest: %w", err)
+	}
+	s.mu.RLock()
+	same := s.db != nil && len(entries) == len(s.entries)
+	s.mu.RUnlock()
+	if same {
+		return nil
+	}
+	db, err := s.open(ctx)
+	if err != nil {
+		s.mu.Lock()
+		s.err = err
+		s.mu.Unlock()
+		return err
+	}
+	d, err := report.Collect(ctx, db, duckdb.ReportOptions{K: s.o.K})
+	if err != nil {
+		db.Close()
+		return err
+	}
+	d.Source, d.Shards = s.r.Name(), db.Shards()
+	s.mu.Lock()
+	old := s.db
+	s.db, s.data, s.entries, s.err = db, d, entries, nil
+	s.gen++
+	s.mu.Unlock()
+	if old != nil {
+		// Handlers hold the read lock while they query: none uses old now.
+		old.Close()
+	}
+	return nil
+}
+
+// Handler is the HTTP interface.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", s.index)
+	mux.HandleFunc("/charts", s.charts)
+	mux.HandleFunc("/api/state", s.state)
+	mux.HandleFunc("/trajectories", s.trajectories)
+	mux.HandleFunc("/trajectory", s.trajectory)
+	mux.HandleFunc("/app.js", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
+		w.Write([]byte(appJS))
+	})
+	return s.guard(mux)
+}
+
+// guard: GET and HEAD only, the token when set, strict headers.
+func (s *Server) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'")
+		h.Set("X-Content-Type-Options", "nosniff")
+		h.Set("Referrer-Policy", "no-referrer")
+		h.Set("Cache-Control", "no-store")
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			h.Set("Allow", "GET, HEAD")
+			http.Error(w, "read only", http.StatusMethodNotAllowed)
+			return
+		}
+		if s.o.Token != "" && !s.authorised(r) {
+			h.Set("WWW-Authenticate", `Basic realm="rllm-pipe ui"`)
+			http.Error(w, "unauthorised", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) authorised(r *http.Request) bool {
+	got := ""
+	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
+		got = strings.TrimPrefix(a, "Bearer ")
+	} else if _, p, ok := r.BasicAuth(); ok {
+		got = p
+	}
+	return subtle.ConstantTimeCompare([]byte(got), []byte(s.o.Token)) == 1
+}
+
+func (s *Server) snapshot() (*report.Data, []schemas.ShardEntry, int, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.data, s.entries, s.gen, s.err
+}
+
+func link(v url.Values) string { return "/trajectories?" + v.Encode() }
+
+func (s *Server) index(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	d, _, gen, err := s.snapshot()
+	if d == nil {
+		http.Error(w, fmt.Sprintf("not ready: %v", err), http.StatusServiceUnavailable)
+		return
+	}
+	render(w, "rllm-pipe ui", gen, template.HTML(`<p class="meta"><a href="/trajectories">trajectories</a></p><h2>Health</h2><div id="health"></div><div id="charts">`)+
+		report.ChartsHTML(d, link)+template.HTML(`</div>`))
+}
+
+func (s *Server) charts(w http.ResponseWriter, _ *http.Request) {
+	d, _, gen, _ := s.snapshot()
+	if d == nil {
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("X-Generation", strconv.Itoa(gen))
+	w.Write([]byte(report.ChartsHTML(d, link)))
+}
+
+// Consumer is a consumer group's progress.
+type Consumer struct {
+	Group   string `json:"group"`
+	Acked   int64  `json:"groups_acked"`
+	Skipped int64  `json:"groups_skipped"`
+	Lag     int64  `json:"lag_groups"` // committed groups not yet acknowledged or skipped
+	Error   string `json:"error,omitempty"`
+}
+
+// State is /api/state.
+type State struct {
+	Generation       int        `json:"generation"`
+	Shards           int        `json:"shards"`
+	Rows             int64      `json:"rows"`
+	Groups           int64      `json:"groups"`
+	NewestVersion    int64      `json:"newest_policy_version"`
+	CommitsPerMinute float64    `json:"commits_per_minute"` // over the last 10 minutes
+	LastCommit       time.Time  `json:"last_commit"`
+	Consumers        []Consumer `json:"consumers"`
+}
+
+func (s *Server) state(w http.ResponseWriter, r *http.Request) {
+	_, entries, gen, _ := s.snapshot()
+	st := State{Generation: gen, Consumers: []Consumer{}}
+	now := time.Now()
+	recent := 0
+	for _, e := range entries {
+		if e.Path == "" {
+			continue
+		}
+		st.Shards++
+		st.Rows += e.Rows
+		st.Groups += int64(e.Groups)
+		st.NewestVersion = max(st.NewestVersion, e.PolicyVersion)
+		if e.CommittedAt.After(st.LastCommit) {
+			st.LastCommit = e.CommittedAt
+		}
+		if now.Sub(e.CommittedAt) <= 10*time.Minute {
+			recent++
+		}
+	}
+	st.CommitsPerMinute = float64(recent) / 10
+	if s.o.Progress != nil {
+		st.Consumers = s.consumers(r.Context(), st.Groups)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(st)
+}
+
+func (s *Server) consumers(ctx context.Context, committed int64) []Consumer {
+	out := []Consumer{}
+	root, err := s.r.Objects(store.ConsumersDir)
+	if err != nil {
+		return out
+	}
+	names, err := root.List(ctx, "")
+	if err != nil {
+		return out
+	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		g, _, _ := strings.Cut(n, "/")
+		if g == "" || seen[g] || !store.CheckName(g) {
+			continue
+		}
+		seen[g] = true
+		c := Consumer{Group: g}
+		obj, err := s.r.Objects(store.ConsumersDir + "/" + g)
+		if err == nil {
+			c.Acked, c.Skipped, err = s.o.Progress(ctx, obj)
+		}
+		if err != nil {
+			c.Error = err.Error()
+		}
+		c.Lag = max(0, committed-c.Acked-c.Skipped)
+		out = append(out, c)
+	}
+	return out
+}
