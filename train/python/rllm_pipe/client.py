@@ -43,7 +43,8 @@ class TokenColumn:
 
 @dataclass
 class Batch:
-    """Whole groups of rows (one row per step) within the token budget."""
+    """Whole groups of rows within the token budget: one row per step, or
+    merged trajectory rows with ``serve --layout trajectories``."""
 
     record: pa.RecordBatch
     batch_id: int
@@ -87,6 +88,26 @@ class Batch:
             # the tensor is undefined. Training reads token ids; it never writes.
             warnings.simplefilter("ignore", UserWarning)
             return torch.from_numpy(col.values), torch.from_numpy(col.offsets)
+
+    @property
+    def layout(self) -> str:
+        """"trajectories" for merged trajectory rows (serve --layout
+        trajectories), else "steps"."""
+        return self.meta.get("layout") or "steps"
+
+    def to_padded(
+        self,
+        pad_token_id: int,
+        max_prompt_length: int,
+        max_response_length: int,
+        pad_rows_to_multiple: int = 1,
+        **kwargs,
+    ):
+        """The batch as padded tensors in verl's layout (numpy; ``.torch()``
+        for torch tensors sharing the memory): see rllm_pipe.padded."""
+        from .padded import to_padded
+
+        return to_padded(self.record, pad_token_id, max_prompt_length, max_response_length, pad_rows_to_multiple, **kwargs)
 
     def ack(self, policy_version: Optional[int] = None) -> Dict[str, int]:
         """Acknowledge the batch: its groups are settled for the consumer group

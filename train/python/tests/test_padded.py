@@ -1,0 +1,202 @@
+"""Batch.to_padded against a real `rllm-pipe serve --layout trajectories` on
+generated multi-turn data with context resets, ragged lengths, truncation and
+distillation token advantages, compared with an independent implementation of
+rLLM's rules (rllm/trainer/verl/transform.py) applied to the same trajectories
+served as step rows."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from conftest import Server, run
+from rllm_pipe import Client
+from rllm_pipe.padded import TruncationWarning
+
+PAD = 0  # a token id the generator also emits: attention follows rLLM's rule
+
+
+@pytest.fixture(scope="module")
+def multiturn(tmp_path_factory):
+    root = tmp_path_factory.mktemp("multiturn")
+    src = root / "traces.jsonl"
+    run("gen", "--groups", "24", "--group-size", "4", "--turns", "1..9", "--resets", "0.2", "--observation-len", "24",
+        "--prompt-len", "48", "--response-len", "24", "--vocab", "300", "--teacher", "--seed", "7", "--out", str(src))
+    out = root / "out"
+    run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--kl-coef", "0.5", "--kl-clip", "1",
+        "--shard-size", "64KiB", "--quiet")
+    return out
+
+
+@pytest.fixture
+def serve_mt(multiturn):
+    started = []
+
+    def start(*flags):
+        s = Server(multiturn, "--follow=false", "--poll", "50ms", *flags)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def drain_records(location, consumer):
+    out = []
+    with Client(location, consumer=consumer) as c:
+        for b in c.batches():
+            out.append(b)
+            b.ack()
+    return out
+
+
+# --- the reference: rLLM's rules, written independently, row by row ---------
+
+
+def ref_merge(steps):
+    """steps: dicts of one trajectory in step order -> merged rows (dicts)."""
+    rows, seg, full = [], None, None
+    for s in steps:
+        p, a, lp = list(s["prompt_ids"]), list(s["response_ids"]), list(s["response_logprobs"])
+        adv = list(s["token_advantages"]) if s["token_advantages"] is not None else [s["advantage"]] * len(a)
+        if seg is not None and len(p) >= len(full) and p[: len(full)] == full:
+            obs = p[len(full) :]
+            seg["response"] += obs + a
+            seg["mask"] += [0] * len(obs) + [1] * len(a)
+            seg["lp"] += [0.0] * len(obs) + lp
+            seg["adv"] += [0.0] * len(obs) + adv
+            seg["last"] = s["step_index"]
+            full += obs + a
+        else:
+            if seg is not None:
+                rows.append(seg)
+            seg = {"traj": s["trajectory_id"], "first": s["step_index"], "last": s["step_index"], "prompt": p,
+                   "response": list(a), "mask": [1] * len(a), "lp": lp, "adv": adv, "reward": s["reward"]}
+            full = p + a
+    rows.append(seg)
+    return rows
+
+
+def ref_pad(rows, pad, P, R):
+    """verl's padding as rLLM does it, one row at a time."""
+    n = len(rows)
+    out = {k: np.zeros((n, w), dtype=np.float64) for k, w in
+           [("prompts", P), ("responses", R), ("response_mask", R), ("rollout_log_probs", R), ("advantages", R), ("traj_rewards", R)]}
+    out["prompts"][:] = pad
+    out["responses"][:] = pad
+    for i, r in enumerate(rows):
+        p = r["prompt"][-P:]  # left pad, keep the end
+        out["prompts"][i, P - len(p) :] = p
+        resp = r["response"][:R]  # right pad, keep the start
+        out["responses"][i, : len(resp)] = resp
+        out["response_mask"][i, : len(resp)] = r["mask"][:R]
+        out["rollout_log_probs"][i, : len(resp)] = r["lp"][:R]
+        out["advantages"][i, : len(resp)] = np.array(r["adv"][:R]) * np.array(r["mask"][:R])
+        if 0 < len(r["response"]) <= R:
+            out["traj_rewards"][i, len(r["response"]) - 1] = r["reward"]
+    out["input_ids"] = np.concatenate([out["prompts"], out["responses"]], axis=1)
+    out["attention_mask"] = (out["input_ids"] != pad).astype(np.int64)
+    out["position_ids"] = (np.cumsum(out["attention_mask"], axis=1) - 1) * out["attention_mask"]
+    return out
+
+
+def reference_rows(location):
+    """Merged rows by (trajectory, first step) from the step layout."""
+    rows = {}
+    for b in drain_records(location, "ref"):
+        t = b.record.to_pylist()
+        by_traj = {}
+        for s in t:
+            by_traj.setdefault(s["trajectory_id"], []).append(s)
+        for steps in by_traj.values():
+            for r in ref_merge(sorted(steps, key=lambda s: s["step_index"])):
+                rows[(r["traj"], r["first"])] = r
+    return rows
+
+
+@pytest.mark.parametrize("P,R", [(4096, 4096), (40, 96)])
+def test_padded_matches_rllm_reference(serve_mt, P, R):
+    ref = reference_rows(serve_mt("--consumer-group", f"steps-{P}").location)
+    srv = serve_mt("--consumer-group", f"traj-{P}", "--layout", "trajectories", "--max-tokens", "20000")
+    seen, resets, cut = 0, 0, 0
+    with Client(srv.location, consumer="t") as c:
+        for b in c.batches():
+            assert b.layout == "trajectories"
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = b.to_padded(PAD, P, R)
+            keys = list(zip(got.ids["trajectory_ids"], got.ids["first_step_index"]))
+            rows = [ref[k] for k in keys]
+            want = ref_pad(rows, PAD, P, R)
+            for name in ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask"):
+                np.testing.assert_array_equal(getattr(got, name), want[name], err_msg=name)
+            for name in ("rollout_log_probs", "advantages", "traj_rewards"):
+                np.testing.assert_allclose(getattr(got, name), want[name], rtol=0, atol=1e-6, err_msg=name)
+            # truncation is counted, never silent
+            tr = got.truncation
+            assert tr["prompts_truncated"] == sum(len(r["prompt"]) > P for r in rows)
+            assert tr["responses_truncated"] == sum(len(r["response"]) > R for r in rows)
+            assert tr["response_tokens_dropped"] == sum(max(0, len(r["response"]) - R) for r in rows)
+            assert tr["action_tokens_dropped"] == sum(sum(r["mask"][R:]) for r in rows)
+            assert list(got.response_truncated) == [len(r["response"]) > R for r in rows]
+            truncated = tr["prompts_truncated"] + tr["responses_truncated"]
+            assert any(issubclass(w.category, TruncationWarning) for w in caught) == (truncated > 0)
+            cut += truncated
+            resets += sum(r["first"] > 0 for r in rows)
+            seen += len(keys)
+            b.ack()
+    assert seen == len(ref), "every merged row once"
+    assert resets > 0, "the data has context resets"
+    if R < 4096:
+        assert cut > 0, "the small lengths cut rows"
+
+
+def test_pad_rows_to_multiple_marks_padding(serve_mt):
+    srv = serve_mt("--consumer-group", "multiple", "--layout", "trajectories")
+    with Client(srv.location, consumer="t") as c:
+        b = next(iter(c.batches()))
+        n = b.num_rows
+        got = b.to_padded(PAD, 512, 1024, pad_rows_to_multiple=8)
+        assert got.num_rows % 8 == 0 and got.num_rows >= n and got.num_rows - n < 8
+        assert list(got.is_pad) == [False] * n + [True] * (got.num_rows - n)
+        assert got.truncation["pad_rows"] == got.num_rows - n
+        pad = got.is_pad
+        assert (got.attention_mask[pad] == 0).all() and (got.response_mask[pad] == 0).all()
+        assert (got.input_ids[pad] == PAD).all() and (got.advantages[pad] == 0).all()
+        assert all(t is None for t in got.ids["trajectory_ids"][pad])
+
+
+def test_step_layout_pads_every_token_as_an_action(serve_mt):
+    srv = serve_mt("--consumer-group", "steps-pad")
+    with Client(srv.location, consumer="t") as c:
+        b = next(iter(c.batches()))
+        got = b.to_padded(PAD, 4096, 4096)
+        rows = b.record.to_pylist()
+        for i, s in enumerate(rows):
+            n = len(s["response_ids"])
+            assert got.response_mask[i].sum() == n
+            adv = s["token_advantages"] if s["token_advantages"] is not None else [s["advantage"]] * n
+            np.testing.assert_allclose(got.advantages[i, :n], adv, atol=1e-6)
+
+
+def test_positional_attention_mask(serve_mt):
+    srv = serve_mt("--consumer-group", "positional", "--layout", "trajectories")
+    with Client(srv.location, consumer="t") as c:
+        b = next(iter(c.batches()))
+        got = b.to_padded(PAD, 4096, 4096, mask_pad_token_ids=False)
+        lengths = [len(p) + len(r) for p, r in zip(b.column("prompt_ids").to_pylist(), b.column("response_ids").to_pylist())]
+        assert list(got.attention_mask.sum(axis=1)) == lengths
+        assert got.truncation["pad_id_tokens"] == int(sum(
+            (np.array(p) == PAD).sum() + (np.array(r) == PAD).sum()
+            for p, r in zip(b.column("prompt_ids").to_pylist(), b.column("response_ids").to_pylist())))
+
+
+def test_torch_tensors_share_memory(serve_mt):
+    torch = pytest.importorskip("torch")
+    srv = serve_mt("--consumer-group", "torch-pad", "--layout", "trajectories")
+    with Client(srv.location, consumer="t") as c:
+        got = next(iter(c.batches())).to_padded(PAD, 256, 512)
+        t = got.torch()
+        assert t["input_ids"].dtype == torch.int64
+        assert t["input_ids"].data_ptr() == got.input_ids.__array_interface__["data"][0]
