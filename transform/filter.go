@@ -3,6 +3,8 @@ package transform
 import (
 	"fmt"
 	"strings"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
 )
 
 // Filter marks trajectories that trainers should skip; nothing is
@@ -38,7 +40,8 @@ func ParseFilters(spec string) ([]Filter, error) {
 			set := map[string]bool{}
 			for _, r := range strings.Split(strings.TrimPrefix(f, "termination="), "|") {
 				if r = strings.TrimSpace(r); r != "" {
-					set[r] = true
+					// As stored: rLLM's reasons in any case (timeout) match.
+					set[ingest.CanonicalTermination([]byte(r))] = true
 				}
 			}
 			if len(set) == 0 {

@@ -20,6 +20,10 @@ func TestParseFilters(t *testing.T) {
 	if err != nil || len(fs) != 3 || fs[0].Name != "truncated" || !fs[1].set["TIMEOUT"] || fs[2].Name != "zero_variance" {
 		t.Fatalf("%+v %v", fs, err)
 	}
+	// rLLM's lower-case reasons are stored upper case: the filter matches them.
+	if fs, err := ParseFilters("termination=timeout|max_turns_exceeded|Custom"); err != nil || !fs[0].set["TIMEOUT"] || !fs[0].set["MAX_TURNS_EXCEEDED"] || !fs[0].set["Custom"] {
+		t.Fatalf("%+v %v", fs, err)
+	}
 }
 
 func TestBatcherFiltersAndDistill(t *testing.T) {

@@ -647,6 +647,10 @@ func (v *refValidator) trajectory(line int) (*refTraj, *refFault) {
 	if t.Termination, f = v.optString("termination_reason"); f != nil {
 		return nil, f
 	}
+	if t.Termination != nil {
+		c := refTermination(*t.Termination)
+		t.Termination = &c
+	}
 	sig, hasSig, f := v.optObject("signals")
 	if f != nil {
 		return nil, f
@@ -1232,4 +1236,17 @@ func refSortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// refTermination is the stored form of a termination reason: rLLM's seven
+// reasons, in any case and with or without Python's "TerminationReason."
+// prefix, upper case; anything else as sent.
+func refTermination(r string) string {
+	u := strings.ToUpper(r)
+	u = strings.TrimPrefix(u, "TERMINATIONREASON.")
+	switch u {
+	case "MAX_PROMPT_LENGTH_EXCEEDED", "MAX_RESPONSE_LENGTH_EXCEEDED", "ENV_DONE", "MAX_TURNS_EXCEEDED", "TIMEOUT", "UNKNOWN", "ERROR":
+		return u
+	}
+	return r
 }

@@ -26,7 +26,9 @@
 //
 // Agent routes need Config.AgentToken, the rest Config.AdminToken (bearer,
 // compared in constant time; empty means none, which cmd allows on loopback
-// only); /health is open.
+// only); POST /records takes either (workers that build their own records
+// are agents too); /health is open. Trace ids are URL-safe (32 hex digits
+// of the step id's SHA-256): rLLM's client puts them in URLs unescaped.
 //
 // Decisions, each as rLLM's gateway makes them unless said otherwise:
 //

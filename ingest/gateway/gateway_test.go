@@ -283,7 +283,9 @@ func TestTokens(t *testing.T) {
 		{"GET", "/sessions", "", "admin-secret", 200},
 		{"GET", "/metrics", "", "", 401},
 		{"POST", "/admin/weight_version", `{"weight_version":2}`, "agent-secret", 401},
-		{"POST", "/records", `{"type":"step"}`, "agent-secret", 401},
+		{"POST", "/records", `{"type":"step"}`, "agent-secret", 200}, // workers post records as agents do
+		{"POST", "/records", `{"type":"step"}`, "", 401},
+		{"POST", "/records", `{"type":"step"}`, "agent-secret-", 401},
 		{"GET", "/health", "", "", 200},
 	} {
 		hdr := []string{}
@@ -495,7 +497,7 @@ func TestManagementAPI(t *testing.T) {
 	var traces []TraceRecord
 	e.mustJSON("GET", "/sessions/ns/t1:0/traces", "", 200, &traces)
 	if len(traces) != 2 || traces[0].SessionID != "ns/t1:0" || len(traces[0].CompletionTokenIDs) != 9 ||
-		len(traces[0].Logprobs) != 9 || len(traces[0].PromptTokenIDs) == 0 || traces[1].TraceID != "ns/t1:0#1" {
+		len(traces[0].Logprobs) != 9 || len(traces[0].PromptTokenIDs) == 0 || traces[1].TraceID != traceID("ns/t1:0#1") {
 		t.Fatalf("traces %+v", traces)
 	}
 	e.mustJSON("GET", "/sessions/ns/t1:0/traces?limit=1", "", 200, &traces)
@@ -503,8 +505,8 @@ func TestManagementAPI(t *testing.T) {
 		t.Fatalf("limit: %d", len(traces))
 	}
 	var tr TraceRecord
-	e.mustJSON("GET", "/traces/ns/t1:0%231", "", 200, &tr)
-	if tr.TraceID != "ns/t1:0#1" {
+	e.mustJSON("GET", "/traces/"+traceID("ns/t1:0#1"), "", 200, &tr)
+	if tr.TraceID != traceID("ns/t1:0#1") || strings.ContainsAny(tr.TraceID, "/:#%") {
 		t.Fatalf("%+v", tr)
 	}
 	if code, _ := e.do("GET", "/traces/nope", ""); code != 404 {

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"strconv"
 	"time"
@@ -154,11 +156,11 @@ func buildStep(cl *call, index int64) (line []byte, tr *trace, reject string) {
 	if len(respMsg) == 0 {
 		respMsg = json.RawMessage("{}")
 	}
-	t := TraceRecord{TraceID: id, SessionID: s.id, Model: model, Messages: msgs, PromptTokenIDs: nonNil(c.promptIDs),
+	t := TraceRecord{TraceID: traceID(id), SessionID: s.id, Model: model, Messages: msgs, PromptTokenIDs: nonNil(c.promptIDs),
 		ResponseMessage: respMsg, CompletionTokenIDs: nonNil(c.responseIDs), Logprobs: c.logprobs, FinishReason: fr,
 		WeightVersion: cl.version, LatencyMS: meta.LatencyMS, TokenCounts: counts, Timestamp: unixSeconds(cl.dispatch), Metadata: metaJSON}
 	tj := marshal(t)
-	return line, &trace{id: id, ts: t.Timestamp, json: tj}, reject
+	return line, &trace{id: t.TraceID, ts: t.Timestamp, json: tj}, reject
 }
 
 func nonNil(s []int64) []int64 {
@@ -225,4 +227,13 @@ func marshal(v any) []byte {
 		panic("gateway: marshal: " + err.Error()) // only our own types, with valid raw JSON
 	}
 	return bytes.TrimSuffix(b.Bytes(), []byte{'\n'})
+}
+
+// traceID is the URL-safe id of the trace of a step: rLLM's clients put
+// trace ids in URLs unescaped, and step ids hold the session id ('/', ':')
+// and '#'. 32 hex digits of the step id's SHA-256: stable across a
+// retried write, and the step id is in the trace's metadata.
+func traceID(stepID string) string {
+	h := sha256.Sum256([]byte(stepID))
+	return hex.EncodeToString(h[:16])
 }
