@@ -42,12 +42,15 @@ const (
 	ColSourceTopic
 	ColSourcePartition
 	ColSourceOffset
+	ColPromptPrefixLen
+	ColPromptDeltaIDs
+	ColMessagesDelta
 	NumColumns
 )
 
 // SchemaVersion is stored in every shard's key-value metadata and bumped
 // whenever a column is added, renamed or retyped.
-const SchemaVersion = "3"
+const SchemaVersion = "4"
 
 // StepSchema is the Arrow schema of committed shards: one row per step,
 // carrying its trajectory's and group's values. Token lists are LIST (not
@@ -55,16 +58,18 @@ const SchemaVersion = "3"
 // handles. messages and metadata hold JSON text exactly as received
 // (invalid UTF-8 repaired).
 var StepSchema = arrow.NewSchema([]arrow.Field{
-	ColGroupID:            {Name: "group_id", Type: arrow.BinaryTypes.String},
-	ColTaskID:             {Name: "task_id", Type: arrow.BinaryTypes.String},
-	ColRole:               {Name: "role", Type: arrow.BinaryTypes.String, Nullable: true},
-	ColTrajectoryID:       {Name: "trajectory_id", Type: arrow.BinaryTypes.String},
-	ColStepID:             {Name: "step_id", Type: arrow.BinaryTypes.String},
-	ColStepIndex:          {Name: "step_index", Type: arrow.PrimitiveTypes.Int32},
-	ColNumSteps:           {Name: "num_steps", Type: arrow.PrimitiveTypes.Int32},
-	ColPolicyVersion:      {Name: "policy_version", Type: arrow.PrimitiveTypes.Int64},
-	ColGroupVersion:       {Name: "group_version", Type: arrow.PrimitiveTypes.Int64},
-	ColPromptIDs:          {Name: "prompt_ids", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int32)},
+	ColGroupID:       {Name: "group_id", Type: arrow.BinaryTypes.String},
+	ColTaskID:        {Name: "task_id", Type: arrow.BinaryTypes.String},
+	ColRole:          {Name: "role", Type: arrow.BinaryTypes.String, Nullable: true},
+	ColTrajectoryID:  {Name: "trajectory_id", Type: arrow.BinaryTypes.String},
+	ColStepID:        {Name: "step_id", Type: arrow.BinaryTypes.String},
+	ColStepIndex:     {Name: "step_index", Type: arrow.PrimitiveTypes.Int32},
+	ColNumSteps:      {Name: "num_steps", Type: arrow.PrimitiveTypes.Int32},
+	ColPolicyVersion: {Name: "policy_version", Type: arrow.PrimitiveTypes.Int64},
+	ColGroupVersion:  {Name: "group_version", Type: arrow.PrimitiveTypes.Int64},
+	// prompt_ids is the step's whole prompt, or null when the prompt is
+	// stored as a delta (prompt_prefix_len > 0): see ColPromptPrefixLen.
+	ColPromptIDs:          {Name: "prompt_ids", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int32), Nullable: true},
 	ColResponseIDs:        {Name: "response_ids", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int32)},
 	ColResponseLogprobs:   {Name: "response_logprobs", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Float32)},
 	ColTokenVersions:      {Name: "token_versions", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int64), Nullable: true},
@@ -100,6 +105,22 @@ var StepSchema = arrow.NewSchema([]arrow.Field{
 	ColSourceTopic:     {Name: "source_topic", Type: arrow.BinaryTypes.String, Nullable: true},
 	ColSourcePartition: {Name: "source_partition", Type: arrow.PrimitiveTypes.Int32, Nullable: true},
 	ColSourceOffset:    {Name: "source_offset", Type: arrow.PrimitiveTypes.Int64, Nullable: true},
+	// Prefix-delta storage of multi-turn prompts (schema 4). A step whose
+	// prompt begins with its predecessor's prompt and response (same
+	// trajectory, step_index one less, the row just before it in the
+	// shard) stores prompt_prefix_len = that length, prompt_ids null and
+	// prompt_delta_ids the tokens after it; any other step stores
+	// prompt_prefix_len 0, its whole prompt_ids and an empty
+	// prompt_delta_ids. So the whole prompt is
+	//   predecessor's prompt ++ predecessor's response ++ prompt_delta_ids.
+	// messages likewise: when the step's messages begin with its
+	// predecessor's (the JSON text up to its closing bracket), messages is
+	// null and messages_delta holds the text after that point, so the
+	// whole messages are predecessor's messages minus its last byte ++
+	// messages_delta. A chain never crosses shards.
+	ColPromptPrefixLen: {Name: "prompt_prefix_len", Type: arrow.PrimitiveTypes.Int32},
+	ColPromptDeltaIDs:  {Name: "prompt_delta_ids", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int32)},
+	ColMessagesDelta:   {Name: "messages_delta", Type: arrow.BinaryTypes.String, Nullable: true},
 }, nil)
 
 // PartitionKey is the Hive-style folder key of a shard: policy=<N>, where N

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
 )
 
 // Batch is an Arrow record of emitted groups, all of one group version
@@ -33,6 +34,9 @@ type BatchConfig struct {
 	// logprobs.
 	Distill *advantage.Distill
 	Filters []Filter
+	// FullPrompts turns prefix-delta storage off: every row stores its
+	// whole prompt and messages (the layout of schema 3).
+	FullPrompts bool
 }
 
 // BatchCounters are the Batcher's tallies.
@@ -57,16 +61,17 @@ type Batcher struct {
 	Counters BatchCounters
 
 	// The big columns, laid out without the builders (columns.go).
-	prompt, resp listColumn[int32]
-	logp         listColumn[float32]
-	messages     textColumn
-	pool         *bufferPool
+	prompt, resp, delta listColumn[int32]
+	logp                listColumn[float32]
+	messages, msgDelta  textColumn
+	pool                *bufferPool
 }
 
 // direct reports the columns the Batcher lays out itself.
 func direct(col int) bool {
 	switch col {
-	case schemas.ColPromptIDs, schemas.ColResponseIDs, schemas.ColResponseLogprobs, schemas.ColMessages:
+	case schemas.ColPromptIDs, schemas.ColResponseIDs, schemas.ColResponseLogprobs, schemas.ColMessages,
+		schemas.ColPromptDeltaIDs, schemas.ColMessagesDelta:
 		return true
 	}
 	return false
@@ -129,6 +134,10 @@ func (bt *Batcher) record() arrow.RecordBatch {
 			cols[i] = bt.logp.array(bt.pool, sc.Field(i).Type.(*arrow.ListType))
 		case schemas.ColMessages:
 			cols[i] = bt.messages.array(bt.pool)
+		case schemas.ColPromptDeltaIDs:
+			cols[i] = bt.delta.array(bt.pool, sc.Field(i).Type.(*arrow.ListType))
+		case schemas.ColMessagesDelta:
+			cols[i] = bt.msgDelta.array(bt.pool)
 		default:
 			cols[i] = bt.b.Field(i).NewArray()
 		}
@@ -146,6 +155,38 @@ func (bt *Batcher) resetDirect() {
 	bt.resp.reset()
 	bt.logp.reset()
 	bt.messages.reset()
+	bt.delta.reset()
+	bt.msgDelta.reset()
+}
+
+// addPrompt lays out the prompt and messages of step k of steps (sorted
+// by step index): as a delta of step k-1's when they extend it (checked
+// token by token and byte by byte), else whole.
+func (bt *Batcher) addPrompt(steps []*Step, k int, prefixLen *array.Int32Builder) {
+	s := steps[k]
+	var prev *Step
+	if k > 0 && !bt.cfg.FullPrompts && steps[k-1].StepIndex == s.StepIndex-1 {
+		prev = steps[k-1]
+	}
+	p := 0
+	if prev != nil {
+		p = prefix.Extends(s.PromptIDs, prev.PromptIDs, prev.ResponseIDs)
+	}
+	if p > 0 {
+		bt.prompt.addNull()
+		bt.delta.add(s.PromptIDs[p:])
+	} else {
+		bt.prompt.add(s.PromptIDs)
+		bt.delta.add(nil)
+	}
+	prefixLen.Append(int32(p))
+	if prev != nil && s.Messages != nil && prefix.MessagesExtend(s.Messages, prev.Messages) {
+		bt.messages.add(nil)
+		bt.msgDelta.add(s.Messages[len(prev.Messages)-1:])
+		return
+	}
+	bt.messages.add(s.Messages)
+	bt.msgDelta.add(nil)
 }
 
 // reserve sizes the builders for groups once, so that appending never
@@ -216,6 +257,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 		srcOff    = b.Field(schemas.ColSourceOffset).(*array.Int64Builder)
 		tokAdv    = b.Field(schemas.ColTokenAdvantages).(*array.ListBuilder)
 		estim     = b.Field(schemas.ColEstimator).(*array.StringBuilder)
+		prefixLen = b.Field(schemas.ColPromptPrefixLen).(*array.Int32Builder)
 		tokVV     = tokV.ValueBuilder().(*array.Int64Builder)
 		teacherV  = teacher.ValueBuilder().(*array.Float32Builder)
 		sigKeys   = signals.KeyBuilder().(*array.StringBuilder)
@@ -275,7 +317,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 					bt.Counters.Filtered[r]++
 				}
 			}
-			for _, s := range t.Steps {
+			for k, s := range t.Steps {
 				bt.rTr = append(bt.rTr, nTraj)
 				groupID.Append(g.Key)
 				taskID.Append(s.TaskID)
@@ -291,7 +333,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				numSteps.Append(int32(t.NumSteps))
 				policyV.Append(s.PolicyVersion)
 				groupV.Append(g.Version)
-				bt.prompt.add(s.PromptIDs)
+				bt.addPrompt(t.Steps, k, prefixLen)
 				bt.resp.add(s.ResponseIDs)
 				bt.logp.add(s.ResponseLogprobs)
 				if s.HasTokenVersions {
@@ -306,7 +348,6 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				} else {
 					teacher.AppendNull()
 				}
-				bt.messages.add(s.Messages)
 				reward.Append(t.Reward)
 				if s.HasReward {
 					stepRew.Append(s.Reward)

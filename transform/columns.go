@@ -21,10 +21,12 @@ import (
 // a pool of the buffers of batches already encoded (every byte is
 // written, so they need no clearing).
 
-// listColumn gathers the rows of a non-null list column.
+// listColumn gathers the rows of a list column (null rows only through
+// addNull).
 type listColumn[T int32 | float32] struct {
 	rows  [][]T
 	total int
+	nulls []int // the null rows
 }
 
 func (c *listColumn[T]) add(v []T) {
@@ -32,10 +34,16 @@ func (c *listColumn[T]) add(v []T) {
 	c.total += len(v)
 }
 
+// addNull adds a null row.
+func (c *listColumn[T]) addNull() {
+	c.nulls = append(c.nulls, len(c.rows))
+	c.rows = append(c.rows, nil)
+}
+
 // reset forgets the rows (their slices go to the garbage collector).
 func (c *listColumn[T]) reset() {
 	clear(c.rows)
-	c.rows, c.total = c.rows[:0], 0
+	c.rows, c.total, c.nulls = c.rows[:0], 0, c.nulls[:0]
 }
 
 // array lays the rows out as a list array of type typ.
@@ -51,9 +59,21 @@ func (c *listColumn[T]) array(pool *bufferPool, typ *arrow.ListType) arrow.Array
 		n += copy(v[n:], r)
 	}
 	o[len(c.rows)] = int32(n)
+	var valid *memory.Buffer
+	if len(c.nulls) > 0 {
+		valid = pool.buffer(int(bitutil.BytesForBits(int64(len(c.rows)))))
+		bits := valid.Bytes()
+		for i := range bits {
+			bits[i] = 0xff
+		}
+		for _, r := range c.nulls {
+			bitutil.ClearBit(bits, r)
+		}
+		defer valid.Release()
+	}
 	values := array.NewData(typ.Elem(), c.total, []*memory.Buffer{nil, vals}, nil, 0, 0)
 	defer values.Release()
-	data := array.NewData(typ, len(c.rows), []*memory.Buffer{nil, offs}, []arrow.ArrayData{values}, 0, 0)
+	data := array.NewData(typ, len(c.rows), []*memory.Buffer{valid, offs}, []arrow.ArrayData{values}, len(c.nulls), 0)
 	defer data.Release()
 	offs.Release()
 	vals.Release()

@@ -127,7 +127,7 @@ func consCommitted(t *testing.T, entries []schemas.ShardEntry, paths []string, w
 	defer db.Close()
 	rows, err := db.Query(fmt.Sprintf(`SELECT group_id,
 			count(*) FILTER (WHERE filter_reason IS NULL),
-			coalesce(sum(coalesce(len(prompt_ids), 0) + coalesce(len(response_ids), 0)) FILTER (WHERE filter_reason IS NULL), 0),
+			coalesce(sum(coalesce(len(prompt_ids), prompt_prefix_len + len(prompt_delta_ids)) + coalesce(len(response_ids), 0)) FILTER (WHERE filter_reason IS NULL), 0),
 			count(*) FILTER (WHERE filter_reason IS NOT NULL),
 			min(group_version), max(group_version), count(DISTINCT filename)
 		FROM read_parquet(%s, hive_partitioning=false, filename=true)

@@ -31,6 +31,7 @@ import (
 	_ "github.com/duckdb/duckdb-go/v2"
 	"github.com/parquet-go/parquet-go"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 )
 
@@ -581,7 +582,9 @@ func e2eReadOutput(t *testing.T, out, statsPath string) *e2eOutput {
 				exprs = append(exprs, c.name)
 			}
 		}
-		rows, err := db.Query("SELECT " + strings.Join(exprs, ", ") + " FROM " + src)
+		// Prompts and messages stored as deltas are read back whole.
+		whole := "(" + duckdb.WholePrompts("SELECT *, 'shard' AS shard FROM "+src) + ")"
+		rows, err := db.Query("SELECT " + strings.Join(exprs, ", ") + " FROM " + whole)
 		if err != nil {
 			t.Fatalf("DuckDB query on %s: %v", rel, err)
 		}

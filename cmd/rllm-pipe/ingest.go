@@ -45,6 +45,7 @@ type ingestOpts struct {
 	maxRecord                string
 	zstdLevel                int
 	compact                  bool
+	fullPrompts              bool
 	quiet                    bool
 	metricsAddr              string
 	logFormat                string
@@ -91,6 +92,7 @@ input skips groups already committed.`,
 	f.IntVar(&o.encoders, "encoders", runtime.NumCPU(), "shards of one partition encoded at once (each on its own goroutine)")
 	f.StringVar(&o.maxRecord, "max-record-bytes", "64MiB", "records larger than this are dead-lettered as too_large")
 	f.IntVar(&o.zstdLevel, "zstd-level", 1, "zstd compression level of shards")
+	f.BoolVar(&o.fullPrompts, "full-prompts", false, "store every prompt and message list whole, not as the delta of the step before (the layout before schema 4)")
 	f.BoolVar(&o.compact, "compact", false, "entropy-code the literals of zstd pages: shards about 11% smaller for 7-10% more ingest CPU")
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
 	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (host:port), at /metrics")
@@ -165,6 +167,7 @@ func newPlan(o ingestOpts) (*plan, error) {
 	c.FlushInterval = o.flushInterval
 	c.Parquet = parquet.Options{ZstdLevel: o.zstdLevel, Compact: o.compact}
 	c.Decoders, c.Encoders = o.decoders, o.encoders
+	c.FullPrompts = o.fullPrompts
 	return p, nil
 }
 

@@ -130,6 +130,17 @@ func (l *layout) stepsSQL() (string, error) {
 	}
 	// DuckDB reports each row's file name as given: strip base + "/"
 	// (substr counts code points).
+	// Shards of schema 4 may store prompts as deltas (one is enough to
+	// need the columns; union_by_name gives older shards NULLs there).
+	deltas := false
+	for _, s := range l.shards {
+		if v, err := strconv.Atoi(s.entry.SchemaVersion); err == nil && v >= 4 {
+			deltas = true
+		}
+	}
+	if deltas {
+		b.WriteString("WITH stored AS (\n")
+	}
 	fmt.Fprintf(&b, "SELECT * EXCLUDE (filename), substr(filename, %d) AS shard\nFROM read_parquet([\n", utf8.RuneCountInString(l.base)+2)
 	for i, s := range l.shards {
 		b.WriteString("  " + sqlString(s.file))
@@ -138,8 +149,40 @@ func (l *layout) stepsSQL() (string, error) {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("], hive_partitioning = false, union_by_name = true, filename = true);\n")
+	b.WriteString("], hive_partitioning = false, union_by_name = true, filename = true)")
+	if !deltas {
+		b.WriteString(";\n")
+		return b.String(), nil
+	}
+	b.WriteString(")\n" + wholePromptsSQL + ";\n")
 	return b.String(), nil
+}
+
+// wholePromptsSQL rebuilds the prompts and messages stored as prefix
+// deltas (schemas.ColPromptPrefixLen): a chain starts at a row that
+// stores its whole prompt, and a row's whole prompt is the chain's rows
+// before it, each prompt (or delta) followed by its response, then its
+// own delta. Messages likewise, each row before it without its closing
+// bracket. Shards of schema 3 have neither column: every row starts a
+// chain.
+const wholePromptsSQL = `, chained AS (
+SELECT *,
+  sum(CASE WHEN coalesce(prompt_prefix_len, 0) = 0 THEN 1 ELSE 0 END) OVER (PARTITION BY shard, trajectory_id ORDER BY step_index ROWS UNBOUNDED PRECEDING) AS prompt_chain_,
+  sum(CASE WHEN messages_delta IS NULL THEN 1 ELSE 0 END) OVER (PARTITION BY shard, trajectory_id ORDER BY step_index ROWS UNBOUNDED PRECEDING) AS messages_chain_
+FROM stored)
+SELECT * EXCLUDE (prompt_chain_, messages_chain_) REPLACE (
+  CASE WHEN coalesce(prompt_prefix_len, 0) = 0 THEN prompt_ids ELSE list_concat(flatten(list(list_concat(coalesce(prompt_ids, prompt_delta_ids), response_ids)) OVER (
+    PARTITION BY shard, trajectory_id, prompt_chain_ ORDER BY step_index ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)), prompt_delta_ids) END AS prompt_ids,
+  CASE WHEN messages_delta IS NULL THEN messages ELSE string_agg(substr(coalesce(messages, messages_delta), 1, length(coalesce(messages, messages_delta)) - 1), '') OVER (
+    PARTITION BY shard, trajectory_id, messages_chain_ ORDER BY step_index ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) || messages_delta END AS messages)
+FROM chained`
+
+// WholePrompts returns a query of the rows of stored (a query of shard
+// rows of schema 4 with a shard column naming their file) with whole
+// prompt_ids and messages: for reading shard files with DuckDB outside
+// the views, as in `--views-sql`.
+func WholePrompts(stored string) string {
+	return "WITH stored AS (" + stored + ")\n" + wholePromptsSQL
 }
 
 // duckType is DuckDB's name of an Arrow type of StepSchema.

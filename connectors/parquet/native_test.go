@@ -117,7 +117,7 @@ func writeAll(t *testing.T, sc *arrow.Schema, opts Options, recs []arrow.RecordB
 // row group.
 func readAll(t *testing.T, data []byte, mem memory.Allocator) []arrow.RecordBatch {
 	t.Helper()
-	r, err := Open(context.Background(), "f", bytes.NewReader(data), nil, mem)
+	r, err := OpenStored(context.Background(), "f", bytes.NewReader(data), nil, mem)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,10 +7,13 @@ import (
 	"io"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/apache/arrow-go/v18/parquet"
 	"github.com/apache/arrow-go/v18/parquet/file"
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
+
+	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
 )
 
 // ReadFile calls fn with record batches of the named columns of the
@@ -36,11 +39,17 @@ func ReadFile(ctx context.Context, path string, columns []string, mem memory.All
 	}
 }
 
-// Reader pulls record batches from one Parquet file.
+// Reader pulls record batches from one Parquet file. A shard whose
+// prompts are stored as prefix deltas (schema 4) is read with whole
+// prompt_ids and messages (transform/prefix): every reader sees the
+// prompts the steps were sent with.
 type Reader struct {
-	name string
-	pf   *file.Reader
-	rr   pqarrow.RecordReader
+	name   string
+	pf     *file.Reader
+	rr     pqarrow.RecordReader
+	expand *prefix.Expander
+	asked  int // the columns asked for come first; the rest were added
+	cur    arrow.RecordBatch
 }
 
 // OpenFile opens the Parquet file at path for reading the named columns
@@ -50,7 +59,7 @@ func OpenFile(ctx context.Context, path string, columns []string, mem memory.All
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	return newReader(ctx, path, pf, columns, mem)
+	return newReader(ctx, path, pf, columns, mem, true)
 }
 
 // Open reads a Parquet file from r (for instance a downloaded object);
@@ -60,21 +69,36 @@ func Open(ctx context.Context, name string, r parquet.ReaderAtSeeker, columns []
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", name, err)
 	}
-	return newReader(ctx, name, pf, columns, mem)
+	return newReader(ctx, name, pf, columns, mem, true)
 }
 
-func newReader(ctx context.Context, name string, pf *file.Reader, columns []string, mem memory.Allocator) (*Reader, error) {
+// OpenStored is Open without rebuilding prompts: rows as stored, deltas
+// and all (tools that measure the layout, tests of the encoding).
+func OpenStored(ctx context.Context, name string, r parquet.ReaderAtSeeker, columns []string, mem memory.Allocator) (*Reader, error) {
+	pf, err := file.NewParquetReader(r)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", name, err)
+	}
+	return newReader(ctx, name, pf, columns, mem, false)
+}
+
+func newReader(ctx context.Context, name string, pf *file.Reader, columns []string, mem memory.Allocator, expand bool) (*Reader, error) {
 	fr, err := pqarrow.NewFileReader(pf, pqarrow.ArrowReadProperties{BatchSize: 8192}, mem)
 	if err != nil {
 		pf.Close()
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
+	sc, err := fr.Schema()
+	if err != nil {
+		pf.Close()
+		return nil, fmt.Errorf("schema of %s: %w", name, err)
+	}
+	deltas := expand && len(sc.FieldIndices("prompt_prefix_len")) > 0
+	asked := len(columns)
 	var idx []int
 	if len(columns) > 0 {
-		sc, err := fr.Schema()
-		if err != nil {
-			pf.Close()
-			return nil, fmt.Errorf("schema of %s: %w", name, err)
+		if deltas {
+			columns = prefix.Columns(columns)
 		}
 		for _, c := range columns {
 			fi := sc.FieldIndices(c)
@@ -96,14 +120,37 @@ func newReader(ctx context.Context, name string, pf *file.Reader, columns []stri
 		pf.Close()
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	return &Reader{name: name, pf: pf, rr: rr}, nil
+	r := &Reader{name: name, pf: pf, rr: rr, asked: asked}
+	if deltas {
+		r.expand = prefix.NewExpander(mem)
+	}
+	return r, nil
 }
 
 // Next returns the next record batch, valid until the following call to
 // Next or Close (Retain it to keep it), or io.EOF after the last.
 func (r *Reader) Next() (arrow.RecordBatch, error) {
+	if r.cur != nil {
+		r.cur.Release()
+		r.cur = nil
+	}
 	if r.rr.Next() {
-		return r.rr.RecordBatch(), nil
+		rec := r.rr.RecordBatch()
+		if r.expand == nil {
+			return rec, nil
+		}
+		whole, err := r.expand.Expand(rec)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", r.name, err)
+		}
+		if r.asked > 0 && int(whole.NumCols()) > r.asked {
+			// Drop the columns read only to rebuild the prompts.
+			all := whole
+			whole = array.NewRecordBatch(arrow.NewSchema(all.Schema().Fields()[:r.asked], nil), all.Columns()[:r.asked], all.NumRows())
+			all.Release()
+		}
+		r.cur = whole
+		return whole, nil
 	}
 	if err := r.rr.Err(); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("read %s: %w", r.name, err)
@@ -113,6 +160,10 @@ func (r *Reader) Next() (arrow.RecordBatch, error) {
 
 // Close releases the reader and closes the file.
 func (r *Reader) Close() error {
+	if r.cur != nil {
+		r.cur.Release()
+		r.cur = nil
+	}
 	r.rr.Release()
 	return r.pf.Close()
 }

@@ -41,6 +41,9 @@ type Config struct {
 	Label     string
 	Distill   *advantage.Distill
 	Filters   []transform.Filter
+	// FullPrompts stores every prompt and message list whole instead of
+	// as a delta of the step before (transform.BatchConfig).
+	FullPrompts bool
 	// Shards: see sink.Config.
 	MaxPartitions int
 	ShardSize     int64
@@ -182,7 +185,7 @@ func (p *Pipeline) stages(ctx, soft context.Context, src ingest.Source, retrySto
 	ctx = store.WithRetryStop(ctx, retryStop.Done())
 	cfg := p.cfg
 	mem := memory.DefaultAllocator
-	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: cfg.Estimator, Label: cfg.Label, Distill: cfg.Distill, Filters: cfg.Filters})
+	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: cfg.Estimator, Label: cfg.Label, Distill: cfg.Distill, Filters: cfg.Filters, FullPrompts: cfg.FullPrompts})
 	defer batcher.Release()
 	po := cfg.Parquet
 	po.Allocator = mem

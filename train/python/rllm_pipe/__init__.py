@@ -17,13 +17,16 @@ Workers that hold rLLM Episodes send them in with ``rllm_pipe.emit``
 (``episode_records``, then ``post_records`` to the capture gateway or
 ``write_records`` to a file for ``rllm-pipe ingest``).
 
+Reading shard files directly: ``rllm_pipe.shards.read_shard`` gives multi-turn
+steps their whole prompts back (schema 4 stores them as prefix deltas).
+
 Only pyarrow is required; numpy comes with pyarrow's numpy conversions and
 torch is used when installed (``Batch.tensors``).
 """
 
-from . import emit
+from . import emit, shards
 from .client import Batch, Client, TokenColumn
 from .emit import episode_records, post_records, write_records
 
-__all__ = ["Batch", "Client", "TokenColumn", "emit", "episode_records", "post_records", "write_records"]
+__all__ = ["Batch", "Client", "TokenColumn", "emit", "episode_records", "post_records", "shards", "write_records"]
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
+from rllm_pipe.shards import read_shard
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 BIN = os.environ.get("RLLM_PIPE_BIN", str(REPO / "bin" / "rllm-pipe"))
@@ -37,7 +38,7 @@ def committed_groups(out):
     with open(out / "_manifest" / "shards.jsonl") as f:
         paths = [json.loads(line)["path"] for line in f if json.loads(line).get("path")]
     for p in paths:
-        t = pq.read_table(out / p, columns=["group_id", "group_version", "prompt_ids", "response_ids"])
+        t = read_shard(out / p, columns=["group_id", "group_version", "prompt_ids", "response_ids"])
         for gid, ver, pr, rs in zip(*(t.column(i).to_pylist() for i in range(4))):
             v, n = groups.get(gid, (ver, 0))
             groups[gid] = (v, n + len(pr) + len(rs))

@@ -8,7 +8,9 @@ import struct
 
 import pyarrow.parquet as pq
 
-from conftest import run
+from conftest import Server, run
+from rllm_pipe import Client
+from rllm_pipe.shards import read_shard
 
 
 def f32(x):
@@ -41,7 +43,7 @@ def test_new_encodings_read_back_with_pyarrow(tmp_path):
                 col = md.row_group(g).column(c)
                 if col.path_in_schema.split(".")[0] in ("response_ids", "messages"):
                     encodings.update(col.encodings)
-        t = pf.read(columns=["step_id", "prompt_ids", "response_ids", "response_logprobs", "messages"]).to_pylist()
+        t = read_shard(out / p, columns=["step_id", "prompt_ids", "response_ids", "response_logprobs", "messages"]).to_pylist()
         for r in t:
             prompt, resp, lps, msgs = want[r["step_id"]]
             assert r["prompt_ids"] == prompt and r["response_ids"] == resp, r["step_id"]
@@ -52,3 +54,48 @@ def test_new_encodings_read_back_with_pyarrow(tmp_path):
             seen += 1
     assert seen == len(want), "every step once"
     assert {"DELTA_BINARY_PACKED", "DELTA_BYTE_ARRAY"} <= encodings, encodings
+
+
+def test_multi_turn_prompts_read_back(tmp_path):
+    """30-turn agents with resets and parallel tool calls, stored as prefix
+    deltas: every step's whole prompt and messages come back equal to the
+    input, read directly with pyarrow (read_shard) and through serve."""
+    src = tmp_path / "agents.jsonl"
+    run("gen", "--groups", "6", "--group-size", "4", "--turns", "20..30", "--prompt-len", "300", "--response-len", "40",
+        "--observation-len", "120", "--resets", "0.05", "--parallel-tools", "0.2", "--seed", "5", "--out", str(src))
+    out = tmp_path / "out"
+    run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--quiet")
+    want = {}
+    with open(src) as f:
+        for line in f:
+            r = json.loads(line)
+            if r.get("type") == "step":
+                want[r["step_id"]] = (r["prompt_ids"], r.get("messages"))
+    with open(out / "_manifest" / "shards.jsonl") as f:
+        paths = [e["path"] for e in map(json.loads, f) if e.get("path")]
+    seen, deltas = 0, 0
+    for p in paths:
+        raw = pq.read_table(out / p, columns=["prompt_prefix_len"]).column(0).to_pylist()
+        deltas += sum(1 for x in raw if x)
+        for r in read_shard(out / p, columns=["step_id", "prompt_ids", "messages"]).to_pylist():
+            prompt, msgs = want[r["step_id"]]
+            assert r["prompt_ids"] == prompt, r["step_id"]
+            assert json.loads(r["messages"]) == msgs, r["step_id"]
+            seen += 1
+    assert seen == len(want)
+    assert deltas > seen // 2, f"only {deltas} of {seen} steps stored as deltas"
+
+    server = Server(out, "--follow=false", "--poll", "50ms")
+    try:
+        got = 0
+        with Client(server.location, consumer="t") as client:
+            for batch in client.batches():
+                for r in batch.record.to_pylist():
+                    prompt, msgs = want[r["step_id"]]
+                    assert r["prompt_ids"] == prompt, r["step_id"]
+                    assert json.loads(r["messages"]) == msgs, r["step_id"]
+                    got += 1
+                batch.ack()
+        assert got == len(want)
+    finally:
+        server.stop()

@@ -1,0 +1,246 @@
+package transform
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
+)
+
+// chainGroups makes groups of multi-turn trajectories from r: steps that
+// extend their predecessor, resets, steps that extend the step before
+// their predecessor (branches), prompts that share only part of the
+// predecessor, steps that add no token, messages that extend or not.
+func chainGroups(r *rand.Rand) []*Group {
+	var groups []*Group
+	tok := func(n int) []int32 {
+		out := make([]int32, n)
+		for i := range out {
+			out[i] = int32(r.IntN(50))
+		}
+		return out
+	}
+	for g := range 1 + r.IntN(3) {
+		grp := &Group{Key: fmt.Sprintf("g%d", g), Expected: 2}
+		for tr := range 1 + r.IntN(3) {
+			id := fmt.Sprintf("g%d-t%d", g, tr)
+			n := 1 + r.IntN(12)
+			traj := &Trajectory{Trajectory: &schemas.Trajectory{TrajectoryID: id, NumSteps: int64(n)}}
+			var steps []*Step
+			for k := range n {
+				s := &schemas.Step{StepID: fmt.Sprintf("%s-s%d", id, k), TaskID: grp.Key, TrajectoryID: id, StepIndex: int64(k)}
+				s.ResponseIDs = tok(r.IntN(4))
+				s.ResponseLogprobs = make([]float32, len(s.ResponseIDs))
+				var base *schemas.Step
+				if k > 0 {
+					base = steps[k-1].Step
+				}
+				switch u := r.IntN(10); {
+				case base == nil || u == 0: // first step, or a reset
+					s.PromptIDs = tok(r.IntN(6))
+				case u == 1 && k > 1: // a branch: extends the step before
+					b := steps[k-2].Step
+					s.PromptIDs = slices.Concat(b.PromptIDs, b.ResponseIDs, tok(r.IntN(3)))
+				case u == 2 && len(base.PromptIDs) > 0: // shares only a part
+					s.PromptIDs = slices.Concat(base.PromptIDs[:r.IntN(len(base.PromptIDs))], []int32{99}, tok(r.IntN(3)))
+				case u == 3: // adds nothing
+					s.PromptIDs = slices.Concat(base.PromptIDs, base.ResponseIDs)
+				default:
+					s.PromptIDs = slices.Concat(base.PromptIDs, base.ResponseIDs, tok(r.IntN(5)))
+				}
+				switch u := r.IntN(8); {
+				case u == 0: // none
+				case base == nil || base.Messages == nil || u == 1:
+					s.Messages = fmt.Appendf(nil, `[{"role":"user","content":"%d"}]`, r.IntN(100))
+				default:
+					s.Messages = fmt.Appendf(nil, `%s,{"role":"tool","content":"%d"}]`, base.Messages[:len(base.Messages)-1], r.IntN(100))
+				}
+				steps = append(steps, &Step{Step: s})
+			}
+			traj.Steps = steps
+			grp.Trajectories = append(grp.Trajectories, traj)
+		}
+		groups = append(groups, grp)
+	}
+	return groups
+}
+
+// checkWhole reads rec's rows back whole and compares them with groups.
+func checkWhole(t testing.TB, groups []*Group, recs []arrow.RecordBatch) {
+	t.Helper()
+	var want []*schemas.Step
+	for _, g := range groups {
+		for _, tr := range g.Trajectories {
+			for _, s := range tr.Steps {
+				want = append(want, s.Step)
+			}
+		}
+	}
+	i := 0
+	for _, rec := range recs {
+		prompt := rec.Column(schemas.ColPromptIDs).(*array.List)
+		pv := prompt.ListValues().(*array.Int32).Int32Values()
+		msgs := rec.Column(schemas.ColMessages).(*array.String)
+		for r := range int(rec.NumRows()) {
+			s := want[i]
+			lo, hi := prompt.ValueOffsets(r)
+			if prompt.IsNull(r) || !slices.Equal(pv[lo:hi], s.PromptIDs) && (len(s.PromptIDs) > 0 || hi > lo) {
+				t.Fatalf("row %d (%s): prompt %v, want %v", i, s.StepID, pv[lo:hi], s.PromptIDs)
+			}
+			if got := msgs.IsValid(r); got != (s.Messages != nil) || got && msgs.Value(r) != string(s.Messages) {
+				t.Fatalf("row %d (%s): messages %q, want %q", i, s.StepID, msgs.Value(r), s.Messages)
+			}
+			i++
+		}
+	}
+	if i != len(want) {
+		t.Fatalf("%d rows read back, want %d", i, len(want))
+	}
+}
+
+// roundTrip builds groups with prefix deltas, checks that deltas were
+// used only where exact, and reads the rows back whole two ways: the
+// record cut in random slices through one Expander, and a Parquet file.
+func roundTrip(t testing.TB, r *rand.Rand, groups []*Group) (deltas int) {
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
+	defer bt.Release()
+	batches, err := bt.Build(groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batches) != 1 {
+		t.Fatalf("%d batches, want 1", len(batches))
+	}
+	rec := batches[0].Record
+	defer rec.Release()
+	plen := rec.Column(schemas.ColPromptPrefixLen).(*array.Int32)
+	for i := range int(rec.NumRows()) {
+		if plen.Value(i) > 0 {
+			deltas++
+		}
+	}
+
+	x := prefix.NewExpander(mem)
+	var whole []arrow.RecordBatch
+	for lo := int64(0); lo < rec.NumRows(); {
+		hi := min(rec.NumRows(), lo+1+r.Int64N(4))
+		sl := rec.NewSlice(lo, hi)
+		w, err := x.Expand(sl)
+		sl.Release()
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole = append(whole, w)
+		lo = hi
+	}
+	checkWhole(t, groups, whole)
+	for _, w := range whole {
+		w.Release()
+	}
+
+	var buf bytes.Buffer
+	w, err := parquet.NewWriter(&buf, schemas.StepSchema, parquet.Options{RowGroupBytes: 1 << 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := parquet.Open(context.Background(), "shard", bytes.NewReader(buf.Bytes()), nil, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	var read []arrow.RecordBatch
+	for {
+		r, err := rd.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Retain()
+		read = append(read, r)
+	}
+	checkWhole(t, groups, read)
+	for _, r := range read {
+		r.Release()
+	}
+	return deltas
+}
+
+func TestPromptDeltasRoundTrip(t *testing.T) {
+	total := 0
+	for seed := range uint64(40) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		total += roundTrip(t, r, chainGroups(r))
+	}
+	if total == 0 {
+		t.Fatal("no step was stored as a delta")
+	}
+}
+
+// TestPromptDeltasOnlyWhenExact: the writer stores a delta exactly when
+// the prompt begins with the predecessor's prompt and response.
+func TestPromptDeltasOnlyWhenExact(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		prompt, prev, resp []int32
+		want               int
+	}{
+		{"extends", []int32{1, 2, 3, 4}, []int32{1, 2}, []int32{3}, 3},
+		{"adds nothing", []int32{1, 2, 3}, []int32{1, 2}, []int32{3}, 3},
+		{"differs in the response", []int32{1, 2, 9, 4}, []int32{1, 2}, []int32{3}, 0},
+		{"differs in the prompt", []int32{1, 9, 3, 4}, []int32{1, 2}, []int32{3}, 0},
+		{"shorter", []int32{1, 2}, []int32{1, 2}, []int32{3}, 0},
+		{"nothing to reuse", []int32{1}, nil, nil, 0},
+	} {
+		if got := prefix.Extends(tc.prompt, tc.prev, tc.resp); got != tc.want {
+			t.Errorf("%s: Extends = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		msgs, prev string
+		want       bool
+	}{
+		{`[{"a":1},{"b":2}]`, `[{"a":1}]`, true},
+		{`[{"a":1}]`, `[{"a":1}]`, true},
+		{`[{"a":2},{"b":2}]`, `[{"a":1}]`, false},
+		{`[{"a":1}]`, ``, false},
+		{`[{"a":1} ,{"b":2}]`, `[{"a":1} ]`, true},
+		{`[{"a":1}`, `[{"a":1}]x`, false},
+	} {
+		if got := prefix.MessagesExtend([]byte(tc.msgs), []byte(tc.prev)); got != tc.want {
+			t.Errorf("MessagesExtend(%s, %s) = %v, want %v", tc.msgs, tc.prev, got, tc.want)
+		}
+	}
+}
+
+// FuzzPromptChains builds random chains (resets, branches, partial
+// prefixes, empty deltas) and reads every prompt and message back whole.
+func FuzzPromptChains(f *testing.F) {
+	for _, s := range []uint64{1, 2, 3, 99} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, seed uint64) {
+		r := rand.New(rand.NewPCG(seed, seed>>7))
+		roundTrip(t, r, chainGroups(r))
+	})
+}
