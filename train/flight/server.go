@@ -277,6 +277,9 @@ func (s *Server) leave(m *member) {
 	s.mu.Lock()
 	delete(s.members, m.name)
 	s.release(m.conn)
+	// The key keeps answering stats while the shards are released (a
+	// client asking right after its stream ended is not refused).
+	s.remember(m, m.c.Stats())
 	s.mu.Unlock()
 	// Release the member's shards even though the stream's context is
 	// gone: its unacknowledged batches go to the others at once. Abort
@@ -288,15 +291,21 @@ func (s *Server) leave(m *member) {
 	}
 	st := m.c.Stats()
 	s.mu.Lock()
-	if len(s.left) >= 4096 { // bounded: forget one at random
+	s.remember(m, st)
+	s.mu.Unlock()
+	slog.Info("flight: consumer left", "consumer", m.name, "batches", st.Batches, "groups_acked", st.GroupsAcked)
+}
+
+// remember keeps a member's key and tallies after its stream ended, for
+// stats. Callers hold s.mu.
+func (s *Server) remember(m *member, st train.Stats) {
+	if _, ok := s.left[m.name]; !ok && len(s.left) >= 4096 { // bounded: forget one at random
 		for k := range s.left {
 			delete(s.left, k)
 			break
 		}
 	}
 	s.left[m.name] = leftMember{key: m.key, stats: st}
-	s.mu.Unlock()
-	slog.Info("flight: consumer left", "consumer", m.name, "batches", st.Batches, "groups_acked", st.GroupsAcked)
 }
 
 var (

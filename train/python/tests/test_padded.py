@@ -200,3 +200,60 @@ def test_torch_tensors_share_memory(serve_mt):
         t = got.torch()
         assert t["input_ids"].dtype == torch.int64
         assert t["input_ids"].data_ptr() == got.input_ids.__array_interface__["data"][0]
+
+
+# --- the iterable dataset: acknowledged after the optimizer step -------------
+
+
+def test_dataset_acks_after_the_step_with_the_policy_version(serve_mt):
+    from rllm_pipe.dataset import PaddedBatches
+
+    srv = serve_mt("--consumer-group", "ds", "--layout", "trajectories", "--max-tokens", "30000")
+    data = PaddedBatches(srv.location, "trainer", pad_token_id=PAD, max_prompt_length=512, max_response_length=2048, policy_version=3)
+    seen = []
+    for n, step in enumerate(data):
+        with step:
+            assert not step.acked, "nothing is acknowledged before the step is done"
+            assert step.padded.input_ids.shape[1] == 512 + 2048
+            assert step.staleness["max"] >= 0
+            seen += step.batch.groups
+        assert step.acked and step.ack_result["lost"] == 0
+        assert data.client.stats()["policy_version"] == 3 + n, "the version went with the acknowledgement"
+        data.policy_version += 1
+    assert data.stats["acked"] == data.stats["batches"] == n + 1
+    assert sorted(seen) == sorted(set(seen)) and len(seen) == data.stats["groups_acked"] == 24
+
+
+def test_dataset_refuses_to_move_on_without_an_ack(serve_mt):
+    from rllm_pipe.dataset import PaddedBatches, UnackedBatch
+
+    srv = serve_mt("--consumer-group", "ds-unacked", "--layout", "trajectories", "--max-tokens", "30000")
+    data = PaddedBatches(srv.location, "trainer", pad_token_id=PAD, max_prompt_length=512, max_response_length=2048)
+    it = iter(data)
+    first = next(it)
+    with pytest.raises(RuntimeError):
+        with first:
+            raise RuntimeError("the optimizer step failed")
+    assert not first.acked, "a failed step is not acknowledged"
+    with pytest.raises(UnackedBatch):
+        next(it)
+    # the stream ended: the unacknowledged batch went back to the group
+    again = PaddedBatches(srv.location, "trainer", pad_token_id=PAD, max_prompt_length=512, max_response_length=2048)
+    groups = []
+    for step in again:
+        groups += step.batch.groups
+        step.ack()
+    assert set(first.batch.groups) <= set(groups) and len(groups) == 24
+
+
+def test_example_trains_and_acknowledges():
+    import subprocess
+    import sys
+
+    from conftest import BIN, REPO
+
+    ex = REPO / "train" / "python" / "examples" / "train_tiny.py"
+    out = subprocess.run([sys.executable, str(ex), "--bin", BIN, "--steps", "3"], check=True, capture_output=True, text=True, timeout=120).stdout
+    lines = [l for l in out.splitlines() if l.startswith("step ")]
+    assert len(lines) == 3 and all("'lost': 0" in l for l in lines), out
+    assert "'acked': 3" in out.splitlines()[-1], out

@@ -1,0 +1,168 @@
+"""A PyTorch-style iterable dataset over a consumer group of ``rllm-pipe
+serve``: it yields padded batches (``Batch.to_padded``) and acknowledges a
+batch only when the trainer says its optimizer step is done.
+
+::
+
+    from rllm_pipe.dataset import PaddedBatches
+
+    data = PaddedBatches("grpc://127.0.0.1:8815", consumer="trainer-0",
+                         pad_token_id=0, max_prompt_length=2048, max_response_length=8192)
+    for step in data:                 # serve --layout trajectories
+        with step:                    # acknowledged when the block ends without an exception
+            loss = train_on(step.padded.torch())
+            optimizer.step()
+        data.policy_version += 1      # reported with the next acknowledgement
+
+An acknowledgement settles the batch's groups for the whole consumer group;
+a batch not acknowledged (the block raised, the loop stopped, the process
+died) goes back to the group and is delivered again. Taking the next batch
+before acknowledging the previous one is refused (``UnackedBatch``), so no
+batch is acknowledged before it was trained on, nor forgotten.
+
+When torch is installed ``PaddedBatches`` is a ``torch.utils.data.
+IterableDataset``; use it with ``batch_size=None`` and no worker processes (a
+consumer is one stream), or iterate it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, Optional
+
+import numpy as np
+
+from .client import Batch, Client
+from .padded import Padded
+
+try:  # torch is optional
+    from torch.utils.data import IterableDataset as _Base
+except ImportError:  # pragma: no cover - exercised without torch
+    _Base = object
+
+
+class UnackedBatch(RuntimeError):
+    """The next batch was asked for before the previous one was acknowledged."""
+
+
+@dataclass
+class TrainingStep:
+    """One padded batch to train on; acknowledge it after the optimizer step
+    (``ack()``, or leave a ``with`` block without an exception)."""
+
+    padded: Padded
+    batch: Batch
+    policy_version: int  # the trainer's version when the batch was handed out
+    _dataset: "PaddedBatches" = field(repr=False)
+    ack_result: Optional[Dict[str, int]] = None
+
+    @property
+    def acked(self) -> bool:
+        return self.ack_result is not None
+
+    @property
+    def batch_id(self) -> int:
+        return self.batch.batch_id
+
+    @property
+    def staleness(self) -> Dict[str, float]:
+        """How many versions behind the trainer the rows were generated:
+        policy_version minus each row's (smallest) policy version."""
+        pv = self.padded.ids.get("policy_versions")
+        if pv is None:
+            return {"max": 0, "mean": 0.0}
+        real = np.asarray(pv[~self.padded.is_pad], dtype=np.int64)
+        if real.size == 0:
+            return {"max": 0, "mean": 0.0}
+        behind = np.maximum(self.policy_version - real, 0)
+        return {"max": int(behind.max()), "mean": float(behind.mean())}
+
+    def ack(self, policy_version: Optional[int] = None) -> Dict[str, int]:
+        """Acknowledge the batch, reporting policy_version (default: the
+        dataset's current policy_version). Repeating returns the first answer."""
+        if self.ack_result is None:
+            v = self._dataset.policy_version if policy_version is None else int(policy_version)
+            self._dataset.policy_version = v
+            self.ack_result = self.batch.ack(policy_version=v)
+            self._dataset._pending = None
+        return self.ack_result
+
+    def __enter__(self) -> "TrainingStep":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.ack()
+        # On an exception the batch stays unacknowledged: the stream ends with
+        # the iteration and the batch goes back to the group.
+
+
+class PaddedBatches(_Base):
+    """Padded batches of a consumer group, acknowledged after each optimizer
+    step. Keyword arguments beyond the padding ones go to ``Client`` (token,
+    tls_root_certs, ...)."""
+
+    def __init__(
+        self,
+        location: str,
+        consumer: Optional[str] = None,
+        *,
+        pad_token_id: int,
+        max_prompt_length: int,
+        max_response_length: int,
+        pad_rows_to_multiple: int = 1,
+        policy_version: int = 0,
+        max_batches: Optional[int] = None,
+        padding: Optional[Dict[str, Any]] = None,
+        **client_kwargs,
+    ):
+        super().__init__()
+        self.location = location
+        self.consumer = consumer
+        self.pad_token_id = pad_token_id
+        self.max_prompt_length = max_prompt_length
+        self.max_response_length = max_response_length
+        self.pad_rows_to_multiple = pad_rows_to_multiple
+        self.policy_version = int(policy_version)
+        self.max_batches = max_batches
+        self.padding = dict(padding or {})
+        self.client_kwargs = client_kwargs
+        self.client: Optional[Client] = None
+        self._pending: Optional[TrainingStep] = None
+        # Tallies of this dataset's iterations.
+        self.stats: Dict[str, int] = {"batches": 0, "acked": 0, "groups_acked": 0, "groups_lost": 0, "rows": 0, "truncated_rows": 0}
+
+    def __iter__(self) -> Iterator[TrainingStep]:
+        with Client(self.location, consumer=self.consumer, policy_version=self.policy_version, **self.client_kwargs) as client:
+            self.client = client
+            try:
+                for n, batch in enumerate(client.batches()):
+                    if self.max_batches is not None and n >= self.max_batches:
+                        return
+                    padded = batch.to_padded(
+                        self.pad_token_id, self.max_prompt_length, self.max_response_length, self.pad_rows_to_multiple, **self.padding
+                    )
+                    step = TrainingStep(padded=padded, batch=batch, policy_version=self.policy_version, _dataset=self)
+                    self._pending = step
+                    self.stats["batches"] += 1
+                    self.stats["rows"] += padded.truncation["rows"]
+                    self.stats["truncated_rows"] += int(np.count_nonzero(padded.prompt_truncated | padded.response_truncated))
+                    yield step
+                    if not step.acked:
+                        raise UnackedBatch(
+                            f"batch {step.batch_id} was not acknowledged: call step.ack() (or use `with step:`) "
+                            "after the optimizer step, before taking the next batch"
+                        )
+                    self.stats["acked"] += 1
+                    self.stats["groups_acked"] += int(step.ack_result.get("groups", 0))
+                    self.stats["groups_lost"] += int(step.ack_result.get("lost", 0))
+            finally:
+                self.consumer = client.consumer
+                self.client = None
+
+    def set_policy_version(self, version: int) -> None:
+        """Report the trainer's policy version now (staleness of the batches
+        formed from now on); it is also reported with every acknowledgement."""
+        self.policy_version = int(version)
+        if self.client is not None:
+            self.client.set_policy_version(self.policy_version)
