@@ -40,6 +40,8 @@ const (
 	fSignals
 	fIsCorrect
 	fGroupSize
+	fPromptDeltaIDs
+	fParentStepID
 	numFields
 )
 
@@ -51,7 +53,7 @@ var fieldNames = [numFields]string{
 	fReward: "reward", fDone: "done", fFinishReason: "finish_reason", fModel: "model",
 	fCreatedAt: "created_at", fMetadata: "metadata", fNumSteps: "num_steps",
 	fTerminationReason: "termination_reason", fSignals: "signals", fIsCorrect: "is_correct",
-	fGroupSize: "group_size",
+	fGroupSize: "group_size", fPromptDeltaIDs: "prompt_delta_ids", fParentStepID: "parent_step_id",
 }
 
 const (
@@ -68,9 +70,12 @@ var fieldUse = [numFields]uint8{
 	fTokenVersions: forStep, fTeacherLogprobs: forStep, fMessages: forStep, fReward: forStep | forTraj,
 	fDone: forStep, fFinishReason: forStep, fModel: forStep, fCreatedAt: forStep, fMetadata: forStep | forTraj,
 	fNumSteps: forTraj, fTerminationReason: forTraj, fSignals: forTraj, fIsCorrect: forTraj, fGroupSize: forTraj,
+	fPromptDeltaIDs: forStep, fParentStepID: forStep,
 }
 
-var requiredStep = []field{fStepID, fTaskID, fTrajectoryID, fStepIndex, fPolicyVersion, fPromptIDs, fResponseIDs, fResponseLogprobs}
+// requiredStep: prompt_ids may instead be prompt_delta_ids with
+// parent_step_id (finishStep checks that).
+var requiredStep = []field{fStepID, fTaskID, fTrajectoryID, fStepIndex, fPolicyVersion, fResponseIDs, fResponseLogprobs}
 var requiredTraj = []field{fTrajectoryID, fTaskID, fReward, fNumSteps}
 
 func lookupField(name []byte) field {
@@ -126,6 +131,10 @@ func lookupField(name []byte) field {
 		return fIsCorrect
 	case "group_size":
 		return fGroupSize
+	case "prompt_delta_ids":
+		return fPromptDeltaIDs
+	case "parent_step_id":
+		return fParentStepID
 	}
 	return fNone
 }
@@ -318,7 +327,7 @@ func (d *Decoder) value(f field) error {
 		b, err := d.lx.str()
 		d.typ = append(d.typ[:0], b...)
 		return err
-	case fStepID, fTaskID, fGroupID, fRole, fTrajectoryID, fFinishReason, fModel, fTerminationReason, fCreatedAt:
+	case fStepID, fTaskID, fGroupID, fRole, fTrajectoryID, fFinishReason, fModel, fTerminationReason, fCreatedAt, fParentStepID:
 		if c != '"' {
 			return d.reject(f, start, schemas.ReasonWrongType, "%s must be a string", fieldNames[f])
 		}
@@ -377,7 +386,7 @@ func (d *Decoder) value(f field) error {
 			d.traj.IsCorrect, d.traj.HasIsCorrect = v, true
 		}
 		return err
-	case fPromptIDs, fResponseIDs:
+	case fPromptIDs, fResponseIDs, fPromptDeltaIDs:
 		return d.tokenList(f, start)
 	case fResponseLogprobs, fTeacherLogprobs:
 		return d.floatList(f, start)
@@ -438,6 +447,8 @@ func (d *Decoder) setString(f field, start int, b []byte) error {
 		d.traj.TrajectoryID = d.step.TrajectoryID
 	case fFinishReason:
 		d.step.FinishReason = string(b)
+	case fParentStepID:
+		d.step.ParentStepID = string(b)
 	case fModel:
 		d.step.Model = string(b)
 	case fTerminationReason:
@@ -580,9 +591,12 @@ func (d *Decoder) setTokens(f field) {
 	src := d.ints
 	ids := make([]int32, len(src))
 	copy(ids, src)
-	if f == fPromptIDs {
+	switch f {
+	case fPromptIDs:
 		d.step.PromptIDs = ids
-	} else {
+	case fPromptDeltaIDs:
+		d.step.PromptDeltaIDs = ids
+	default:
 		d.step.ResponseIDs = ids
 	}
 }
@@ -743,6 +757,27 @@ func (d *Decoder) finishStep() error {
 		}
 	}
 	s := &d.step
+	if !d.seen[fParentStepID] {
+		s.ParentStepID = ""
+	}
+	if !d.seen[fPromptDeltaIDs] {
+		s.PromptDeltaIDs = nil
+	}
+	// The prompt: whole, or a delta of an earlier step of the trajectory
+	// (its prompt and response, then these tokens).
+	switch delta, parent := d.seen[fPromptDeltaIDs], d.seen[fParentStepID]; {
+	case d.seen[fPromptIDs] && (delta || parent):
+		return schemas.Rejectf(schemas.ReasonInvalidValue, "prompt_delta_ids", "a step carries prompt_ids or prompt_delta_ids with parent_step_id, not both")
+	case d.seen[fPromptIDs]:
+	case delta && !parent:
+		return schemas.Rejectf(schemas.ReasonMissingField, "parent_step_id", "prompt_delta_ids needs the parent_step_id it extends")
+	case parent && !delta:
+		return schemas.Rejectf(schemas.ReasonMissingField, "prompt_delta_ids", "parent_step_id needs prompt_delta_ids")
+	case !delta:
+		return schemas.Rejectf(schemas.ReasonMissingField, "prompt_ids", "step record has no prompt_ids")
+	case s.ParentStepID == "" || s.ParentStepID == s.StepID:
+		return schemas.Rejectf(schemas.ReasonInvalidValue, "parent_step_id", "parent_step_id %q is empty or the step itself", s.ParentStepID)
+	}
 	for _, id := range [...]struct {
 		f field
 		v string

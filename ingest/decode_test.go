@@ -53,6 +53,25 @@ func with(base string, kv ...string) string {
 	return b.String()
 }
 
+// TestDecodePromptDelta: a step may send its prompt as a delta of an
+// earlier step (parent_step_id, prompt_delta_ids) instead of prompt_ids.
+func TestDecodePromptDelta(t *testing.T) {
+	var d Decoder
+	line := with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[7,8]"), "parent_step_id", `"s0"`)
+	r, err := d.Decode([]byte(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := r.Step; s.PromptIDs != nil || s.ParentStepID != "s0" || len(s.PromptDeltaIDs) != 2 || s.PromptDeltaIDs[1] != 8 {
+		t.Fatalf("%+v", s)
+	}
+	// The decoder is reused: a whole-prompt step after it carries no delta.
+	r, err = d.Decode([]byte(goodStep))
+	if err != nil || r.Step.ParentStepID != "" || r.Step.PromptDeltaIDs != nil || len(r.Step.PromptIDs) != 3 {
+		t.Fatalf("%+v %v", r.Step, err)
+	}
+}
+
 func TestDecodeRejects(t *testing.T) {
 	cases := []struct {
 		name  string
@@ -89,6 +108,13 @@ func TestDecodeRejects(t *testing.T) {
 		{"NaN step_index", with(goodStep, "step_index", `NaN`), schemas.ReasonWrongType, "step_index"},
 		{"negative policy_version", with(goodStep, "policy_version", `-2`), schemas.ReasonInvalidValue, "policy_version"},
 		{"prompt_ids not array", with(goodStep, "prompt_ids", `"1 2 3"`), schemas.ReasonWrongType, "prompt_ids"},
+		{"no prompt at all", with(goodStep, "prompt_ids", "<delete>"), schemas.ReasonMissingField, "prompt_ids"},
+		{"prompt and delta", with(with(goodStep, "prompt_delta_ids", "[4]"), "parent_step_id", `"s0"`), schemas.ReasonInvalidValue, "prompt_delta_ids"},
+		{"delta without parent", with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), schemas.ReasonMissingField, "parent_step_id"},
+		{"parent without delta", with(with(goodStep, "prompt_ids", "<delete>"), "parent_step_id", `"s0"`), schemas.ReasonMissingField, "prompt_delta_ids"},
+		{"parent is the step", with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), "parent_step_id", `"s1"`), schemas.ReasonInvalidValue, "parent_step_id"},
+		{"parent not a string", with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), "parent_step_id", `7`), schemas.ReasonWrongType, "parent_step_id"},
+		{"delta id out of range", with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[-1]"), "parent_step_id", `"s0"`), schemas.ReasonInvalidTokenID, "prompt_delta_ids"},
 		{"prompt id string", with(goodStep, "prompt_ids", `[1,"2"]`), schemas.ReasonWrongType, "prompt_ids"},
 		{"prompt id null", with(goodStep, "prompt_ids", `[1,null]`), schemas.ReasonWrongType, "prompt_ids"},
 		{"prompt id fractional", with(goodStep, "prompt_ids", `[1,2.5]`), schemas.ReasonWrongType, "prompt_ids"},

@@ -15,8 +15,8 @@ func TestREADMEExamples(t *testing.T) {
 		t.Fatal(err)
 	}
 	parts := strings.Split(string(b), "```json\n")
-	if len(parts) != 3 {
-		t.Fatalf("want 2 examples, found %d", len(parts)-1)
+	if len(parts) != 4 {
+		t.Fatalf("want 3 examples (step, step with a prompt delta, trajectory), found %d", len(parts)-1)
 	}
 	var d ingest.Decoder
 	for _, p := range parts[1:] {

@@ -22,7 +22,12 @@ type Step struct {
 	StepIndex     int64
 	PolicyVersion int64
 
+	// PromptIDs is the whole prompt; nil when the record sent it as
+	// PromptDeltaIDs after the prompt and response of ParentStepID (an
+	// earlier step of the trajectory), until transform resolves it.
 	PromptIDs        []int32
+	PromptDeltaIDs   []int32
+	ParentStepID     string
 	ResponseIDs      []int32
 	ResponseLogprobs []float32
 	TokenVersions    []int64   // nil when absent

@@ -30,6 +30,7 @@ const (
 	ReasonIncompleteTrajectory Reason = "incomplete_trajectory" // trajectory unfinished when its group was emitted
 	ReasonIncompleteGroup      Reason = "incomplete_group"      // group below --min-group-size at timeout or end of input
 	ReasonLate                 Reason = "late"                  // record for a group already emitted
+	ReasonInvalidParent        Reason = "invalid_parent"        // parent_step_id names no earlier step of its trajectory
 )
 
 // Source is where a record came from: file and 1-based line for files,

@@ -441,7 +441,7 @@ func (a *Assembler) openGroup(key string, now time.Time) *group {
 // progress checks whether t just became complete and, if so, whether its
 // group is full.
 func (a *Assembler) progress(t *Trajectory) {
-	if !t.complete() {
+	if !t.complete() || !a.parentsValid(t) {
 		return
 	}
 	g := t.g
@@ -449,6 +449,36 @@ func (a *Assembler) progress(t *Trajectory) {
 	if g.complete >= g.size {
 		a.close(g, "full")
 	}
+}
+
+// parentsValid checks, once t has all its steps, that every step sent as
+// a prompt delta names an earlier step of t as its parent. A step that
+// does not is dead-lettered (invalid_parent) and leaves t, which is then
+// incomplete again: a corrected resend of the step completes it.
+func (a *Assembler) parentsValid(t *Trajectory) bool {
+	var index map[string]int64
+	ok := true
+	for i := 0; i < len(t.Steps); i++ {
+		s := t.Steps[i]
+		if s.ParentStepID == "" {
+			continue
+		}
+		if index == nil {
+			index = make(map[string]int64, len(t.Steps))
+			for _, o := range t.Steps {
+				index[o.StepID] = o.StepIndex
+			}
+		}
+		if pi, found := index[s.ParentStepID]; found && pi < s.StepIndex {
+			continue
+		}
+		a.deadLetter(schemas.ReasonInvalidParent, fmt.Sprintf("parent_step_id %q is not an earlier step of trajectory %q (step_index %d)", s.ParentStepID, t.TrajectoryID, s.StepIndex), s.Source, s.Raw, s.Ref)
+		delete(a.steps, s.StepID)
+		t.Steps = slices.Delete(t.Steps, i, i+1)
+		i--
+		ok = false
+	}
+	return ok
 }
 
 // Expire closes groups opened at least Timeout before now.

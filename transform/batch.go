@@ -159,6 +159,32 @@ func (bt *Batcher) resetDirect() {
 	bt.msgDelta.reset()
 }
 
+// resolveDeltas gives the steps sent as prompt deltas (sorted by step
+// index; parents validated by the Assembler) their whole prompts: the
+// parent's prompt and response, then the delta. addPrompt then stores
+// each as the delta of its predecessor when that is exact (a parent that
+// is the predecessor always is).
+func resolveDeltas(steps []*Step) {
+	var byID map[string]*Step
+	for _, s := range steps {
+		if s.PromptIDs != nil || s.ParentStepID == "" {
+			continue
+		}
+		if byID == nil {
+			byID = make(map[string]*Step, len(steps))
+			for _, o := range steps {
+				byID[o.StepID] = o
+			}
+		}
+		p := byID[s.ParentStepID]
+		if p == nil || p.PromptIDs == nil {
+			continue // not reached: the Assembler emits only valid chains
+		}
+		s.PromptIDs = append(make([]int32, 0, len(p.PromptIDs)+len(p.ResponseIDs)+len(s.PromptDeltaIDs)), p.PromptIDs...)
+		s.PromptIDs = append(append(s.PromptIDs, p.ResponseIDs...), s.PromptDeltaIDs...)
+	}
+}
+
 // addPrompt lays out the prompt and messages of step k of steps (sorted
 // by step index): as a delta of step k-1's when they extend it (checked
 // token by token and byte by byte), else whole.
@@ -305,6 +331,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 			zeroVar = zeroVar && t.Reward == g.Trajectories[0].Reward
 		}
 		for _, t := range g.Trajectories {
+			resolveDeltas(t.Steps)
 			rewards.Append(t.Reward)
 			var respTokens int64
 			for _, s := range t.Steps {

@@ -92,6 +92,8 @@ func stepHash(s *schemas.Step) uint64 {
 	h.u64(uint64(s.StepIndex))
 	h.u64(uint64(s.PolicyVersion))
 	h.i32s(s.PromptIDs)
+	h.str(s.ParentStepID)
+	h.i32s(s.PromptDeltaIDs)
 	h.i32s(s.ResponseIDs)
 	h.f32s(s.ResponseLogprobs)
 	h.flag(s.HasTokenVersions)

@@ -3,6 +3,7 @@ package transform
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -112,7 +113,7 @@ func checkWhole(t testing.TB, groups []*Group, recs []arrow.RecordBatch) {
 // roundTrip builds groups with prefix deltas, checks that deltas were
 // used only where exact, and reads the rows back whole two ways: the
 // record cut in random slices through one Expander, and a Parquet file.
-func roundTrip(t testing.TB, r *rand.Rand, groups []*Group) (deltas int) {
+func roundTrip(t testing.TB, r *rand.Rand, groups, want []*Group) (deltas int) {
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
 	defer mem.AssertSize(t, 0)
 	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
@@ -146,7 +147,7 @@ func roundTrip(t testing.TB, r *rand.Rand, groups []*Group) (deltas int) {
 		whole = append(whole, w)
 		lo = hi
 	}
-	checkWhole(t, groups, whole)
+	checkWhole(t, want, whole)
 	for _, w := range whole {
 		w.Release()
 	}
@@ -179,7 +180,7 @@ func roundTrip(t testing.TB, r *rand.Rand, groups []*Group) (deltas int) {
 		r.Retain()
 		read = append(read, r)
 	}
-	checkWhole(t, groups, read)
+	checkWhole(t, want, read)
 	for _, r := range read {
 		r.Release()
 	}
@@ -190,7 +191,8 @@ func TestPromptDeltasRoundTrip(t *testing.T) {
 	total := 0
 	for seed := range uint64(40) {
 		r := rand.New(rand.NewPCG(seed, 7))
-		total += roundTrip(t, r, chainGroups(r))
+		g := chainGroups(r)
+		total += roundTrip(t, r, g, g)
 	}
 	if total == 0 {
 		t.Fatal("no step was stored as a delta")
@@ -241,6 +243,102 @@ func FuzzPromptChains(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, seed uint64) {
 		r := rand.New(rand.NewPCG(seed, seed>>7))
-		roundTrip(t, r, chainGroups(r))
+		g := chainGroups(r)
+		roundTrip(t, r, g, g)
 	})
+}
+
+// wireLines renders groups as wire records, a step whose prompt extends
+// an earlier step's prompt and response (its predecessor, or a step
+// before that: a branch) sent as a delta of it, and shuffled.
+func wireLines(r *rand.Rand, groups []*Group) []string {
+	var lines []string
+	for _, g := range groups {
+		for _, tr := range g.Trajectories {
+			for k, s := range tr.Steps {
+				rec := map[string]any{"type": "step", "step_id": s.StepID, "task_id": g.Key, "trajectory_id": s.TrajectoryID,
+					"step_index": s.StepIndex, "policy_version": 0, "response_ids": s.ResponseIDs, "response_logprobs": s.ResponseLogprobs}
+				if s.Messages != nil {
+					rec["messages"] = json.RawMessage(s.Messages)
+				}
+				rec["prompt_ids"] = append([]int32{}, s.PromptIDs...)
+				for j := k - 1; j >= 0 && r.IntN(4) != 0; j-- {
+					p := tr.Steps[j]
+					if n := prefix.Extends(s.PromptIDs, p.PromptIDs, p.ResponseIDs); n > 0 {
+						delete(rec, "prompt_ids")
+						rec["parent_step_id"], rec["prompt_delta_ids"] = p.StepID, s.PromptIDs[n:]
+						break
+					}
+				}
+				b, _ := json.Marshal(rec)
+				lines = append(lines, string(b))
+			}
+			b, _ := json.Marshal(map[string]any{"type": "trajectory", "trajectory_id": tr.TrajectoryID, "task_id": g.Key, "reward": 1, "num_steps": len(tr.Steps)})
+			lines = append(lines, string(b))
+		}
+	}
+	r.Shuffle(len(lines), func(i, j int) { lines[i], lines[j] = lines[j], lines[i] })
+	return lines
+}
+
+// TestWireDeltas sends chains as prompt deltas, shuffled: the rows read
+// back with the whole prompts of the input, as when sent whole.
+func TestWireDeltas(t *testing.T) {
+	for seed := range uint64(30) {
+		r := rand.New(rand.NewPCG(seed, 11))
+		want := chainGroups(r)
+		h := newHarness(t, Config{GroupSize: 1 << 10, MinGroupSize: 1})
+		h.add(t0, wireLines(r, want)...)
+		h.a.Flush()
+		h.take()
+		if len(h.dead) > 0 {
+			t.Fatalf("seed %d: dead letter %s: %s", seed, h.dead[0].Reason, h.dead[0].Error)
+		}
+		// The received groups, in the input's order (rows follow it).
+		byKey := map[string]*Group{}
+		for _, g := range h.groups {
+			byKey[g.Key] = g
+		}
+		var got []*Group
+		for _, g := range want {
+			rg := byKey[g.Key]
+			if rg == nil || len(rg.Trajectories) != len(g.Trajectories) {
+				t.Fatalf("seed %d: group %s not emitted whole", seed, g.Key)
+			}
+			order := map[string]int{}
+			for i, tr := range g.Trajectories {
+				order[tr.TrajectoryID] = i
+			}
+			slices.SortFunc(rg.Trajectories, func(a, b *Trajectory) int { return order[a.TrajectoryID] - order[b.TrajectoryID] })
+			got = append(got, rg)
+		}
+		roundTrip(t, r, got, want)
+	}
+}
+
+// TestWireDeltaInvalidParent: a delta whose parent is not an earlier step
+// of its trajectory is dead-lettered (invalid_parent), and the trajectory
+// is not emitted without it.
+func TestWireDeltaInvalidParent(t *testing.T) {
+	for _, parent := range []string{"nope", "y-s0"} {
+		h := newHarness(t, Config{GroupSize: 1, MinGroupSize: 1})
+		h.add(t0,
+			`{"type":"step","step_id":"y-s0","task_id":"g","trajectory_id":"y","step_index":0,"policy_version":0,"prompt_ids":[1],"response_ids":[2],"response_logprobs":[-1]}`,
+			`{"type":"step","step_id":"x-s0","task_id":"g","trajectory_id":"x","step_index":0,"policy_version":0,"prompt_ids":[1],"response_ids":[2],"response_logprobs":[-1]}`,
+			`{"type":"step","step_id":"x-s1","task_id":"g","trajectory_id":"x","step_index":1,"policy_version":0,"parent_step_id":"`+parent+`","prompt_delta_ids":[3],"response_ids":[4],"response_logprobs":[-1]}`,
+			`{"type":"trajectory","trajectory_id":"x","task_id":"g","reward":1,"num_steps":2}`,
+		)
+		h.a.Flush()
+		h.take()
+		if len(h.dead) == 0 || h.dead[0].Reason != schemas.ReasonInvalidParent {
+			t.Fatalf("parent %q: dead letters %+v", parent, h.dead)
+		}
+		for _, g := range h.groups {
+			for _, tr := range g.Trajectories {
+				if tr.TrajectoryID == "x" {
+					t.Fatalf("parent %q: trajectory x emitted without its step", parent)
+				}
+			}
+		}
+	}
 }

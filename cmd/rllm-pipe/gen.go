@@ -78,6 +78,7 @@ func newGenCmd() *cobra.Command {
 	f.IntVar(&cfg.ObservationLen, "observation-len", 0, "mean tokens of a tool observation, heavy-tailed like file contents and test output (0: short, 8-127)")
 	f.Float64Var(&cfg.Resets, "resets", 0, "probability that a turn starts from a summarised context instead of the whole conversation")
 	f.Float64Var(&cfg.ParallelTools, "parallel-tools", 0, "probability that an action makes 2-3 tool calls at once")
+	f.BoolVar(&cfg.WireDeltas, "wire-deltas", false, "send a prompt that extends the previous step's as parent_step_id + prompt_delta_ids (the new tokens only)")
 	f.IntVar(&cfg.PromptLen, "prompt-len", 512, "mean prompt tokens of a first step")
 	f.IntVar(&cfg.ResponseLen, "response-len", 256, "mean response tokens")
 	f.IntVar(&cfg.Vocab, "vocab", 151936, "vocabulary size")

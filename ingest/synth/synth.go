@@ -73,6 +73,10 @@ type Config struct {
 	// ParallelTools is the probability that an action makes 2 or 3 tool
 	// calls at once, each answered by its own observation.
 	ParallelTools float64
+	// WireDeltas sends a step whose prompt extends its predecessor's
+	// prompt and response as parent_step_id and prompt_delta_ids instead
+	// of prompt_ids (the wire format's prompt deltas).
+	WireDeltas bool
 	// Seed seeds the generator; the same Config gives the same bytes.
 	Seed uint64
 }
@@ -970,8 +974,21 @@ func (g *gen) appendStep(b []byte, t *traj, k int) []byte {
 	if last {
 		b = append(b, `,"done":true`...)
 	}
-	b = append(b, `,"prompt_ids":[`...)
-	b = append(b, t.tok[t.promptBeg[k]:t.promptEnd[k]-1]...)
+	if cfg.WireDeltas && k > 0 && t.promptBeg[k] == t.promptBeg[k-1] {
+		// The prompt extends the previous step's prompt and response:
+		// send the tokens after them.
+		b = append(b, `,"parent_step_id":"`...)
+		b = append(b, t.idBody...)
+		b = append(b, '#')
+		b = strconv.AppendInt(b, int64(k-1), 10)
+		b = append(b, `","prompt_delta_ids":[`...)
+		if d := t.tok[t.respEnd[k-1]:t.promptEnd[k]]; len(d) > 0 {
+			b = append(b, d[:len(d)-1]...)
+		}
+	} else {
+		b = append(b, `,"prompt_ids":[`...)
+		b = append(b, t.tok[t.promptBeg[k]:t.promptEnd[k]-1]...)
+	}
 	b = append(b, `],"response_ids":[`...)
 	b = append(b, t.tok[t.promptEnd[k]:t.respEnd[k]-1]...)
 	rl := t.respN[k]

@@ -854,3 +854,69 @@ func count(ids []int64, tok int64) int {
 	}
 	return n
 }
+
+// TestWireDeltas: with WireDeltas the same trajectories are sent with
+// prompt deltas wherever a prompt extends the previous step's, and the
+// whole prompts rebuilt from them equal those sent whole.
+func TestWireDeltas(t *testing.T) {
+	cfg := agentConfig()
+	whole, _ := generate(t, cfg)
+	cfg.WireDeltas = true
+	deltas, _ := generate(t, cfg)
+	if len(deltas) >= len(whole)*3/4 { // messages are still sent whole
+		t.Fatalf("wire deltas: %d bytes against %d whole", len(deltas), len(whole))
+	}
+	type step struct {
+		ID        string  `json:"step_id"`
+		Type      string  `json:"type"`
+		Prompt    []int64 `json:"prompt_ids"`
+		Delta     []int64 `json:"prompt_delta_ids"`
+		Parent    string  `json:"parent_step_id"`
+		Response  []int64 `json:"response_ids"`
+		StepIndex int64   `json:"step_index"`
+	}
+	read := func(b []byte) map[string]*step {
+		out := map[string]*step{}
+		for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+			var s step
+			if err := json.Unmarshal(l, &s); err != nil {
+				t.Fatal(err)
+			}
+			if s.Type == "step" {
+				out[s.ID] = &s
+			}
+		}
+		return out
+	}
+	want, got := read(whole), read(deltas)
+	var resolve func(s *step) []int64
+	resolve = func(s *step) []int64 {
+		if s.Parent == "" {
+			return s.Prompt
+		}
+		p := got[s.Parent]
+		if p == nil || p.StepIndex != s.StepIndex-1 {
+			t.Fatalf("%s: parent %q is not the previous step", s.ID, s.Parent)
+		}
+		return slices.Concat(resolve(p), p.Response, s.Delta)
+	}
+	sent := 0
+	for id, w := range want {
+		g := got[id]
+		if g == nil {
+			t.Fatalf("step %s missing", id)
+		}
+		if g.Parent != "" {
+			sent++
+			if g.Prompt != nil {
+				t.Fatalf("%s: both prompt_ids and a delta", id)
+			}
+		}
+		if !slices.Equal(resolve(g), w.Prompt) {
+			t.Fatalf("%s: the rebuilt prompt differs from the whole one", id)
+		}
+	}
+	if sent < len(want)/2 {
+		t.Fatalf("only %d of %d steps sent as deltas", sent, len(want))
+	}
+}

@@ -26,7 +26,9 @@ torch is used when installed (``Batch.tensors``).
 
 from . import emit, shards
 from .client import Batch, Client, TokenColumn
+from .dataset import PaddedBatches, UnackedBatch
 from .emit import episode_records, post_records, write_records
 
-__all__ = ["Batch", "Client", "TokenColumn", "emit", "episode_records", "post_records", "shards", "write_records"]
+__all__ = ["Batch", "Client", "PaddedBatches", "TokenColumn", "UnackedBatch", "emit", "episode_records", "post_records", "shards",
+           "write_records"]
 __version__ = "0.1.0"

@@ -6,6 +6,8 @@ independently with Python's json module."""
 import json
 import struct
 
+import pytest
+
 import pyarrow.parquet as pq
 
 from conftest import Server, run
@@ -56,15 +58,23 @@ def test_new_encodings_read_back_with_pyarrow(tmp_path):
     assert {"DELTA_BINARY_PACKED", "DELTA_BYTE_ARRAY"} <= encodings, encodings
 
 
-def test_multi_turn_prompts_read_back(tmp_path):
-    """30-turn agents with resets and parallel tool calls, stored as prefix
-    deltas: every step's whole prompt and messages come back equal to the
-    input, read directly with pyarrow (read_shard) and through serve."""
+@pytest.mark.parametrize("wire", [False, True], ids=["whole-on-the-wire", "deltas-on-the-wire"])
+def test_multi_turn_prompts_read_back(tmp_path, wire):
+    """20-30-turn agents with resets and parallel tool calls, stored as prefix
+    deltas (and sent as deltas too): every step's whole prompt and messages
+    come back equal to the input, read directly with pyarrow (read_shard) and
+    through serve."""
     src = tmp_path / "agents.jsonl"
-    run("gen", "--groups", "6", "--group-size", "4", "--turns", "20..30", "--prompt-len", "300", "--response-len", "40",
-        "--observation-len", "120", "--resets", "0.05", "--parallel-tools", "0.2", "--seed", "5", "--out", str(src))
+    shape = ["--groups", "6", "--group-size", "4", "--turns", "20..30", "--prompt-len", "300", "--response-len", "40",
+             "--observation-len", "120", "--resets", "0.05", "--parallel-tools", "0.2", "--seed", "5"]
+    run("gen", *shape, "--out", str(src))
+    sent = src
+    if wire:
+        sent = tmp_path / "agents-deltas.jsonl"
+        run("gen", *shape, "--wire-deltas", "--out", str(sent))
+        assert sent.stat().st_size < src.stat().st_size
     out = tmp_path / "out"
-    run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--quiet")
+    run("ingest", "--from", str(sent), "--to", str(out), "--group-size", "4", "--quiet")
     want = {}
     with open(src) as f:
         for line in f:
