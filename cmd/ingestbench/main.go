@@ -72,6 +72,7 @@ import (
 
 	_ "github.com/duckdb/duckdb-go/v2" // the "duckdb" database/sql driver
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 )
 
@@ -123,6 +124,9 @@ type shape struct {
 var shapes = map[string]shape{
 	"steps":  {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}, 256},
 	"agents": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1"}, 4},
+	// The same agents with prompt deltas on the wire (gen --wire-deltas):
+	// DuckDB then stores the records as sent, deltas and all.
+	"agents-wire": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1", "--wire-deltas"}, 4},
 }
 
 type config struct {
@@ -435,7 +439,7 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 	}
 	sh, ok := shapes[c.shape]
 	if !ok {
-		return inputInfo{}, fmt.Errorf("--shape %q: want steps or agents", c.shape)
+		return inputInfo{}, fmt.Errorf("--shape %q: want steps, agents or agents-wire", c.shape)
 	}
 	name := fmt.Sprintf("traces-%d-seed%d", c.size, c.seed)
 	if c.shape != "steps" {
@@ -617,7 +621,8 @@ func compare(ctx context.Context, rllmFiles []string, duckFile string, sample in
 	for i, f := range rllmFiles {
 		quoted[i] = sqlString(f)
 	}
-	rllmSrc := fmt.Sprintf("read_parquet([%s], hive_partitioning=false)", strings.Join(quoted, ", "))
+	// Multi-turn prompts are stored as prefix deltas: compare whole ones.
+	rllmSrc := "(" + duckdb.WholePrompts(fmt.Sprintf("SELECT *, filename AS shard FROM read_parquet([%s], hive_partitioning=false, filename=true)", strings.Join(quoted, ", "))) + ")"
 	duckSrc := fmt.Sprintf("read_parquet(%s, hive_partitioning=false)", sqlString(duckFile))
 	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+rllmSrc).Scan(&ck.RowsRLLM); err != nil {
 		return ck, err
