@@ -35,6 +35,7 @@ type gatewayOpts struct {
 	walDir, walFileBytes        string
 	kafkaPartitions             int
 	shutdownTimeout             time.Duration
+	wholePrompts                bool
 	conn                        connFlags
 }
 
@@ -44,7 +45,7 @@ type gatewayOpts struct {
 var pipelineFlags = []string{
 	"group-size", "min-group-size", "group-timeout", "max-open-groups", "max-partitions",
 	"shard-size", "flush-interval", "estimator", "compat", "no-std", "kl-coef", "kl-clip", "kl-discount",
-	"filter", "decoders", "encoders", "max-record-bytes", "zstd-level", "compact", "log-format",
+	"filter", "decoders", "encoders", "max-record-bytes", "zstd-level", "compact", "log-format", "full-prompts",
 }
 
 func newGatewayCmd(soft context.Context) *cobra.Command {
@@ -93,6 +94,7 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.StringVar(&o.upstream, "upstream", "", "inference workers' base URLs, comma-separated (http://host:port)")
 	f.StringVar(&o.to, "to", "", "where records go: kafka://host:port/topic, a record log PATH.jsonl, or a shard root (a path or s3://bucket/prefix)")
 	f.StringVar(&o.ready, "ready-file", "", "write the bound address to this file once listening")
+	f.BoolVar(&o.wholePrompts, "whole-prompts", false, "write every step's whole prompt_ids, never parent_step_id + prompt_delta_ids (for readers of the records other than rllm-pipe ingest)")
 	f.Int64Var(&o.weightVersion, "weight-version", 0, "initial weight (policy) version stamped on calls (POST /admin/weight_version changes it)")
 	f.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding the bearer token of the agent routes (default: $RLLM_GATEWAY_AGENT_TOKEN; none: loopback only)")
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_GATEWAY_ADMIN_TOKEN; none: loopback only)")
@@ -258,6 +260,7 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 		return c, usageErrorf("--weight-version: %d, want >= 0", o.weightVersion)
 	}
 	c.WeightVersion = o.weightVersion
+	c.WholePrompts = o.wholePrompts
 	if groupSizeSet {
 		c.GroupSize = ing.groupSize
 	}

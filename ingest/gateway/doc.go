@@ -30,6 +30,11 @@
 // are agents too); /health is open. Trace ids are URL-safe (32 hex digits
 // of the step id's SHA-256): rLLM's client puts them in URLs unescaped.
 //
+// A multi-turn agent's call sends the whole conversation so far: a step
+// whose prompt begins with the session's previous step's prompt and
+// response is written with parent_step_id and prompt_delta_ids, the new
+// tokens only (schemas/README.md), unless Config.WholePrompts.
+//
 // Decisions, each as rLLM's gateway makes them unless said otherwise:
 //
 //   - Request rewriting: logprobs (true for chat, 0 for completions, which

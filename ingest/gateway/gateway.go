@@ -61,6 +61,13 @@ type Config struct {
 	// BatchRecords the most records per call (default 1024).
 	Writers      int
 	BatchRecords int
+	// WholePrompts turns off prompt deltas on the wire: by default a
+	// step whose prompt begins with the session's previous step's prompt
+	// and response is written with parent_step_id and prompt_delta_ids
+	// (the new tokens only), cutting the O(turns²) prompt tokens of
+	// multi-turn agents from the output; ingest stores the same either
+	// way.
+	WholePrompts bool
 	// Transport overrides the upstream transport (tests); the default is
 	// tuned for many keep-alive connections to few hosts.
 	Transport http.RoundTripper

@@ -350,8 +350,20 @@ func (s *Server) record(cl *call) {
 	sess.mu.Lock()
 	index := sess.steps
 	sess.steps++
+	var parent *prev
+	if !s.cfg.WholePrompts {
+		// The previous step, if it is a parent this one may extend; this
+		// one becomes the next one's unless it will be dead-lettered.
+		if p := sess.last; p != nil && p.index == index-1 {
+			parent = p
+		}
+		sess.last = nil
+		if c := &cl.cap; c.reject() == "" && cl.cutOff == "" && c.promptIDs != nil && c.responseIDs != nil {
+			sess.last = &prev{id: stepID(sess.trajID, index), index: index, prompt: c.promptIDs, answer: c.responseIDs}
+		}
+	}
 	sess.mu.Unlock()
-	line, tr, reject := buildStep(cl, index)
+	line, tr, reject := buildStep(cl, index, parent)
 	s.queue.enqueue(&sess.durable, Record{Key: sess.key(), Line: line})
 	s.metrics.steps.Add(1)
 	if reject != "" {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -48,6 +49,8 @@ type stepRecord struct {
 	StepIndex        int64           `json:"step_index"`
 	PolicyVersion    int64           `json:"policy_version"`
 	PromptIDs        *[]int64        `json:"prompt_ids,omitempty"`
+	ParentStepID     string          `json:"parent_step_id,omitempty"`
+	PromptDeltaIDs   *[]int64        `json:"prompt_delta_ids,omitempty"`
 	ResponseIDs      *[]int64        `json:"response_ids,omitempty"`
 	ResponseLogprobs *[]float64      `json:"response_logprobs,omitempty"`
 	Messages         json.RawMessage `json:"messages,omitempty"`
@@ -91,8 +94,9 @@ func stepID(trajID string, index int64) string {
 	return trajID + "#" + strconv.FormatInt(index, 10)
 }
 
-// buildStep renders the step line and its trace for call index.
-func buildStep(cl *call, index int64) (line []byte, tr *trace, reject string) {
+// buildStep renders the step line and its trace for call index; a prompt
+// that begins with parent's prompt and answer is written as a delta.
+func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, reject string) {
 	s, c := cl.sess, &cl.cap
 	if cl.cutOff != "" && c.promptIDs != nil && c.responseIDs == nil {
 		c.responseIDs = []int64{} // cut before the first token: an empty response, not a missing one
@@ -118,6 +122,10 @@ func buildStep(cl *call, index int64) (line []byte, tr *trace, reject string) {
 		CreatedAt: cl.dispatch.UTC().Format("2006-01-02T15:04:05.000000Z"), Metadata: metaJSON}
 	if c.promptIDs != nil {
 		rec.PromptIDs = &c.promptIDs
+		if n := extends(c.promptIDs, parent); n > 0 && reject == "" {
+			delta := c.promptIDs[n:]
+			rec.PromptIDs, rec.ParentStepID, rec.PromptDeltaIDs = nil, parent.id, &delta
+		}
 	}
 	if c.responseIDs != nil {
 		rec.ResponseIDs = &c.responseIDs
@@ -236,4 +244,17 @@ func marshal(v any) []byte {
 func traceID(stepID string) string {
 	h := sha256.Sum256([]byte(stepID))
 	return hex.EncodeToString(h[:16])
+}
+
+// extends returns len(p.prompt)+len(p.answer) when prompt begins with
+// them, else 0.
+func extends(prompt []int64, p *prev) int {
+	if p == nil {
+		return 0
+	}
+	n := len(p.prompt) + len(p.answer)
+	if n == 0 || len(prompt) < n || !slices.Equal(prompt[:len(p.prompt)], p.prompt) || !slices.Equal(prompt[len(p.prompt):n], p.answer) {
+		return 0
+	}
+	return n
 }

@@ -59,8 +59,17 @@ type session struct {
 
 	mu       sync.Mutex
 	steps    int64  // recorded calls: the next step_index
+	last     *prev  // the step before the next one, when it can be a parent
 	finished []byte // the trajectory line once finished
 	traces   []*trace
+}
+
+// prev is a recorded step a later step's prompt may extend: sent as a
+// delta of it.
+type prev struct {
+	id             string
+	index          int64
+	prompt, answer []int64
 }
 
 // identity fields a POST /sessions body (or its metadata) may name.

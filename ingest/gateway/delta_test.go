@@ -1,0 +1,101 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
+)
+
+// growingBackend answers chat calls as a multi-turn agent's would look:
+// call k's prompt is call k-1's prompt and response and one new token,
+// except call 3, a context reset.
+type growingBackend struct {
+	mu     sync.Mutex
+	prompt []int64
+	calls  int64
+}
+
+func (b *growingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	b.mu.Lock()
+	k := b.calls
+	b.calls++
+	if k == 3 {
+		b.prompt = []int64{1, 2} // reset
+	}
+	prompt := append(slices.Clone(b.prompt), 100+k)
+	resp := []int64{200 + k, 300 + k}
+	b.prompt = append(slices.Clone(prompt), resp...)
+	b.mu.Unlock()
+	lp := `[{"token":"a","logprob":-0.5},{"token":"b","logprob":-0.25}]`
+	fmt.Fprintf(w, `{"id":"c%d","object":"chat.completion","model":"m","prompt_token_ids":%s,"choices":[{"index":0,"message":{"role":"assistant","content":"ab"},"finish_reason":"stop","token_ids":%s,"logprobs":{"content":%s}}]}`,
+		k, jsonInts(prompt), jsonInts(resp), lp)
+}
+
+func jsonInts(v []int64) string { b, _ := json.Marshal(v); return string(b) }
+
+// TestPromptDeltasOnTheWire: a step whose prompt extends the session's
+// previous step's prompt and response is written as parent_step_id and
+// prompt_delta_ids; the rebuilt prompts equal what the backend saw; a
+// reset is written whole; WholePrompts turns it off.
+func TestPromptDeltasOnTheWire(t *testing.T) {
+	for _, whole := range []bool{false, true} {
+		up := httptest.NewServer(&growingBackend{prompt: []int64{1, 2}})
+		e := newEnv(t, func(c *Config) { c.Upstreams = []string{up.URL}; c.WholePrompts = whole })
+		var want [][]int64
+		for k := range 5 {
+			e.mustJSON("POST", "/sessions/task:0/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 200, nil)
+			p := []int64{1, 2}
+			if k > 0 && k != 3 {
+				p = append(slices.Clone(want[k-1]), 200+int64(k-1), 300+int64(k-1))
+			}
+			want = append(want, append(p, 100+int64(k)))
+		}
+		e.finish("task:0", 1)
+		var d ingest.Decoder
+		got := map[string][]int64{}
+		deltas := 0
+		for _, r := range e.out.records() {
+			rec, err := d.Decode(r.Line)
+			if err != nil {
+				t.Fatalf("record does not decode: %v: %s", err, r.Line)
+			}
+			s := rec.Step
+			if s == nil {
+				continue
+			}
+			var prompt []int64
+			if s.ParentStepID != "" {
+				deltas++
+				parent := got[s.ParentStepID]
+				if parent == nil {
+					t.Fatalf("%s: parent %s not written before it", s.StepID, s.ParentStepID)
+				}
+				prompt = slices.Concat(parent, int64s(s.PromptDeltaIDs))
+			} else {
+				prompt = int64s(s.PromptIDs)
+			}
+			if !slices.Equal(prompt, want[s.StepIndex]) {
+				t.Fatalf("whole=%v step %d: prompt %v, want %v", whole, s.StepIndex, prompt, want[s.StepIndex])
+			}
+			got[s.StepID] = slices.Concat(prompt, int64s(s.ResponseIDs))
+		}
+		if wantDeltas := map[bool]int{false: 3, true: 0}[whole]; deltas != wantDeltas {
+			t.Fatalf("whole=%v: %d steps written as deltas, want %d", whole, deltas, wantDeltas)
+		}
+		up.Close()
+	}
+}
+
+func int64s(v []int32) []int64 {
+	out := make([]int64, len(v))
+	for i, x := range v {
+		out[i] = int64(x)
+	}
+	return out
+}
