@@ -93,6 +93,10 @@ type Consumer struct {
 	mem    memory.Allocator
 	policy atomic.Int64
 
+	// replay, for a group created by CreateReplay, is the plan Next
+	// follows instead of the manifest (shards then lists its batches).
+	replay *replayState
+
 	// Next's own state (one goroutine).
 	form     *former
 	cur      *shardReader
@@ -111,8 +115,9 @@ type Consumer struct {
 	mu       sync.Mutex
 	stats    Stats
 	inflight map[uint64][]marks
-	done     map[uint64]AckResult // recent acknowledgements, for repeats
-	doneIDs  []uint64             // their order, oldest first
+	audit    map[uint64]auditBatch // the inflight batches' groups, in order
+	done     map[uint64]AckResult  // recent acknowledgements, for repeats
+	doneIDs  []uint64              // their order, oldest first
 	nextID   uint64
 	held     map[string]bool  // leased and not lost
 	read     map[string]bool  // held and read to the end in this run
@@ -160,7 +165,7 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	}
 	c := &Consumer{
 		cfg: cfg, shards: shards, coord: coord, mem: mem, watch: map[string]leaseWatch{},
-		inflight: map[uint64][]marks{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
+		inflight: map[uint64][]marks{}, audit: map[uint64]auditBatch{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
 		skips: map[skipKey]bool{}, totals: map[string]int32{},
 		acked: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
 		// Batch ids start at random, so that an acknowledgement meant for an
@@ -170,6 +175,9 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	c.stats.Member = member
 	c.policy.Store(cfg.PolicyVersion)
 	c.form = &former{cfg: &c.cfg.Config, mem: mem, counters: &c.stats.Counters}
+	if err := c.loadReplay(ctx, obj); err != nil {
+		return nil, err
+	}
 	go c.renew()
 	return c, nil
 }
@@ -193,6 +201,9 @@ func (c *Consumer) Stats() Stats {
 // receiver releases Record and acknowledges the ID. Next returns io.EOF
 // when not following and every committed shard is done.
 func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
+	if c.replay != nil {
+		return c.nextReplayed(ctx)
+	}
 	for {
 		if err := c.waitInflight(ctx); err != nil {
 			return nil, err
@@ -267,6 +278,7 @@ func (c *Consumer) deliver() (*Delivery, error) {
 	}
 	c.nextID++
 	c.inflight[c.nextID] = ms
+	c.audit[c.nextID] = consumedGroups(groups)
 	return &Delivery{ID: c.nextID, Batch: *b}, nil
 }
 
@@ -276,6 +288,7 @@ func (c *Consumer) deliver() (*Delivery, error) {
 func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	c.mu.Lock()
 	ms, ok := c.inflight[id]
+	groups := c.audit[id]
 	prev, repeat := c.done[id]
 	c.mu.Unlock()
 	if repeat {
@@ -286,9 +299,14 @@ func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	}
 	var res AckResult
 	skips, totals := c.pendingMarks()
+	policy := c.policy.Load()
 	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
 		res = AckResult{}
 		e.Ack = e.Ack[:0]
+		e.Batch = nil
+		if g := accepted(st, c.coord.member, groups); len(g) > 0 {
+			e.Batch = &ackBatch{ID: id, PolicyVersion: policy, Groups: g}
+		}
 		for _, m := range ms {
 			s := st.Shards[m.Shard]
 			if s != nil && s.Holder == c.coord.member && !s.Done {
@@ -311,6 +329,7 @@ func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	c.mu.Lock()
 	c.clearMarks(skips, totals)
 	delete(c.inflight, id)
+	delete(c.audit, id)
 	c.done[id] = res
 	c.doneIDs = append(c.doneIDs, id)
 	if len(c.doneIDs) > 4096 {
@@ -645,6 +664,7 @@ func (c *Consumer) Close(ctx context.Context) error {
 	close(c.stop)
 	<-c.stopped
 	c.closeCur()
+	c.closeReplay()
 	c.form.discard()
 	skips, totals := c.pendingMarks()
 	return c.coord.append(ctx, func(st *groupState, e *event) bool {
@@ -665,6 +685,7 @@ func (c *Consumer) abandon() {
 	close(c.stop)
 	<-c.stopped
 	c.closeCur()
+	c.closeReplay()
 	c.form.discard()
 }
 

@@ -24,7 +24,7 @@ import (
 type Objects = store.Objects
 
 // GroupDir is the folder of a consumer group's log under the store root.
-func GroupDir(group string) string { return "_consumers/" + group }
+func GroupDir(group string) string { return GroupsDir + "/" + group }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
@@ -72,6 +72,17 @@ type event struct {
 	Totals map[string]int32 `json:"totals,omitempty"`
 	// Release gives shards up.
 	Release []string `json:"release,omitempty"`
+	// Batch, with Ack, is the audit of the acknowledged batch: its id,
+	// the policy version at acknowledgement and the groups the Ack
+	// settles, in batch order (absent in logs written before it).
+	Batch *ackBatch `json:"batch,omitempty"`
+}
+
+// ackBatch is the audit an acknowledgement carries.
+type ackBatch struct {
+	ID            uint64          `json:"id"`
+	PolicyVersion int64           `json:"policy_version"`
+	Groups        []ConsumedGroup `json:"groups"`
 }
 
 // marks are group ordinals of one shard.
@@ -128,6 +139,45 @@ func (s *shardState) leasable(member string, expect int64, ok bool) bool {
 type groupState struct {
 	Next   int64                  `json:"next"` // the next sequence number
 	Shards map[string]*shardState `json:"shards"`
+	// Members are the members seen, by stable name (a restart under the
+	// same name replaces the incarnation), so the map stays as small as
+	// the set of names.
+	Members map[string]*memberState `json:"members,omitempty"`
+}
+
+// memberState is what the log says of one member name.
+type memberState struct {
+	ID       string    `json:"id"` // the latest incarnation seen
+	LastSeq  int64     `json:"last_seq"`
+	Batches  int64     `json:"batches"` // acknowledgements with an audit
+	Policy   int64     `json:"policy_version"`
+	Stale    int64     `json:"staleness"` // the largest of the last acknowledged batch
+	LastAck  time.Time `json:"last_ack,omitzero"`
+	LastSeen time.Time `json:"last_seen,omitzero"`
+}
+
+// noteMember records e's member.
+func (st *groupState) noteMember(e *event) {
+	if e.Member == "" {
+		return
+	}
+	if st.Members == nil {
+		st.Members = map[string]*memberState{}
+	}
+	name := memberName(e.Member)
+	m := st.Members[name]
+	if m == nil {
+		m = &memberState{}
+		st.Members[name] = m
+	}
+	m.ID, m.LastSeq, m.LastSeen = e.Member, e.Seq, e.Time
+	if b := e.Batch; b != nil && len(b.Groups) > 0 {
+		m.Batches++
+		m.Policy, m.LastAck, m.Stale = b.PolicyVersion, e.Time, 0
+		for _, g := range b.Groups {
+			m.Stale = max(m.Stale, b.PolicyVersion-g.GroupVersion)
+		}
+	}
 }
 
 func (st *groupState) shard(p string) *shardState {
@@ -189,6 +239,7 @@ func (st *groupState) apply(e *event) {
 	for _, p := range touched(e) {
 		st.shard(p).finish()
 	}
+	st.noteMember(e)
 	st.Next = e.Seq + 1
 }
 
@@ -387,6 +438,13 @@ func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *
 // failure only costs readers time (the next snapshot tries again), so it
 // is logged, not returned.
 func (c *coordinator) snapshot(ctx context.Context, st *groupState) {
+	// The audit of the events the compaction may delete goes first into
+	// its own append-only segment: no segment, no snapshot (and so no
+	// compaction).
+	if err := writeAudit(ctx, c.obj, c.log, st.Next-1); err != nil {
+		slog.Warn("train: consumer-group audit segment", "err", err)
+		return
+	}
 	data, err := json.Marshal(st)
 	if err == nil {
 		err = c.log.Snapshot(ctx, st.Next-1, data)
@@ -411,6 +469,26 @@ type Progress struct {
 	GroupsAcked int64 `json:"groups_acked"`
 	GroupsSkip  int64 `json:"groups_skipped"`
 	Events      int64 `json:"events"`
+	// Members are every member name the log has seen, by name, with the
+	// shards it holds now (live leases) and its last acknowledgement.
+	Members []MemberProgress `json:"members"`
+}
+
+// MemberProgress is one member of a consumer group, from its log.
+type MemberProgress struct {
+	Name string `json:"name"`
+	// ID is its latest incarnation (name/random).
+	ID string `json:"id"`
+	// Leased is how many shards it holds now (0: gone or idle).
+	Leased int `json:"shards_leased"`
+	// Batches counts its acknowledgements that carry an audit.
+	Batches int64 `json:"batches_acked"`
+	// PolicyVersion is the policy version of its last acknowledgement,
+	// Staleness the largest policy version − group version in that batch.
+	PolicyVersion int64     `json:"policy_version"`
+	Staleness     int64     `json:"staleness"`
+	LastAck       time.Time `json:"last_ack,omitzero"`
+	LastSeen      time.Time `json:"last_seen,omitzero"`
 }
 
 // GroupProgress replays a consumer group's log and counts what the group
@@ -439,6 +517,20 @@ func GroupProgress(ctx context.Context, obj Objects) (Progress, error) {
 			p.GroupsAcked += int64(s.NAcked)
 			p.GroupsSkip += int64(s.NSkip)
 		}
+		leased := map[string]int{}
+		for _, s := range st.Shards {
+			if s.Holder != "" && !s.Done {
+				leased[memberName(s.Holder)]++
+			}
+		}
+		p.Members = make([]MemberProgress, 0, len(st.Members))
+		for name, m := range st.Members {
+			p.Members = append(p.Members, MemberProgress{
+				Name: name, ID: m.ID, Leased: leased[name], Batches: m.Batches,
+				PolicyVersion: m.Policy, Staleness: m.Stale, LastAck: m.LastAck, LastSeen: m.LastSeen,
+			})
+		}
+		sort.Slice(p.Members, func(i, j int) bool { return p.Members[i].Name < p.Members[j].Name })
 	})
 	return p, nil
 }
