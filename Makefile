@@ -53,7 +53,7 @@ test-short:
 # topic, and the produce→commit delay at 1,000 steps/s (run once each);
 # last, file ingest side by side with DuckDB (bench-ingest).
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/...
+	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/ ./ingest/synth/
 	$(GO) test -run '^$$' -bench 'OpenGroupLog|LeaseAfterDone' -benchtime 3x -count 3 ./train/
 	$(GO) test -run '^$$' -bench 'GatewayLatency|SessionMemory' -benchtime 1x ./ingest/gateway/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/

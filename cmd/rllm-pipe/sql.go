@@ -55,7 +55,9 @@ manifest), dead_letters. A trajectory passes when
 coalesce(is_correct, reward > 0).
 
 Reports: reward-by-version, pass-at-k (--k), staleness, token-lengths,
-advantage, dead-letters. --views-sql prints the view definitions (and the
+advantage, dead-letters, and those behind the charts of rllm-pipe report:
+pass-at-k-by-version, token-lengths-by-version, advantage-histogram,
+filtered-by-version, throughput, roles. --views-sql prints the view definitions (and the
 query or report, if given) for the DuckDB CLI.
 
 --format table escapes control characters (ESC, CR, other C0 and C1
