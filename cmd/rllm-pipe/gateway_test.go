@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,11 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
-
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/gatewaytest"
 )
 
@@ -167,7 +164,7 @@ func gatewayShardRoot(t *testing.T, env, to []string, reader func() store.Reader
 	}
 	check := func(want int, g *gatewayProc) {
 		t.Helper()
-		steps := gatewaySteps(t, reader())
+		steps := storetest.StepCounts(t, reader())
 		if len(steps) != want {
 			t.Fatalf("%d steps committed, want %d\n%s", len(steps), want, g.stderr.String())
 		}
@@ -198,39 +195,6 @@ func gatewayShardRoot(t *testing.T, env, to []string, reader func() store.Reader
 	g = startGateway(t, bin, env, args...)
 	g.stop(t)
 	check(15+2+3+2, g)
-}
-
-// gatewaySteps counts each committed step id.
-func gatewaySteps(t *testing.T, r store.Reader) map[string]int {
-	t.Helper()
-	ctx := context.Background()
-	es, err := r.Committed(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, e := range es {
-		rd, err := r.ReadShard(ctx, e, []string{"step_id"}, memory.DefaultAllocator)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			rec, err := rd.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids := rec.Column(0).(*array.String)
-			for i := range ids.Len() {
-				out[ids.Value(i)]++
-			}
-			rec.Release()
-		}
-		rd.Close()
-	}
-	return out
 }
 
 // TestGatewayRecordLogBinary: `--to PATH.jsonl` writes a record log that
@@ -268,7 +232,7 @@ func TestGatewayRecordLogBinary(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps := gatewaySteps(t, r)
+	steps := storetest.StepCounts(t, r)
 	if len(steps) != 4 {
 		t.Fatalf("%d steps committed, want 4: %v", len(steps), steps)
 	}

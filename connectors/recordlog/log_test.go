@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,13 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
-
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
-	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
 )
@@ -309,7 +305,7 @@ func TestIngestRerunExactlyOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	counts := stepCounts(t, rd)
+	counts := storetest.StepCounts(t, rd)
 	if len(counts) != 24 {
 		t.Fatalf("%d steps committed, want 24", len(counts))
 	}
@@ -341,39 +337,6 @@ func groupLines(g int) []string {
 		out = append(out,
 			fmt.Sprintf(`{"type":"step","step_id":"g%d-t%d","task_id":"g%d","trajectory_id":"g%d-t%d","step_index":0,"policy_version":1,"prompt_ids":[1,2,3],"response_ids":[4],"response_logprobs":[-1],"finish_reason":"stop"}`, g, tr, g, g, tr),
 			fmt.Sprintf(`{"type":"trajectory","trajectory_id":"g%d-t%d","task_id":"g%d","reward":%d,"num_steps":1}`, g, tr, g, tr))
-	}
-	return out
-}
-
-// stepCounts reads every committed shard of r and counts each step id.
-func stepCounts(t *testing.T, r store.Reader) map[string]int {
-	t.Helper()
-	ctx := context.Background()
-	es, err := r.Committed(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, e := range es {
-		rd, err := r.ReadShard(ctx, e, []string{"step_id"}, memory.DefaultAllocator)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			rec, err := rd.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids := rec.Column(0).(*array.String)
-			for i := range ids.Len() {
-				out[ids.Value(i)]++
-			}
-			rec.Release()
-		}
-		rd.Close()
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
 )
 
@@ -102,5 +103,5 @@ func committedSteps(t *testing.T, root string) map[string]int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return stepCounts(t, r)
+	return storetest.StepCounts(t, r)
 }

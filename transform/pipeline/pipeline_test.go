@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,14 +11,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
 	"go.uber.org/goleak"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
-	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
@@ -48,39 +45,6 @@ func groupLines(g int) []string {
 		out = append(out,
 			fmt.Sprintf(`{"type":"step","step_id":"g%d-t%d","task_id":"g%d","trajectory_id":"g%d-t%d","step_index":0,"policy_version":%d,"prompt_ids":[1,2,3],"response_ids":[4],"response_logprobs":[-1],"finish_reason":"stop"}`, g, tr, g, g, tr, g%3),
 			fmt.Sprintf(`{"type":"trajectory","trajectory_id":"g%d-t%d","task_id":"g%d","reward":%d,"num_steps":1}`, g, tr, g, tr))
-	}
-	return out
-}
-
-// stepCounts reads every committed shard of r and counts each step id.
-func stepCounts(t *testing.T, r store.Reader) map[string]int {
-	t.Helper()
-	ctx := context.Background()
-	es, err := r.Committed(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for _, e := range es {
-		rd, err := r.ReadShard(ctx, e, []string{"step_id"}, memory.DefaultAllocator)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for {
-			rec, err := rd.Next()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			ids := rec.Column(0).(*array.String)
-			for i := range ids.Len() {
-				out[ids.Value(i)]++
-			}
-			rec.Release()
-		}
-		rd.Close()
 	}
 	return out
 }
@@ -127,7 +91,7 @@ func TestRunFileThenSkipOnRerun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for id, n := range stepCounts(t, r) {
+	for id, n := range storetest.StepCounts(t, r) {
 		if n != 1 {
 			t.Errorf("step %s committed %d times", id, n)
 		}
@@ -292,7 +256,7 @@ func testRunKafka(t *testing.T, flush time.Duration) {
 	if f.gen < 3 {
 		t.Fatalf("%d generations, want at least 3", f.gen)
 	}
-	counts := stepCounts(t, st)
+	counts := storetest.StepCounts(t, st)
 	if len(counts) != 80 {
 		t.Fatalf("%d steps committed, want 80", len(counts))
 	}
