@@ -116,6 +116,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	root.AddCommand(newGatewayCmd(soft))
 	root.AddCommand(newReportCmd(soft))
 	root.AddCommand(newUICmd(soft))
+	root.AddCommand(newReplayCmd(soft))
 	return root
 }
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +23,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/train"
 )
 
 // ErrBadQuery marks a query DuckDB could not parse or bind (a syntax
@@ -150,7 +152,92 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 			l.dlq = append(l.dlq, *f)
 		}
 	}
+	// The consumer groups' logs, if any: opening them through a reader
+	// creates no folder, since they exist.
+	if info, err := os.Stat(filepath.Join(root, train.GroupsDir)); err == nil && info.IsDir() {
+		r, err := local.OpenReader(root)
+		if err != nil {
+			return fmt.Errorf("duckdb: %w", err)
+		}
+		if l.consumed, err = d.writeConsumed(ctx, r, dir); err != nil {
+			return err
+		}
+	}
 	return d.define(ctx, l)
+}
+
+// consumedLine is one line of the consumed file.
+type consumedLine struct {
+	Group         string `json:"consumer_group"`
+	Step          int    `json:"train_step"`
+	Position      int    `json:"position"`
+	Groups        int    `json:"groups_in_batch"`
+	Member        string `json:"member"`
+	MemberID      string `json:"member_id"`
+	BatchID       uint64 `json:"batch_id"`
+	PolicyVersion int64  `json:"policy_version"`
+	GroupID       string `json:"group_id"`
+	GroupVersion  int64  `json:"group_version"`
+	Trajectories  int32  `json:"trajectories"`
+	Steps         int64  `json:"steps"`
+	Shard         string `json:"shard"`
+	Ordinal       int32  `json:"group_ordinal"`
+	Seq           int64  `json:"log_seq"`
+	AckedAt       string `json:"acked_at"`
+}
+
+// writeConsumed writes the consumed rows of every consumer group of r
+// (train.ReadConsumed) to a file in dir, and returns it ("" when there is
+// no row). A group whose log cannot be read is left out with a warning.
+func (d *DB) writeConsumed(ctx context.Context, r store.Reader, dir string) (string, error) {
+	obj, err := r.Objects(train.GroupsDir)
+	if err != nil {
+		return "", fmt.Errorf("duckdb: consumer groups: %w", err)
+	}
+	groups, err := train.ListGroups(ctx, obj)
+	if err != nil {
+		return "", fmt.Errorf("duckdb: %w", err)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	rows := 0
+	for _, g := range groups {
+		gobj, err := r.Objects(train.GroupDir(g))
+		if err != nil {
+			return "", fmt.Errorf("duckdb: consumer group %s: %w", g, err)
+		}
+		batches, err := train.ReadConsumed(ctx, gobj)
+		if err != nil {
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			d.warnf("consumer group %s: its log cannot be read, left out of consumed: %v", g, err)
+			continue
+		}
+		for step, b := range batches {
+			name, _, _ := strings.Cut(b.Member, "/")
+			for pos, cg := range b.Groups {
+				line := consumedLine{
+					Group: g, Step: step, Position: pos, Groups: len(b.Groups), Member: name, MemberID: b.Member,
+					BatchID: b.BatchID, PolicyVersion: b.PolicyVersion, GroupID: cg.GroupID, GroupVersion: cg.GroupVersion,
+					Trajectories: cg.Trajectories, Steps: cg.Steps, Shard: cg.Shard, Ordinal: cg.Ordinal, Seq: b.Seq,
+					AckedAt: b.Time.UTC().Format("2006-01-02 15:04:05.999999"),
+				}
+				if err := enc.Encode(&line); err != nil {
+					return "", fmt.Errorf("duckdb: consumed: %w", err)
+				}
+				rows++
+			}
+		}
+	}
+	if rows == 0 {
+		return "", nil
+	}
+	file := filepath.Join(dir, "consumed.jsonl")
+	if err := writeFile(file, &buf); err != nil {
+		return "", fmt.Errorf("duckdb: save consumed: %w", err)
+	}
+	return file, nil
 }
 
 // committedDeadLetters returns, per dead-letter file, the durable length
@@ -384,6 +471,9 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 		}
 	}
 	l.dlq = kept
+	if l.consumed, err = d.writeConsumed(ctx, st, dir); err != nil {
+		return err
+	}
 	return d.define(ctx, l)
 }
 

@@ -44,6 +44,9 @@ type layout struct {
 	base   string
 	shards []shardFile
 	dlq    []dlqFile
+	// consumed is the file of the consumed rows (JSON lines, written by
+	// Go from the consumer groups' logs); "" when there are none.
+	consumed string
 }
 
 // View names, in the order they are created (each reads the ones before).
@@ -53,6 +56,7 @@ const (
 	ViewTrajectories = "trajectories"
 	ViewGroups       = "groups"
 	ViewDeadLetters  = "dead_letters"
+	ViewConsumed     = "consumed"
 )
 
 func (l *layout) views() ([]View, error) {
@@ -66,6 +70,7 @@ func (l *layout) views() ([]View, error) {
 		{ViewTrajectories, "one row per trajectory (group_id, group_version, trajectory_id); pass = coalesce(is_correct, reward > 0)", trajectoriesSQL},
 		{ViewGroups, "one row per group (group_id, group_version); reward_std is the population std", groupsSQL},
 		{ViewDeadLetters, "one row per committed dead letter", l.deadLettersSQL()},
+		{ViewConsumed, "one row per group of each batch a consumer group acknowledged (train_step: the batch's place in the group's acknowledgements, from 0); staleness = policy_version - group_version; a table read when opened", l.consumedSQL()},
 	}, nil
 }
 
@@ -327,3 +332,25 @@ FROM read_json([
 
 // itoa is strconv.Itoa for report SQL.
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// consumedColumns are the fields of a consumed line, as Go writes them.
+const consumedColumns = `{consumer_group: 'VARCHAR', train_step: 'BIGINT', position: 'INTEGER', groups_in_batch: 'INTEGER',
+  member: 'VARCHAR', member_id: 'VARCHAR', batch_id: 'UBIGINT', policy_version: 'BIGINT', group_id: 'VARCHAR',
+  group_version: 'BIGINT', trajectories: 'INTEGER', steps: 'BIGINT', shard: 'VARCHAR', group_ordinal: 'INTEGER',
+  log_seq: 'BIGINT', acked_at: 'TIMESTAMP'}`
+
+// consumedSQL materialises the consumed rows into a table: the file is
+// read once, before the sandbox closes, so it need not be allowed after.
+func (l *layout) consumedSQL() string {
+	const cols = `consumer_group, train_step, position, groups_in_batch, member, member_id, batch_id, policy_version,
+  group_id, group_version, policy_version - group_version AS staleness, trajectories, steps, shard, group_ordinal, log_seq, acked_at`
+	if l.consumed == "" {
+		return "CREATE OR REPLACE TABLE consumed AS\nSELECT " + cols + "\nFROM (SELECT NULL::VARCHAR AS consumer_group, NULL::BIGINT AS train_step, NULL::INTEGER AS position,\n" +
+			"  NULL::INTEGER AS groups_in_batch, NULL::VARCHAR AS member, NULL::VARCHAR AS member_id, NULL::UBIGINT AS batch_id,\n" +
+			"  NULL::BIGINT AS policy_version, NULL::VARCHAR AS group_id, NULL::BIGINT AS group_version, NULL::INTEGER AS trajectories,\n" +
+			"  NULL::BIGINT AS steps, NULL::VARCHAR AS shard, NULL::INTEGER AS group_ordinal, NULL::BIGINT AS log_seq,\n" +
+			"  NULL::TIMESTAMP AS acked_at) WHERE false;\n"
+	}
+	return "CREATE OR REPLACE TABLE consumed AS\nSELECT " + cols + "\nFROM read_json(" + sqlString(l.consumed) +
+		", format = 'newline_delimited',\n  columns = " + consumedColumns + ")\nORDER BY consumer_group, train_step, position;\n"
+}

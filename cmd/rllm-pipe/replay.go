@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rllm-pipe/rllm-pipe/train"
+)
+
+// replayOpts are the flags of `rllm-pipe replay`.
+type replayOpts struct {
+	from, group, as string
+	conn            connFlags
+}
+
+// replaySummary is replay's one line of output.
+type replaySummary struct {
+	From    string `json:"from"`
+	As      string `json:"as"`
+	Batches int    `json:"batches"`
+	Groups  int    `json:"groups"`
+}
+
+func newReplayCmd(soft context.Context) *cobra.Command {
+	var o replayOpts
+	cmd := &cobra.Command{
+		Use:   "replay --from URL --consumer-group G --as NEW",
+		Short: "Create a consumer group that receives exactly the batches another group acknowledged",
+		Long: `replay reads what consumer group G acknowledged (its audit: every batch, in
+the order of acknowledgement, with its groups in batch order; the same rows
+as the "consumed" view of sql) and creates consumer group NEW as a replay
+of it. Members of NEW (consume or serve with --consumer-group NEW) then
+receive exactly those batches, in the same order and composition, and
+acknowledge them like any group: several members share them, a restart
+resumes, a crashed member's batches move on after the lease timeout.
+--max-tokens and --max-staleness do not apply to a replay (they shaped the
+original); --layout, --include-filtered (as the original ran) and
+--batch-estimator (re-train with another estimator) do.
+
+Running replay again with the same G and NEW is harmless; NEW must not
+exist otherwise. It prints one JSON line: the batches and groups planned.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runReplay(soft, o, cmd)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
+	f.StringVar(&o.group, "consumer-group", "", "the consumer group to replay")
+	f.StringVar(&o.as, "as", "", "the new consumer group")
+	o.conn.register(f)
+	return cmd
+}
+
+func runReplay(ctx context.Context, o replayOpts, cmd *cobra.Command) error {
+	if o.from == "" || o.group == "" || o.as == "" {
+		return usageErrorf("--from, --consumer-group and --as are required")
+	}
+	if err := train.CheckName("--consumer-group", o.group); err != nil {
+		return usageErrorf("%v", err)
+	}
+	if err := train.CheckName("--as", o.as); err != nil {
+		return usageErrorf("%v", err)
+	}
+	if o.group == o.as {
+		return usageErrorf("--as must name another consumer group than --consumer-group")
+	}
+	st, err := openShardStore(ctx, o.from, o.conn)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	src, err := st.Objects(train.GroupDir(o.group))
+	if err != nil {
+		return err
+	}
+	batches, err := train.ReadConsumed(ctx, src)
+	if err != nil {
+		return fmt.Errorf("consumer group %s: %w", o.group, err)
+	}
+	if len(batches) == 0 {
+		return usageErrorf("consumer group %s has acknowledged no batch in %s: nothing to replay", o.group, st.Name())
+	}
+	dst, err := st.Objects(train.GroupDir(o.as))
+	if err != nil {
+		return err
+	}
+	if err := train.CreateReplay(ctx, dst, train.ReplayPlan{From: o.group, Batches: batches}); err != nil {
+		if errors.Is(err, train.ErrReplayExists) {
+			return usageErrorf("--as %s: %v", o.as, err)
+		}
+		return err
+	}
+	sum := replaySummary{From: o.group, As: o.as, Batches: len(batches)}
+	for _, b := range batches {
+		sum.Groups += len(b.Groups)
+	}
+	return json.NewEncoder(cmd.OutOrStdout()).Encode(sum)
+}
