@@ -227,7 +227,7 @@ func ListGroups(ctx context.Context, consumers Objects) ([]string, error) {
 
 // GroupsDir is the folder of every consumer group's log (GroupDir(g) is
 // GroupsDir + "/" + g).
-const GroupsDir = "_consumers"
+const GroupsDir = store.ConsumersDir
 
 // countTrajectories counts the trajectories of a group's rows (the rows
 // of a trajectory are contiguous).

@@ -28,6 +28,21 @@ import (
 // Progress reads a consumer group's progress (train.GroupProgress).
 type Progress func(ctx context.Context, obj store.Objects) (acked, skipped int64, err error)
 
+// Members reads a consumer group's members (train.GroupProgress's
+// Members).
+type Members func(ctx context.Context, obj store.Objects) ([]Member, error)
+
+// Member is one member of a consumer group: the shards it holds now and
+// its last acknowledgement.
+type Member struct {
+	Name          string    `json:"name"`
+	Leased        int       `json:"shards_leased"`
+	Batches       int64     `json:"batches_acked"`
+	PolicyVersion int64     `json:"policy_version"` // at its last acknowledgement
+	Staleness     int64     `json:"staleness"`      // the largest in that batch
+	LastAck       time.Time `json:"last_ack,omitzero"`
+}
+
 // Options configure a Server.
 type Options struct {
 	// Token, when set, is required as "Authorization: Bearer TOKEN" (or
@@ -39,6 +54,8 @@ type Options struct {
 	K []int
 	// Progress reads consumer groups' progress; nil: no consumer groups.
 	Progress Progress
+	// Members reads consumer groups' members; nil: none shown.
+	Members Members
 	// PageSize is the trajectories per page of the browser. Default 50.
 	PageSize int
 }
@@ -216,7 +233,9 @@ type Consumer struct {
 	Acked   int64  `json:"groups_acked"`
 	Skipped int64  `json:"groups_skipped"`
 	Lag     int64  `json:"lag_groups"` // committed groups not yet acknowledged or skipped
-	Error   string `json:"error,omitempty"`
+	// Members, with Options.Members: every member name seen.
+	Members []Member `json:"members"`
+	Error   string   `json:"error,omitempty"`
 }
 
 // State is /api/state.
@@ -276,10 +295,13 @@ func (s *Server) consumers(ctx context.Context, committed int64) []Consumer {
 			continue
 		}
 		seen[g] = true
-		c := Consumer{Group: g}
+		c := Consumer{Group: g, Members: []Member{}}
 		obj, err := s.r.Objects(store.ConsumersDir + "/" + g)
 		if err == nil {
 			c.Acked, c.Skipped, err = s.o.Progress(ctx, obj)
+		}
+		if err == nil && s.o.Members != nil {
+			c.Members, err = s.o.Members(ctx, obj)
 		}
 		if err != nil {
 			c.Error = err.Error()
