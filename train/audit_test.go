@@ -135,8 +135,10 @@ func TestAuditSurvivesCompactionAndReplayRepeatsTheBatches(t *testing.T) {
 	}
 
 	// Replay: another budget and a policy far ahead with no staleness
-	// allowed change nothing; a member stops halfway and another name
-	// takes over after the lease.
+	// allowed change nothing; a member crashes halfway holding a batch and
+	// restarts under its name: it takes that batch back first, so the
+	// order holds (another name would take it over after the lease
+	// timeout, later in the order).
 	_, robj := openGroup(t, root, "again")
 	plan := ReplayPlan{From: "orig", Batches: got}
 	if err := CreateReplay(ctx, robj, plan); err != nil {
@@ -155,8 +157,16 @@ func TestAuditSurvivesCompactionAndReplayRepeatsTheBatches(t *testing.T) {
 	r1.coord.snapEvery = 3
 	half := len(orig) / 2
 	replayed := drain(t, r1, half, func(int) int64 { return 99 })
+	d, err := r1.Next(ctx) // taken, never acknowledged
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Record.Release()
 	r1.abandon() // crash: its lease must time out
-	r2, err := NewConsumer(ctx, sh, robj, cfg("r2", 0, 0, -1))
+	if p, err := GroupProgress(ctx, robj); err != nil || len(p.Members) != 1 || p.Members[0].Leased != 1 || p.Members[0].PolicyVersion != 99 {
+		t.Fatalf("the replay group's members while r1 holds a lease: %+v (%v)", p.Members, err)
+	}
+	r2, err := NewConsumer(ctx, sh, robj, cfg("r1", 0, 0, -1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,4 +286,39 @@ func TestReplayFollowsAnyPlan(t *testing.T) {
 	if n != len(orig) {
 		t.Fatalf("replayed %d batches of %d", n, len(orig))
 	}
+}
+
+// Logs written before the audit (acknowledgements without a batch) read
+// as no consumed batch, and the audit names parse back.
+func TestAuditOfOlderLogs(t *testing.T) {
+	obj := newObjects(t)
+	ctx := context.Background()
+	c, _ := openCoordinator(ctx, obj, "a/1")
+	for _, build := range []func(*groupState, *event) bool{
+		func(_ *groupState, e *event) bool { e.Lease = []string{"s"}; return true },
+		func(_ *groupState, e *event) bool { e.Ack = []marks{{"s", []int32{0}}}; return true },
+	} {
+		if err := c.append(ctx, build); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := ReadConsumed(ctx, obj)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("older log: %v, %v", got, err)
+	}
+	if p, err := GroupProgress(ctx, obj); err != nil || len(p.Members) != 1 || p.Members[0].Batches != 0 || p.Members[0].Leased != 1 {
+		t.Fatalf("older log's members: %+v, %v", p.Members, err)
+	}
+}
+
+func FuzzParseNumbered(f *testing.F) {
+	f.Add(auditName(42), auditPrefix)
+	f.Add("00000000000000000007.json", "")
+	f.Add("audit-x.json", auditPrefix)
+	f.Fuzz(func(t *testing.T, name, prefix string) {
+		n, ok := parseNumbered(name, prefix)
+		if ok && (n < 0 || (prefix == auditPrefix && auditName(n) != name)) {
+			t.Fatalf("%q parsed as %d", name, n)
+		}
+	})
 }

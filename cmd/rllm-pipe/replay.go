@@ -35,8 +35,10 @@ the order of acknowledgement, with its groups in batch order; the same rows
 as the "consumed" view of sql) and creates consumer group NEW as a replay
 of it. Members of NEW (consume or serve with --consumer-group NEW) then
 receive exactly those batches, in the same order and composition, and
-acknowledge them like any group: several members share them, a restart
-resumes, a crashed member's batches move on after the lease timeout.
+acknowledge them like any group: several members share them (each takes
+the next batch in order), a restart under the same --name resumes with the
+batch it held, and a batch held by a member that never comes back goes to
+another member after the lease timeout (later in the order, then).
 --max-tokens and --max-staleness do not apply to a replay (they shaped the
 original); --layout, --include-filtered (as the original ran) and
 --batch-estimator (re-train with another estimator) do.
