@@ -42,6 +42,7 @@ const (
 	fGroupSize
 	fPromptDeltaIDs
 	fParentStepID
+	fMessagesAdded
 	numFields
 )
 
@@ -54,6 +55,7 @@ var fieldNames = [numFields]string{
 	fCreatedAt: "created_at", fMetadata: "metadata", fNumSteps: "num_steps",
 	fTerminationReason: "termination_reason", fSignals: "signals", fIsCorrect: "is_correct",
 	fGroupSize: "group_size", fPromptDeltaIDs: "prompt_delta_ids", fParentStepID: "parent_step_id",
+	fMessagesAdded: "messages_added",
 }
 
 const (
@@ -70,7 +72,7 @@ var fieldUse = [numFields]uint8{
 	fTokenVersions: forStep, fTeacherLogprobs: forStep, fMessages: forStep, fReward: forStep | forTraj,
 	fDone: forStep, fFinishReason: forStep, fModel: forStep, fCreatedAt: forStep, fMetadata: forStep | forTraj,
 	fNumSteps: forTraj, fTerminationReason: forTraj, fSignals: forTraj, fIsCorrect: forTraj, fGroupSize: forTraj,
-	fPromptDeltaIDs: forStep, fParentStepID: forStep,
+	fPromptDeltaIDs: forStep, fParentStepID: forStep, fMessagesAdded: forStep,
 }
 
 // requiredStep: prompt_ids may instead be prompt_delta_ids with
@@ -135,6 +137,8 @@ func lookupField(name []byte) field {
 		return fPromptDeltaIDs
 	case "parent_step_id":
 		return fParentStepID
+	case "messages_added":
+		return fMessagesAdded
 	}
 	return fNone
 }
@@ -392,7 +396,7 @@ func (d *Decoder) value(f field) error {
 		return d.floatList(f, start)
 	case fTokenVersions:
 		return d.versionList(f, start)
-	case fMessages, fMetadata:
+	case fMessages, fMetadata, fMessagesAdded:
 		want := byte('[')
 		if f == fMetadata {
 			want = '{'
@@ -405,21 +409,24 @@ func (d *Decoder) value(f field) error {
 			return d.reject(f, start, schemas.ReasonWrongType, "%s must be %s", fieldNames[f], kind)
 		}
 		before := d.lx.repaired
-		if f == fMessages {
+		if f != fMetadata {
 			ok, err := d.arrayOfObjects()
 			if err != nil {
 				return err
 			}
 			if !ok {
-				return d.reject(f, start, schemas.ReasonWrongType, "messages must be an array of objects")
+				return d.reject(f, start, schemas.ReasonWrongType, "%s must be an array of objects", fieldNames[f])
 			}
 		} else if err := d.lx.skip(1); err != nil {
 			return err
 		}
 		raw := d.lx.rawCopy(start, before)
-		if f == fMessages {
+		switch f {
+		case fMessages:
 			d.step.Messages = raw
-		} else {
+		case fMessagesAdded:
+			d.step.MessagesAdded = raw
+		default:
 			d.step.Metadata, d.traj.Metadata = raw, raw
 		}
 		return nil
@@ -762,6 +769,15 @@ func (d *Decoder) finishStep() error {
 	}
 	if !d.seen[fPromptDeltaIDs] {
 		s.PromptDeltaIDs = nil
+	}
+	if !d.seen[fMessagesAdded] {
+		s.MessagesAdded = nil
+	}
+	switch {
+	case d.seen[fMessagesAdded] && d.seen[fMessages] && s.Messages != nil:
+		return schemas.Rejectf(schemas.ReasonInvalidValue, "messages_added", "a step carries messages or messages_added, not both")
+	case d.seen[fMessagesAdded] && !d.seen[fParentStepID]:
+		return schemas.Rejectf(schemas.ReasonMissingField, "parent_step_id", "messages_added needs the parent_step_id whose messages it extends")
 	}
 	// The prompt: whole, or a delta of an earlier step of the trajectory
 	// (its prompt and response, then these tokens).

@@ -36,6 +36,9 @@ type Step struct {
 	HasTeacher       bool
 
 	Messages []byte // raw JSON array text, nil when absent
+	// MessagesAdded is the JSON array text of the messages after
+	// ParentStepID's, sent instead of Messages; transform resolves it.
+	MessagesAdded []byte
 	Metadata []byte // raw JSON object text, nil when absent
 
 	Reward       float64

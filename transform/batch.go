@@ -1,6 +1,7 @@
 package transform
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -167,7 +168,7 @@ func (bt *Batcher) resetDirect() {
 func resolveDeltas(steps []*Step) {
 	var byID map[string]*Step
 	for _, s := range steps {
-		if s.PromptIDs != nil || s.ParentStepID == "" {
+		if s.ParentStepID == "" || (s.PromptIDs != nil && s.MessagesAdded == nil) {
 			continue
 		}
 		if byID == nil {
@@ -180,9 +181,32 @@ func resolveDeltas(steps []*Step) {
 		if p == nil || p.PromptIDs == nil {
 			continue // not reached: the Assembler emits only valid chains
 		}
-		s.PromptIDs = append(make([]int32, 0, len(p.PromptIDs)+len(p.ResponseIDs)+len(s.PromptDeltaIDs)), p.PromptIDs...)
-		s.PromptIDs = append(append(s.PromptIDs, p.ResponseIDs...), s.PromptDeltaIDs...)
+		if s.PromptIDs == nil {
+			s.PromptIDs = append(make([]int32, 0, len(p.PromptIDs)+len(p.ResponseIDs)+len(s.PromptDeltaIDs)), p.PromptIDs...)
+			s.PromptIDs = append(append(s.PromptIDs, p.ResponseIDs...), s.PromptDeltaIDs...)
+		}
+		if s.Messages == nil && s.MessagesAdded != nil {
+			s.Messages = joinMessages(p.Messages, s.MessagesAdded)
+		}
 	}
+}
+
+// joinMessages returns the JSON array text of prev's messages followed by
+// added's (both arrays' text; prev may be nil: none).
+func joinMessages(prev, added []byte) []byte {
+	if len(prev) < 2 {
+		return added
+	}
+	inner := bytes.TrimSpace(added[1 : len(added)-1])
+	if len(inner) == 0 {
+		return prev
+	}
+	out := append(make([]byte, 0, len(prev)+len(inner)+1), prev[:len(prev)-1]...)
+	if len(bytes.TrimSpace(prev[1:len(prev)-1])) > 0 {
+		out = append(out, ',')
+	}
+	out = append(out, inner...)
+	return append(out, ']')
 }
 
 // addPrompt lays out the prompt and messages of step k of steps (sorted

@@ -94,6 +94,7 @@ func stepHash(s *schemas.Step) uint64 {
 	h.i32s(s.PromptIDs)
 	h.str(s.ParentStepID)
 	h.i32s(s.PromptDeltaIDs)
+	h.bytes(s.MessagesAdded)
 	h.i32s(s.ResponseIDs)
 	h.f32s(s.ResponseLogprobs)
 	h.flag(s.HasTokenVersions)

@@ -267,6 +267,11 @@ func wireLines(r *rand.Rand, groups []*Group) []string {
 					if n := prefix.Extends(s.PromptIDs, p.PromptIDs, p.ResponseIDs); n > 0 {
 						delete(rec, "prompt_ids")
 						rec["parent_step_id"], rec["prompt_delta_ids"] = p.StepID, s.PromptIDs[n:]
+						// Messages that extend the parent's: only those added.
+						if s.Messages != nil && len(s.Messages) > len(p.Messages) && prefix.MessagesExtend(s.Messages, p.Messages) {
+							delete(rec, "messages")
+							rec["messages_added"] = json.RawMessage("[" + string(s.Messages[len(p.Messages):]))
+						}
 						break
 					}
 				}

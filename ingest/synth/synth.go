@@ -75,7 +75,8 @@ type Config struct {
 	ParallelTools float64
 	// WireDeltas sends a step whose prompt extends its predecessor's
 	// prompt and response as parent_step_id and prompt_delta_ids instead
-	// of prompt_ids (the wire format's prompt deltas).
+	// of prompt_ids, and its messages as messages_added (the wire
+	// format's deltas).
 	WireDeltas bool
 	// Seed seeds the generator; the same Config gives the same bytes.
 	Seed uint64
@@ -1014,8 +1015,14 @@ func (g *gen) appendStep(b []byte, t *traj, k int) []byte {
 		b = append(b, ']')
 	}
 	if cfg.Messages {
-		b = append(b, `,"messages":[`...)
-		b = append(b, t.msgs[t.msgBeg[k]:t.msgEnd[k]]...)
+		if cfg.WireDeltas && k > 0 && t.promptBeg[k] == t.promptBeg[k-1] {
+			// The messages after the previous step's (its answer last).
+			b = append(b, `,"messages_added":[`...)
+			b = append(b, t.msgs[t.msgEnd[k-1]+1:t.msgEnd[k]]...)
+		} else {
+			b = append(b, `,"messages":[`...)
+			b = append(b, t.msgs[t.msgBeg[k]:t.msgEnd[k]]...)
+		}
 		b = append(b, ']')
 	}
 	if g.r.IntN(5) == 0 {

@@ -863,17 +863,19 @@ func TestWireDeltas(t *testing.T) {
 	whole, _ := generate(t, cfg)
 	cfg.WireDeltas = true
 	deltas, _ := generate(t, cfg)
-	if len(deltas) >= len(whole)*3/4 { // messages are still sent whole
+	if len(deltas) >= len(whole)/4 {
 		t.Fatalf("wire deltas: %d bytes against %d whole", len(deltas), len(whole))
 	}
 	type step struct {
-		ID        string  `json:"step_id"`
-		Type      string  `json:"type"`
-		Prompt    []int64 `json:"prompt_ids"`
-		Delta     []int64 `json:"prompt_delta_ids"`
-		Parent    string  `json:"parent_step_id"`
-		Response  []int64 `json:"response_ids"`
-		StepIndex int64   `json:"step_index"`
+		ID        string            `json:"step_id"`
+		Type      string            `json:"type"`
+		Prompt    []int64           `json:"prompt_ids"`
+		Delta     []int64           `json:"prompt_delta_ids"`
+		Parent    string            `json:"parent_step_id"`
+		Response  []int64           `json:"response_ids"`
+		StepIndex int64             `json:"step_index"`
+		Messages  []json.RawMessage `json:"messages"`
+		Added     []json.RawMessage `json:"messages_added"`
 	}
 	read := func(b []byte) map[string]*step {
 		out := map[string]*step{}
@@ -889,6 +891,13 @@ func TestWireDeltas(t *testing.T) {
 		return out
 	}
 	want, got := read(whole), read(deltas)
+	var resolveMsgs func(s *step) []json.RawMessage
+	resolveMsgs = func(s *step) []json.RawMessage {
+		if s.Parent == "" {
+			return s.Messages
+		}
+		return append(slices.Clone(resolveMsgs(got[s.Parent])), s.Added...)
+	}
 	var resolve func(s *step) []int64
 	resolve = func(s *step) []int64 {
 		if s.Parent == "" {
@@ -914,6 +923,12 @@ func TestWireDeltas(t *testing.T) {
 		}
 		if !slices.Equal(resolve(g), w.Prompt) {
 			t.Fatalf("%s: the rebuilt prompt differs from the whole one", id)
+		}
+		if g.Parent != "" {
+			pm := resolveMsgs(got[g.Parent])
+			if len(g.Messages) != 0 || len(pm)+len(g.Added) != len(w.Messages) || !slices.EqualFunc(append(pm, g.Added...), w.Messages, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
+				t.Fatalf("%s: the messages rebuilt from messages_added differ", id)
+			}
 		}
 	}
 	if sent < len(want)/2 {
