@@ -39,7 +39,7 @@ type Step struct {
 	// MessagesAdded is the JSON array text of the messages after
 	// ParentStepID's, sent instead of Messages; transform resolves it.
 	MessagesAdded []byte
-	Metadata []byte // raw JSON object text, nil when absent
+	Metadata      []byte // raw JSON object text, nil when absent
 
 	Reward       float64
 	HasReward    bool
