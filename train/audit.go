@@ -217,7 +217,7 @@ func ListGroups(ctx context.Context, consumers Objects) ([]string, error) {
 	}
 	var out []string
 	for _, n := range names {
-		n = strings.TrimSuffix(n, "/")
+		n, _, _ = strings.Cut(n, "/") // a folder, or an object in one (listings differ by store)
 		if CheckName("", n) == nil && (len(out) == 0 || out[len(out)-1] != n) {
 			out = append(out, n)
 		}
