@@ -19,15 +19,27 @@ import (
 )
 
 func TestReplayAndConsumedView(t *testing.T) {
-	bin := e2eBinary(t)
 	work := t.TempDir()
-	root := filepath.Join(work, "out")
+	replayScenario(t, e2eBinary(t), work, filepath.Join(work, "out"), nil)
+}
+
+// TestIntegrationReplayS3 is the same over MinIO: the shards, the logs
+// and the audit in s3://.
+func TestIntegrationReplayS3(t *testing.T) {
+	target := newS3Target(t, "replay")
+	replayScenario(t, e2eBinary(t), t.TempDir(), target.url, target.flags())
+}
+
+// replayScenario consumes root as group orig, checks the consumed view,
+// replays orig as again and checks again's Arrow stream and audit. ep are
+// the flags that reach root's store.
+func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 	files := consGenChunks(t, bin, work, 3, "--groups", "24", "--turns", "2..4", "--resets", "0.2")
-	consIngest(t, bin, work, root, files)
+	consIngest(t, bin, work, root, files, ep...)
 
 	consume := func(group, out string, extra ...string) {
 		t.Helper()
-		args := append([]string{"consume", "--from", root, "--consumer-group", group, "--name", "m", "--format", "arrow", "--out", out, "--poll", "20ms"}, extra...)
+		args := append([]string{"consume", "--from", root, "--consumer-group", group, "--name", "m", "--format", "arrow", "--out", out, "--poll", "20ms"}, append(extra, ep...)...)
 		if r := e2eRun(t, bin, work, args...); r.code != 0 {
 			t.Fatalf("consume %s: exit %d\n%s", group, r.code, r.stderr)
 		}
@@ -50,8 +62,9 @@ func TestReplayAndConsumedView(t *testing.T) {
 	}
 	consumed := func() []row {
 		t.Helper()
-		r := sqlRun(t, bin, work, nil, "sql", "--from", root, "--format", "jsonl",
-			"SELECT consumer_group, train_step, position, groups_in_batch, member, policy_version, group_id, group_version, staleness, trajectories, steps FROM consumed ORDER BY consumer_group, train_step, position")
+		args := append([]string{"sql", "--from", root, "--format", "jsonl"}, ep...)
+		r := sqlRun(t, bin, work, nil, append(args,
+			"SELECT consumer_group, train_step, position, groups_in_batch, member, policy_version, group_id, group_version, staleness, trajectories, steps FROM consumed ORDER BY consumer_group, train_step, position")...)
 		if r.code != 0 {
 			t.Fatalf("sql: exit %d\n%s", r.code, r.stderr)
 		}
@@ -67,8 +80,8 @@ func TestReplayAndConsumedView(t *testing.T) {
 	}
 	// Independently: the groups, versions, trajectories and steps the
 	// committed data holds.
-	ref := sqlRows(t, bin, work, nil, "--from", root,
-		"SELECT group_id, any_value(group_version) AS v, count(DISTINCT trajectory_id) AS n, count(*) AS s FROM steps WHERE filter_reason IS NULL GROUP BY group_id")
+	ref := sqlRows(t, bin, work, nil, append(append([]string{"--from", root}, ep...),
+		"SELECT group_id, any_value(group_version) AS v, count(DISTINCT trajectory_id) AS n, count(*) AS s FROM steps WHERE filter_reason IS NULL GROUP BY group_id")...)
 	want := map[string][3]string{}
 	for _, r := range ref {
 		want[fmt.Sprint(r["group_id"])] = [3]string{fmt.Sprint(r["v"]), fmt.Sprint(r["n"]), fmt.Sprint(r["s"])}
@@ -94,18 +107,21 @@ func TestReplayAndConsumedView(t *testing.T) {
 		t.Fatalf("consumed has %d groups in %d steps, committed %d groups", len(seen), len(steps), len(want))
 	}
 
-	r := e2eRun(t, bin, work, "replay", "--from", root, "--consumer-group", "orig", "--as", "again")
+	replayArgs := func(group, as string) []string {
+		return append([]string{"replay", "--from", root, "--consumer-group", group, "--as", as}, ep...)
+	}
+	r := e2eRun(t, bin, work, replayArgs("orig", "again")...)
 	var sum replaySummary
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &sum) != nil || sum.Batches != len(steps) || sum.Groups != len(seen) {
 		t.Fatalf("replay: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
-	if r := e2eRun(t, bin, work, "replay", "--from", root, "--consumer-group", "orig", "--as", "again"); r.code != 0 {
+	if r := e2eRun(t, bin, work, replayArgs("orig", "again")...); r.code != 0 {
 		t.Fatalf("replay again: exit %d\n%s", r.code, r.stderr)
 	}
-	if r := e2eRun(t, bin, work, "replay", "--from", root, "--consumer-group", "orig", "--as", "orig"); r.code != exitUsage {
+	if r := e2eRun(t, bin, work, replayArgs("orig", "orig")...); r.code != exitUsage {
 		t.Fatalf("replay onto itself: exit %d", r.code)
 	}
-	if r := e2eRun(t, bin, work, "replay", "--from", root, "--consumer-group", "again", "--as", "orig"); r.code != exitUsage {
+	if r := e2eRun(t, bin, work, replayArgs("again", "orig")...); r.code != exitUsage {
 		t.Fatalf("replay into a group with a log: exit %d\n%s", r.code, r.stderr)
 	}
 	againArrow := filepath.Join(work, "again.arrow")
