@@ -50,8 +50,10 @@ folder. --allow-host-files lifts all of this, for joining your own files:
 the query may then read and write any file you can, reach the network and
 install extensions.
 
-Views: steps (every committed row), trajectories, groups, shards (the
-manifest), dead_letters. A trajectory passes when
+Views: steps (every committed row, whole prompts), trajectories, groups,
+shards (the manifest), dead_letters, consumed (what every consumer group
+acknowledged: one row per group of each batch, with train_step,
+policy_version and staleness). A trajectory passes when
 coalesce(is_correct, reward > 0).
 
 Reports: reward-by-version, pass-at-k (--k), staleness, token-lengths,

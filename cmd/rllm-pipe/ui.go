@@ -62,6 +62,16 @@ func groupProgress(ctx context.Context, obj store.Objects) (int64, int64, error)
 	return p.GroupsAcked, p.GroupsSkip, err
 }
 
+// groupMembers is a consumer group's members for the health panel.
+func groupMembers(ctx context.Context, obj store.Objects) ([]live.Member, error) {
+	p, err := train.GroupProgress(ctx, obj)
+	out := make([]live.Member, len(p.Members))
+	for i, m := range p.Members {
+		out[i] = live.Member{Name: m.Name, Leased: m.Leased, Batches: m.Batches, PolicyVersion: m.PolicyVersion, Staleness: m.Staleness, LastAck: m.LastAck}
+	}
+	return out, err
+}
+
 func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	if o.from == "" {
 		return usageErrorf("--from is required")
@@ -78,7 +88,7 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 		return err
 	}
 	defer r.Close()
-	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress})
+	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers})
 	if err := srv.Refresh(ctx); err != nil {
 		return err
 	}

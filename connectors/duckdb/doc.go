@@ -54,6 +54,15 @@
 //     and position (topic/partition and offset for Kafka input, file and
 //     line for files), the raw source fields, record (base64 when
 //     record_encoding says so), truncated, size, dlq_file.
+//   - consumed: what every consumer group under the root acknowledged,
+//     one row per group of each batch: consumer_group, train_step (the
+//     batch's place in the group's acknowledgements), member, batch_id,
+//     policy_version (at the acknowledgement), group_id, group_version,
+//     staleness, trajectories, steps, shard, acked_at (README).
+//
+// steps gives every row its whole prompt_ids and messages: multi-turn
+// prompts stored as prefix deltas (schema 4) are rebuilt by window
+// functions (WholePrompts).
 //
 // A trajectory passes when coalesce(is_correct, reward > 0): its
 // is_correct flag when the reward function set one, else a positive
