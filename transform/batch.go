@@ -160,35 +160,106 @@ func (bt *Batcher) resetDirect() {
 	bt.msgDelta.reset()
 }
 
-// resolveDeltas gives the steps sent as prompt deltas (sorted by step
-// index; parents validated by the Assembler) their whole prompts: the
-// parent's prompt and response, then the delta. addPrompt then stores
-// each as the delta of its predecessor when that is exact (a parent that
-// is the predecessor always is).
-func resolveDeltas(steps []*Step) {
-	var byID map[string]*Step
-	for _, s := range steps {
-		if s.ParentStepID == "" || (s.PromptIDs != nil && s.MessagesAdded == nil) {
+// chain resolves a complete trajectory's steps (sorted by step index)
+// sent as deltas of a parent (parent_step_id: validated by the Assembler
+// as an earlier step). Whole prompts and messages are built only where
+// needed: a step whose parent is its predecessor is stored as the same
+// delta without ever building its whole prompt, so memory stays linear
+// in the turns for producers that send deltas.
+type chain struct {
+	steps  []*Step
+	parent []int // index of each step's parent, -1 for none
+}
+
+func newChain(steps []*Step) *chain {
+	c := &chain{steps: steps}
+	var idx map[string]int
+	for i, s := range steps {
+		if s.ParentStepID == "" {
 			continue
 		}
-		if byID == nil {
-			byID = make(map[string]*Step, len(steps))
-			for _, o := range steps {
-				byID[o.StepID] = o
+		if idx == nil {
+			idx = make(map[string]int, len(steps))
+			for j, o := range steps {
+				idx[o.StepID] = j
+			}
+			c.parent = make([]int, len(steps))
+			for j := range c.parent {
+				c.parent[j] = -1
 			}
 		}
-		p := byID[s.ParentStepID]
-		if p == nil || p.PromptIDs == nil {
-			continue // not reached: the Assembler emits only valid chains
-		}
-		if s.PromptIDs == nil {
-			s.PromptIDs = append(make([]int32, 0, len(p.PromptIDs)+len(p.ResponseIDs)+len(s.PromptDeltaIDs)), p.PromptIDs...)
-			s.PromptIDs = append(append(s.PromptIDs, p.ResponseIDs...), s.PromptDeltaIDs...)
-		}
-		if s.Messages == nil && s.MessagesAdded != nil {
-			s.Messages = joinMessages(p.Messages, s.MessagesAdded)
+		if j, ok := idx[s.ParentStepID]; ok && j < i {
+			c.parent[i] = j
 		}
 	}
+	return c
+}
+
+// parentOf returns the index of step k's parent, or -1.
+func (c *chain) parentOf(k int) int {
+	if c.parent == nil {
+		return -1
+	}
+	return c.parent[k]
+}
+
+// prompt returns step k's whole prompt, building it (once) when sent as a
+// delta.
+func (c *chain) prompt(k int) []int32 {
+	s := c.steps[k]
+	if s.PromptIDs != nil {
+		return s.PromptIDs
+	}
+	p := c.parentOf(k)
+	if p < 0 {
+		return []int32{} // not reached: the Assembler emits only valid chains
+	}
+	pp, pr := c.prompt(p), c.steps[p].ResponseIDs
+	w := make([]int32, 0, len(pp)+len(pr)+len(s.PromptDeltaIDs))
+	s.PromptIDs = append(append(append(w, pp...), pr...), s.PromptDeltaIDs...)
+	return s.PromptIDs
+}
+
+// promptLen is the length of step k's whole prompt, without building it.
+func (c *chain) promptLen(k int) int {
+	s := c.steps[k]
+	if s.PromptIDs != nil {
+		return len(s.PromptIDs)
+	}
+	p := c.parentOf(k)
+	if p < 0 {
+		return 0
+	}
+	return c.promptLen(p) + len(c.steps[p].ResponseIDs) + len(s.PromptDeltaIDs)
+}
+
+// messages returns step k's whole messages (nil: none), building them
+// (once) when sent as messages_added.
+func (c *chain) messages(k int) []byte {
+	s := c.steps[k]
+	if s.Messages != nil || s.MessagesAdded == nil {
+		return s.Messages
+	}
+	if p := c.parentOf(k); p >= 0 {
+		s.Messages = joinMessages(c.messages(p), s.MessagesAdded)
+	} else {
+		s.Messages = s.MessagesAdded
+	}
+	return s.Messages
+}
+
+// hasMessages reports whether step k's whole messages hold at least one
+// message, without building them.
+func (c *chain) hasMessages(k int) bool {
+	s := c.steps[k]
+	if s.Messages != nil || s.MessagesAdded == nil {
+		return len(s.Messages) >= 2 && len(bytes.TrimSpace(s.Messages[1:len(s.Messages)-1])) > 0
+	}
+	if len(bytes.TrimSpace(s.MessagesAdded[1:len(s.MessagesAdded)-1])) > 0 {
+		return true
+	}
+	p := c.parentOf(k)
+	return p >= 0 && c.hasMessages(p)
 }
 
 // joinMessages returns the JSON array text of prev's messages followed by
@@ -209,34 +280,60 @@ func joinMessages(prev, added []byte) []byte {
 	return append(out, ']')
 }
 
-// addPrompt lays out the prompt and messages of step k of steps (sorted
-// by step index): as a delta of step k-1's when they extend it (checked
-// token by token and byte by byte), else whole.
-func (bt *Batcher) addPrompt(steps []*Step, k int, prefixLen *array.Int32Builder) {
-	s := steps[k]
-	var prev *Step
-	if k > 0 && !bt.cfg.FullPrompts && steps[k-1].StepIndex == s.StepIndex-1 {
-		prev = steps[k-1]
+// addPrompt lays out the prompt and messages of step k of c: as a delta
+// of step k-1's when they extend it (checked token by token and byte by
+// byte, or given so by the producer: a delta of its predecessor), else
+// whole.
+func (bt *Batcher) addPrompt(c *chain, k int, prefixLen *array.Int32Builder) {
+	s := c.steps[k]
+	prev := -1
+	if k > 0 && !bt.cfg.FullPrompts && c.steps[k-1].StepIndex == s.StepIndex-1 {
+		prev = k - 1
 	}
-	p := 0
-	if prev != nil {
-		p = prefix.Extends(s.PromptIDs, prev.PromptIDs, prev.ResponseIDs)
-	}
-	if p > 0 {
+	switch {
+	case prev >= 0 && s.PromptIDs == nil && c.parentOf(k) == prev:
+		// Sent as a delta of its predecessor: stored as it came.
 		bt.prompt.addNull()
-		bt.delta.add(s.PromptIDs[p:])
-	} else {
-		bt.prompt.add(s.PromptIDs)
-		bt.delta.add(nil)
+		bt.delta.add(s.PromptDeltaIDs)
+		prefixLen.Append(int32(c.promptLen(prev) + len(c.steps[prev].ResponseIDs)))
+	default:
+		w := c.prompt(k)
+		p := 0
+		if prev >= 0 {
+			p = prefix.Extends(w, c.prompt(prev), c.steps[prev].ResponseIDs)
+		}
+		if p > 0 {
+			bt.prompt.addNull()
+			bt.delta.add(w[p:])
+		} else {
+			bt.prompt.add(w)
+			bt.delta.add(nil)
+		}
+		prefixLen.Append(int32(p))
 	}
-	prefixLen.Append(int32(p))
-	if prev != nil && s.Messages != nil && prefix.MessagesExtend(s.Messages, prev.Messages) {
+	switch {
+	case prev >= 0 && s.Messages == nil && s.MessagesAdded != nil && c.parentOf(k) == prev &&
+		(c.steps[prev].Messages != nil || c.steps[prev].MessagesAdded != nil):
+		// The predecessor's messages (minus "]"), then these.
+		inner := bytes.TrimSpace(s.MessagesAdded[1 : len(s.MessagesAdded)-1])
+		d := make([]byte, 0, len(inner)+2)
+		if len(inner) > 0 && c.hasMessages(prev) {
+			d = append(d, ',')
+		}
 		bt.messages.add(nil)
-		bt.msgDelta.add(s.Messages[len(prev.Messages)-1:])
-		return
+		bt.msgDelta.add(append(append(d, inner...), ']'))
+	default:
+		m := c.messages(k)
+		if prev >= 0 && m != nil {
+			if pm := c.messages(prev); prefix.MessagesExtend(m, pm) {
+				bt.messages.add(nil)
+				bt.msgDelta.add(m[len(pm)-1:])
+				return
+			}
+		}
+		bt.messages.add(m)
+		bt.msgDelta.add(nil)
 	}
-	bt.messages.add(s.Messages)
-	bt.msgDelta.add(nil)
 }
 
 // reserve sizes the builders for groups once, so that appending never
@@ -355,7 +452,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 			zeroVar = zeroVar && t.Reward == g.Trajectories[0].Reward
 		}
 		for _, t := range g.Trajectories {
-			resolveDeltas(t.Steps)
+			ch := newChain(t.Steps)
 			rewards.Append(t.Reward)
 			var respTokens int64
 			for _, s := range t.Steps {
@@ -384,7 +481,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				numSteps.Append(int32(t.NumSteps))
 				policyV.Append(s.PolicyVersion)
 				groupV.Append(g.Version)
-				bt.addPrompt(t.Steps, k, prefixLen)
+				bt.addPrompt(ch, k, prefixLen)
 				bt.resp.add(s.ResponseIDs)
 				bt.logp.add(s.ResponseLogprobs)
 				if s.HasTokenVersions {

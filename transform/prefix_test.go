@@ -290,35 +290,47 @@ func wireLines(r *rand.Rand, groups []*Group) []string {
 // back with the whole prompts of the input, as when sent whole.
 func TestWireDeltas(t *testing.T) {
 	for seed := range uint64(30) {
-		r := rand.New(rand.NewPCG(seed, 11))
-		want := chainGroups(r)
-		h := newHarness(t, Config{GroupSize: 1 << 10, MinGroupSize: 1})
-		h.add(t0, wireLines(r, want)...)
-		h.a.Flush()
-		h.take()
-		if len(h.dead) > 0 {
-			t.Fatalf("seed %d: dead letter %s: %s", seed, h.dead[0].Reason, h.dead[0].Error)
-		}
-		// The received groups, in the input's order (rows follow it).
-		byKey := map[string]*Group{}
-		for _, g := range h.groups {
-			byKey[g.Key] = g
-		}
-		var got []*Group
-		for _, g := range want {
-			rg := byKey[g.Key]
-			if rg == nil || len(rg.Trajectories) != len(g.Trajectories) {
-				t.Fatalf("seed %d: group %s not emitted whole", seed, g.Key)
-			}
-			order := map[string]int{}
-			for i, tr := range g.Trajectories {
-				order[tr.TrajectoryID] = i
-			}
-			slices.SortFunc(rg.Trajectories, func(a, b *Trajectory) int { return order[a.TrajectoryID] - order[b.TrajectoryID] })
-			got = append(got, rg)
-		}
-		roundTrip(t, r, got, want)
+		wireRoundTrip(t, seed)
 	}
+}
+
+// FuzzWireDeltas is TestWireDeltas on random seeds.
+func FuzzWireDeltas(f *testing.F) {
+	for _, s := range []uint64{1, 5, 17} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, seed uint64) { wireRoundTrip(t, seed) })
+}
+
+func wireRoundTrip(t *testing.T, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 11))
+	want := chainGroups(r)
+	h := newHarness(t, Config{GroupSize: 1 << 10, MinGroupSize: 1})
+	h.add(t0, wireLines(r, want)...)
+	h.a.Flush()
+	h.take()
+	if len(h.dead) > 0 {
+		t.Fatalf("seed %d: dead letter %s: %s", seed, h.dead[0].Reason, h.dead[0].Error)
+	}
+	// The received groups, in the input's order (rows follow it).
+	byKey := map[string]*Group{}
+	for _, g := range h.groups {
+		byKey[g.Key] = g
+	}
+	var got []*Group
+	for _, g := range want {
+		rg := byKey[g.Key]
+		if rg == nil || len(rg.Trajectories) != len(g.Trajectories) {
+			t.Fatalf("seed %d: group %s not emitted whole", seed, g.Key)
+		}
+		order := map[string]int{}
+		for i, tr := range g.Trajectories {
+			order[tr.TrajectoryID] = i
+		}
+		slices.SortFunc(rg.Trajectories, func(a, b *Trajectory) int { return order[a.TrajectoryID] - order[b.TrajectoryID] })
+		got = append(got, rg)
+	}
+	roundTrip(t, r, got, want)
 }
 
 // TestWireDeltaInvalidParent: a delta whose parent is not an earlier step

@@ -127,6 +127,10 @@ var shapes = map[string]shape{
 	// The same agents with prompt deltas on the wire (gen --wire-deltas):
 	// DuckDB then stores the records as sent, deltas and all.
 	"agents-wire": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1", "--wire-deltas"}, 4},
+	// 100-turn agents (groups of 4, shorter observations), whole and with
+	// deltas on the wire.
+	"agents-100":      {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1"}, 1},
+	"agents-100-wire": {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1", "--wire-deltas"}, 1},
 }
 
 type config struct {
@@ -439,7 +443,7 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 	}
 	sh, ok := shapes[c.shape]
 	if !ok {
-		return inputInfo{}, fmt.Errorf("--shape %q: want steps, agents or agents-wire", c.shape)
+		return inputInfo{}, fmt.Errorf("--shape %q: want steps, agents, agents-wire, agents-100 or agents-100-wire", c.shape)
 	}
 	name := fmt.Sprintf("traces-%d-seed%d", c.size, c.seed)
 	if c.shape != "steps" {
