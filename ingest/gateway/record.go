@@ -5,9 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"slices"
 	"strconv"
 	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
 )
 
 // Reasons a step is written so that ingest dead-letters it
@@ -122,9 +123,13 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 		CreatedAt: cl.dispatch.UTC().Format("2006-01-02T15:04:05.000000Z"), Metadata: metaJSON}
 	if c.promptIDs != nil {
 		rec.PromptIDs = &c.promptIDs
-		if n := extends(c.promptIDs, parent); n > 0 && reject == "" {
-			delta := c.promptIDs[n:]
-			rec.PromptIDs, rec.ParentStepID, rec.PromptDeltaIDs = nil, parent.id, &delta
+		// No parent: the session's first step, or one after a step that
+		// will be dead-lettered; sent whole.
+		if parent != nil && reject == "" {
+			if n := prefix.Extends(c.promptIDs, parent.prompt, parent.answer); n > 0 {
+				delta := c.promptIDs[n:]
+				rec.PromptIDs, rec.ParentStepID, rec.PromptDeltaIDs = nil, parent.id, &delta
+			}
 		}
 	}
 	if c.responseIDs != nil {
@@ -244,17 +249,4 @@ func marshal(v any) []byte {
 func traceID(stepID string) string {
 	h := sha256.Sum256([]byte(stepID))
 	return hex.EncodeToString(h[:16])
-}
-
-// extends returns len(p.prompt)+len(p.answer) when prompt begins with
-// them, else 0.
-func extends(prompt []int64, p *prev) int {
-	if p == nil {
-		return 0
-	}
-	n := len(p.prompt) + len(p.answer)
-	if n == 0 || len(prompt) < n || !slices.Equal(prompt[:len(p.prompt)], p.prompt) || !slices.Equal(prompt[len(p.prompt):n], p.answer) {
-		return 0
-	}
-	return n
 }

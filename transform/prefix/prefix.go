@@ -24,7 +24,7 @@ import (
 // Extends returns how many leading tokens of prompt are its
 // predecessor's prompt followed by its response: len(prev)+len(resp)
 // when prompt begins with them (and they are not empty), else 0.
-func Extends(prompt, prev, resp []int32) int {
+func Extends[T comparable](prompt, prev, resp []T) int {
 	n := len(prev) + len(resp)
 	if n == 0 || len(prompt) < n || !slices.Equal(prompt[:len(prev)], prev) || !slices.Equal(prompt[len(prev):n], resp) {
 		return 0
