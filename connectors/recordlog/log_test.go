@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/pipelinetest"
 )
 
 func open(t *testing.T, path string, o recordlog.Options) *recordlog.Log {
@@ -268,7 +268,7 @@ func TestIngestRerunExactlyOnce(t *testing.T) {
 	write := func(from, to int) {
 		for g := from; g < to; g++ {
 			var lines [][]byte
-			for _, s := range groupLines(g) {
+			for _, s := range pipelinetest.GroupLines(g) {
 				lines = append(lines, []byte(s))
 			}
 			if err := l.Write(ctx, lines); err != nil {
@@ -287,7 +287,7 @@ func TestIngestRerunExactlyOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer src.Close()
-		p := pipeline.New(pipelineConfig(t), st, nil)
+		p := pipeline.New(pipelinetest.Config(t), st, nil)
 		if err := p.Run(ctx, ctx, src, src.Stream()); err != nil {
 			t.Fatal(err)
 		}
@@ -314,29 +314,4 @@ func TestIngestRerunExactlyOnce(t *testing.T) {
 			t.Errorf("step %s committed %d times", id, n)
 		}
 	}
-}
-
-func pipelineConfig(t *testing.T) pipeline.Config {
-	t.Helper()
-	est, err := advantage.New("grpo", advantage.Options{Compat: advantage.RLLM})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pipeline.Config{
-		GroupSize: 2, MinGroupSize: 2, MaxOpenGroups: 1 << 10,
-		Estimator: est, Label: "grpo/rllm",
-		ShardSize: 1 << 20, FlushInterval: 20 * time.Millisecond,
-		Decoders: 2, Encoders: 1,
-	}
-}
-
-// groupLines returns the records of group g: two one-step trajectories.
-func groupLines(g int) []string {
-	var out []string
-	for tr := range 2 {
-		out = append(out,
-			fmt.Sprintf(`{"type":"step","step_id":"g%d-t%d","task_id":"g%d","trajectory_id":"g%d-t%d","step_index":0,"policy_version":1,"prompt_ids":[1,2,3],"response_ids":[4],"response_logprobs":[-1],"finish_reason":"stop"}`, g, tr, g, g, tr),
-			fmt.Sprintf(`{"type":"trajectory","trajectory_id":"g%d-t%d","task_id":"g%d","reward":%d,"num_steps":1}`, g, tr, g, tr))
-	}
-	return out
 }

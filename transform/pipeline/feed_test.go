@@ -11,6 +11,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/pipelinetest"
 )
 
 // TestFeedExactlyOnceAcrossRestarts: records written through a Feed are
@@ -32,7 +33,7 @@ func TestFeedExactlyOnceAcrossRestarts(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := pipeline.New(config(t), st, nil).Feed(ctx, l, pipeline.FeedOptions{PruneEvery: 10 * time.Millisecond})
+		f, err := pipeline.New(pipelinetest.Config(t), st, nil).Feed(ctx, l, pipeline.FeedOptions{PruneEvery: 10 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,7 +43,7 @@ func TestFeedExactlyOnceAcrossRestarts(t *testing.T) {
 		var wg sync.WaitGroup
 		for g := from; g < to; g++ {
 			wg.Go(func() {
-				for _, ln := range groupLines(g) {
+				for _, ln := range pipelinetest.GroupLines(g) {
 					if err := f.Write(ctx, [][]byte{[]byte(ln)}); err != nil {
 						t.Error(err)
 					}
@@ -53,7 +54,7 @@ func TestFeedExactlyOnceAcrossRestarts(t *testing.T) {
 	}
 	f, l, closeStore := start("run-1")
 	write(f, 0, 30)
-	open := groupLines(1000)
+	open := pipelinetest.GroupLines(1000)
 	for _, ln := range open[:2] { // one trajectory of two: the group stays open
 		if err := f.Write(ctx, [][]byte{[]byte(ln)}); err != nil {
 			t.Fatal(err)

@@ -13,48 +13,23 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/pipelinetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func config(t *testing.T) pipeline.Config {
-	t.Helper()
-	est, err := advantage.New("grpo", advantage.Options{Compat: advantage.RLLM})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pipeline.Config{
-		GroupSize: 2, MinGroupSize: 2, MaxOpenGroups: 1 << 10,
-		Estimator: est, Label: "grpo/rllm",
-		ShardSize: 1 << 20, FlushInterval: 20 * time.Millisecond,
-		Decoders: 2, Encoders: 1,
-	}
-}
-
-// groupLines returns the records of group g: two one-step trajectories.
-func groupLines(g int) []string {
-	var out []string
-	for tr := range 2 {
-		out = append(out,
-			fmt.Sprintf(`{"type":"step","step_id":"g%d-t%d","task_id":"g%d","trajectory_id":"g%d-t%d","step_index":0,"policy_version":%d,"prompt_ids":[1,2,3],"response_ids":[4],"response_logprobs":[-1],"finish_reason":"stop"}`, g, tr, g, g, tr, g%3),
-			fmt.Sprintf(`{"type":"trajectory","trajectory_id":"g%d-t%d","task_id":"g%d","reward":%d,"num_steps":1}`, g, tr, g, tr))
-	}
-	return out
-}
 
 func TestRunFileThenSkipOnRerun(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	var lines []string
 	for g := range 20 {
-		lines = append(lines, groupLines(g)...)
+		lines = append(lines, pipelinetest.GroupLines(g)...)
 	}
 	lines = append(lines, `{"type":"step"`) // malformed
 	in := filepath.Join(dir, "in.jsonl")
@@ -73,7 +48,7 @@ func TestRunFileThenSkipOnRerun(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer src.Close()
-		p := pipeline.New(config(t), st, nil)
+		p := pipeline.New(pipelinetest.Config(t), st, nil)
 		if err := p.Run(ctx, ctx, src, src.Stream()); err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +193,7 @@ func testRunKafka(t *testing.T, flush time.Duration) {
 	total := 0
 	for g := range 40 {
 		p := g % 2
-		f.parts[p] = append(f.parts[p], groupLines(g)...)
+		f.parts[p] = append(f.parts[p], pipelinetest.GroupLines(g)...)
 	}
 	for _, p := range f.parts {
 		total += len(p)
@@ -231,7 +206,7 @@ func testRunKafka(t *testing.T, flush time.Duration) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	soft, stop := context.WithCancel(ctx)
-	cfg := config(t)
+	cfg := pipelinetest.Config(t)
 	cfg.FlushInterval = flush
 	p := pipeline.New(cfg, st, nil)
 	done := make(chan error, 1)
@@ -296,7 +271,7 @@ func TestRunKafkaGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	cfg := config(t)
+	cfg := pipelinetest.Config(t)
 	cfg.RetryFor = 2500 * time.Millisecond
 	d := &downGroup{}
 	start := time.Now()
