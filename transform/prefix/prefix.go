@@ -139,6 +139,13 @@ func (x *Expander) Expand(rec arrow.RecordBatch) (arrow.RecordBatch, error) {
 		msgD = rec.Column(c.msgDelta).(*array.String)
 	}
 	n := int(rec.NumRows())
+	if prompt.NullN() == 0 && !hasDeltas(prefix, msgD) {
+		// Every row is whole (short trajectories, resets, old layouts):
+		// the record as it is, and its last row for the next record.
+		x.keepLast(traj, step, prompt, promptV, resp, respV, msgs)
+		rec.Retain()
+		return rec, nil
+	}
 	pb := array.NewBuilder(x.mem, rec.Schema().Field(c.prompt).Type).(*array.ListBuilder)
 	defer pb.Release()
 	pv := pb.ValueBuilder().(*array.Int32Builder)
@@ -204,4 +211,37 @@ func (x *Expander) Expand(rec arrow.RecordBatch) (arrow.RecordBatch, error) {
 		cols[c.msgs] = ma
 	}
 	return array.NewRecordBatch(rec.Schema(), cols, rec.NumRows()), nil
+}
+
+// hasDeltas reports whether any row of a record is stored as a delta.
+func hasDeltas(prefix *array.Int32, msgD *array.String) bool {
+	if msgD != nil && msgD.NullN() < msgD.Len() {
+		return true
+	}
+	if prefix != nil {
+		for _, p := range prefix.Int32Values() {
+			if p > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// keepLast remembers the last row of a record whose rows are all whole,
+// as the predecessor of the next record's first row.
+func (x *Expander) keepLast(traj *array.String, step *array.Int32, prompt *array.List, promptV []int32, resp *array.List, respV []int32, msgs *array.String) {
+	i := traj.Len() - 1
+	if i < 0 {
+		return
+	}
+	lo, hi := prompt.ValueOffsets(i)
+	x.prompt = append(x.prompt[:0], promptV[lo:hi]...)
+	lo, hi = resp.ValueOffsets(i)
+	x.resp = append(x.resp[:0], respV[lo:hi]...)
+	x.msgs = x.msgs[:0]
+	if msgs != nil && msgs.IsValid(i) {
+		x.msgs = append(x.msgs, msgs.Value(i)...)
+	}
+	x.traj, x.step, x.valid = traj.Value(i), step.Value(i), true
 }
