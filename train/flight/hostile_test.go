@@ -639,3 +639,37 @@ func TestStreamsPerConnection(t *testing.T) {
 	}
 	open(ctx, t, dial(t, r.addr, "", nil), `{"consumer":"trainer","key":"key-0123456789abcdef"}`)
 }
+
+// TestRejoinWhileTheOldStreamEnds: a trainer that drops its stream and
+// reconnects at once under the same name gets in once the server sees the
+// drop, even when the new stream arrives first (another connection); with
+// no wait, it is refused.
+func TestRejoinWhileTheOldStreamEnds(t *testing.T) {
+	for _, tc := range []struct {
+		wait time.Duration
+		want codes.Code
+	}{{0, codes.OK}, {-1, codes.AlreadyExists}} {
+		t.Run(fmt.Sprint(tc.wait), func(t *testing.T) {
+			root := t.TempDir()
+			writeShard(t, root, 4)
+			r := startServer(t, newGroup(t, root, 0, 1), Options{RejoinWait: tc.wait})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			oldCtx, drop := context.WithCancel(ctx)
+			open(oldCtx, t, dial(t, r.addr, "", nil), `{"consumer":"trainer","key":"old-key-0123456789"}`)
+			// The new stream is in before the old one is dropped.
+			got := make(chan error, 1)
+			cli := dial(t, r.addr, "", nil)
+			go func() {
+				stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"trainer","key":"new-key-0123456789"}`)})
+				if err == nil {
+					_, err = stream.Recv()
+				}
+				got <- err
+			}()
+			time.Sleep(300 * time.Millisecond)
+			drop()
+			wantCode(t, "rejoin", <-got, tc.want)
+		})
+	}
+}

@@ -117,6 +117,12 @@ type Options struct {
 	// ShutdownGrace bounds a graceful stop: connections still open after it
 	// are closed (default 10s).
 	ShutdownGrace time.Duration
+	// RejoinWait is how long a stream under a name that is still streaming
+	// waits for that stream to end before it is refused (default 5s;
+	// negative: refused at once). A trainer that reconnects right after
+	// dropping its stream is let in once the server has seen the drop,
+	// which can arrive after the new stream on another connection.
+	RejoinWait time.Duration
 }
 
 func (o Options) withDefaults() Options {
@@ -138,6 +144,9 @@ func (o Options) withDefaults() Options {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = 10 * time.Second
 	}
+	if o.RejoinWait == 0 {
+		o.RejoinWait = 5 * time.Second
+	}
 	return o
 }
 
@@ -158,6 +167,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	members map[string]*member // nil: name reserved, joining
+	freed   chan struct{}      // closed (and replaced) when a name is freed
 	conns   map[string]int     // streams per client connection (peer address)
 	left    map[string]leftMember
 }
@@ -189,7 +199,7 @@ func NewServer(group Group, opts Options) *Server {
 	aborting, cancelAborting := context.WithCancel(context.Background())
 	return &Server{
 		group: group, opts: opts.withDefaults(), auth: newAuth(opts.Token, opts.AdminToken),
-		members: map[string]*member{}, conns: map[string]int{}, left: map[string]leftMember{},
+		members: map[string]*member{}, freed: make(chan struct{}), conns: map[string]int{}, left: map[string]leftMember{},
 		closing: closing, close: cancelClosing, aborting: aborting, abort: cancelAborting,
 		aborted: make(chan struct{}),
 	}
@@ -236,6 +246,10 @@ func checkVersion(what string, v *int64) error {
 // MaxStreams, MaxStreamsPerConn) and joins the group.
 func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn string) (*member, error) {
 	s.mu.Lock()
+	if err := s.awaitFree(ctx, t.Consumer); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
 	switch _, busy := s.members[t.Consumer]; {
 	case busy:
 		s.mu.Unlock()
@@ -253,7 +267,7 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 	c, err := s.group.Join(ctx, t.Consumer, t.PolicyVersion)
 	if err != nil {
 		s.mu.Lock()
-		delete(s.members, t.Consumer)
+		s.freeName(t.Consumer)
 		s.release(conn)
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.Unavailable, "join: %v", err)
@@ -263,6 +277,41 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 	s.members[t.Consumer] = m
 	s.mu.Unlock()
 	return m, nil
+}
+
+// awaitFree waits up to RejoinWait for name's stream to end; s.mu held
+// (released while waiting).
+func (s *Server) awaitFree(ctx context.Context, name string) error {
+	if _, busy := s.members[name]; !busy || s.opts.RejoinWait < 0 {
+		return nil
+	}
+	timer := time.NewTimer(s.opts.RejoinWait)
+	defer timer.Stop()
+	for {
+		if _, busy := s.members[name]; !busy {
+			return nil
+		}
+		freed := s.freed
+		s.mu.Unlock()
+		select {
+		case <-freed:
+			s.mu.Lock()
+		case <-timer.C:
+			s.mu.Lock()
+			return nil // refused below if still busy
+		case <-ctx.Done():
+			s.mu.Lock()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// freeName deletes name's stream and wakes streams waiting for it; s.mu
+// held.
+func (s *Server) freeName(name string) {
+	delete(s.members, name)
+	close(s.freed)
+	s.freed = make(chan struct{})
 }
 
 // release counts one stream of conn less; s.mu held.
@@ -275,7 +324,7 @@ func (s *Server) release(conn string) {
 // leave releases m's work to the group and keeps its tallies.
 func (s *Server) leave(m *member) {
 	s.mu.Lock()
-	delete(s.members, m.name)
+	s.freeName(m.name)
 	s.release(m.conn)
 	// The key keeps answering stats while the shards are released (a
 	// client asking right after its stream ended is not refused).

@@ -106,7 +106,7 @@ func TestServerProtocol(t *testing.T) {
 	srvCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(srvCtx, "127.0.0.1:0", NewServer(group{sh, obj}, Options{}), func(a string) { addr <- a })
+		done <- Serve(srvCtx, "127.0.0.1:0", NewServer(group{sh, obj}, Options{RejoinWait: 200 * time.Millisecond}), func(a string) { addr <- a })
 	}()
 	cli, err := flight.NewClientWithMiddleware(<-addr, nil, nil, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
