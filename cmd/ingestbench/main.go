@@ -122,8 +122,11 @@ type shape struct {
 // tail, a few context resets and parallel tool calls, every prompt the
 // whole conversation so far.
 var shapes = map[string]shape{
-	"steps":  {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}, 256},
-	"agents": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1"}, 4},
+	"steps": {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}, 256},
+	// The same steps without chat messages: issue 7's shape (token ids,
+	// logprobs and scalars only), a second yardstick of issue 19.
+	"steps-nomsg": {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256", "--messages=false"}, 256},
+	"agents":      {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1"}, 4},
 	// The same agents with prompt deltas on the wire (gen --wire-deltas):
 	// DuckDB then stores the records as sent, deltas and all.
 	"agents-wire": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1", "--wire-deltas"}, 4},
@@ -167,7 +170,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.pairs, "pairs", 3, "alternating (rllm-pipe, DuckDB) pairs to run")
 	fs.StringVar(&c.work, "work", filepath.Join(home, ".cache", "rllm-pipe", "bench"), "work folder: cached inputs, outputs, logs")
 	fs.Uint64Var(&c.seed, "seed", 1, "generator seed")
-	fs.StringVar(&c.shape, "shape", "steps", "trace shape: steps (1-4 calls per trajectory) or agents (30-turn agents, long observations)")
+	fs.StringVar(&c.shape, "shape", "steps", "trace shape: steps (1-4 calls per trajectory), steps-nomsg (the same without chat messages), agents (30-turn agents, long observations), agents-wire, agents-100, agents-100-wire")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the numbers as JSON to this file")
 	fs.StringVar(&ingestArgs, "ingest-args", "", "extra flags for rllm-pipe ingest, space-separated (e.g. \"--decoders 2 --cpuprofile /tmp/cpu.out\")")
 	fs.IntVar(&c.sample, "sample", 2000, "step_ids sampled to compare the two outputs")
@@ -719,12 +722,18 @@ func printReport(w io.Writer, rep *report) {
 	fmt.Fprintf(tw, "median\t%.2f s\t\t%s\t\t|\t%.2f s\t\t%s\t|\t%.2f\t\t\n",
 		rep.MedianRLLM, mib(rep.RSSMedianRLLM), rep.MedianDuckDB, mib(rep.RSSMedianDuck), rep.Ratio)
 	tw.Flush()
-	fmt.Fprintf(w, "\nratio DuckDB wall / rllm-pipe wall: %.2f (median of pairs; ratio of medians %.2f)\n", rep.Ratio, rep.RatioOfMedians)
+	fmt.Fprintf(w, "\nratio DuckDB wall / rllm-pipe wall: %.2f (median of pairs; ratio of medians %.2f; pairs %s)\n", rep.Ratio, rep.RatioOfMedians, spread(rep.Pairs, func(p pair) float64 { return p.Ratio }))
+	fmt.Fprintf(w, "rllm-pipe wall: %.2f s median (%s); DuckDB wall: %.2f s median (%s)\n",
+		rep.MedianRLLM, spread(rep.Pairs, func(p pair) float64 { return p.RLLM.WallSeconds }),
+		rep.MedianDuckDB, spread(rep.Pairs, func(p pair) float64 { return p.DuckDB.WallSeconds }))
 	fmt.Fprintf(w, "rllm-pipe peak RSS: %s median, %s max\n", mib(rep.RSSMedianRLLM), mib(rep.RSSMaxRLLM))
 	if n := len(rep.Pairs); n > 0 {
 		p := rep.Pairs[n-1]
 		fmt.Fprintf(w, "outputs: rllm-pipe %d rows in %d shards (%s), DuckDB %d rows in one file (%s); DuckDB's COPY alone %.2f s\n",
 			p.RLLM.Rows, p.RLLM.OutputFiles, human(p.RLLM.OutputBytes), p.DuckDB.Rows, human(p.DuckDB.OutputBytes), p.DuckDB.QuerySeconds)
+		if p.DuckDB.OutputBytes > 0 {
+			fmt.Fprintf(w, "shard size: rllm-pipe / DuckDB = %.3f (aim: at most 1.10)\n", float64(p.RLLM.OutputBytes)/float64(p.DuckDB.OutputBytes))
+		}
 		fmt.Fprintf(w, "check (last pair): rows %d = %d; %d of %d sampled step_ids matched, max |Δadvantage| %.3g, max |Δreward| %.3g\n",
 			p.Check.RowsRLLM, p.Check.RowsDuckDB, p.Check.Matched, p.Check.Sampled, p.Check.MaxAdvantageErr, p.Check.MaxRewardErr)
 	}
@@ -738,6 +747,18 @@ func printReport(w io.Writer, rep *report) {
 	if noisy {
 		fmt.Fprintf(w, "note: other processes used more than 0.2 core during some runs; the timings are noisy\n")
 	}
+}
+
+// spread is "min–max" of f over the pairs.
+func spread(ps []pair, f func(pair) float64) string {
+	if len(ps) == 0 {
+		return "-"
+	}
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, p := range ps {
+		lo, hi = min(lo, f(p)), max(hi, f(p))
+	}
+	return fmt.Sprintf("%.2f–%.2f", lo, hi)
 }
 
 func median(v []float64) float64 {
