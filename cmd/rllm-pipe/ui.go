@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,6 +20,7 @@ import (
 // uiOpts are the flags of `rllm-pipe ui`.
 type uiOpts struct {
 	from, listen, tokenFile string
+	ingestMetrics           string
 	poll                    time.Duration
 	k                       []int
 	conn                    connFlags
@@ -32,8 +34,10 @@ func newUICmd(soft context.Context) *cobra.Command {
 		Long: `ui serves, over HTTP, the charts of "rllm-pipe report" following the
 manifest of --from (a path, file:///path or s3://bucket/prefix) as shards
 commit; the pipeline's health (shards, rows, commits per minute, consumer
-groups with their acknowledged groups and lag); and a trajectory browser
-(filters by task, policy version, role, filter reason and reward; pages;
+groups with their members, acknowledged groups and lag; with
+--ingest-metrics, the URL of an ingest process's --metrics-addr endpoint,
+its open-group backlog and commits per minute over time); and a
+trajectory browser (filters by task, policy version, role, filter reason and reward; pages;
 a trajectory's steps with their messages and tool calls, response tokens
 coloured by logprob). Chart buckets link to the trajectories behind them.
 
@@ -51,6 +55,7 @@ basic-authentication prompt.`,
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8817", "address to serve on (host:port; port 0 picks one); beyond loopback only with a token")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token (default: $RLLM_PIPE_UI_TOKEN; none: loopback only)")
+	f.StringVar(&o.ingestMetrics, "ingest-metrics", "", "metrics endpoint of an ingest process (http://host:port/metrics, from its --metrics-addr): chart its open-group backlog and commits per minute, scraped every --poll")
 	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often to re-read the manifest")
 	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of pass@k")
 	o.conn.register(f)
@@ -83,12 +88,18 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	if tok == "" && !loopbackAddr(o.listen) {
 		return usageErrorf("--listen %s is beyond loopback: ui refuses it without a token (--token-file or RLLM_PIPE_UI_TOKEN), or listen on 127.0.0.1", o.listen)
 	}
+	if o.ingestMetrics != "" {
+		u, err := url.Parse(o.ingestMetrics)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usageErrorf("--ingest-metrics %q: want an http:// or https:// URL, as http://127.0.0.1:9464/metrics", o.ingestMetrics)
+		}
+	}
 	r, err := openShardStore(ctx, o.from, o.conn)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers})
+	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers, IngestMetrics: o.ingestMetrics})
 	if err := srv.Refresh(ctx); err != nil {
 		return err
 	}

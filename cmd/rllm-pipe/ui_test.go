@@ -6,10 +6,18 @@ package main
 // shows a trajectory's steps with coloured tokens.
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -126,5 +134,156 @@ func TestUILiveAndBrowser(t *testing.T) {
 		if !strings.HasPrefix(u, hs.URL+"/") {
 			t.Errorf("request outside the server: %s", u)
 		}
+	}
+}
+
+// TestUIIngestMetrics runs a real `rllm-pipe ingest` reading stdin with
+// --metrics-addr, feeds it half of a run (so groups stay open and some
+// shards commit), and checks that the live view scrapes its endpoint: the
+// open-group backlog it shows is the endpoint's value, commits per minute
+// become positive, and the backlog chart has a point per scrape.
+func TestUIIngestMetrics(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	in := filepath.Join(work, "in.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "40", "--group-size", "4", "--seed", "3", "--quiet"); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	data, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(strings.TrimSpace(string(data)), "\n")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	out := filepath.Join(work, "out")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ing := exec.CommandContext(ctx, bin, "ingest", "--from", "-", "--to", out, "--group-size", "4",
+		"--metrics-addr", addr, "--flush-interval", "200ms", "--quiet")
+	ing.Dir, ing.Env = work, e2eEnv()
+	var stderr bytes.Buffer
+	ing.Stderr = &stderr
+	stdin, err := ing.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ing.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := false
+	defer func() {
+		if !exited {
+			stdin.Close()
+			ing.Wait()
+		}
+	}()
+	half := len(lines) / 2
+	if _, err := io.WriteString(stdin, strings.Join(lines[:half], "")); err != nil {
+		t.Fatal(err)
+	}
+	metricsURL := "http://" + addr + "/metrics"
+	scrapeOpen := func() (float64, bool) {
+		resp, err := http.Get(metricsURL)
+		if err != nil {
+			return 0, false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		m := regexp.MustCompile(`(?m)^rllm_pipe_open_groups (\S+)$`).FindStringSubmatch(string(body))
+		if m == nil {
+			return 0, false
+		}
+		v, err := strconv.ParseFloat(m[1], 64)
+		return v, err == nil
+	}
+	waitFor(t, 60*time.Second, "the ingest process's metrics endpoint and its first shard", func() bool {
+		_, ok := scrapeOpen()
+		_, err := os.Stat(filepath.Join(out, "_manifest"))
+		return ok && err == nil
+	})
+	root, err := connectors.ParseRoot(out, connectors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := connectors.OpenReader(ctx, root, "ui-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	srv := live.New(r, live.Options{Poll: 100 * time.Millisecond, IngestMetrics: metricsURL})
+	if err := srv.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(rctx) }()
+	defer func() { rcancel(); <-done }()
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	state := func() live.State {
+		resp, err := http.Get(hs.URL + "/api/state")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var st live.State
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	// Half the input is read: the backlog stands still, and the view
+	// shows the endpoint's figure.
+	var shown, direct float64
+	waitFor(t, 30*time.Second, "the backlog shown equal to the endpoint's, above 0, with commits per minute above 0", func() bool {
+		st := state()
+		d, ok := scrapeOpen()
+		if st.Ingest == nil || st.Ingest.Last == nil || !ok {
+			return false
+		}
+		shown, direct = st.Ingest.Last.OpenGroups, d
+		return shown == direct && shown > 0 && st.Ingest.Last.CommitsPerMinute > 0
+	})
+	t.Logf("open groups: %v shown, %v at the endpoint", shown, direct)
+	resp, err := http.Get(hs.URL + "/ingest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	section, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	backlog := regexp.MustCompile(`(?s)<svg class="chart" id="ingest-backlog".*?</svg>`).FindString(string(section))
+	pts := regexp.MustCompile(`data-y="([^"]*)"`).FindAllStringSubmatch(backlog, -1)
+	if len(pts) < 2 || pts[len(pts)-1][1] != strconv.FormatFloat(shown, 'g', -1, 64) {
+		t.Errorf("backlog chart: %d points, last %v; want at least 2, the last %v", len(pts), pts, shown)
+	}
+	// The rest of the input: every group completes, the backlog drains.
+	if _, err := io.WriteString(stdin, strings.Join(lines[half:], "")+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the backlog drained to 0", func() bool {
+		st := state()
+		return st.Ingest != nil && st.Ingest.Last != nil && st.Ingest.Last.OpenGroups == 0
+	})
+	stdin.Close()
+	exited = true
+	if err := ing.Wait(); err != nil {
+		t.Fatalf("ingest: %v\n%s", err, stderr.String())
+	}
+}
+
+// waitFor polls cond every 100ms until it holds or the time is up.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s", d, what)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

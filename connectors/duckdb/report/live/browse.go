@@ -268,15 +268,16 @@ const uiCSS = `.tok{font:12px ui-monospace,monospace;padding:0 2px;margin:1px;di
 .lp1{background:rgba(255,200,0,.25)} .lp2{background:rgba(255,120,0,.45)} .lp3{background:rgba(230,0,40,.55)}
 .msg{border-left:3px solid var(--grid);padding:2px 8px;margin:6px 0} .msg pre{white-space:pre-wrap;margin:2px 0}
 .toolcall{color:var(--c3)} .step{background:var(--card);border-radius:8px;padding:8px 12px;margin:12px 0}
-#health{font-variant-numeric:tabular-nums} form label{margin-right:8px}`
+#health{font-variant-numeric:tabular-nums} .err{color:var(--c1)} form label{margin-right:8px}`
 
 func render(w http.ResponseWriter, title string, gen int, body template.HTML) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	shell.Execute(w, map[string]any{"Title": title, "Gen": gen, "CSS": template.CSS(report.CSS + uiCSS), "Body": body})
 }
 
-// appJS polls /api/state: it fills the health panel and, when the
-// generation changes (a shard committed), reloads the charts.
+// appJS polls /api/state: it fills the health panel (and the ingest
+// charts, when the ingest metrics are scraped) and, when the generation
+// changes (a shard committed), reloads the charts.
 const appJS = `(function(){
 const health=document.getElementById('health'), charts=document.getElementById('charts');
 if(!health) return;
@@ -292,6 +293,8 @@ async function tick(){
         (c.members||[]).map(m=>esc(m.name)+' ('+m.shards_leased+' · v'+m.policy_version+' · '+m.staleness+')').join(', ')+'</td></tr>';}
       h+='</table>';} else {h+='<p class="meta">no consumer group yet</p>';}
     health.innerHTML=h;
+    const ing=document.getElementById('ingest');
+    if(ing&&st.ingest){const r=await fetch('/ingest'); if(r.ok) ing.innerHTML=await r.text();}
     if(String(st.generation)!==String(gen)){
       const r=await fetch('/charts');
       if(r.ok){charts.innerHTML=await r.text(); gen=r.headers.get('X-Generation'); document.body.dataset.generation=gen;}

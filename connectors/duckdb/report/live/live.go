@@ -59,6 +59,11 @@ type Options struct {
 	Members Members
 	// PageSize is the trajectories per page of the browser. Default 50.
 	PageSize int
+	// IngestMetrics is the URL of an ingest process's metrics endpoint
+	// (rllm-pipe ingest --metrics-addr, path /metrics): when set, Run
+	// scrapes it every Poll and the health panel charts the open-group
+	// backlog and the commits per minute over time.
+	IngestMetrics string
 }
 
 // Server is the live view of one output root.
@@ -66,6 +71,8 @@ type Server struct {
 	r    store.Reader
 	o    Options
 	open func(ctx context.Context) (*duckdb.DB, error)
+	// ingest is nil without Options.IngestMetrics.
+	ingest *ingestWatch
 
 	mu      sync.RWMutex
 	db      *duckdb.DB
@@ -83,12 +90,26 @@ func New(r store.Reader, o Options) *Server {
 	if o.PageSize <= 0 {
 		o.PageSize = 50
 	}
-	return &Server{r: r, o: o, open: func(ctx context.Context) (*duckdb.DB, error) { return duckdb.Open(ctx, r, duckdb.Options{}) }}
+	s := &Server{r: r, o: o, open: func(ctx context.Context) (*duckdb.DB, error) { return duckdb.Open(ctx, r, duckdb.Options{}) }}
+	if o.IngestMetrics != "" {
+		s.ingest = newIngestWatch(o.IngestMetrics)
+	}
+	return s
 }
 
 // Run re-reads the manifest every Poll and reopens the views when it
-// grew, until ctx ends; it closes the views on return.
+// grew, and scrapes the ingest metrics (on a goroutine of its own, so a
+// slow reopening does not leave gaps in their history), until ctx ends;
+// it closes the views on return.
 func (s *Server) Run(ctx context.Context) error {
+	if s.ingest != nil {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.scrapeLoop(ctx)
+		}()
+		defer func() { <-done }()
+	}
 	defer func() {
 		s.mu.Lock()
 		if s.db != nil {
@@ -106,6 +127,21 @@ func (s *Server) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) scrapeLoop(ctx context.Context) {
+	t := time.NewTicker(s.o.Poll)
+	defer t.Stop()
+	for {
+		if err := s.ingest.scrape(ctx, time.Now()); err != nil && ctx.Err() == nil {
+			slog.Debug("ui: ingest metrics", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
 		case <-t.C:
 		}
 	}
@@ -154,6 +190,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", s.index)
 	mux.HandleFunc("/charts", s.charts)
 	mux.HandleFunc("/api/state", s.state)
+	mux.HandleFunc("/ingest", s.ingestSection)
 	mux.HandleFunc("/trajectories", s.trajectories)
 	mux.HandleFunc("/trajectory", s.trajectory)
 	mux.HandleFunc("/app.js", func(w http.ResponseWriter, _ *http.Request) {
@@ -216,8 +253,22 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("not ready: %v", err), http.StatusServiceUnavailable)
 		return
 	}
-	render(w, "rllm-pipe ui", gen, template.HTML(`<p class="meta"><a href="/trajectories">trajectories</a></p><h2>Health</h2><div id="health"></div><div id="charts">`)+
-		report.ChartsHTML(d, link)+template.HTML(`</div>`))
+	body := template.HTML(`<p class="meta"><a href="/trajectories">trajectories</a></p><h2>Health</h2><div id="health"></div>`)
+	if s.ingest != nil {
+		body += `<div id="ingest">` + s.ingest.html() + `</div>`
+	}
+	body += `<h2>Committed data</h2><div id="charts">` + report.ChartsHTML(d, link) + `</div>`
+	render(w, "rllm-pipe ui", gen, body)
+}
+
+// ingestSection is the ingest metrics' part of the health panel.
+func (s *Server) ingestSection(w http.ResponseWriter, r *http.Request) {
+	if s.ingest == nil {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Write([]byte(s.ingest.html()))
 }
 
 func (s *Server) charts(w http.ResponseWriter, _ *http.Request) {
@@ -252,6 +303,8 @@ type State struct {
 	CommitsPerMinute float64    `json:"commits_per_minute"` // over the last 10 minutes
 	LastCommit       time.Time  `json:"last_commit"`
 	Consumers        []Consumer `json:"consumers"`
+	// Ingest, with Options.IngestMetrics: the last scrape.
+	Ingest *IngestState `json:"ingest,omitempty"`
 }
 
 func (s *Server) state(w http.ResponseWriter, r *http.Request) {
@@ -277,6 +330,9 @@ func (s *Server) state(w http.ResponseWriter, r *http.Request) {
 	st.CommitsPerMinute = float64(recent) / 10
 	if s.o.Progress != nil {
 		st.Consumers = s.consumers(r.Context(), st.Groups)
+	}
+	if s.ingest != nil {
+		st.Ingest = s.ingest.state()
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(st)
