@@ -3,6 +3,8 @@ package s3
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"slices"
@@ -10,9 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow/memory"
+
+	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/train"
+	"github.com/rllm-pipe/rllm-pipe/transform"
 )
 
 // scaleFor is how long each case of the scale benchmarks commits
@@ -169,4 +178,229 @@ func msAt(sorted []time.Duration, q float64) float64 {
 		return 0
 	}
 	return float64(sorted[min(int(q*float64(len(sorted))), len(sorted)-1)].Microseconds()) / 1000
+}
+
+// scaleGroups is how many groups the scale benchmark commits per backend:
+// more than the fastest case acknowledges in scaleFor.
+const scaleGroups = 6000
+
+// BenchmarkIntegrationGroupAcks measures the acknowledgements per second
+// a consumer group takes with 1, 4 and 16 members consuming at once, one
+// group per batch, over many small shards (about 20 groups each), and
+// the p99 latency of an acknowledgement; on a local folder and on MinIO
+// (skipped without RLLM_S3_ENDPOINT), alternating. Every member is a
+// reader of its own, as trainers on separate machines are; every
+// acknowledgement and every lease is an append to the group's one log,
+// which the members race for. Each run is a new consumer group over the
+// same shards.
+//
+// Run with -benchtime 1x -count 3.
+func BenchmarkIntegrationGroupAcks(b *testing.B) {
+	dir := b.TempDir()
+	readers := map[string]func(b *testing.B, member int) store.Reader{}
+	for _, members := range []int{1, 4, 16} {
+		for _, backend := range []string{"local", "s3"} {
+			b.Run(fmt.Sprintf("%s/members=%d", backend, members), func(b *testing.B) {
+				if readers[backend] == nil {
+					readers[backend] = scaleRoot(b, backend, dir)
+				}
+				for b.Loop() {
+					acks, leases, lat, elapsed := consumeFor(b, readers[backend], members, scaleFor())
+					slices.Sort(lat)
+					b.ReportMetric(float64(acks)/elapsed.Seconds(), "acks/s")
+					b.ReportMetric(float64(leases)/elapsed.Seconds(), "leases/s")
+					b.ReportMetric(msAt(lat, 0.50), "p50-ms")
+					b.ReportMetric(msAt(lat, 0.99), "p99-ms")
+				}
+			})
+		}
+	}
+}
+
+// scaleRoot commits the benchmark's shards into a new root of the
+// backend (under dir, or a new prefix of MinIO's test bucket) and returns
+// how a member opens a reader of it.
+func scaleRoot(b *testing.B, backend, dir string) func(b *testing.B, member int) store.Reader {
+	ctx := context.Background()
+	if backend == "local" {
+		st, err := local.Open(dir, "writer")
+		if err != nil {
+			b.Fatal(err)
+		}
+		writeScaleShards(b, st)
+		return func(b *testing.B, _ int) store.Reader {
+			r, err := local.OpenReader(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return r
+		}
+	}
+	ep := os.Getenv("RLLM_S3_ENDPOINT")
+	if ep == "" {
+		b.Skip("RLLM_S3_ENDPOINT not set: run `make bench-scale` (it starts MinIO)")
+	}
+	cfg, err := ParseURL("s3://rllm-pipe-test/scale-acks-" + scaleID())
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Endpoint = ep
+	st, err := Open(ctx, cfg, "writer")
+	if err != nil {
+		b.Fatal(err)
+	}
+	writeScaleShards(b, st)
+	return func(b *testing.B, member int) store.Reader {
+		r, err := OpenReader(ctx, cfg, fmt.Sprintf("member-%d", member))
+		if err != nil {
+			b.Fatal(err)
+		}
+		return r
+	}
+}
+
+func scaleID() string {
+	var nb [4]byte
+	_, _ = rand.Read(nb[:])
+	return hex.EncodeToString(nb[:])
+}
+
+// writeScaleShards commits scaleGroups groups of two one-step
+// trajectories through st, in shards of about 20 groups, and closes it.
+func writeScaleShards(b *testing.B, st store.Store) {
+	b.Helper()
+	ctx := context.Background()
+	defer st.Close()
+	a := transform.NewAssembler(transform.Config{GroupSize: 2})
+	var d ingest.Decoder
+	line := int64(0)
+	for g := range scaleGroups {
+		for tr := range 2 {
+			for _, l := range []string{
+				fmt.Sprintf(`{"type":"step","step_id":"g%d-t%d","task_id":"g%d","trajectory_id":"g%d-t%d","step_index":0,"policy_version":0,"prompt_ids":[1,2,3],"response_ids":[4],"response_logprobs":[-1]}`, g, tr, g, g, tr),
+				fmt.Sprintf(`{"type":"trajectory","trajectory_id":"g%d-t%d","task_id":"g%d","reward":%d,"num_steps":1}`, g, tr, g, tr),
+			} {
+				line++
+				rec, err := d.Decode([]byte(l))
+				if err != nil {
+					b.Fatal(err)
+				}
+				a.Add(&ingest.Item{Source: schemas.Source{File: "in", Line: line}, Raw: []byte(l), Rec: rec}, time.Now())
+			}
+		}
+	}
+	est, _ := advantage.New("grpo", advantage.Options{})
+	bt := transform.NewBatcher(memory.DefaultAllocator, transform.BatchConfig{Estimator: est})
+	defer bt.Release()
+	sk := sink.New(st, sink.Config{RunID: "scale", ShardSize: 4 << 10})
+	groups := a.Take().Groups
+	for len(groups) > 0 {
+		n := min(len(groups), 20) // a batch is never split: this is the shard
+		batches, err := bt.Build(groups[:n])
+		if err != nil {
+			b.Fatal(err)
+		}
+		groups = groups[n:]
+		for _, batch := range batches {
+			if err := sk.Write(ctx, batch, time.Now()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := sk.Close(ctx); err != nil {
+		b.Fatal(err)
+	}
+	es, err := st.Committed(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%s: %d groups in %d shards", st.Name(), scaleGroups, len(es))
+}
+
+// consumeFor runs members consumers of a new consumer group for d, each
+// taking one-group batches and acknowledging each at once, and returns
+// the acknowledgements, the shards leased, every acknowledgement's
+// latency and the time taken. It fails if a group was acknowledged twice.
+func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members int, d time.Duration) (int, int64, []time.Duration, time.Duration) {
+	b.Helper()
+	group := "scale-" + scaleID()
+	var mu sync.Mutex
+	var lat []time.Duration
+	acked := map[string]int{}
+	var leases int64
+	var wg sync.WaitGroup
+	errs := make([]error, members)
+	consumers := make([]*train.Consumer, members)
+	for m := range members {
+		r := open(b, m)
+		obj, err := r.Objects(train.GroupDir(group))
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := train.NewConsumer(context.Background(), r, obj, train.ConsumerConfig{
+			Config: train.Config{MaxStaleness: -1, IncludeFiltered: true}, Name: fmt.Sprintf("m%d", m),
+			LeaseTimeout: time.Minute, Poll: 20 * time.Millisecond})
+		if err != nil {
+			b.Fatal(err)
+		}
+		consumers[m] = c
+	}
+	begin := time.Now()
+	ctx, cancel := context.WithDeadline(context.Background(), begin.Add(d))
+	defer cancel()
+	for m, c := range consumers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			var keys []string
+			defer func() {
+				mu.Lock()
+				lat = append(lat, mine...)
+				for _, k := range keys {
+					acked[k]++
+				}
+				mu.Unlock()
+			}()
+			for {
+				dl, err := c.Next(ctx)
+				if err != nil {
+					if ctx.Err() == nil {
+						errs[m] = err
+					}
+					return
+				}
+				dl.Record.Release()
+				start := time.Now()
+				if _, err := c.Ack(context.WithoutCancel(ctx), dl.ID); err != nil {
+					errs[m] = err
+					return
+				}
+				mine = append(mine, time.Since(start))
+				keys = append(keys, dl.Groups...)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(begin)
+	for _, c := range consumers {
+		leases += c.Stats().ShardsLeased
+		if err := c.Close(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	for k, n := range acked {
+		if n != 1 {
+			b.Fatalf("group %s acknowledged %d times", k, n)
+		}
+	}
+	if len(acked) == 0 || len(acked) == scaleGroups {
+		b.Fatalf("%d groups acknowledged: the run must stop inside the data (raise scaleGroups)", len(acked))
+	}
+	return len(lat), leases, lat, elapsed
 }
