@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# bench-scale.sh: the scaling figures of issue 19, unattended (~10-15 min
+# on 2 cores), each printed as median (min–max) of ROUNDS runs with the
+# contenders alternating inside every run:
+#   1. the manifest's commit rate with 1, 4 and 16 concurrent writers,
+#      MinIO and a local folder side by side (commits/s, p50/p99 latency);
+#   2. consumer-group acknowledgements per second with 1, 4 and 16
+#      members, local folder and MinIO side by side;
+#   3. Kafka ingest on a 4-partition topic: 1 and 2 workers pinned to one
+#      core each, into MinIO and into local folders, with the scaling
+#      efficiency and the CPU the broker and MinIO took (cmd/scalebench).
+# It starts Kafka and MinIO with scripts/services.sh (never stops them).
+# Raw output goes to $OUT (default a new temporary folder).
+#
+# Variables: ROUNDS (3), RLLM_SCALE_SECONDS (5: seconds per case of 1
+# and 2), GROUPS_SCALE (6000 groups of 8: ~675 MB for 3), SCALE_FLAGS
+# (more cmd/scalebench flags), GO (go).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+ROUNDS=${ROUNDS:-3}
+GROUPS_SCALE=${GROUPS_SCALE:-6000}
+SCALE_FLAGS=${SCALE_FLAGS:-}
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/rllm-bench-scale.XXXXXX")}
+export RLLM_SCALE_SECONDS=${RLLM_SCALE_SECONDS:-5}
+mkdir -p "$OUT"
+
+scripts/services.sh up >/dev/null
+eval "$(scripts/services.sh env)"
+$GO build -o bin/rllm-pipe ./cmd/rllm-pipe
+$GO build -o bin/scalebench ./cmd/scalebench
+
+echo "bench-scale: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg) at start; raw output in $OUT"
+echo
+echo "== 1. Manifest commits: N writers committing 64 KiB shards at once for ${RLLM_SCALE_SECONDS}s each;"
+echo "   s3: N Stores (N ingest workers) racing for the next manifest number on MinIO; local: N goroutines on the one Store"
+echo "   (a local root has one writer). Median (min–max) of $ROUNDS runs."
+$GO test -run '^$' -bench 'IntegrationManifestCommits' -benchtime 1x -count "$ROUNDS" -timeout 30m ./connectors/s3/ >"$OUT/manifest.txt" 2>&1 ||
+	{ cat "$OUT/manifest.txt"; exit 1; }
+bin/scalebench --summarize <"$OUT/manifest.txt"
+echo
+echo "== 2. Consumer-group acknowledgements: N members (a reader each) consuming one-group batches over 300 shards of 20 groups"
+echo "   for ${RLLM_SCALE_SECONDS}s each, acknowledging each batch at once; a new group per run. Median (min–max) of $ROUNDS runs."
+$GO test -run '^$' -bench 'IntegrationGroupAcks' -benchtime 1x -count "$ROUNDS" -timeout 30m ./connectors/s3/ >"$OUT/acks.txt" 2>&1 ||
+	{ cat "$OUT/acks.txt"; exit 1; }
+bin/scalebench --summarize <"$OUT/acks.txt"
+echo
+echo "== 3. Ingest workers"
+# shellcheck disable=SC2086
+bin/scalebench --bin bin/rllm-pipe --groups "$GROUPS_SCALE" --rounds "$ROUNDS" --work "$OUT/work" $SCALE_FLAGS 2>"$OUT/ingest-stderr.txt" | tee "$OUT/ingest.txt"
+rm -rf "$OUT/work"
+echo
+echo "bench-scale: load average $(cut -d' ' -f1-3 /proc/loadavg) at the end"
