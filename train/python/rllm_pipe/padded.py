@@ -11,7 +11,8 @@ The layout is the one rLLM's verl backend builds
 
 - ``prompts``: left-padded to ``max_prompt_length``; a longer prompt keeps its
   end. ``responses``: right-padded to ``max_response_length``; a longer
-  response keeps its start. ``input_ids`` = prompts ++ responses.
+  response keeps its start. ``input_ids`` = prompts ++ responses (``prompts``
+  and ``responses`` are views of ``input_ids``' columns, not copies).
 - ``attention_mask``: 1 on tokens, 0 on padding. By default, as rLLM does,
   every position holding ``pad_token_id`` is masked (a real token equal to the
   pad id too: the count is reported as ``pad_id_tokens``);
@@ -26,6 +27,10 @@ The layout is the one rLLM's verl backend builds
 Truncation is never silent: rows cut and tokens dropped are counted in
 ``Padded.truncation`` (and per row in ``prompt_truncated`` /
 ``response_truncated``), and a warning is issued.
+
+Every step is a whole-array numpy operation (no loop over rows or tokens in
+Python). ``to_padded(..., out=previous)`` writes into the arrays of an earlier
+result the caller is done with instead of allocating new ones.
 
 Only numpy is needed; ``Padded.torch()`` gives torch tensors sharing the
 numpy arrays' memory when torch is installed.
@@ -81,6 +86,8 @@ class Padded:
     truncation: Dict[str, int]
     old_log_probs: Optional[np.ndarray] = None  # float32 [rows, R], when the rows carry them
     extra: Dict[str, Any] = field(default_factory=dict)
+    # The arrays by name at their full size, for to_padded(out=...) to reuse.
+    _buffers: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def num_rows(self) -> int:
@@ -150,14 +157,44 @@ def _pad_ids(values: np.ndarray, n_pad: int) -> np.ndarray:
     return np.concatenate([values, np.zeros(n_pad, dtype=values.dtype)])
 
 
-def _scatter(n: int, lengths: np.ndarray, keep: np.ndarray, starts: np.ndarray, dst_starts: np.ndarray):
-    """Flat (row, destination column, source index) of the kept tokens: row i
-    keeps keep[i] tokens from source index starts[i], placed from column
-    dst_starts[i]."""
-    total = int(keep.sum())
-    rows = np.repeat(np.arange(n), keep)
-    within = np.arange(total) - np.repeat(np.cumsum(keep) - keep, keep)
-    return rows, np.repeat(dst_starts, keep) + within, np.repeat(starts, keep) + within
+def _kept(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, keep: np.ndarray, from_end: bool) -> np.ndarray:
+    """The kept tokens of a list column, flat in row order: all of them (a
+    slice, no copy) when no row is cut, else each row's first (or, from_end,
+    last) keep[i] tokens."""
+    flat = values[offsets[0] : offsets[-1]]
+    if np.array_equal(keep, lengths):
+        return flat
+    within = np.arange(flat.size) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    if from_end:
+        return flat[within >= np.repeat(lengths - keep, lengths)]
+    return flat[within < np.repeat(keep, lengths)]
+
+
+def _token_advantages(tok: pa.Array, lengths: np.ndarray, av: np.ndarray) -> None:
+    """Overwrites, in av (one item per response token of every row), the
+    tokens of the rows that carry token advantages with them."""
+    if tok.null_count == len(tok):
+        return
+    ta, to = tok.values.to_numpy(zero_copy_only=False), tok.offsets.to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(tok.is_null().to_numpy(zero_copy_only=False))
+    if not np.array_equal(np.diff(to)[valid], lengths[valid]):
+        raise ValueError("token_advantages' lengths differ from response_ids'")
+    dst = np.repeat(valid, lengths)
+    src = ta[to[0] : to[-1]]
+    if not np.all(np.diff(to)[~valid] == 0):  # null rows holding items: skip them
+        src = src[np.repeat(valid, np.diff(to))]
+    av[dst] = src
+
+
+def _buffer(out: Optional["Padded"], name: str, rows: int, width: int, dtype, fill) -> np.ndarray:
+    """A [rows, width] array filled with fill: out's array of that name when
+    it has the shape and type (no new memory to fault in), else a new one."""
+    prev = None if out is None else out._buffers.get(name)
+    if prev is not None and prev.dtype == dtype and prev.shape[1] == width and prev.shape[0] >= rows:
+        a = prev[:rows]
+        a.fill(fill)
+        return a
+    return np.full((rows, width), fill, dtype=dtype)
 
 
 def to_padded(
@@ -168,9 +205,15 @@ def to_padded(
     pad_rows_to_multiple: int = 1,
     mask_pad_token_ids: bool = True,
     warn: bool = True,
+    out: Optional[Padded] = None,
 ) -> Padded:
     """Pads the rows of record (merged trajectory rows or step rows) in
-    verl's layout; see the module's documentation."""
+    verl's layout; see the module's documentation.
+
+    out, a Padded returned by an earlier call the caller is done with, lends
+    its arrays: they are overwritten and returned again (a trainer that copies
+    each batch to its device saves allocating and faulting in the memory of
+    every batch)."""
     if max_prompt_length < 1 or max_response_length < 1:
         raise ValueError("max_prompt_length and max_response_length must be >= 1")
     if pad_rows_to_multiple < 1:
@@ -185,64 +228,66 @@ def to_padded(
     rv, ro = _list(record, "response_ids")
     plen, rlen = np.diff(po), np.diff(ro)
     pkeep, rkeep = np.minimum(plen, P), np.minimum(rlen, R)
+    # Where the kept tokens go: row i's prompt ends at column P, its response
+    # starts at column 0. Boolean masks fill row by row, in the values' order.
+    pdst = np.arange(P) >= (P - pkeep)[:, None]
+    rdst = np.arange(R) < rkeep[:, None]
 
-    prompts = np.full((total_rows, P), pad_token_id, dtype=np.int64)
-    rows, cols, src = _scatter(n, plen, pkeep, po[1:] - pkeep, P - pkeep)
-    prompts[rows, cols] = pv[src]
+    # prompts and responses are views of input_ids: no copy.
+    input_ids = _buffer(out, "input_ids", total_rows, P + R, np.int64, pad_token_id)
+    prompts, responses = input_ids[:, :P], input_ids[:, P:]
+    p_src = _kept(pv, po, plen, pkeep, from_end=True)
+    r_src = _kept(rv, ro, rlen, rkeep, from_end=False)
+    prompts[:n][pdst] = p_src
+    responses[:n][rdst] = r_src
 
-    responses = np.full((total_rows, R), pad_token_id, dtype=np.int64)
-    rrows, rcols, rsrc = _scatter(n, rlen, rkeep, ro[:-1], np.zeros(n, dtype=np.int64))
-    responses[rrows, rcols] = rv[rsrc]
-    roff = rsrc - np.repeat(ro[:-1], rkeep)  # the kept tokens' index within their row's response
-
-    def response_tensor(values: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:
+    def response_tensor(name: str, values: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:
         if not np.array_equal(np.diff(offsets), rlen):
-            raise ValueError("a response column's lengths differ from response_ids'")
-        out = np.zeros((total_rows, R), dtype=dtype)
-        out[rrows, rcols] = values[np.repeat(offsets[:-1], rkeep) + roff]
-        return out
+            raise ValueError(f"{name}'s lengths differ from response_ids'")
+        a = _buffer(out, name, total_rows, R, dtype, 0)
+        a[:n][rdst] = _kept(values, offsets, rlen, rkeep, from_end=False)
+        return a
 
-    response_mask = np.zeros((total_rows, R), dtype=np.int64)
     if merged:
         mv, mo = _list(record, "response_mask")
-        response_mask = response_tensor(mv, mo, np.int64)
+        response_mask = response_tensor("response_mask", mv, mo, np.int64)
         lv, lo = _list(record, "rollout_log_probs")
         av, ao = _list(record, "advantages")
-        full_mask = mv[mo[0] : mo[-1]] if len(mo) else mv
-        action_total = int(np.count_nonzero(full_mask))
+        action_total = int(np.count_nonzero(mv[mo[0] : mo[-1]]))
     else:
-        response_mask[rrows, rcols] = 1
+        response_mask = _buffer(out, "response_mask", total_rows, R, np.int64, 0)
+        response_mask[:n][rdst] = 1
         lv, lo = _list(record, "response_logprobs")
-        adv = _column(record, "advantage").to_numpy(zero_copy_only=False).astype(np.float32)
-        tok = _column(record, "token_advantages") if _has(record, "token_advantages") else None
-        av = np.repeat(adv, rlen)  # scalar advantage on every token ...
-        if tok is not None and tok.null_count < len(tok):
-            # ... or the step's token advantages, where it has them
-            ta = tok.values.to_numpy(zero_copy_only=False)
-            to = tok.offsets.to_numpy(zero_copy_only=False)
-            valid = ~np.asarray(tok.is_null().to_numpy(zero_copy_only=False))
-            starts = np.cumsum(rlen) - rlen
-            for i in np.nonzero(valid)[0]:
-                av[starts[i] : starts[i] + rlen[i]] = ta[to[i] : to[i + 1]]
+        av = np.repeat(_column(record, "advantage").to_numpy(zero_copy_only=False).astype(np.float32), rlen)
         ao = np.concatenate([[0], np.cumsum(rlen)])
+        if _has(record, "token_advantages"):
+            _token_advantages(_column(record, "token_advantages"), rlen, av)
         action_total = int(rlen.sum())
-    rollout_log_probs = response_tensor(lv, lo, np.float32)
-    advantages = response_tensor(av, ao, np.float32) * response_mask
+    rollout_log_probs = response_tensor("rollout_log_probs", lv, lo, np.float32)
+    advantages = response_tensor("advantages", av, ao, np.float32)
+    np.multiply(advantages, response_mask, out=advantages, casting="unsafe")
     old_log_probs = None
     if _has(record, "old_log_probs"):
         ov, oo = _list(record, "old_log_probs")
-        old_log_probs = response_tensor(ov, oo, np.float32)
+        old_log_probs = response_tensor("old_log_probs", ov, oo, np.float32)
 
-    input_ids = np.concatenate([prompts, responses], axis=1)
+    kept_tokens = int(pkeep.sum() + rkeep.sum())
     if mask_pad_token_ids:
-        attention_mask = (input_ids != pad_token_id).astype(np.int64)
+        attention = np.not_equal(input_ids, pad_token_id)
+        pad_id_tokens = kept_tokens - int(np.count_nonzero(attention))
     else:
-        attention_mask = np.zeros_like(input_ids)
-        attention_mask[rows, cols] = 1
-        attention_mask[rrows, P + rcols] = 1
-    position_ids = (np.cumsum(attention_mask, axis=1) - 1) * attention_mask
+        attention = np.zeros(input_ids.shape, dtype=bool)
+        attention[:n, :P][pdst] = True
+        attention[:n, P:][rdst] = True
+        pad_id_tokens = int(np.count_nonzero(p_src == pad_token_id)) + int(np.count_nonzero(r_src == pad_token_id))
+    attention_mask = _buffer(out, "attention_mask", total_rows, P + R, np.int64, 0)
+    attention_mask[...] = attention
+    position_ids = _buffer(out, "position_ids", total_rows, P + R, np.int64, 0)
+    np.cumsum(attention_mask, axis=1, out=position_ids)
+    position_ids -= 1
+    position_ids *= attention_mask
 
-    traj_rewards = np.zeros((total_rows, R), dtype=np.float32)
+    traj_rewards = _buffer(out, "traj_rewards", total_rows, R, np.float32, 0)
     reward = _column(record, "reward").to_numpy(zero_copy_only=False).astype(np.float32)
     fits = (rlen > 0) & (rlen <= R)
     traj_rewards[np.nonzero(fits)[0], rlen[fits] - 1] = reward[fits]
@@ -253,7 +298,6 @@ def to_padded(
     prompt_truncated[:n] = plen > P
     response_truncated = np.zeros(total_rows, dtype=bool)
     response_truncated[:n] = rlen > R
-    pad_id_tokens = int(np.count_nonzero(pv[src] == pad_token_id)) + int(np.count_nonzero(rv[rsrc] == pad_token_id))
     truncation = {
         "rows": n,
         "pad_rows": n_pad,
@@ -261,7 +305,7 @@ def to_padded(
         "prompt_tokens_dropped": int((plen - pkeep).sum()),
         "responses_truncated": int(np.count_nonzero(rlen > R)),
         "response_tokens_dropped": int((rlen - rkeep).sum()),
-        "action_tokens_dropped": action_total - int(response_mask.sum()),
+        "action_tokens_dropped": action_total - int(np.count_nonzero(response_mask[:n])),
         "pad_id_tokens": pad_id_tokens,
     }
     if warn and (truncation["prompts_truncated"] or truncation["responses_truncated"]):
@@ -273,6 +317,16 @@ def to_padded(
             stacklevel=3,
         )
 
+    buffers = {
+        "input_ids": input_ids,
+        "response_mask": response_mask,
+        "rollout_log_probs": rollout_log_probs,
+        "advantages": advantages,
+        "old_log_probs": old_log_probs,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "traj_rewards": traj_rewards,
+    }
     ids: Dict[str, np.ndarray] = {}
     for out_name, merged_col, step_col in _IDS:
         name = merged_col if merged else step_col
@@ -300,4 +354,5 @@ def to_padded(
         ids=ids,
         truncation=truncation,
         old_log_probs=old_log_probs,
+        _buffers={name: a if a.base is None else a.base for name, a in buffers.items() if a is not None},
     )

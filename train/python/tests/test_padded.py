@@ -257,3 +257,21 @@ def test_example_trains_and_acknowledges():
     lines = [l for l in out.splitlines() if l.startswith("step ")]
     assert len(lines) == 3 and all("'lost': 0" in l for l in lines), out
     assert "'acked': 3" in out.splitlines()[-1], out
+
+
+def test_out_reuses_the_arrays_of_an_earlier_result(serve_mt):
+    srv = serve_mt("--consumer-group", "reuse", "--layout", "trajectories", "--max-tokens", "8000")
+    batches = drain_records(srv.location, "t")
+    assert len(batches) > 2
+    first = batches[0].to_padded(PAD, 64, 128, pad_rows_to_multiple=4, warn=False)
+    base = first.input_ids.__array_interface__["data"][0]
+    prev = first
+    for b in batches[1:] + batches[:1]:
+        fresh = b.to_padded(PAD, 64, 128, pad_rows_to_multiple=4, warn=False)
+        got = b.to_padded(PAD, 64, 128, pad_rows_to_multiple=4, warn=False, out=prev)
+        for name, a in fresh.arrays().items():
+            np.testing.assert_array_equal(getattr(got, name), a, err_msg=name)
+        if b.num_rows <= batches[0].num_rows:
+            assert got.input_ids.__array_interface__["data"][0] == base, "the earlier arrays were reused"
+        assert got.truncation == fresh.truncation
+        prev = got
