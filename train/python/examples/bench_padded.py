@@ -1,16 +1,33 @@
 """Merged, padded batches delivered to Python: rllm-pipe's way (serve --layout
-trajectories + Batch.to_padded) next to the way a user writes it today (serve
-step rows, merge trajectories in Python as rLLM does, pad row by row), in the
-same run on the same data.
+trajectories + Batch.to_padded) next to the same work done in Python from step
+rows (serve --layout steps), in the same run on the same data.
 
-    python train/python/examples/bench_padded.py [--groups 32] [--bin PATH]
+    python train/python/examples/bench_padded.py [--groups 64] [--rounds 3] [--bin PATH]
 
-Prints rows/s and tokens/s of both, and the time per batch of --batch-rows
-trajectories of ~8k tokens.
+The Python contenders do what rLLM's verl transform does
+(rllm/trainer/verl/transform.py), per trajectory: a step whose prompt starts
+with the running sequence extends the row (observation tokens with mask 0 and
+logprob 0, then the action tokens), any other step starts a new row; then
+prompts are left-padded and responses right-padded row by row, and the
+attention mask, position ids and masked advantages are computed on the whole
+batch with numpy. "python (lists)" is rLLM's code shape (the needed columns
+as Python lists); "python (numpy views)" compares and copies tokens as numpy
+views of the Arrow buffers, the fastest of the two.
+
+Before timing, every contender's tensors are checked equal, row by row, to
+rllm-pipe's (keyed by trajectory and first step). Then the contenders run
+--rounds times, alternating, each round a fresh consumer group of a fresh
+serve; the time of a round runs from opening the stream to the last batch
+padded and acknowledged. Printed: the median and the spread (min-max) of
+rows/s, tokens/s and ms per 512 rows, the time the client spent padding
+(the rest is waiting for the server), and the speed-up over each Python
+contender (median of the per-round ratios, with its spread).
 """
 
 import argparse
+import hashlib
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,103 +43,261 @@ sys.path.insert(0, str(HERE.parent))
 from rllm_pipe import Client  # noqa: E402
 from train_tiny import find_bin  # noqa: E402
 
-PAD = 151643
+PAD = 151643  # Qwen's <|endoftext|>, outside the generated vocabulary
+STEP_COLUMNS = ["group_id", "trajectory_id", "step_index", "prompt_ids", "response_ids", "response_logprobs",
+                "advantage", "token_advantages", "reward"]
 
 
-def python_way(batch, P, R):
-    """What a trainer writes today from step rows: rLLM's merge in Python
-    lists, then verl's padding row by row."""
-    rows, seg, full, key = [], None, None, None
-    for s in batch.record.to_pylist():
-        p, a = s["prompt_ids"], s["response_ids"]
-        if seg is not None and key == (s["group_id"], s["trajectory_id"]) and len(p) >= len(full) and p[: len(full)] == full:
-            obs = p[len(full):]
-            seg[1].extend(obs + a)
-            seg[2].extend([0] * len(obs) + [1] * len(a))
-            seg[3].extend([0.0] * len(obs) + s["response_logprobs"])
-            seg[4].extend([0.0] * len(obs) + [s["advantage"]] * len(a))
-            full += obs + a
-        else:
-            if seg is not None:
-                rows.append(seg)
-            seg = [p, list(a), [1] * len(a), list(s["response_logprobs"]), [s["advantage"]] * len(a)]
-            full, key = p + a, (s["group_id"], s["trajectory_id"])
-    rows.append(seg)
+# --- the Python contenders ---------------------------------------------------
+
+
+def _trajectories(record):
+    """The step row indices of each trajectory, in step order."""
+    gid, tid = record.column("group_id").to_pylist(), record.column("trajectory_id").to_pylist()
+    idx = record.column("step_index").to_pylist()
+    by = {}
+    for i, key in enumerate(zip(gid, tid)):
+        by.setdefault(key, []).append(i)
+    return [sorted(rows, key=idx.__getitem__) for rows in by.values()]
+
+
+def merge_lists(record):
+    """rLLM's merge with Python lists: rows of (trajectory, first step,
+    prompt, response, mask, logprobs, advantages, reward)."""
+    cols = record.select(STEP_COLUMNS).to_pydict()
+    rows = []
+    for steps in _trajectories(record):
+        seg = full = None
+        for i in steps:
+            p, a, lp = cols["prompt_ids"][i], cols["response_ids"][i], cols["response_logprobs"][i]
+            ta = cols["token_advantages"][i]
+            adv = ta if ta is not None else [cols["advantage"][i]] * len(a)
+            if seg is not None and len(p) >= len(full) and p[: len(full)] == full:
+                obs = p[len(full):]
+                seg[3] += obs + a
+                seg[4] += [0] * len(obs) + [1] * len(a)
+                seg[5] += [0.0] * len(obs) + lp
+                seg[6] += [0.0] * len(obs) + adv
+                full += obs + a
+            else:
+                if seg is not None:
+                    rows.append(seg)
+                seg = [cols["trajectory_id"][i], cols["step_index"][i], p, list(a), [1] * len(a), list(lp), list(adv),
+                       cols["reward"][i]]
+                full = p + a
+        rows.append(seg)
+    return rows
+
+
+def merge_numpy(batch):
+    """The same merge with numpy views of the Arrow buffers: the prefix test
+    and the copies run in numpy, one trajectory step at a time."""
+    rec = batch.record
+    pr, rs, lps = batch.tokens("prompt_ids"), batch.tokens("response_ids"), batch.tokens("response_logprobs")
+    adv = rec.column("advantage").to_numpy()
+    tok = rec.column("token_advantages")
+    tok_null = tok.is_null().to_numpy(zero_copy_only=False)
+    tok_v, tok_o = tok.values.to_numpy(zero_copy_only=False), tok.offsets.to_numpy(zero_copy_only=False)
+    tid, idx, reward = rec.column("trajectory_id").to_pylist(), rec.column("step_index").to_pylist(), rec.column("reward").to_pylist()
+    rows = []
+
+    def close(seg):
+        parts = list(zip(*seg[3]))
+        rows.append([seg[0], seg[1], seg[2]] + [np.concatenate(p) for p in parts] + [seg[4]])
+
+    for steps in _trajectories(rec):
+        seg = prev = None
+        for i in steps:
+            p, a = pr.row(i), rs.row(i)
+            ta = np.full(len(a), adv[i], np.float32) if tok_null[i] else tok_v[tok_o[i]:tok_o[i + 1]]
+            if prev is not None:
+                pp, pa_ = pr.row(prev), rs.row(prev)
+                n = len(pp) + len(pa_)
+            if prev is not None and len(p) >= n and np.array_equal(p[:len(pp)], pp) and np.array_equal(p[len(pp):n], pa_):
+                obs = p[n:]
+                z = np.zeros(len(obs), np.float32)
+                seg[3].append((obs, np.zeros(len(obs), np.int8), z, z))
+                seg[3].append((a, np.ones(len(a), np.int8), lps.row(i), ta))
+            else:
+                if seg is not None:
+                    close(seg)
+                seg = [tid[i], idx[i], p, [(a, np.ones(len(a), np.int8), lps.row(i), ta)], reward[i]]
+            prev = i
+        close(seg)
+    return rows
+
+
+def pad_rows(rows, P, R):
+    """verl's padding, row by row, as rLLM's transform does it; the masks and
+    positions over the whole batch."""
     n = len(rows)
-    prompts = np.full((n, P), PAD, dtype=np.int64)
-    resp = np.full((n, R), PAD, dtype=np.int64)
+    input_ids = np.full((n, P + R), PAD, dtype=np.int64)
     mask = np.zeros((n, R), dtype=np.int64)
     lp = np.zeros((n, R), dtype=np.float32)
     adv = np.zeros((n, R), dtype=np.float32)
-    for i, (p, r, m, l, a) in enumerate(rows):
+    traj_rewards = np.zeros((n, R), dtype=np.float32)
+    for i, (_, _, p, r, m, l, a, reward) in enumerate(rows):
         p = p[-P:]
-        prompts[i, P - len(p):] = p
+        input_ids[i, P - len(p):P] = p
         k = min(len(r), R)
-        resp[i, :k], mask[i, :k], lp[i, :k], adv[i, :k] = r[:k], m[:k], l[:k], a[:k]
-    ids = np.concatenate([prompts, resp], axis=1)
-    att = (ids != PAD).astype(np.int64)
-    pos = (np.cumsum(att, axis=1) - 1) * att
-    return n, int(att.sum()), (ids, att, pos, mask, lp, adv * mask)
+        input_ids[i, P:P + k], mask[i, :k], lp[i, :k], adv[i, :k] = r[:k], m[:k], l[:k], a[:k]
+        if 0 < len(r) <= R:
+            traj_rewards[i, len(r) - 1] = reward
+    attention_mask = (input_ids != PAD).astype(np.int64)
+    position_ids = (np.cumsum(attention_mask, axis=1) - 1) * attention_mask
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": mask,
+            "rollout_log_probs": lp, "advantages": adv * mask, "traj_rewards": traj_rewards}, [(r[0], r[1]) for r in rows]
 
 
-def serve(bin_, out, work, *flags):
+# --- the contenders: batch -> (rows, tokens, tensors, row keys) ---------------
+
+
+def rllm_pipe_way(P, R):
+    state = {"prev": None}
+
+    def pad(b):
+        p = b.to_padded(PAD, P, R, warn=False, out=state["prev"])
+        state["prev"] = p  # the trainer is done with it once the batch is acknowledged
+        keys = list(zip(p.ids["trajectory_ids"], p.ids["first_step_index"]))
+        return p.num_rows, int(p.attention_mask.sum()), {**p.arrays()}, keys
+
+    return pad
+
+
+def python_way(merge, P, R):
+    def pad(b):
+        t, keys = pad_rows(merge(b.record if merge is merge_lists else b), P, R)
+        return len(keys), int(t["attention_mask"].sum()), t, keys
+
+    return pad
+
+
+CONTENDERS = {
+    "rllm-pipe (Go merge + to_padded)": ("trajectories", lambda P, R: rllm_pipe_way(P, R)),
+    "python (lists)": ("steps", lambda P, R: python_way(merge_lists, P, R)),
+    "python (numpy views)": ("steps", lambda P, R: python_way(merge_numpy, P, R)),
+}
+CHECKED = ("input_ids", "attention_mask", "position_ids", "response_mask", "rollout_log_probs", "advantages", "traj_rewards")
+
+
+# --- running -----------------------------------------------------------------
+
+
+def serve(bin_, out, work, layout, max_tokens):
     ready = work / f"ready-{time.monotonic_ns()}"
     proc = subprocess.Popen([bin_, "serve", "--from", str(out), "--listen", "127.0.0.1:0", "--ready-file", str(ready),
-                             "--follow=false", "--poll", "50ms", *flags], stderr=subprocess.DEVNULL)
+                             "--follow=false", "--poll", "50ms", "--consumer-group", f"{layout}-{time.monotonic_ns()}",
+                             "--layout", layout, "--max-tokens", str(max_tokens)], stderr=subprocess.DEVNULL)
     while not (ready.exists() and ready.read_text().strip()):
+        if proc.poll() is not None:
+            sys.exit("serve exited")
         time.sleep(0.05)
     return proc, "grpc://" + ready.read_text().strip()
 
 
-def measure(location, fn):
-    rows = tokens = 0
+def consume(location, fn, each=None):
+    """Drains the server through fn; returns rows, tokens, seconds in all,
+    seconds in fn, and the tokens the server counted against its budget."""
+    rows = tokens = budget = 0
+    busy = 0.0
     t0 = time.perf_counter()
     with Client(location, consumer="bench") as c:
         for b in c.batches():
-            n, t = fn(b)
+            t1 = time.perf_counter()
+            n, t, tensors, keys = fn(b)
+            if each is not None:
+                each(tensors, keys)
+            busy += time.perf_counter() - t1
             rows += n
             tokens += t
+            budget += b.tokens_total
             b.ack()
-    return rows, tokens, time.perf_counter() - t0
+    return rows, tokens, time.perf_counter() - t0, busy, budget
+
+
+def digests(out):
+    def each(tensors, keys):
+        for i, key in enumerate(keys):
+            h = hashlib.sha256()
+            for name in CHECKED:
+                h.update(np.ascontiguousarray(tensors[name][i], dtype=np.float32 if tensors[name].dtype.kind == "f" else np.int64))
+            out[key] = h.hexdigest()
+
+    return each
+
+
+def spread(xs, fmt):
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})"
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--groups", type=int, default=32)
+    ap.add_argument("--groups", type=int, default=64, help="groups of 16 trajectories")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bin")
-    ap.add_argument("--max-tokens", default="4200000")
+    ap.add_argument("--max-tokens", type=int, default=4_200_000, help="batch budget: ~512 trajectories of ~8k tokens")
+    ap.add_argument("--max-prompt-length", type=int, default=2048)
+    ap.add_argument("--max-response-length", type=int, default=8192)
     args = ap.parse_args()
     bin_ = find_bin(args.bin)
+    P, R = args.max_prompt_length, args.max_response_length
     pa.array([1]).to_numpy(zero_copy_only=False)  # one-time imports out of the timing
-    P, R = 2048, 8192
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         run = lambda *a: subprocess.run([bin_, *a], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        run("gen", "--groups", str(args.groups), "--group-size", "16", "--turns", "10..20", "--resets", "0.02", "--observation-len", "200",
-            "--prompt-len", "1024", "--response-len", "300", "--out", str(work / "t.jsonl"), "--quiet")
+        run("gen", "--groups", str(args.groups), "--group-size", "16", "--turns", "12..22", "--resets", "0.02",
+            "--observation-len", "200", "--prompt-len", "1024", "--response-len", "300", "--out", str(work / "t.jsonl"), "--quiet")
         run("ingest", "--from", str(work / "t.jsonl"), "--to", str(work / "out"), "--group-size", "16", "--quiet")
 
-        def go_way(b):
-            p = b.to_padded(PAD, P, R, warn=False)
-            return p.num_rows, int(p.attention_mask.sum())
+        budget = {"trajectories": args.max_tokens}
 
-        results = {}
-        for name, layout, fn in [("rllm-pipe (Go merge + to_padded)", "trajectories", go_way),
-                                 ("Python from step rows", "steps", lambda b: python_way(b, P, R)[:2])]:
-            proc, loc = serve(bin_, work / "out", work, "--consumer-group", layout, "--layout", layout, "--max-tokens", args.max_tokens)
+        def once(name, each=None):
+            layout, make = CONTENDERS.get(name, (name, None))
+            fn = make(P, R) if make else lambda b: (0, 0, {}, [])
+            proc, loc = serve(bin_, work / "out", work, layout, budget[layout])
             try:
-                results[name] = measure(loc, fn)
+                return consume(loc, fn, each)
             finally:
                 proc.terminate()
                 proc.wait(10)
-        base = None
-        for name, (rows, tokens, secs) in results.items():
-            per512 = secs / rows * 512
-            print(f"{name:36s} {rows} rows {tokens} tokens in {secs:.2f}s: {rows / secs:,.0f} rows/s {tokens / secs:,.0f} tokens/s; "
-                  f"{per512:.2f}s per 512 rows ({tokens / rows:,.0f} tokens/row)")
-            base = base or secs
-        (_, _, a), (_, _, b) = results.values()
-        print(f"speed-up: {b / a:.1f}x")
+
+        # Checked equal first (untimed; also warms every path up).
+        # The budget of step rows counts every step's whole prompt: scaled so
+        # that the Python contenders get batches of as many trajectories.
+        want = {}
+        merged_tokens = once(next(iter(CONTENDERS)), digests(want))[4]
+        budget["steps"] = args.max_tokens
+        step_tokens = once("steps")[4]
+        budget["steps"] = int(args.max_tokens * step_tokens / merged_tokens)
+        for name in list(CONTENDERS)[1:]:
+            got = {}
+            once(name, digests(got))
+            if got != want:
+                bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+                sys.exit(f"{name}: {len(bad)} of {len(want)} rows differ from rllm-pipe's, e.g. {bad[:3]}")
+        print(f"budgets: {budget} (step rows hold {step_tokens / merged_tokens:.1f}x the tokens of merged rows)")
+        print(f"checked: the {len(CONTENDERS)} contenders' tensors are equal on all {len(want)} rows "
+              f"({', '.join(CHECKED)})")
+
+        results = {name: [] for name in CONTENDERS}
+        for r in range(args.rounds):
+            names = list(CONTENDERS) if r % 2 == 0 else list(CONTENDERS)[::-1]
+            for name in names:
+                results[name].append(once(name))
+        print(f"{args.rounds} rounds, alternating; median (min-max); P={P} R={R}")
+        for name, rs in results.items():
+            rows, tokens = rs[0][0], rs[0][1]
+            secs = [r[2] for r in rs]
+            busy = [r[3] for r in rs]
+            print(f"{name:34s} {rows} rows {tokens} tokens ({tokens / rows:,.0f}/row): "
+                  f"{spread([rows / s for s in secs], '{:,.0f}')} rows/s, {spread([tokens / s / 1e6 for s in secs], '{:.2f}')} M tokens/s, "
+                  f"{spread([s / rows * 512 * 1e3 for s in secs], '{:,.0f}')} ms per 512 rows "
+                  f"(padding {spread([b / rows * 512 * 1e3 for b in busy], '{:,.0f}')} ms)")
+        ours = results[next(iter(CONTENDERS))]
+        for name in list(CONTENDERS)[1:]:
+            ratios = [theirs[2] / mine[2] for theirs, mine in zip(results[name], ours)]
+            client = [theirs[3] / mine[3] for theirs, mine in zip(results[name], ours)]
+            print(f"speed-up over {name}: {spread(ratios, '{:.1f}')}x end to end, {spread(client, '{:.1f}')}x in the client's padding")
 
 
 if __name__ == "__main__":
