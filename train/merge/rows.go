@@ -2,6 +2,7 @@ package merge
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -141,14 +142,11 @@ func Rows(mem memory.Allocator, rec arrow.RecordBatch) (arrow.RecordBatch, Stats
 			return nil, st, fmt.Errorf("merge: step %q has %d token advantages for %d response tokens", in.sid.Value(i), len(ta), len(in.respOf(i)))
 		}
 	}
-	b := newBuilders(mem)
-	defer b.rb.Release()
-	b.promptV.Reserve(len(in.promptV))
+	// Plan the merged rows first, so every value buffer is allocated once
+	// at its final size.
 	var (
-		segs  []int // start rows of the trajectory's merged rows
-		ones  []int8
-		zeros = make([]int8, 0)
-		zf    []float32
+		plan               []span
+		promptN, responseN int
 	)
 	for start := 0; start < n; {
 		// The trajectory's rows: [start, end).
@@ -156,100 +154,128 @@ func Rows(mem memory.Allocator, rec arrow.RecordBatch) (arrow.RecordBatch, Stats
 		for end < n && in.gid.Value(end) == in.gid.Value(start) && in.tid.Value(end) == in.tid.Value(start) {
 			end++
 		}
-		segs = append(segs[:0], start)
+		first := len(plan)
+		plan = append(plan, span{first: start})
 		for i := start + 1; i < end; i++ {
 			if !continues(in.steps, i, in.steps, i-1) {
-				segs = append(segs, i)
+				plan[len(plan)-1].last = i - 1
+				plan = append(plan, span{first: i})
 			}
 		}
-		segs = append(segs, end)
+		plan[len(plan)-1].last = end - 1
+		for k := first; k < len(plan); k++ {
+			plan[k].seg, plan[k].rows = int32(k-first), int32(len(plan)-first)
+			f, l := plan[k].first, plan[k].last
+			promptN += len(in.promptOf(f))
+			responseN += len(in.promptOf(l)) + len(in.respOf(l)) - len(in.promptOf(f))
+		}
 		st.Trajectories++
 		st.Steps += int64(end - start)
-		st.MaxRowsPerTrajectory = max(st.MaxRowsPerTrajectory, int32(len(segs)-1))
-		for k := 0; k+1 < len(segs); k++ {
-			first, last := segs[k], segs[k+1]-1
-			prompt := in.promptOf(first)
-			b.prompt.Append(true)
-			b.promptV.AppendValues(prompt, nil)
-			b.resp.Append(true)
-			b.mask.Append(true)
-			b.lp.Append(true)
-			b.advs.Append(true)
-			var action, obs, tokAdvSteps int
-			minPV, maxPV := in.pv.Value(first), in.pv.Value(first)
-			for i := first; i <= last; i++ {
-				if i > first {
-					// The observation: the prompt tokens after the previous
-					// step's prompt and response.
-					delta := in.promptOf(i)[len(in.promptOf(i-1))+len(in.respOf(i-1)):]
-					zeros = grow(zeros, len(delta), 0)
-					zf = growF(zf, len(delta))
-					b.respV.AppendValues(delta, nil)
-					b.maskV.AppendValues(zeros[:len(delta)], nil)
-					b.lpV.AppendValues(zf[:len(delta)], nil)
-					b.advsV.AppendValues(zf[:len(delta)], nil)
-					obs += len(delta)
-					minPV, maxPV = min(minPV, in.pv.Value(i)), max(maxPV, in.pv.Value(i))
-				}
-				resp := in.respOf(i)
-				ones = grow(ones, len(resp), 1)
-				b.respV.AppendValues(resp, nil)
-				b.maskV.AppendValues(ones[:len(resp)], nil)
-				b.lpV.AppendValues(in.logprobsOf(i), nil)
-				if ta := in.tokenAdvantagesOf(i); ta != nil {
-					b.advsV.AppendValues(ta, nil)
-					tokAdvSteps++
-				} else {
-					a := float32(in.adv.Value(i))
-					for range resp {
-						b.advsV.Append(a)
-					}
-				}
-				action += len(resp)
-			}
-			b.gid.Append(in.gid.Value(first))
-			b.task.Append(in.task.Value(first))
-			appendNullableString(b.role, in.role, first)
-			b.tid.Append(in.tid.Value(first))
-			b.first.Append(in.sid.Value(first))
-			b.last.Append(in.sid.Value(last))
-			b.firstIdx.Append(in.idx.Value(first))
-			b.lastIdx.Append(in.idx.Value(last))
-			b.merged.Append(int32(last - first + 1))
-			b.seg.Append(int32(k))
-			b.nRows.Append(int32(len(segs) - 1))
-			b.numSteps.Append(in.numSteps.Value(first))
-			b.isLast.Append(in.idx.Value(last) == in.numSteps.Value(last)-1)
-			b.pv.Append(minPV)
-			b.maxPV.Append(maxPV)
-			b.gv.Append(in.gv.Value(first))
-			b.reward.Append(in.reward.Value(first))
-			b.adv.Append(in.adv.Value(first))
-			b.tokAdvSteps.Append(int32(tokAdvSteps))
-			b.act.Append(int32(action))
-			b.obs.Append(int32(obs))
-			frac := 1.0
-			if action+obs > 0 {
-				frac = float64(action) / float64(action+obs)
-			}
-			b.frac.Append(frac)
-			b.gs.Append(in.groupSize.Value(first))
-			b.partial.Append(in.partial.Value(first))
-			if in.correct.IsNull(first) {
-				b.correct.AppendNull()
-			} else {
-				b.correct.Append(in.correct.Value(first))
-			}
-			appendNullableString(b.term, in.term, first)
-			b.est.Append(in.est.Value(first))
-			st.Rows++
-			st.ActionTokens += int64(action)
-			st.ObservationTokens += int64(obs)
-			st.PromptTokens += int64(len(prompt))
-		}
+		st.MaxRowsPerTrajectory = max(st.MaxRowsPerTrajectory, int32(len(plan)-first))
 		start = end
 	}
+	b := newBuilders(mem)
+	defer b.rb.Release()
+	b.rb.Reserve(len(plan))
+	for _, lb := range []*array.ListBuilder{b.prompt, b.resp, b.mask, b.lp, b.advs} {
+		lb.Reserve(len(plan))
+	}
+	b.promptV.Reserve(promptN)
+	b.respV.Reserve(responseN)
+	b.maskV.Reserve(responseN)
+	b.lpV.Reserve(responseN)
+	b.advsV.Reserve(responseN)
+	var (
+		ones, zeros []int8
+		zf, fill    []float32
+	)
+	for _, sp := range plan {
+		first, last := sp.first, sp.last
+		prompt := in.promptOf(first)
+		b.prompt.Append(true)
+		b.promptV.AppendValues(prompt, nil)
+		b.resp.Append(true)
+		b.mask.Append(true)
+		b.lp.Append(true)
+		b.advs.Append(true)
+		var action, obs, tokAdvSteps int
+		minPV, maxPV := in.pv.Value(first), in.pv.Value(first)
+		for i := first; i <= last; i++ {
+			if i > first {
+				// The observation: the prompt tokens after the previous
+				// step's prompt and response.
+				delta := in.promptOf(i)[len(in.promptOf(i-1))+len(in.respOf(i-1)):]
+				zeros = grow(zeros, len(delta), 0)
+				zf = fillF(zf, len(delta), 0)
+				b.respV.AppendValues(delta, nil)
+				b.maskV.AppendValues(zeros[:len(delta)], nil)
+				b.lpV.AppendValues(zf, nil)
+				b.advsV.AppendValues(zf, nil)
+				obs += len(delta)
+				minPV, maxPV = min(minPV, in.pv.Value(i)), max(maxPV, in.pv.Value(i))
+			}
+			resp := in.respOf(i)
+			ones = grow(ones, len(resp), 1)
+			b.respV.AppendValues(resp, nil)
+			b.maskV.AppendValues(ones[:len(resp)], nil)
+			b.lpV.AppendValues(in.logprobsOf(i), nil)
+			if ta := in.tokenAdvantagesOf(i); ta != nil {
+				b.advsV.AppendValues(ta, nil)
+				tokAdvSteps++
+			} else {
+				fill = fillF(fill, len(resp), float32(in.adv.Value(i)))
+				b.advsV.AppendValues(fill, nil)
+			}
+			action += len(resp)
+		}
+		b.gid.Append(in.gid.Value(first))
+		b.task.Append(in.task.Value(first))
+		appendNullableString(b.role, in.role, first)
+		b.tid.Append(in.tid.Value(first))
+		b.first.Append(in.sid.Value(first))
+		b.last.Append(in.sid.Value(last))
+		b.firstIdx.Append(in.idx.Value(first))
+		b.lastIdx.Append(in.idx.Value(last))
+		b.merged.Append(int32(last - first + 1))
+		b.seg.Append(sp.seg)
+		b.nRows.Append(sp.rows)
+		b.numSteps.Append(in.numSteps.Value(first))
+		b.isLast.Append(in.idx.Value(last) == in.numSteps.Value(last)-1)
+		b.pv.Append(minPV)
+		b.maxPV.Append(maxPV)
+		b.gv.Append(in.gv.Value(first))
+		b.reward.Append(in.reward.Value(first))
+		b.adv.Append(in.adv.Value(first))
+		b.tokAdvSteps.Append(int32(tokAdvSteps))
+		b.act.Append(int32(action))
+		b.obs.Append(int32(obs))
+		frac := 1.0
+		if action+obs > 0 {
+			frac = float64(action) / float64(action+obs)
+		}
+		b.frac.Append(frac)
+		b.gs.Append(in.groupSize.Value(first))
+		b.partial.Append(in.partial.Value(first))
+		if in.correct.IsNull(first) {
+			b.correct.AppendNull()
+		} else {
+			b.correct.Append(in.correct.Value(first))
+		}
+		appendNullableString(b.term, in.term, first)
+		b.est.Append(in.est.Value(first))
+		st.Rows++
+		st.ActionTokens += int64(action)
+		st.ObservationTokens += int64(obs)
+		st.PromptTokens += int64(len(prompt))
+	}
 	return b.rb.NewRecordBatch(), st, nil
+}
+
+// span is one merged row: its first and last step rows, its place among
+// its trajectory's rows and how many rows the trajectory has.
+type span struct {
+	first, last int
+	seg, rows   int32
 }
 
 func appendNullableString(b *array.StringBuilder, a *array.String, i int) {
@@ -268,10 +294,11 @@ func grow(s []int8, n int, v int8) []int8 {
 	return s
 }
 
-// growF returns s with at least n zeros.
-func growF(s []float32, n int) []float32 {
-	if len(s) < n {
-		s = append(s, make([]float32, n-len(s))...)
+// fillF returns n items, all v, reusing s's memory.
+func fillF(s []float32, n int, v float32) []float32 {
+	s = slices.Grow(s[:0], n)[:n]
+	for i := range s {
+		s[i] = v
 	}
 	return s
 }
