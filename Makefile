@@ -77,6 +77,16 @@ BENCH_FLAGS ?=
 bench-ingest: build
 	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(WORK) --shape $(SHAPE) $(BENCH_FLAGS)
 
+# bench-scale: issue 19's scaling figures (scripts/bench-scale.sh, ~8-15 min):
+# the manifest's commit rate and consumer-group acknowledgements with 1, 4
+# and 16 writers/members (MinIO and local side by side), then 1 against 2
+# Kafka ingest workers pinned one core each (cmd/scalebench); each figure
+# the median (min-max) of ROUNDS alternating runs. Starts Kafka and MinIO.
+ROUNDS ?= 3
+.PHONY: bench-scale
+bench-scale:
+	ROUNDS=$(ROUNDS) scripts/bench-scale.sh
+
 # fuzz: run the decoder fuzzer for FUZZTIME (default 60s).
 FUZZTIME ?= 60s
 fuzz:
