@@ -294,6 +294,9 @@ func (s *LineSource) read(ctx context.Context) (Chunk, error) {
 func (s *LineSource) readMapped() Chunk {
 	m := s.m
 	start, end := m.pos, len(m.data)
+	if c, ok := s.readCopy(start, end); ok {
+		return c
+	}
 	if e := start + s.chunkSize; e < end {
 		end = e + bytes.IndexByte(m.data[e-1:], '\n') // found: data ends with one
 	}
@@ -302,6 +305,28 @@ func (s *LineSource) readMapped() Chunk {
 		whole:   &lineRun{s: s, data: m.data[start:end], off: int64(start)},
 		Release: m.hold(start, end),
 	}
+}
+
+// readCopy reads about a megabyte of whole lines of the mapped range
+// data[start:end] with pread into a recycled chunk buffer instead of
+// touching the mapping: a page fault per few pages of a mapping cost more
+// than copying the bytes (BENCHMARKS.md). ok is false when the buffer
+// holds no whole line (a line longer than a chunk) or the read comes up
+// short (the file shrank): the mapping serves that chunk.
+func (s *LineSource) readCopy(start, end int) (c Chunk, ok bool) {
+	bp := s.bufferPtr()
+	buf := (*bp)[:min(cap(*bp), end-start)]
+	n, _ := s.file.f.ReadAt(buf, int64(start))
+	nl := bytes.LastIndexByte(buf[:n], '\n')
+	if n < len(buf) || nl < 0 {
+		s.pool.Put(bp)
+		return c, false
+	}
+	s.m.pos = start + nl + 1
+	return Chunk{
+		whole:   &lineRun{s: s, data: buf[: nl+1 : nl+1], off: int64(start)},
+		Release: func() { s.pool.Put(bp) },
+	}, true
 }
 
 // lineRun is a run of whole lines of a mapped file, each ended by a
@@ -339,10 +364,16 @@ func (r *lineRun) split(c *Chunk) {
 
 // buffer returns an empty chunk buffer, reused when one was released.
 func (s *LineSource) buffer() []byte {
+	return (*s.bufferPtr())[:0]
+}
+
+// bufferPtr is buffer as the pointer the pool holds.
+func (s *LineSource) bufferPtr() *[]byte {
 	if b, ok := s.pool.Get().(*[]byte); ok {
-		return (*b)[:0]
+		return b
 	}
-	return make([]byte, 0, s.chunkSize+64<<10)
+	b := make([]byte, 0, s.chunkSize+64<<10)
+	return &b
 }
 
 // pendingLine is a line read but left for the next chunk.

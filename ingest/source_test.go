@@ -410,3 +410,63 @@ func TestMappedLineNumbers(t *testing.T) {
 		t.Fatalf("%d records, want %d", seen, len(want))
 	}
 }
+
+// A mapped file is read with pread into recycled chunk buffers; a line
+// longer than a buffer is served from the mapping. Either way every line
+// comes out whole, numbered, and referenced at its offset, and a released
+// buffer is reused without changing what was handed out before.
+func TestMappedReadCopy(t *testing.T) {
+	var in strings.Builder
+	var want []string
+	for i := range 300 {
+		n := 1 + (i*7919)%3000
+		if i%50 == 7 {
+			n = 200 << 10 // over a chunk buffer: from the mapping
+		}
+		l := fmt.Sprintf("%d:%s", i, strings.Repeat("z", n))
+		want = append(want, l)
+		in.WriteString(l + "\n")
+	}
+	src, _ := openMapped(t, in.String(), 0)
+	src.chunkSize = 4 << 10
+	var got []Raw
+	var lines lineNumbering
+	copied, fromMap := 0, 0
+	for {
+		c, err := src.Read(context.Background())
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.whole != nil && len(c.whole.data) > 0 && src.m != nil && &c.whole.data[0] == &src.m.data[c.whole.off] {
+			fromMap++
+		} else {
+			copied++
+		}
+		c.Split()
+		lines.number(c.Lines, len(c.Records), func(i int) *schemas.Source { return &c.Records[i].Source })
+		for _, r := range c.Records {
+			r.Data = []byte(string(r.Data)) // kept past Release
+			got = append(got, r)
+		}
+		c.Release()
+	}
+	if copied == 0 || fromMap == 0 {
+		t.Fatalf("%d chunks copied, %d from the mapping: want both", copied, fromMap)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d lines, want %d", len(got), len(want))
+	}
+	var off int64
+	for i, r := range got {
+		if string(r.Data) != want[i] || r.Source.Line != int64(i+1) || r.Ref.Off != off || r.Ref.Len != len(want[i]) {
+			t.Fatalf("line %d: %q... line %d ref %+v, want offset %d", i+1, r.Data[:min(10, len(r.Data))], r.Source.Line, r.Ref, off)
+		}
+		if b, err := r.Ref.Bytes(); err != nil || string(b) != want[i] {
+			t.Fatalf("line %d read again: %v", i+1, err)
+		}
+		off += int64(len(want[i])) + 1
+	}
+}
