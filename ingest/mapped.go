@@ -5,12 +5,13 @@ import (
 	"sync"
 )
 
-// mapped hands out the lines of a file mapped into memory in place: a
-// chunk's records point into the mapping, so the bytes are neither read
-// into a buffer (the kernel's copy) nor copied into a chunk. Released
-// chunks let their pages go from the process's memory, so the resident
-// set stays a few megabytes however large the file; the pages stay in
-// the kernel's page cache.
+// mapped is a file mapped into memory up to its last newline at open.
+// Its chunks of whole lines are read with pread into recycled buffers
+// (LineSource.readCopy: cheaper than faulting the pages in); the mapping
+// serves, in place, a line longer than a chunk buffer. Released chunks
+// of the mapping let their pages go from the process's memory, so the
+// resident set stays a few megabytes however large the file; the pages
+// stay in the kernel's page cache.
 //
 // The mapping covers the file up to its last newline at open; the rest,
 // and lines appended later, are read through the ordinary reader. A file
