@@ -201,6 +201,11 @@ func TestIntegrationOwnOrphansSwept(t *testing.T) {
 	if err := p.Commit(ctx, schemas.ShardEntry{Settled: schemas.Settled{"topic/0": {{0, 1}}}}); err != nil {
 		t.Fatal(err)
 	}
+	// The upload carried a CRC32C of its body (the body is not signed).
+	info, err := w.cli.StatObject(ctx, cfg.Bucket, w.key("policy=0/part-w-1-000001.parquet"), minio.StatObjectOptions{Checksum: true})
+	if err != nil || info.ChecksumCRC32C != "m9aspQ==" {
+		t.Fatalf("shard checksum %q (%v), want the CRC32C of its body", info.ChecksumCRC32C, err)
+	}
 	// An upload whose entry never landed (a commit cut short).
 	if err := w.putIfAbsent(ctx, w.key("policy=0/part-w-1-000002.parquet"), bytes.NewReader([]byte("x")), 1, ""); err != nil {
 		t.Fatal(err)

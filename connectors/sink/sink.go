@@ -6,6 +6,12 @@
 // Encoding (Parquet pages, zstd) is the costliest step of ingest, so each
 // open shard encodes on its own goroutine, and a partition has Lanes open
 // shards that batches take in turn: one partition still uses every core.
+//
+// A shard's commit (its last row group, footer, upload, manifest append)
+// runs on a goroutine of its own too, up to MaxCommits at once, so that
+// uploading one shard to an object store overlaps building the next, and
+// the shards closed together at the end upload together. A failed commit
+// is reported by the next Write, Tick, Wait or Close.
 package sink
 
 import (
@@ -16,6 +22,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,8 +45,9 @@ type Store interface {
 
 // Settler makes dead letters and dropped records durable and hands over
 // the positions they settle, with the dead-letter file's durable state;
-// the sink calls it before every manifest append, so that an entry never
-// settles a record whose dead letter could still be lost.
+// the sink calls it right before appending the entry that carries them,
+// so that an entry never settles a record whose dead letter could still
+// be lost.
 type Settler interface {
 	Checkpoint(ctx context.Context) (schemas.Settled, *schemas.DeadLetterState, error)
 }
@@ -70,14 +78,19 @@ type Config struct {
 	// RunID names this run's shards.
 	RunID   string
 	Parquet parquet.Options
-	// Settler, if set, is checkpointed at every commit.
+	// Settler, if set, is checkpointed on every Tick and at Close, and
+	// what it settles appended at once.
 	Settler Settler
 	// Seq, if set, numbers shards across the sinks of one run (one sink
 	// per Kafka generation), so that shard names never repeat.
 	Seq *atomic.Int64
 	// OnCommit, if set, is called after every committed shard with its
-	// rows and how long the commit (footer, upload, manifest) took.
+	// rows and how long the commit (footer, upload, manifest) took. It is
+	// called from the commit's goroutine.
 	OnCommit func(rows int64, took time.Duration)
+	// MaxCommits bounds the shard commits in flight at once; one more
+	// waits for a slot (backpressure on Write). Default 4.
+	MaxCommits int
 }
 
 // DefaultMaxPartitions is the default Config.MaxPartitions: more versions
@@ -92,6 +105,7 @@ type Totals struct {
 }
 
 // Sink is not safe for concurrent use; Run drives it from one goroutine.
+// Totals is complete once Wait, Close or Abort returned.
 type Sink struct {
 	cfg    Config
 	store  Store
@@ -100,6 +114,12 @@ type Sink struct {
 	last   map[int64]int64 // the write number of each partition's last batch
 	writes int64
 	Totals Totals
+
+	// Commits in flight: slots bounds them, inflight counts them.
+	slots    chan struct{}
+	inflight sync.WaitGroup
+	mu       sync.Mutex // guards Totals (while commits run) and failed
+	failed   error      // the first failed commit
 }
 
 // lane names an open shard: its partition and lane.
@@ -212,12 +232,42 @@ func New(store Store, cfg Config) *Sink {
 	if cfg.Seq == nil {
 		cfg.Seq = new(atomic.Int64)
 	}
-	return &Sink{cfg: cfg, store: store, open: map[lane]*shard{}, turn: map[int64]int{}, last: map[int64]int64{}}
+	if cfg.MaxCommits <= 0 {
+		cfg.MaxCommits = 4
+	}
+	return &Sink{cfg: cfg, store: store, open: map[lane]*shard{}, turn: map[int64]int{}, last: map[int64]int64{},
+		slots: make(chan struct{}, cfg.MaxCommits)}
+}
+
+// failure returns the first failed commit's error, if any.
+func (s *Sink) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
+}
+
+func (s *Sink) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed == nil {
+		s.failed = err
+	}
+}
+
+// Wait blocks until the commits in flight are done and returns the first
+// failure among all commits so far.
+func (s *Sink) Wait() error {
+	s.inflight.Wait()
+	return s.failure()
 }
 
 // Write hands b to an open shard of its partition (the lanes in turn) and
 // releases b.Record once encoded.
 func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) error {
+	if err := s.failure(); err != nil {
+		b.Record.Release()
+		return err
+	}
 	part := s.partition(b.Version)
 	n := s.lanes(part)
 	for ln, sh := range s.open {
@@ -367,9 +417,38 @@ func (s *Sink) create(ctx context.Context, ln lane, now time.Time) (*shard, erro
 	return sh, nil
 }
 
+// commit closes sh to batches and commits it on a goroutine of its own
+// once a slot is free (it blocks until then). Its error, if any, is
+// reported by a later call (failure).
 func (s *Sink) commit(ctx context.Context, sh *shard) error {
 	began := time.Now()
 	delete(s.open, sh.lane)
+	sh.stop() // the encoder finishes the shard while we wait for a slot
+	select {
+	case s.slots <- struct{}{}:
+	case <-ctx.Done():
+		_ = sh.finish()
+		sh.p.Abort()
+		return ctx.Err()
+	}
+	s.inflight.Add(1)
+	go func() {
+		defer s.inflight.Done()
+		defer func() { <-s.slots }()
+		if err := s.commitShard(ctx, sh, began); err != nil {
+			s.fail(err)
+		}
+	}()
+	return nil
+}
+
+// commitShard waits for sh's encoder, writes its footer and commits it.
+// Its entry settles the shard's own positions only: dead letters are
+// settled by the checkpoints of Tick and Close, on the sink's goroutine,
+// each appended right after it is taken (a checkpoint whose entry was
+// never appended leaves its letters in the dead-letter file, where the
+// next owner of the stream writes them again).
+func (s *Sink) commitShard(ctx context.Context, sh *shard, began time.Time) error {
 	if err := sh.finish(); err != nil {
 		sh.p.Abort()
 		return err
@@ -388,7 +467,7 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 		e.Sources = append(e.Sources, *r)
 	}
 	sort.Slice(e.Sources, func(i, j int) bool { return e.Sources[i].File < e.Sources[j].File })
-	if err := s.settle(ctx, &e, sh.settled); err != nil {
+	if err := settle(ctx, nil, &e, sh.settled); err != nil {
 		sh.p.Abort()
 		return err
 	}
@@ -408,9 +487,11 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 	if err := sh.p.Commit(ctx, e); err != nil {
 		return fmt.Errorf("commit shard %s: %w", sh.rel, err)
 	}
+	s.mu.Lock()
 	s.Totals.Shards++
 	s.Totals.Rows += sh.rows
 	s.Totals.Bytes += sh.w.Written()
+	s.mu.Unlock()
 	if s.cfg.OnCommit != nil {
 		s.cfg.OnCommit(sh.rows, time.Since(began))
 	}
@@ -418,12 +499,12 @@ func (s *Sink) commit(ctx context.Context, sh *shard) error {
 }
 
 // settle fills e's settled positions: the shard's own (may be nil) and
-// those the Settler made durable since the last commit.
-func (s *Sink) settle(ctx context.Context, e *schemas.ShardEntry, own schemas.Settled) error {
+// those settler (may be nil) made durable since its last checkpoint.
+func settle(ctx context.Context, settler Settler, e *schemas.ShardEntry, own schemas.Settled) error {
 	st := schemas.Settled{}
 	st.Union(own)
-	if s.cfg.Settler != nil {
-		more, dl, err := s.cfg.Settler.Checkpoint(ctx)
+	if settler != nil {
+		more, dl, err := settler.Checkpoint(ctx)
 		if err != nil {
 			return fmt.Errorf("checkpoint dead letters: %w", err)
 		}
@@ -439,8 +520,11 @@ func (s *Sink) settle(ctx context.Context, e *schemas.ShardEntry, own schemas.Se
 // checkpoint appends a manifest entry without a shard when dead letters or
 // dropped records await settling.
 func (s *Sink) checkpoint(ctx context.Context) error {
+	if s.cfg.Settler == nil {
+		return nil
+	}
 	e := schemas.ShardEntry{RunID: s.cfg.RunID, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}
-	if err := s.settle(ctx, &e, nil); err != nil {
+	if err := settle(ctx, s.cfg.Settler, &e, nil); err != nil {
 		return err
 	}
 	if len(e.Settled) == 0 {
@@ -455,6 +539,9 @@ func (s *Sink) checkpoint(ctx context.Context) error {
 // Tick commits shards that have been open for the flush interval, then
 // settles pending dead letters.
 func (s *Sink) Tick(ctx context.Context, now time.Time) error {
+	if err := s.failure(); err != nil {
+		return err
+	}
 	for _, sh := range s.sorted() {
 		if now.Sub(sh.opened) >= s.cfg.FlushInterval {
 			if err := s.commit(ctx, sh); err != nil {
@@ -479,8 +566,12 @@ func (s *Sink) sorted() []*shard {
 	return out
 }
 
-// Close commits every open shard and settles what remains.
+// Close commits every open shard (MaxCommits at once), waits for every
+// commit, and settles what remains.
 func (s *Sink) Close(ctx context.Context) error {
+	if err := s.failure(); err != nil {
+		return err // Run aborts the open shards
+	}
 	shards := s.sorted()
 	for _, sh := range shards {
 		sh.stop() // every encoder finishes its shard at once
@@ -490,12 +581,17 @@ func (s *Sink) Close(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := s.Wait(); err != nil {
+		return err
+	}
 	return s.checkpoint(ctx)
 }
 
-// Abort discards every open shard (a hard stop: their groups were never
+// Abort waits for the commits in flight (ctx ended, they fail fast), then
+// discards every open shard (a hard stop: their groups were never
 // committed and will be assembled again from the source).
 func (s *Sink) Abort() error {
+	s.inflight.Wait()
 	var errs []error
 	for ln, sh := range s.open {
 		delete(s.open, ln)

@@ -2,6 +2,7 @@ package sink_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/transform"
@@ -95,6 +97,9 @@ func TestSinkRollsBySizeAndAge(t *testing.T) {
 		}
 	}
 	// ShardSize 1 byte: every write commits a shard at once.
+	if err := sk.Wait(); err != nil {
+		t.Fatal(err)
+	}
 	if sk.Totals.Shards != 1 || sk.Totals.Rows != 10 {
 		t.Fatalf("totals %+v", sk.Totals)
 	}
@@ -102,6 +107,9 @@ func TestSinkRollsBySizeAndAge(t *testing.T) {
 		if err := sk.Write(ctx, b, now); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := sk.Wait(); err != nil {
+		t.Fatal(err)
 	}
 	entries := committed(t, st)
 	if len(entries) != 2 || entries[1].Path != "policy=3/part-r-000002.parquet" || entries[1].Rows != 4 || entries[1].Groups != 4 {
@@ -120,10 +128,10 @@ func TestSinkRollsBySizeAndAge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := sk.Tick(ctx, now.Add(59*time.Second)); err != nil || sk.Totals.Shards != 0 {
+	if err := errors.Join(sk.Tick(ctx, now.Add(59*time.Second)), sk.Wait()); err != nil || sk.Totals.Shards != 0 {
 		t.Fatalf("committed early: %v %+v", err, sk.Totals)
 	}
-	if err := sk.Tick(ctx, now.Add(time.Minute)); err != nil || sk.Totals.Shards != 1 {
+	if err := errors.Join(sk.Tick(ctx, now.Add(time.Minute)), sk.Wait()); err != nil || sk.Totals.Shards != 1 {
 		t.Fatalf("not committed at the interval: %v %+v", err, sk.Totals)
 	}
 }
@@ -388,5 +396,106 @@ func TestSinkBurstOfVersions(t *testing.T) {
 	}
 	if rows != int64(len(versions)) {
 		t.Fatalf("%d rows committed, want %d", rows, len(versions))
+	}
+}
+
+// gatedStore holds every shard commit until release is closed (or fails
+// it with failWith).
+type gatedStore struct {
+	*local.Store
+	started  chan string
+	release  chan struct{}
+	failWith error
+}
+
+func (g *gatedStore) Create(ctx context.Context, rel string) (store.Pending, error) {
+	p, err := g.Store.Create(ctx, rel)
+	return &gatedPending{Pending: p, g: g, rel: rel}, err
+}
+
+type gatedPending struct {
+	store.Pending
+	g   *gatedStore
+	rel string
+}
+
+func (p *gatedPending) Commit(ctx context.Context, e schemas.ShardEntry) error {
+	p.g.started <- p.rel
+	<-p.g.release
+	if p.g.failWith != nil {
+		p.Pending.Abort()
+		return p.g.failWith
+	}
+	return p.Pending.Commit(ctx, e)
+}
+
+// TestSinkCommitsInFlight: a shard's commit runs while the next batches
+// are written, at most MaxCommits at once, and a failed commit fails the
+// next call.
+func TestSinkCommitsInFlight(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	st, err := local.Open(t.TempDir(), "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	g := &gatedStore{Store: st, started: make(chan string, 8), release: make(chan struct{})}
+	sk := sink.New(g, sink.Config{ShardSize: 1, FlushInterval: time.Hour, RunID: "r", MaxCommits: 2})
+	// ShardSize 1: every write commits its shard. Two commits may wait
+	// on the store while writing goes on.
+	for v := range 2 {
+		for _, b := range batches(t, mem, v, 1) {
+			if err := sk.Write(ctx, b, time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	<-g.started
+	<-g.started
+	third := make(chan error, 1)
+	go func() {
+		var err error
+		for _, b := range batches(t, mem, 2, 1) {
+			err = errors.Join(err, sk.Write(ctx, b, time.Now()))
+		}
+		third <- err
+	}()
+	select {
+	case err := <-third:
+		t.Fatalf("a third commit did not wait for a slot (%v)", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(g.release)
+	if err := <-third; err != nil {
+		t.Fatal(err)
+	}
+	if err := sk.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if sk.Totals.Shards != 3 || len(committed(t, st)) != 3 {
+		t.Fatalf("totals %+v, entries %d", sk.Totals, len(committed(t, st)))
+	}
+
+	// A failed commit is reported by the next Write, and by Close.
+	g2 := &gatedStore{Store: st, started: make(chan string, 8), release: make(chan struct{}), failWith: errors.New("upload refused")}
+	close(g2.release)
+	sk = sink.New(g2, sink.Config{ShardSize: 1, FlushInterval: time.Hour, RunID: "r2"})
+	for _, b := range batches(t, mem, 0, 1) {
+		if err := sk.Write(ctx, b, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := sk.Wait(); !errors.Is(err, g2.failWith) {
+		t.Fatalf("Wait: %v", err)
+	}
+	for _, b := range batches(t, mem, 0, 1) {
+		if err := sk.Write(ctx, b, time.Now()); !errors.Is(err, g2.failWith) {
+			t.Fatalf("Write after a failed commit: %v", err)
+		}
+	}
+	if err := errors.Join(sk.Close(ctx), sk.Abort()); !errors.Is(err, g2.failWith) {
+		t.Fatalf("Close after a failed commit: %v", err)
 	}
 }

@@ -1,0 +1,732 @@
+// Command kafkabench is a benchmark-only program (not shipped): it times
+// the Kafka path of ingest against its two yardsticks on the same input,
+// the measurement of issue 19.
+//
+// Three contenders run on one generated input (the `bench-ingest` "steps"
+// shape, cached under --work and shared with cmd/ingestbench), produced
+// once into a fresh topic of --partitions partitions:
+//
+//	drain  a bare kafka-go drain of the topic, in this process: one
+//	       kafka.Conn per partition reading with Conn.ReadBatch (64 MiB
+//	       fetches), every message's value read out; the fastest way
+//	       kafka-go reads a topic (faster than a Reader, see --drain)
+//	kafka  rllm-pipe ingest --from kafka://…/topic?group=NEW --to s3://bucket/NEW
+//	file   rllm-pipe ingest --from IN --to DIR (a local directory)
+//
+// A Kafka ingest never sees the end of its input, so the program follows
+// the child's --metrics-addr and sends SIGTERM once it has read every
+// record: a soft stop commits every assembled group (every group is
+// complete), as the end of a file does. Its time runs from the start of
+// the process to its exit, like the file ingest's, so both include
+// start-up (for Kafka: joining the group, claiming partitions in the
+// manifest). After each Kafka run the manifest must settle every offset
+// of the topic, and after each file run list every line: a run that
+// dropped records fails the benchmark.
+//
+// One warm-up round (all three, discarded) comes first, then --rounds
+// rounds, the order of the contenders rotating each round. It prints
+// every run, the median and spread (min–max) of each contender's
+// throughput in MiB/s of input, and the ratios kafka/file and
+// kafka/drain (median over the rounds of the per-round ratio, with its
+// spread). --json writes the same.
+//
+//	make bench-kafka
+//	go run ./cmd/kafkabench --bin bin/rllm-pipe --size 500MB --rounds 3
+//	go run ./cmd/kafkabench --rounds 1 --kafka-args "--cpuprofile /tmp/kafka.pprof"
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	kgo "github.com/segmentio/kafka-go"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "kafkabench:", err)
+		os.Exit(1)
+	}
+}
+
+type config struct {
+	bin, work, input   string
+	size               int64
+	rounds, partitions int
+	brokers, endpoint  string
+	bucket             string
+	drain              string
+	kafkaArgs          string
+	fileArgs           string
+	jsonOut            string
+	keepTopic          bool
+	topic              string
+	contenders         string
+}
+
+// genArgs is cmd/ingestbench's "steps" shape, so that both programs share
+// one cached input.
+var genArgs = []string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}
+
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	var c config
+	var sizeText string
+	fs := flag.NewFlagSet("kafkabench", flag.ContinueOnError)
+	fs.StringVar(&c.bin, "bin", "bin/rllm-pipe", "the rllm-pipe binary")
+	fs.StringVar(&c.work, "work", filepath.Join(os.Getenv("HOME"), ".cache", "rllm-pipe", "bench"), "cache of generated inputs")
+	fs.StringVar(&c.input, "input", "", "use this JSON-lines file instead of a generated one")
+	fs.StringVar(&sizeText, "size", "1GB", "size of the generated input (B, KB, MB, GB)")
+	fs.IntVar(&c.rounds, "rounds", 3, "measured rounds (after one warm-up round)")
+	fs.IntVar(&c.partitions, "partitions", 4, "partitions of the topic")
+	fs.StringVar(&c.brokers, "brokers", os.Getenv("RLLM_KAFKA_BROKERS"), "Kafka brokers (default $RLLM_KAFKA_BROKERS)")
+	fs.StringVar(&c.endpoint, "endpoint", os.Getenv("RLLM_S3_ENDPOINT"), "S3 endpoint (default $RLLM_S3_ENDPOINT)")
+	fs.StringVar(&c.bucket, "bucket", "rllm-pipe-bench", "bucket of the Kafka ingest's output")
+	fs.StringVar(&c.drain, "drain", "batch", "how the drain reads: batch (Conn.ReadBatch per partition) or reader (a Reader per partition)")
+	fs.StringVar(&c.kafkaArgs, "kafka-args", "", "extra flags for the Kafka ingest (space separated)")
+	fs.StringVar(&c.fileArgs, "file-args", "", "extra flags for the file ingest (space separated)")
+	fs.StringVar(&c.jsonOut, "json", "", "also write the results to this file")
+	fs.BoolVar(&c.keepTopic, "keep-topic", false, "do not delete the topic at the end")
+	fs.StringVar(&c.topic, "topic", "", "read this topic (already holding the input, as --keep-topic leaves it) instead of producing a new one")
+	fs.StringVar(&c.contenders, "contenders", "drain,kafka,file", "the contenders to run, in the first round's order")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if c.brokers == "" || c.endpoint == "" {
+		return errors.New("no Kafka or S3: set RLLM_KAFKA_BROKERS and RLLM_S3_ENDPOINT (eval \"$(scripts/services.sh env)\")")
+	}
+	var err error
+	if c.size, err = parseSize(sizeText); err != nil {
+		return err
+	}
+	if c.rounds < 1 {
+		return errors.New("--rounds: at least 1")
+	}
+	if c.bin, err = filepath.Abs(c.bin); err != nil {
+		return err
+	}
+	in, err := prepareInput(ctx, c, stdout)
+	if err != nil {
+		return err
+	}
+	records, err := countLines(in.Path)
+	if err != nil {
+		return err
+	}
+	topic := c.topic
+	if topic == "" {
+		topic = "kafkabench-" + randomID()
+		fmt.Fprintf(stdout, "producing %d records (%s) to %s (%d partitions)\n", records, human(in.Bytes), topic, c.partitions)
+		start := time.Now()
+		if err := runQuiet(ctx, c.bin, nil, "produce", "--to", "kafka://"+c.brokers+"/"+topic, "--partitions", strconv.Itoa(c.partitions), "--quiet", in.Path); err != nil {
+			return fmt.Errorf("produce: %w", err)
+		}
+		fmt.Fprintf(stdout, "produced in %.1f s\n", time.Since(start).Seconds())
+		if !c.keepTopic {
+			defer deleteTopic(c.brokers, topic)
+		}
+	} else {
+		fmt.Fprintf(stdout, "reading topic %s (%d records, %s expected)\n", topic, records, human(in.Bytes))
+	}
+
+	b := &bench{c: c, in: in, records: records, topic: topic, stdout: stdout}
+	contenders := strings.Split(c.contenders, ",")
+	var runs []runResult
+	for round := 0; round <= c.rounds; round++ {
+		order := slices.Clone(contenders)
+		rot := round % len(order)
+		order = append(order[rot:], order[:rot]...)
+		for _, name := range order {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			r, err := b.run(ctx, name)
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", round, name, err)
+			}
+			r.Round = round
+			r.MiBs = float64(in.Bytes) / (1 << 20) / r.Wall
+			label := strconv.Itoa(round)
+			if round == 0 {
+				label = "warm-up"
+			}
+			fmt.Fprintf(stdout, "  %-8s %-6s %7.2f s %8.1f MiB/s  cpu %5.2f s  other cpu %4.2f cores\n", label, name, r.Wall, r.MiBs, r.CPU, r.OtherCPU)
+			if round > 0 {
+				runs = append(runs, r)
+			}
+		}
+	}
+	rep := summarize(runs, c, in, records)
+	rep.print(stdout)
+	if c.jsonOut != "" {
+		data, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(c.jsonOut, append(data, '\n'), 0o644); err != nil {
+			return fmt.Errorf("--json: %w", err)
+		}
+	}
+	return nil
+}
+
+type bench struct {
+	c       config
+	in      inputInfo
+	records int64
+	topic   string
+	stdout  io.Writer
+}
+
+type runResult struct {
+	Name     string  `json:"name"`
+	Round    int     `json:"round"`
+	Wall     float64 `json:"wall_seconds"`
+	MiBs     float64 `json:"mib_per_second"`
+	CPU      float64 `json:"cpu_seconds"`     // the child's user+sys (the drain: this process's)
+	OtherCPU float64 `json:"other_cpu_cores"` // machine CPU not ours, per second of wall
+	Read     float64 `json:"read_seconds"`    // kafka: until every record was read
+}
+
+func (b *bench) run(ctx context.Context, name string) (runResult, error) {
+	switch name {
+	case "drain":
+		return b.drainRun(ctx)
+	case "kafka":
+		return b.kafkaRun(ctx)
+	case "file":
+		return b.fileRun(ctx)
+	}
+	return runResult{}, fmt.Errorf("unknown contender %q", name)
+}
+
+// drainRun reads every record of the topic with bare kafka-go.
+func (b *bench) drainRun(ctx context.Context) (runResult, error) {
+	busy0, _ := cpuBusy()
+	cpu0 := selfCPU()
+	start := time.Now()
+	var err error
+	var n, bytes int64
+	switch b.c.drain {
+	case "batch":
+		n, bytes, err = drainBatches(ctx, b.c.brokers, b.topic, b.c.partitions, b.records)
+	case "reader":
+		n, bytes, err = drainReaders(ctx, b.c.brokers, b.topic, b.c.partitions, b.records)
+	default:
+		err = fmt.Errorf("--drain %q: want batch or reader", b.c.drain)
+	}
+	wall := time.Since(start).Seconds()
+	if err != nil {
+		return runResult{}, err
+	}
+	if n != b.records {
+		return runResult{}, fmt.Errorf("drained %d records, want %d", n, b.records)
+	}
+	_ = bytes
+	cpu := selfCPU() - cpu0
+	busy1, _ := cpuBusy()
+	return runResult{Name: "drain", Wall: wall, CPU: cpu, OtherCPU: max(0, busy1-busy0-cpu) / wall}, nil
+}
+
+// drainBatches reads each partition on its own connection with ReadBatch.
+func drainBatches(ctx context.Context, brokers, topic string, partitions int, want int64) (int64, int64, error) {
+	var n, size atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, partitions)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ends, err := partitionEnds(ctx, brokers, topic, partitions)
+	if err != nil {
+		return 0, 0, err
+	}
+	for p := range partitions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := kgo.DialLeader(ctx, "tcp", strings.Split(brokers, ",")[0], topic, p)
+			if err != nil {
+				errs[p] = err
+				return
+			}
+			defer conn.Close()
+			if _, err := conn.Seek(0, kgo.SeekAbsolute); err != nil {
+				errs[p] = err
+				return
+			}
+			off := int64(0)
+			for off < ends[p] {
+				_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+				batch := conn.ReadBatchWith(kgo.ReadBatchConfig{MinBytes: 1, MaxBytes: 64 << 20, MaxWait: 100 * time.Millisecond})
+				for {
+					m, err := batch.ReadMessage()
+					if err != nil {
+						break
+					}
+					n.Add(1)
+					size.Add(int64(len(m.Value)))
+					off = m.Offset + 1
+				}
+				if err := batch.Close(); err != nil {
+					errs[p] = err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return n.Load(), size.Load(), errors.Join(errs...)
+}
+
+// drainReaders reads each partition with its own Reader (no group).
+func drainReaders(ctx context.Context, brokers, topic string, partitions int, want int64) (int64, int64, error) {
+	var n, size atomic.Int64
+	var wg sync.WaitGroup
+	errs := make([]error, partitions)
+	ends, err := partitionEnds(ctx, brokers, topic, partitions)
+	if err != nil {
+		return 0, 0, err
+	}
+	for p := range partitions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := kgo.NewReader(kgo.ReaderConfig{Brokers: strings.Split(brokers, ","), Topic: topic, Partition: p,
+				MinBytes: 1, MaxBytes: 64 << 20, MaxWait: 100 * time.Millisecond, QueueCapacity: 4096})
+			defer r.Close()
+			for off := int64(0); off < ends[p]; {
+				m, err := r.ReadMessage(ctx)
+				if err != nil {
+					errs[p] = err
+					return
+				}
+				n.Add(1)
+				size.Add(int64(len(m.Value)))
+				off = m.Offset + 1
+			}
+		}()
+	}
+	wg.Wait()
+	return n.Load(), size.Load(), errors.Join(errs...)
+}
+
+// partitionEnds returns each partition's last offset + 1.
+func partitionEnds(ctx context.Context, brokers, topic string, partitions int) ([]int64, error) {
+	ends := make([]int64, partitions)
+	for p := range partitions {
+		conn, err := kgo.DialLeader(ctx, "tcp", strings.Split(brokers, ",")[0], topic, p)
+		if err != nil {
+			return nil, err
+		}
+		ends[p], err = conn.ReadLastOffset()
+		conn.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return ends, nil
+}
+
+// kafkaRun runs a Kafka ingest into a new prefix, stops it softly once it
+// has read every record, and checks the manifest settles every offset.
+func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
+	id := randomID()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return runResult{}, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	prefix := "kafkabench-" + id
+	args := []string{"ingest", "--from", "kafka://" + b.c.brokers + "/" + b.topic + "?group=kafkabench-" + id,
+		"--to", "s3://" + b.c.bucket + "/" + prefix, "--group-size", "8", "--metrics-addr", addr, "--quiet"}
+	args = append(args, strings.Fields(b.c.kafkaArgs)...)
+	cmd := exec.CommandContext(ctx, b.c.bin, args...)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	busy0, _ := cpuBusy()
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		return runResult{}, err
+	}
+	var read float64
+	for {
+		if n, ok := metric(addr, "rllm_pipe_records_read_total"); ok && n >= float64(b.records) {
+			read = time.Since(start).Seconds()
+			break
+		}
+		if cmd.ProcessState != nil || time.Since(start) > 10*time.Minute {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return runResult{}, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	err = cmd.Wait()
+	wall := time.Since(start).Seconds()
+	busy1, _ := cpuBusy()
+	if err != nil || read == 0 {
+		return runResult{}, fmt.Errorf("kafka ingest (read all: %v): %v\n%s", read > 0, err, lastLines(logs.String(), 20))
+	}
+	cfg, err := s3.ParseURL("s3://" + b.c.bucket + "/" + prefix)
+	if err != nil {
+		return runResult{}, err
+	}
+	cfg.Endpoint = b.c.endpoint
+	st, err := s3.OpenReader(ctx, cfg, "kafkabench")
+	if err != nil {
+		return runResult{}, err
+	}
+	var settled int64
+	for _, r := range st.Settled() {
+		settled += r.Len()
+	}
+	if settled != b.records {
+		return runResult{}, fmt.Errorf("the manifest settles %d offsets, want %d", settled, b.records)
+	}
+	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
+	return runResult{Name: "kafka", Wall: wall, Read: read, CPU: cpu, OtherCPU: max(0, busy1-busy0-cpu) / wall}, nil
+}
+
+// fileRun ingests the input file into a new local directory.
+func (b *bench) fileRun(ctx context.Context) (runResult, error) {
+	out, err := os.MkdirTemp("", "kafkabench-file-")
+	if err != nil {
+		return runResult{}, err
+	}
+	defer os.RemoveAll(out)
+	args := []string{"ingest", "--from", b.in.Path, "--to", out, "--group-size", "8", "--quiet"}
+	args = append(args, strings.Fields(b.c.fileArgs)...)
+	cmd := exec.CommandContext(ctx, b.c.bin, args...)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	busy0, _ := cpuBusy()
+	start := time.Now()
+	err = cmd.Run()
+	wall := time.Since(start).Seconds()
+	busy1, _ := cpuBusy()
+	if err != nil {
+		return runResult{}, fmt.Errorf("file ingest: %v\n%s", err, lastLines(logs.String(), 20))
+	}
+	entries, err := local.ReadManifest(out)
+	if err != nil {
+		return runResult{}, err
+	}
+	var rows int64
+	for _, e := range entries {
+		rows += e.Rows
+	}
+	if rows == 0 {
+		return runResult{}, errors.New("file ingest committed no rows")
+	}
+	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
+	return runResult{Name: "file", Wall: wall, CPU: cpu, OtherCPU: max(0, busy1-busy0-cpu) / wall}, nil
+}
+
+// metric reads one unlabelled value from a Prometheus text endpoint.
+func metric(addr, name string) (float64, bool) {
+	cli := http.Client{Timeout: time.Second}
+	resp, err := cli.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+type stat struct {
+	Median float64 `json:"median"`
+	Min    float64 `json:"min"`
+	Max    float64 `json:"max"`
+}
+
+func statOf(xs []float64) stat {
+	if len(xs) == 0 {
+		return stat{}
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return stat{Median: m, Min: s[0], Max: s[len(s)-1]}
+}
+
+type report struct {
+	Input       string               `json:"input"`
+	InputBytes  int64                `json:"input_bytes"`
+	Records     int64                `json:"records"`
+	Partitions  int                  `json:"partitions"`
+	Rounds      int                  `json:"rounds"`
+	Runs        []runResult          `json:"runs"`
+	MiBs        map[string]stat      `json:"mib_per_second"`
+	Wall        map[string]stat      `json:"wall_seconds"`
+	CPU         map[string]stat      `json:"cpu_seconds"`
+	KafkaRead   stat                 `json:"kafka_read_seconds"`
+	Ratios      map[string]stat      `json:"ratios"`
+	MedianRatio map[string]float64   `json:"ratio_of_medians"`
+	Extra       map[string]string    `json:"flags,omitempty"`
+	byName      map[string][]float64 // MiB/s by contender
+}
+
+func summarize(runs []runResult, c config, in inputInfo, records int64) *report {
+	rep := &report{Input: in.Path, InputBytes: in.Bytes, Records: records, Partitions: c.partitions, Rounds: c.rounds, Runs: runs,
+		MiBs: map[string]stat{}, Wall: map[string]stat{}, CPU: map[string]stat{}, Ratios: map[string]stat{}, MedianRatio: map[string]float64{},
+		Extra: map[string]string{"kafka_args": c.kafkaArgs, "file_args": c.fileArgs, "drain": c.drain}, byName: map[string][]float64{}}
+	walls, cpus := map[string][]float64{}, map[string][]float64{}
+	byRound := map[int]map[string]float64{}
+	var reads []float64
+	for _, r := range runs {
+		rep.byName[r.Name] = append(rep.byName[r.Name], r.MiBs)
+		walls[r.Name] = append(walls[r.Name], r.Wall)
+		cpus[r.Name] = append(cpus[r.Name], r.CPU)
+		if byRound[r.Round] == nil {
+			byRound[r.Round] = map[string]float64{}
+		}
+		byRound[r.Round][r.Name] = r.MiBs
+		if r.Name == "kafka" {
+			reads = append(reads, r.Read)
+		}
+	}
+	for name, xs := range rep.byName {
+		rep.MiBs[name] = statOf(xs)
+		rep.Wall[name] = statOf(walls[name])
+		rep.CPU[name] = statOf(cpus[name])
+	}
+	rep.KafkaRead = statOf(reads)
+	var kf, kd []float64
+	for _, m := range byRound {
+		kf = append(kf, m["kafka"]/m["file"])
+		kd = append(kd, m["kafka"]/m["drain"])
+	}
+	rep.Ratios["kafka/file"] = statOf(kf)
+	rep.Ratios["kafka/drain"] = statOf(kd)
+	rep.MedianRatio["kafka/file"] = rep.MiBs["kafka"].Median / rep.MiBs["file"].Median
+	rep.MedianRatio["kafka/drain"] = rep.MiBs["kafka"].Median / rep.MiBs["drain"].Median
+	return rep
+}
+
+func (rep *report) print(w io.Writer) {
+	fmt.Fprintf(w, "\n%s, %d records, %d partitions; median of %d rounds (min–max), after a warm-up round\n", human(rep.InputBytes), rep.Records, rep.Partitions, rep.Rounds)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "contender\tMiB/s of input\twall s\tCPU s")
+	for _, name := range []string{"drain", "kafka", "file"} {
+		m, wl, c := rep.MiBs[name], rep.Wall[name], rep.CPU[name]
+		fmt.Fprintf(tw, "%s\t%.0f (%.0f–%.0f)\t%.2f (%.2f–%.2f)\t%.2f (%.2f–%.2f)\n", name, m.Median, m.Min, m.Max, wl.Median, wl.Min, wl.Max, c.Median, c.Min, c.Max)
+	}
+	tw.Flush()
+	k := rep.KafkaRead
+	fmt.Fprintf(w, "kafka: every record read after %.2f s (%.2f–%.2f), the rest is the last commits and the exit\n", k.Median, k.Min, k.Max)
+	for _, name := range []string{"kafka/file", "kafka/drain"} {
+		r := rep.Ratios[name]
+		fmt.Fprintf(w, "%-12s %.2f (%.2f–%.2f) per round; ratio of medians %.2f\n", name, r.Median, r.Min, r.Max, rep.MedianRatio[name])
+	}
+}
+
+type inputInfo struct {
+	Path    string   `json:"path"`
+	Bytes   int64    `json:"bytes"`
+	Gen     []string `json:"gen_args"`
+	Summary string   `json:"gen_summary"`
+	Cached  bool     `json:"cached"`
+}
+
+// prepareInput returns --input, or the generated input of --size, cached
+// under --work under cmd/ingestbench's name for the same shape.
+func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, error) {
+	if c.input != "" {
+		st, err := os.Stat(c.input)
+		if err != nil {
+			return inputInfo{}, fmt.Errorf("--input: %w", err)
+		}
+		p, _ := filepath.Abs(c.input)
+		return inputInfo{Path: p, Bytes: st.Size()}, nil
+	}
+	name := fmt.Sprintf("traces-%d-seed1", c.size)
+	path := filepath.Join(c.work, name+".jsonl")
+	metaPath := filepath.Join(c.work, name+".meta.json")
+	var meta inputInfo
+	if data, err := os.ReadFile(metaPath); err == nil && json.Unmarshal(data, &meta) == nil {
+		if st, err := os.Stat(path); err == nil && st.Size() == meta.Bytes && meta.Bytes > 0 {
+			meta.Path, meta.Cached = path, true
+			fmt.Fprintf(stdout, "input: %s (%s, cached)\n", path, human(meta.Bytes))
+			return meta, nil
+		}
+	}
+	if err := os.MkdirAll(c.work, 0o755); err != nil {
+		return inputInfo{}, err
+	}
+	base := append(slices.Clone(genArgs), "--seed", "1")
+	const calibration = 256
+	var cw bytes.Buffer
+	if err := runQuiet(ctx, c.bin, &cw, append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(calibration), "--quiet", "--out", "-")...); err != nil {
+		return inputInfo{}, fmt.Errorf("gen (calibration): %w", err)
+	}
+	groups := max(1, int(math.Round(float64(c.size)*calibration/float64(cw.Len()))))
+	args := append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(groups))
+	fmt.Fprintf(stdout, "generating %s: rllm-pipe %s\n", human(c.size), strings.Join(args, " "))
+	tmp := path + ".tmp"
+	if err := runQuiet(ctx, c.bin, nil, append(slices.Clone(args), "--quiet", "--out", tmp)...); err != nil {
+		return inputInfo{}, fmt.Errorf("gen: %w", err)
+	}
+	st, err := os.Stat(tmp)
+	if err != nil {
+		return inputInfo{}, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return inputInfo{}, err
+	}
+	meta = inputInfo{Path: path, Bytes: st.Size(), Gen: args}
+	data, _ := json.MarshalIndent(meta, "", "  ")
+	if err := os.WriteFile(metaPath, append(data, '\n'), 0o644); err != nil {
+		return inputInfo{}, err
+	}
+	return meta, nil
+}
+
+func runQuiet(ctx context.Context, bin string, stdout io.Writer, args ...string) error {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = stdout, &errOut
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%w: %s", err, lastLines(errOut.String(), 20))
+	}
+	return nil
+}
+
+func deleteTopic(brokers, topic string) {
+	conn, err := kgo.Dial("tcp", strings.Split(brokers, ",")[0])
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return
+	}
+	cc, err := kgo.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return
+	}
+	defer cc.Close()
+	_ = cc.DeleteTopics(topic)
+}
+
+func countLines(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var n int64
+	buf := make([]byte, 1<<20)
+	for {
+		k, err := f.Read(buf)
+		n += int64(bytes.Count(buf[:k], []byte("\n")))
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// cpuBusy is the machine's busy CPU time in seconds so far (/proc/stat).
+func cpuBusy() (float64, bool) {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, false
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, false
+	}
+	var busy float64
+	for i, v := range f[1:] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		x, _ := strconv.ParseFloat(v, 64)
+		busy += x
+	}
+	return busy / 100, true // USER_HZ
+}
+
+// selfCPU is this process's user+sys CPU time in seconds.
+func selfCPU() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+func randomID() string { return strconv.FormatInt(time.Now().UnixNano()%1e12, 36) }
+
+func parseSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	for _, u := range units {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			v, err := strconv.ParseFloat(num, 64)
+			if err != nil || v <= 0 {
+				return 0, fmt.Errorf("--size %q", s)
+			}
+			return int64(v * u.mult), nil
+		}
+	}
+	return 0, fmt.Errorf("--size %q: want a number and B, KB, MB, GB, KiB, MiB or GiB", s)
+}
+
+func human(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
