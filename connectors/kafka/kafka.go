@@ -10,11 +10,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	kgo "github.com/segmentio/kafka-go"
@@ -229,72 +230,156 @@ func (g *Generation) CommitOffsets(offsets map[int]int64) error {
 // Source reads the generation's partitions from the given offsets, all
 // into one stream of chunks (records of a partition stay in order). It
 // ends with kafka-go's ErrGenerationEnded on a rebalance.
+//
+// Each partition is read on its own connection to its leader, a fetch of
+// up to FetchBytes at a time (Conn.ReadBatch), and every fetch is handed
+// to the decoder as one or a few chunks of at most ChunkBytes: no
+// per-message hop between goroutines. A partition holds at most two
+// chunks that Read has not taken, so a slow pipeline pauses fetching.
+// Connection failures are retried from the next offset with backoff (up
+// to 5 s) until the generation ends.
 func (g *Generation) Source(start map[int]int64) ingest.Source {
-	s := &source{msgs: make(chan kgo.Message, 1024), errs: make(chan error, len(g.Partitions)+1), topic: g.c.cfg.Topic}
-	s.readers = make([]*kgo.Reader, 0, len(g.Partitions))
+	s := &source{chunks: make(chan ingest.Chunk, 2*max(len(g.Partitions), 1)), errs: make(chan error, len(g.Partitions)+1),
+		topic: g.c.cfg.Topic, lags: make([]atomic.Int64, len(g.Partitions))}
 	// The end of the generation reaches Read even with no partition
 	// assigned (more workers than partitions).
 	g.gen.Start(func(ctx context.Context) {
 		<-ctx.Done()
 		s.errs <- kgo.ErrGenerationEnded
 	})
-	for _, p := range g.Partitions {
+	for i, p := range g.Partitions {
 		g.gen.Start(func(ctx context.Context) {
-			r := kgo.NewReader(kgo.ReaderConfig{
-				Brokers:   g.c.cfg.Brokers,
-				Dialer:    g.c.dialer,
-				Topic:     g.c.cfg.Topic,
-				Partition: p,
-				MinBytes:  1,
-				MaxBytes:  16 << 20,
-				MaxWait:   250 * time.Millisecond,
-			})
-			defer r.Close()
-			s.mu.Lock()
-			s.readers = append(s.readers, r)
-			s.mu.Unlock()
-			if err := r.SetOffset(start[p]); err != nil {
-				s.errs <- err
-				return
-			}
-			for {
-				m, err := r.ReadMessage(ctx)
-				if err != nil {
-					if ctx.Err() != nil {
-						s.errs <- kgo.ErrGenerationEnded
-					} else {
-						s.errs <- fmt.Errorf("kafka: read %s: %w", Stream(g.c.cfg.Topic, p), err)
-					}
-					return
-				}
-				select {
-				case s.msgs <- m:
-				case <-ctx.Done():
-					s.errs <- kgo.ErrGenerationEnded
-					return
-				}
-			}
+			s.errs <- g.readPartition(ctx, s, p, start[p], &s.lags[i])
 		})
 	}
 	return s
 }
 
+// FetchBytes is the most a partition's fetch asks the broker for;
+// ChunkBytes the most a chunk handed to the decoder holds.
+const (
+	FetchBytes = 16 << 20
+	ChunkBytes = 4 << 20
+)
+
+// fetchWait is how long the broker may hold a fetch of a partition with
+// nothing new.
+const fetchWait = 250 * time.Millisecond
+
+// readPartition reads partition p from offset until ctx ends, redialling
+// its leader after a failure. It returns ErrGenerationEnded once ctx is
+// done, and otherwise never.
+func (g *Generation) readPartition(ctx context.Context, s *source, p int, offset int64, lag *atomic.Int64) error {
+	backoff := 100 * time.Millisecond
+	for {
+		conn, err := g.dialLeader(ctx, p)
+		if err == nil {
+			var progressed bool
+			offset, progressed, err = s.fetch(ctx, conn, p, offset, lag)
+			conn.Close()
+			if progressed {
+				backoff = 100 * time.Millisecond
+			}
+		}
+		if ctx.Err() != nil {
+			return kgo.ErrGenerationEnded
+		}
+		slog.Warn("kafka: reading partition, retrying", "stream", Stream(s.topic, p), "offset", offset, "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return kgo.ErrGenerationEnded
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// dialLeader connects to the leader of partition p through any broker.
+func (g *Generation) dialLeader(ctx context.Context, p int) (*kgo.Conn, error) {
+	var err error
+	for _, b := range g.c.cfg.Brokers {
+		var conn *kgo.Conn
+		if conn, err = g.c.dialer.DialLeader(ctx, "tcp", b, g.c.cfg.Topic, p); err == nil {
+			return conn, nil
+		}
+	}
+	return nil, fmt.Errorf("kafka: leader of %s: %w", Stream(g.c.cfg.Topic, p), err)
+}
+
+// fetch reads batches from conn at offset and sends them as chunks until
+// an error or the end of ctx; it returns the next offset to read.
+func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, offset int64, lag *atomic.Int64) (next int64, progressed bool, err error) {
+	if _, err := conn.Seek(offset, kgo.SeekAbsolute); err != nil {
+		return offset, false, fmt.Errorf("kafka: seek %s to %d: %w", Stream(s.topic, p), offset, err)
+	}
+	// A read blocked on the broker ends with ctx.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	stream := Stream(s.topic, p)
+	for {
+		if err := conn.SetReadDeadline(time.Now().Add(fetchWait + 30*time.Second)); err != nil {
+			return offset, progressed, err
+		}
+		batch := conn.ReadBatchWith(kgo.ReadBatchConfig{MinBytes: 1, MaxBytes: FetchBytes, MaxWait: fetchWait})
+		var c ingest.Chunk
+		size := 0
+		for {
+			m, err := batch.ReadMessage()
+			if err != nil {
+				break // io.EOF at the end of the batch; other errors come from Close
+			}
+			if m.Offset < offset {
+				continue // a compressed batch may start before the offset asked for
+			}
+			c.Records = append(c.Records, ingest.Raw{Data: m.Value,
+				Source: schemas.Source{Stream: stream, Topic: s.topic, Partition: int32(p), Offset: m.Offset}})
+			offset = m.Offset + 1
+			if size += len(m.Value); size >= ChunkBytes {
+				if !s.send(ctx, c) {
+					batch.Close()
+					return offset, true, ctx.Err()
+				}
+				c, size, progressed = ingest.Chunk{}, 0, true
+			}
+		}
+		hw := batch.HighWaterMark()
+		cerr := batch.Close()
+		if len(c.Records) > 0 {
+			if !s.send(ctx, c) {
+				return offset, true, ctx.Err()
+			}
+			progressed = true
+		}
+		lag.Store(max(hw-offset, 0))
+		if cerr != nil {
+			return offset, progressed, fmt.Errorf("kafka: read %s: %w", stream, cerr)
+		}
+	}
+}
+
+// send hands c to Read; false when ctx ended first.
+func (s *source) send(ctx context.Context, c ingest.Chunk) bool {
+	select {
+	case s.chunks <- c:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 type source struct {
-	topic   string
-	msgs    chan kgo.Message
-	errs    chan error
-	mu      sync.Mutex
-	readers []*kgo.Reader
+	topic  string
+	chunks chan ingest.Chunk
+	errs   chan error
+	lags   []atomic.Int64 // per partition, as of its last fetch
 }
 
 // Lag is how many records the generation's partitions hold beyond what
-// has been read, as last reported by the readers.
+// has been read, as of each partition's last fetch.
 func (s *source) Lag() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	var n int64
-	for _, r := range s.readers {
-		n += max(r.Lag(), 0)
+	for i := range s.lags {
+		n += s.lags[i].Load()
 	}
 	return n
 }
@@ -302,37 +387,17 @@ func (s *source) Lag() int64 {
 // ErrGenerationEnded is returned by a generation's source on a rebalance.
 var ErrGenerationEnded = kgo.ErrGenerationEnded
 
-// Read blocks for the first message, then takes whatever else is ready
-// (up to 1024 records or 4 MiB).
+// Read blocks for the next chunk of any partition: the records of one
+// fetch (or a part of one of at most ChunkBytes).
 func (s *source) Read(ctx context.Context) (ingest.Chunk, error) {
-	var c ingest.Chunk
-	take := func(m kgo.Message) {
-		c.Records = append(c.Records, ingest.Raw{
-			Data: m.Value,
-			Source: schemas.Source{
-				Stream: Stream(m.Topic, m.Partition), Topic: m.Topic, Partition: int32(m.Partition), Offset: m.Offset,
-			},
-		})
-	}
 	select {
-	case m := <-s.msgs:
-		take(m)
+	case c := <-s.chunks:
+		return c, nil
 	case err := <-s.errs:
-		return c, err
+		return ingest.Chunk{}, err
 	case <-ctx.Done():
-		return c, ctx.Err()
+		return ingest.Chunk{}, ctx.Err()
 	}
-	size := 0
-	for len(c.Records) < 1024 && size < 4<<20 {
-		select {
-		case m := <-s.msgs:
-			take(m)
-			size += len(m.Value)
-		default:
-			return c, nil
-		}
-	}
-	return c, nil
 }
 
 func (s *source) Close() error { return nil }
