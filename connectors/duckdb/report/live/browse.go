@@ -2,33 +2,56 @@ package live
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html"
 	"html/template"
 	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
 )
 
-// maxPage bounds ?page (OFFSET scans grow with it).
-const maxPage = 100_000
-
 // maxTokensShown bounds the tokens drawn per step.
 const maxTokensShown = 8192
 
-// trajectoriesSQL: one page of trajectories matching the filters (an
-// empty filter matches all); ordered, so pages are stable.
-const trajectoriesSQL = `SELECT group_id, group_version, trajectory_id, task_id, coalesce(role, '') AS role, reward, advantage, steps,
+// indexTable is the trajectory index the browser pages through: the
+// columns it shows and filters on, one row per trajectory, sorted by the
+// paging key. Refresh builds it once per reopening (a table in memory,
+// made through DB.SQL as the sandbox's Query runs queries only), so a
+// click reads it instead of folding every step of the trajectories view
+// again.
+const indexTable = "ui_trajectories"
+
+const indexSQL = `CREATE TABLE ` + indexTable + ` AS
+SELECT group_id, group_version, trajectory_id, task_id, coalesce(role, '') AS role, reward, advantage, steps,
   response_tokens, coalesce(filter_reason, '') AS filter_reason, pass
 FROM trajectories
-WHERE ($1 = '' OR task_id = $1) AND ($2::BIGINT IS NULL OR group_version = $2::BIGINT) AND ($3 = '' OR coalesce(role, '') = $3)
-  AND ($4 = '' OR coalesce(filter_reason, '') = $4) AND ($5::DOUBLE IS NULL OR reward >= $5::DOUBLE) AND ($6::DOUBLE IS NULL OR reward <= $6::DOUBLE)
-ORDER BY group_version, group_id, trajectory_id
-LIMIT $7 OFFSET $8`
+ORDER BY group_version, group_id, trajectory_id`
+
+// pageSQL is one page of the index matching the filters (an empty filter
+// matches all), by keyset: the rows after (or, for a previous page,
+// before) the key (group_version, group_id, trajectory_id) of the last
+// row shown, never an OFFSET, so a page deep in the run costs what the
+// first one does. cmp is ">" with ASC or "<" with DESC.
+func pageSQL(cmp, dir string) string {
+	return `SELECT group_id, group_version, trajectory_id, task_id, role, reward, advantage, steps, response_tokens, filter_reason, pass
+FROM ` + indexTable + `
+WHERE ($1 = '' OR task_id = $1) AND ($2::BIGINT IS NULL OR group_version = $2::BIGINT) AND ($3 = '' OR role = $3)
+  AND ($4 = '' OR filter_reason = $4) AND ($5::DOUBLE IS NULL OR reward >= $5::DOUBLE) AND ($6::DOUBLE IS NULL OR reward <= $6::DOUBLE)
+  AND ($7::BIGINT IS NULL OR group_version ` + cmp + ` $7::BIGINT OR (group_version = $7::BIGINT AND (group_id ` + cmp + ` $8 OR (group_id = $8 AND trajectory_id ` + cmp + ` $9))))
+ORDER BY group_version ` + dir + `, group_id ` + dir + `, trajectory_id ` + dir + `
+LIMIT $10`
+}
+
+var (
+	nextPageSQL = pageSQL(">", "ASC")
+	prevPageSQL = pageSQL("<", "DESC")
+)
 
 const stepsSQL = `SELECT step_index, step_id, policy_version, messages, response_ids, response_logprobs, teacher_logprobs, token_advantages,
   reward, step_reward, advantage, finish_reason
@@ -48,11 +71,46 @@ func optNum(s string) (any, error) {
 	return f, nil
 }
 
+// key is a row's place in the paging order.
+type key struct {
+	version int64
+	group   string
+	traj    string
+}
+
+// readKey reads the key named by prefix (after_ or before_) from q; ok is
+// false when there is none.
+func readKey(q url.Values, prefix string) (key, bool, error) {
+	v := q.Get(prefix + "v")
+	if v == "" {
+		return key{}, false, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return key{}, false, fmt.Errorf("%sv: not an integer", prefix)
+	}
+	return key{n, q.Get(prefix + "g"), q.Get(prefix + "t")}, true, nil
+}
+
+func (k key) set(q url.Values, prefix string) {
+	q.Set(prefix+"v", strconv.FormatInt(k.version, 10))
+	q.Set(prefix+"g", k.group)
+	q.Set(prefix+"t", k.traj)
+}
+
+func rowKey(row []any) key {
+	v, _ := row[1].(int64)
+	return key{v, report.Str(row[0]), report.Str(row[2])}
+}
+
+// filterKeys are the browser's filters: query parameter and label.
+var filterKeys = [][2]string{{"task", "task"}, {"version", "policy version"}, {"role", "role"}, {"reason", "filter reason"}, {"min_reward", "reward ≥"}, {"max_reward", "reward ≤"}}
+
 func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := func(k string) string { return strings.TrimSpace(q.Get(k)) }
 	page, _ := strconv.Atoi(q.Get("page"))
-	page = min(max(page, 0), maxPage)
+	page = max(page, 0)
 	var version any
 	if v := f("version"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
@@ -68,6 +126,12 @@ func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "reward bounds: not numbers", http.StatusBadRequest)
 		return
 	}
+	after, hasAfter, err1 := readKey(q, "after_")
+	before, hasBefore, err2 := readKey(q, "before_")
+	if err := errors.Join(err1, err2); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.db == nil {
@@ -75,8 +139,16 @@ func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := s.o.PageSize
-	t, err := report.RunTable(r.Context(), s.db, "trajectories", trajectoriesSQL,
-		f("task"), version, f("role"), f("reason"), lo, hi, n+1, page*n)
+	text, at := nextPageSQL, after
+	if hasBefore {
+		text, at = prevPageSQL, before
+	}
+	var kv, kg, kt any
+	if hasAfter || hasBefore {
+		kv, kg, kt = at.version, at.group, at.traj
+	}
+	t, err := report.RunTable(r.Context(), s.db, "trajectories", text,
+		f("task"), version, f("role"), f("reason"), lo, hi, kv, kg, kt, n+1)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -85,9 +157,16 @@ func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 	if more {
 		t.Rows = t.Rows[:n]
 	}
+	// Going back, the rows came newest first, and "more" means there is
+	// a page before; there is always one after (the page we came from).
+	hasPrev, hasNext := hasAfter, more
+	if hasBefore {
+		slices.Reverse(t.Rows)
+		hasPrev, hasNext = more, true
+	}
 	var b strings.Builder
 	b.WriteString(`<p class="meta"><a href="/">charts</a></p><form id="filters" method="get" action="/trajectories">`)
-	for _, k := range [][2]string{{"task", "task"}, {"version", "policy version"}, {"role", "role"}, {"reason", "filter reason"}, {"min_reward", "reward ≥"}, {"max_reward", "reward ≤"}} {
+	for _, k := range filterKeys {
 		fmt.Fprintf(&b, `<label>%s <input name="%s" value="%s" size="10"></label> `, k[1], k[0], html.EscapeString(f(k[0])))
 	}
 	b.WriteString(`<button type="submit">filter</button></form>`)
@@ -109,20 +188,23 @@ func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 		b.WriteString(`</tr>`)
 	}
 	b.WriteString(`</table><p class="pager">`)
-	nav := func(p int, label, id string) {
+	nav := func(p int, k key, prefix, label, id string) {
 		qq := url.Values{}
-		for k, vs := range q {
-			qq[k] = vs
+		for _, fk := range filterKeys {
+			if v := f(fk[0]); v != "" {
+				qq.Set(fk[0], v)
+			}
 		}
 		qq.Set("page", strconv.Itoa(p))
+		k.set(qq, prefix)
 		fmt.Fprintf(&b, `<a id="%s" href="/trajectories?%s">%s</a> `, id, html.EscapeString(qq.Encode()), label)
 	}
-	if page > 0 {
-		nav(page-1, "← previous", "prev")
+	if hasPrev && len(t.Rows) > 0 {
+		nav(max(page-1, 0), rowKey(t.Rows[0]), "before_", "← previous", "prev")
 	}
 	fmt.Fprintf(&b, `page %d `, page+1)
-	if more {
-		nav(page+1, "next →", "next")
+	if hasNext && len(t.Rows) > 0 {
+		nav(page+1, rowKey(t.Rows[len(t.Rows)-1]), "after_", "next →", "next")
 	}
 	b.WriteString(`</p>`)
 	render(w, "trajectories", 0, template.HTML(b.String()))

@@ -110,14 +110,7 @@ func (s *Server) Run(ctx context.Context) error {
 		}()
 		defer func() { <-done }()
 	}
-	defer func() {
-		s.mu.Lock()
-		if s.db != nil {
-			s.db.Close()
-			s.db = nil
-		}
-		s.mu.Unlock()
-	}()
+	defer s.Close()
 	t := time.NewTicker(s.o.Poll)
 	defer t.Stop()
 	for {
@@ -147,7 +140,22 @@ func (s *Server) scrapeLoop(ctx context.Context) {
 	}
 }
 
-// Refresh reopens the views if the manifest has new entries.
+// Close closes the views (Run does on return); the handlers then answer
+// "not ready". Safe to call more than once.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.db == nil {
+		return nil
+	}
+	err := s.db.Close()
+	s.db = nil
+	return err
+}
+
+// Refresh reopens the views if the manifest has new entries, builds the
+// trajectory browser's index and runs the reports; the views in use until
+// then keep serving.
 func (s *Server) Refresh(ctx context.Context) error {
 	entries, err := s.r.Entries(ctx)
 	if err != nil {
@@ -165,6 +173,10 @@ func (s *Server) Refresh(ctx context.Context) error {
 		s.err = err
 		s.mu.Unlock()
 		return err
+	}
+	if _, err := db.SQL().ExecContext(ctx, indexSQL); err != nil {
+		db.Close()
+		return fmt.Errorf("ui: trajectory index: %w", err)
 	}
 	d, err := report.Collect(ctx, db, duckdb.ReportOptions{K: s.o.K})
 	if err != nil {
