@@ -16,8 +16,14 @@ The layout is the one rLLM's verl backend builds
 - ``attention_mask``: 1 on tokens, 0 on padding. By default, as rLLM does,
   every position holding ``pad_token_id`` is masked (a real token equal to the
   pad id too: the count is reported as ``pad_id_tokens``);
-  ``mask_pad_token_ids=False`` masks only the padding itself.
-- ``position_ids`` = (cumsum(attention_mask) - 1) * attention_mask.
+  ``mask_pad_token_ids=False`` masks only the padding itself, as verl's agent
+  loop does (its masks come from the lengths): choose it when the pad id is a
+  token the model emits (Qwen's ``<|endoftext|>``), so that such a token keeps
+  its attention and position as at generation time.
+- ``position_ids`` = (cumsum(attention_mask) - 1) * attention_mask: 0 on all
+  padding, as rLLM (verl's ``compute_position_id_with_mask`` clips at 0
+  instead, repeating the last position over the right padding; padding is
+  masked either way).
 - ``response_mask``, ``rollout_log_probs`` padded with 0; ``advantages`` =
   per-token advantages * response_mask; ``traj_rewards`` holds the row's
   reward at its last response token (when the response fits, as rLLM).

@@ -275,3 +275,50 @@ def test_out_reuses_the_arrays_of_an_earlier_result(serve_mt):
             assert got.input_ids.__array_interface__["data"][0] == base, "the earlier arrays were reused"
         assert got.truncation == fresh.truncation
         prev = got
+
+
+# --- attention mask and position ids, pinned by hand -------------------------
+
+
+def _merged_record(rows):
+    """A record of merged rows (only the columns to_padded reads)."""
+    import pyarrow as pa
+
+    i32, i8, f32 = pa.list_(pa.int32()), pa.list_(pa.int8()), pa.list_(pa.float32())
+    return pa.RecordBatch.from_arrays(
+        [pa.array([r[0] for r in rows], i32), pa.array([r[1] for r in rows], i32), pa.array([r[2] for r in rows], i8),
+         pa.array([[-0.5] * len(r[1]) for r in rows], f32), pa.array([[2.0] * len(r[1]) for r in rows], f32),
+         pa.array([1.0] * len(rows), pa.float64())],
+        names=["prompt_ids", "response_ids", "response_mask", "rollout_log_probs", "advantages", "reward"])
+
+
+def test_attention_and_positions_follow_rllm_and_verl():
+    from rllm_pipe.padded import to_padded
+
+    # pad id 0; row 0 holds a real 0 in its prompt and as its last action,
+    # row 1's prompt is cut to its last 4 tokens.
+    rec = _merged_record([([5, 0, 7], [8, 9, 0], [1, 0, 1]), ([1, 2, 3, 4, 6], [3], [1])])
+    ids = [[0, 5, 0, 7, 8, 9, 0, 0, 0], [2, 3, 4, 6, 3, 0, 0, 0, 0]]
+
+    # rLLM's transform: attention = token != pad id (prompts and responses),
+    # positions = (cumsum(attention) - 1) * attention.
+    got = to_padded(rec, 0, 4, 5, warn=False)
+    np.testing.assert_array_equal(got.input_ids, ids)
+    np.testing.assert_array_equal(got.attention_mask, [[0, 1, 0, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(got.position_ids, [[0, 0, 0, 1, 2, 3, 0, 0, 0], [0, 1, 2, 3, 4, 0, 0, 0, 0]])
+    # the response mask is the merge's, not cut by the attention (as rLLM)
+    np.testing.assert_array_equal(got.response_mask, [[1, 0, 1, 0, 0], [1, 0, 0, 0, 0]])
+    assert got.truncation["pad_id_tokens"] == 2
+    assert got.prompts.base is not None and np.shares_memory(got.prompts, got.input_ids)
+
+    # verl's agent loop: attention from the lengths (tokenizer.pad), so a real
+    # token equal to the pad id keeps its position; padding positions are 0
+    # (verl's clip(cumsum - 1, 0) repeats the last position on the right
+    # padding instead; both are masked out).
+    got = to_padded(rec, 0, 4, 5, warn=False, mask_pad_token_ids=False)
+    np.testing.assert_array_equal(got.input_ids, ids)
+    np.testing.assert_array_equal(got.attention_mask, [[0, 1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(got.position_ids, [[0, 0, 1, 2, 3, 4, 5, 0, 0], [0, 1, 2, 3, 4, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(got.advantages, [[2, 0, 2, 0, 0], [2, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(got.traj_rewards, [[0, 0, 1, 0, 0], [1, 0, 0, 0, 0]])
+    assert got.truncation["pad_id_tokens"] == 2 and got.truncation["prompt_tokens_dropped"] == 1
