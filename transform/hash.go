@@ -4,7 +4,10 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"math"
+	"sync"
 	"unsafe"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -12,19 +15,20 @@ import (
 // seed is per process: hashes never leave memory.
 var seed = maphash.MakeSeed()
 
-// hasher writes typed values into a maphash with length prefixes, so that
-// different field splits never hash alike.
-type hasher struct{ h maphash.Hash }
-
-func newHasher() *hasher {
-	h := &hasher{}
-	h.h.SetSeed(seed)
-	return h
+// hasher lays typed values out in a buffer with length prefixes, so that
+// different field splits never hash alike, long fields as their XXH3, and
+// hashes the buffer once with the runtime's seeded hash. (Writing each
+// field into a maphash.Hash, and hashing long fields with the runtime's
+// hash, cost about twice as much: BENCHMARKS.md. XXH3's seeded form
+// builds a secret on every call.)
+type hasher struct {
+	buf []byte
+	bp  *[]byte // the pool's handle of buf
 }
 
 func (h *hasher) str(s string) {
 	h.u64(uint64(len(s)))
-	h.h.WriteString(s)
+	h.buf = append(h.buf, s...)
 }
 
 func (h *hasher) bytes(b []byte) {
@@ -32,31 +36,43 @@ func (h *hasher) bytes(b []byte) {
 	h.long(b)
 }
 
-// long adds b: a long one through one call of the runtime's hash of the
-// whole slice (the Hash's Write goes 128 bytes at a time), its 64 bits
-// written in its place.
+// long adds b: a long one as its own 64-bit hash, written in its place.
 func (h *hasher) long(b []byte) {
 	if len(b) <= 128 {
-		h.h.Write(b)
+		h.buf = append(h.buf, b...)
 		return
 	}
-	h.u64(maphash.Bytes(seed, b))
+	h.u64(xxh3.Hash(b))
 }
 
-func (h *hasher) u64(v uint64) {
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], v)
-	h.h.Write(b[:])
-}
+func (h *hasher) u64(v uint64) { h.buf = binary.LittleEndian.AppendUint64(h.buf, v) }
 
 func (h *hasher) f64(v float64) { h.u64(math.Float64bits(v)) }
 
 func (h *hasher) flag(v bool) {
 	if v {
-		h.h.WriteByte(1)
+		h.buf = append(h.buf, 1)
 	} else {
-		h.h.WriteByte(0)
+		h.buf = append(h.buf, 0)
 	}
+}
+
+// bufs recycles hashers' buffers (a buffer of its own per record was a
+// quarter of the records' allocations).
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// newHasher starts a hasher of a record of kind on a recycled buffer;
+// sum returns the buffer.
+func newHasher(kind byte) hasher {
+	bp := bufs.Get().(*[]byte)
+	return hasher{buf: append((*bp)[:0], kind), bp: bp}
+}
+
+func (h *hasher) sum() uint64 {
+	v := maphash.Bytes(seed, h.buf)
+	*h.bp = h.buf[:0]
+	bufs.Put(h.bp)
+	return v
 }
 
 // raw is the memory of a slice of fixed-size values.
@@ -82,8 +98,7 @@ func (h *hasher) i64s(v []int64) {
 // stepHash hashes every decoded field of a step: two records with equal
 // hashes carry the same content (unknown fields aside).
 func stepHash(s *schemas.Step) uint64 {
-	h := newHasher()
-	h.h.WriteByte('s')
+	h := newHasher('s')
 	h.str(s.StepID)
 	h.str(s.TaskID)
 	h.str(s.GroupID)
@@ -113,13 +128,12 @@ func stepHash(s *schemas.Step) uint64 {
 	h.str(s.Model)
 	h.flag(s.HasCreatedAt)
 	h.u64(uint64(s.CreatedAt))
-	return h.h.Sum64()
+	return h.sum()
 }
 
 // trajHash hashes every decoded field of a trajectory record.
 func trajHash(t *schemas.Trajectory) uint64 {
-	h := newHasher()
-	h.h.WriteByte('t')
+	h := newHasher('t')
 	h.str(t.TrajectoryID)
 	h.str(t.TaskID)
 	h.str(t.GroupID)
@@ -138,14 +152,13 @@ func trajHash(t *schemas.Trajectory) uint64 {
 	h.u64(uint64(t.GroupSize))
 	h.flag(t.Metadata != nil)
 	h.bytes(t.Metadata)
-	return h.h.Sum64()
+	return h.sum()
 }
 
 // idHash identifies a record by kind and id, for the memory of closed
 // groups.
 func idHash(kind byte, id string) uint64 {
-	h := newHasher()
-	h.h.WriteByte(kind)
+	h := newHasher(kind)
 	h.str(id)
-	return h.h.Sum64()
+	return h.sum()
 }
