@@ -100,7 +100,13 @@ class TrainingStep:
 class PaddedBatches(_Base):
     """Padded batches of a consumer group, acknowledged after each optimizer
     step. Keyword arguments beyond the padding ones go to ``Client`` (token,
-    tls_root_certs, ...)."""
+    tls_root_certs, ...).
+
+    reuse_arrays: each step's arrays are written into the previous step's
+    (``to_padded(out=...)``) instead of new memory, so a step's arrays and
+    torch views are valid only until the next step is taken; for a trainer
+    that copies every batch to its device. Saves allocating (and the kernel
+    zeroing) a few hundred MB per batch of 512 rows of 10k tokens."""
 
     def __init__(
         self,
@@ -114,6 +120,7 @@ class PaddedBatches(_Base):
         policy_version: int = 0,
         max_batches: Optional[int] = None,
         padding: Optional[Dict[str, Any]] = None,
+        reuse_arrays: bool = False,
         **client_kwargs,
     ):
         super().__init__()
@@ -126,6 +133,7 @@ class PaddedBatches(_Base):
         self.policy_version = int(policy_version)
         self.max_batches = max_batches
         self.padding = dict(padding or {})
+        self.reuse_arrays = reuse_arrays
         self.client_kwargs = client_kwargs
         self.client: Optional[Client] = None
         self._pending: Optional[TrainingStep] = None
@@ -135,13 +143,17 @@ class PaddedBatches(_Base):
     def __iter__(self) -> Iterator[TrainingStep]:
         with Client(self.location, consumer=self.consumer, policy_version=self.policy_version, **self.client_kwargs) as client:
             self.client = client
+            previous: Optional[Padded] = None
             try:
                 for n, batch in enumerate(client.batches()):
                     if self.max_batches is not None and n >= self.max_batches:
                         return
                     padded = batch.to_padded(
-                        self.pad_token_id, self.max_prompt_length, self.max_response_length, self.pad_rows_to_multiple, **self.padding
+                        self.pad_token_id, self.max_prompt_length, self.max_response_length, self.pad_rows_to_multiple,
+                        out=previous, **self.padding
                     )
+                    if self.reuse_arrays:
+                        previous = padded
                     step = TrainingStep(padded=padded, batch=batch, policy_version=self.policy_version, _dataset=self)
                     self._pending = step
                     self.stats["batches"] += 1

@@ -322,3 +322,26 @@ def test_attention_and_positions_follow_rllm_and_verl():
     np.testing.assert_array_equal(got.advantages, [[2, 0, 2, 0, 0], [2, 0, 0, 0, 0]])
     np.testing.assert_array_equal(got.traj_rewards, [[0, 0, 1, 0, 0], [1, 0, 0, 0, 0]])
     assert got.truncation["pad_id_tokens"] == 2 and got.truncation["prompt_tokens_dropped"] == 1
+
+
+def test_dataset_reuse_arrays(serve_mt):
+    from rllm_pipe.dataset import PaddedBatches
+
+    def run_(group, reuse):
+        srv = serve_mt("--consumer-group", group, "--layout", "trajectories", "--max-tokens", "8000")
+        data = PaddedBatches(srv.location, "trainer", pad_token_id=PAD, max_prompt_length=64, max_response_length=256,
+                             pad_rows_to_multiple=64, padding={"warn": False}, reuse_arrays=reuse)
+        steps = []
+        for step in data:
+            with step:
+                p = step.padded
+                steps.append(({k: a.copy() for k, a in p.arrays().items()}, p.input_ids.__array_interface__["data"][0]))
+        return steps
+
+    fresh, reused = run_("ds-fresh", False), run_("ds-reuse", True)
+    assert len(fresh) == len(reused) > 2
+    for (want, _), (got, _) in zip(fresh, reused):
+        assert want.keys() == got.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    assert len({ptr for _, ptr in reused}) == 1, "every step wrote into the first step's arrays"
