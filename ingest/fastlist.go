@@ -254,6 +254,48 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 			neg = true
 			i++
 		}
+		// The common shape first: one integer digit, a point, 1 to 15
+		// fraction digits and a ',' or ']' right after them
+		// ("-0.00353707,"), the digits read a word at a time. It yields
+		// what the general path below does (the same mantissa and
+		// exponent, the same division).
+		if i+18 <= len(b) && b[i+1] == '.' && b[i]-'0' <= 9 {
+			w := word(b, i+2) - 0x3030303030303030
+			n := bits.TrailingZeros64((w|(w+0x7676767676767676))&0x8080808080808080) >> 3
+			m := uint64(b[i] - '0')
+			if n == 8 { // 8 fraction digits so far: the next word has the rest
+				m = m*1e8 + digits(w, 8)
+				w = word(b, i+10) - 0x3030303030303030
+				n = bits.TrailingZeros64((w|(w+0x7676767676767676))&0x8080808080808080) >> 3
+				n += 8 // 16 means 16 or more: no separator found, the general path
+			}
+			if n > 0 && n < 16 {
+				k := n & 7 // the digits in w
+				if sep := byte(w>>(8*uint(k))) + '0'; (sep == ',' || sep == ']') && (k > 0 || n == 8) {
+					if k > 0 {
+						m = m*pow10u[k] + digits(w, k)
+					}
+					if m >= 1<<53 {
+						goto general
+					}
+					f := float64(m) / pow10[n]
+					if neg {
+						f = -f
+					}
+					dst = append(dst, float32(f))
+					i += 2 + n + 1
+					if sep == ']' {
+						l.pos = i
+						return dst, true
+					}
+					for i < len(b) && isWS(b[i]) {
+						i++
+					}
+					continue
+				}
+			}
+		}
+	general:
 		// The mantissa's digits (m, exact while !truncated) and the
 		// decimal exponent.
 		var m uint64
