@@ -153,6 +153,7 @@ def pad_rows(rows, P, R):
 
 
 def rllm_pipe_way(P, R):
+    """to_padded into the previous batch's arrays (PaddedBatches(reuse_arrays=True))."""
     state = {"prev": None}
 
     def pad(b):
@@ -251,9 +252,13 @@ def main():
 
         budget = {"trajectories": args.max_tokens}
 
+        fns = {}  # one per contender for the whole run, as in a trainer process
+
         def once(name, each=None):
             layout, make = CONTENDERS.get(name, (name, None))
-            fn = make(P, R) if make else lambda b: (0, 0, {}, [])
+            if name not in fns:
+                fns[name] = make(P, R) if make else lambda b: (0, 0, {}, [])
+            fn = fns[name]
             proc, loc = serve(bin_, work / "out", work, layout, budget[layout])
             try:
                 return consume(loc, fn, each)

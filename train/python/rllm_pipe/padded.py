@@ -244,38 +244,43 @@ def to_padded(
     prompts, responses = input_ids[:, :P], input_ids[:, P:]
     p_src = _kept(pv, po, plen, pkeep, from_end=True)
     r_src = _kept(rv, ro, rlen, rkeep, from_end=False)
-    prompts[:n][pdst] = p_src
-    responses[:n][rdst] = r_src
+    prompts[:n][pdst] = p_src.astype(np.int64)
+    responses[:n][rdst] = r_src.astype(np.int64)
 
-    def response_tensor(name: str, values: np.ndarray, offsets: np.ndarray, dtype) -> np.ndarray:
+    def kept_response(name: str, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         if not np.array_equal(np.diff(offsets), rlen):
             raise ValueError(f"{name}'s lengths differ from response_ids'")
+        return _kept(values, offsets, rlen, rkeep, from_end=False)
+
+    def response_tensor(name: str, kept: np.ndarray, dtype) -> np.ndarray:
         a = _buffer(out, name, total_rows, R, dtype, 0)
-        a[:n][rdst] = _kept(values, offsets, rlen, rkeep, from_end=False)
+        a[:n][rdst] = kept.astype(dtype, copy=False)  # one type: a plain copy
         return a
 
     if merged:
         mv, mo = _list(record, "response_mask")
-        response_mask = response_tensor("response_mask", mv, mo, np.int64)
+        mask_kept = kept_response("response_mask", mv, mo)
+        response_mask = response_tensor("response_mask", mask_kept, np.int64)
         lv, lo = _list(record, "rollout_log_probs")
         av, ao = _list(record, "advantages")
+        adv_kept = np.multiply(kept_response("advantages", av, ao), mask_kept, dtype=np.float32)
         action_total = int(np.count_nonzero(mv[mo[0] : mo[-1]]))
+        action_kept = int(np.count_nonzero(mask_kept))
     else:
         response_mask = _buffer(out, "response_mask", total_rows, R, np.int64, 0)
         response_mask[:n][rdst] = 1
         lv, lo = _list(record, "response_logprobs")
         av = np.repeat(_column(record, "advantage").to_numpy(zero_copy_only=False).astype(np.float32), rlen)
-        ao = np.concatenate([[0], np.cumsum(rlen)])
         if _has(record, "token_advantages"):
             _token_advantages(_column(record, "token_advantages"), rlen, av)
-        action_total = int(rlen.sum())
-    rollout_log_probs = response_tensor("rollout_log_probs", lv, lo, np.float32)
-    advantages = response_tensor("advantages", av, ao, np.float32)
-    np.multiply(advantages, response_mask, out=advantages, casting="unsafe")
+        adv_kept = kept_response("advantages", av, np.concatenate([[0], np.cumsum(rlen)]))
+        action_total, action_kept = int(rlen.sum()), int(rkeep.sum())
+    rollout_log_probs = response_tensor("rollout_log_probs", kept_response("rollout_log_probs", lv, lo), np.float32)
+    advantages = response_tensor("advantages", adv_kept, np.float32)  # masked: 0 off the actions
     old_log_probs = None
     if _has(record, "old_log_probs"):
         ov, oo = _list(record, "old_log_probs")
-        old_log_probs = response_tensor("old_log_probs", ov, oo, np.float32)
+        old_log_probs = response_tensor("old_log_probs", kept_response("old_log_probs", ov, oo), np.float32)
 
     kept_tokens = int(pkeep.sum() + rkeep.sum())
     if mask_pad_token_ids:
@@ -311,7 +316,7 @@ def to_padded(
         "prompt_tokens_dropped": int((plen - pkeep).sum()),
         "responses_truncated": int(np.count_nonzero(rlen > R)),
         "response_tokens_dropped": int((rlen - rkeep).sum()),
-        "action_tokens_dropped": action_total - int(np.count_nonzero(response_mask[:n])),
+        "action_tokens_dropped": action_total - action_kept,
         "pad_id_tokens": pad_id_tokens,
     }
     if warn and (truncation["prompts_truncated"] or truncation["responses_truncated"]):
