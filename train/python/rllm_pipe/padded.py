@@ -163,17 +163,25 @@ def _pad_ids(values: np.ndarray, n_pad: int) -> np.ndarray:
     return np.concatenate([values, np.zeros(n_pad, dtype=values.dtype)])
 
 
-def _kept(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, keep: np.ndarray, from_end: bool) -> np.ndarray:
-    """The kept tokens of a list column, flat in row order: all of them (a
-    slice, no copy) when no row is cut, else each row's first (or, from_end,
-    last) keep[i] tokens."""
-    flat = values[offsets[0] : offsets[-1]]
+def _selection(lengths: np.ndarray, keep: np.ndarray, from_end: bool) -> Optional[np.ndarray]:
+    """Which tokens of a list column's flat values are kept: None when every
+    row is kept whole, else a mask keeping each row's first (or, from_end,
+    last) keep[i] tokens. Every response column shares the one of
+    response_ids (their lengths are checked equal)."""
     if np.array_equal(keep, lengths):
-        return flat
-    within = np.arange(flat.size) - np.repeat(offsets[:-1] - offsets[0], lengths)
+        return None
+    starts = np.cumsum(lengths) - lengths
+    within = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
     if from_end:
-        return flat[within >= np.repeat(lengths - keep, lengths)]
-    return flat[within < np.repeat(keep, lengths)]
+        return within >= np.repeat(lengths - keep, lengths)
+    return within < np.repeat(keep, lengths)
+
+
+def _kept(values: np.ndarray, offsets: np.ndarray, selection: Optional[np.ndarray]) -> np.ndarray:
+    """The kept tokens of a list column, flat in row order (a slice of the
+    Arrow values, no copy, when no row is cut)."""
+    flat = values[offsets[0] : offsets[-1]]
+    return flat if selection is None else flat[selection]
 
 
 def _token_advantages(tok: pa.Array, lengths: np.ndarray, av: np.ndarray) -> None:
@@ -242,15 +250,16 @@ def to_padded(
     # prompts and responses are views of input_ids: no copy.
     input_ids = _buffer(out, "input_ids", total_rows, P + R, np.int64, pad_token_id)
     prompts, responses = input_ids[:, :P], input_ids[:, P:]
-    p_src = _kept(pv, po, plen, pkeep, from_end=True)
-    r_src = _kept(rv, ro, rlen, rkeep, from_end=False)
+    r_sel = _selection(rlen, rkeep, from_end=False)
+    p_src = _kept(pv, po, _selection(plen, pkeep, from_end=True))
+    r_src = _kept(rv, ro, r_sel)
     prompts[:n][pdst] = p_src.astype(np.int64)
     responses[:n][rdst] = r_src.astype(np.int64)
 
     def kept_response(name: str, values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         if not np.array_equal(np.diff(offsets), rlen):
             raise ValueError(f"{name}'s lengths differ from response_ids'")
-        return _kept(values, offsets, rlen, rkeep, from_end=False)
+        return _kept(values, offsets, r_sel)
 
     def response_tensor(name: str, kept: np.ndarray, dtype) -> np.ndarray:
         a = _buffer(out, name, total_rows, R, dtype, 0)
