@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 )
@@ -196,7 +197,7 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 	series := eval[int](t, p, `document.querySelectorAll('svg.chart g.series').length`)
 	points := eval[int](t, p, `document.querySelectorAll('svg.chart .pt, svg.chart .bar').length`)
 	ids := eval[[]string](t, p, `[...document.querySelectorAll('svg.chart')].map(s => s.id)`)
-	wantIDs := []string{"advantage", "dead-letters", "filtered", "lengths", "pass", "reward", "roles", "staleness", "throughput"}
+	wantIDs := []string{"advantage", "dead-letters", "filtered", "filtered-time", "lengths", "pass", "reward", "roles", "staleness", "throughput"}
 	sort.Strings(ids)
 	if strings.Join(ids, ",") != strings.Join(wantIDs, ",") {
 		t.Errorf("charts %v, want %v", ids, wantIDs)
@@ -225,5 +226,84 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 	}
 	if len(reqs) == 0 {
 		t.Errorf("no request seen at all: the request listener is not working")
+	}
+}
+
+// TestReportFilteredEqualSQLReports: a run ingested with --filter; the
+// charts of filtered groups (by version, and cumulative over commit time)
+// hold exactly the rows of their sql --report, point for point in order.
+func TestReportFilteredEqualSQLReports(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	in := filepath.Join(work, "in.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "80", "--group-size", "4", "--policy-versions", "4",
+		"--seed", "5", "--prompt-len", "40", "--response-len", "20", "--quiet"); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	from := filepath.Join(work, "out")
+	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", from, "--group-size", "4", "--filter", "zero-variance,truncated"); r.code != 0 {
+		t.Fatalf("ingest: %s", r.stderr)
+	}
+	out := filepath.Join(work, "report.html")
+	if r := e2eRun(t, bin, work, "report", "--from", from, "--out", out); r.code != 0 {
+		t.Fatalf("report: %s", r.stderr)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// chart → series → points "x=y", in page order.
+	ordered := map[string]map[string][]string{}
+	for _, m := range svgRe.FindAllStringSubmatch(string(data), -1) {
+		ordered[m[1]] = map[string][]string{}
+		for _, s := range seriesRe.FindAllStringSubmatch(m[0], -1) {
+			for _, p := range pointRe.FindAllStringSubmatch(s[2], -1) {
+				ordered[m[1]][s[1]] = append(ordered[m[1]][s[1]], p[1]+"="+p[2])
+			}
+		}
+	}
+	wantTime := map[string][]string{}
+	for _, r := range sqlReport(t, bin, work, from, "filtered-over-time") {
+		reason := r["filter_reason"].(string)
+		if reason == "(kept)" {
+			continue
+		}
+		at, err := time.Parse(time.RFC3339Nano, strings.Replace(r["committed_at"].(string), " ", "T", 1))
+		if err != nil {
+			t.Fatalf("committed_at %v: %v", r["committed_at"], err)
+		}
+		x := strconv.FormatFloat(float64(at.UnixNano())/1e9, 'g', -1, 64)
+		wantTime[reason] = append(wantTime[reason], x+"="+jsonKey(r["cumulative_groups"]))
+	}
+	wantVersion := map[string][]string{}
+	totals := map[string]float64{}
+	for _, r := range sqlReport(t, bin, work, from, "filtered-by-version") {
+		reason := r["filter_reason"].(string)
+		if reason == "(kept)" {
+			continue
+		}
+		wantVersion[reason] = append(wantVersion[reason], jsonKey(r["group_version"])+"="+jsonKey(r["groups"]))
+		totals[reason] += r["groups"].(float64)
+	}
+	if len(wantTime) == 0 {
+		t.Fatalf("no group was filtered: the test needs some")
+	}
+	for name, want := range map[string]map[string][]string{"filtered-time": wantTime, "filtered": wantVersion} {
+		got := ordered[name]
+		if len(got) != len(want) {
+			t.Errorf("%s: series %v, sql --report has %v", name, got, want)
+		}
+		for reason, pts := range want {
+			if strings.Join(got[reason], " ") != strings.Join(pts, " ") {
+				t.Errorf("%s, %s: page %v, sql --report %v", name, reason, got[reason], pts)
+			}
+		}
+	}
+	// Over time ends where by version sums up.
+	for reason, pts := range wantTime {
+		last := pts[len(pts)-1]
+		if !strings.HasSuffix(last, "="+jsonKey(totals[reason])) {
+			t.Errorf("%s: cumulative over time ends at %s, by version sums to %v", reason, last, totals[reason])
+		}
 	}
 }

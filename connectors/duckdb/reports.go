@@ -35,6 +35,7 @@ const (
 	ReportLengthsByVersion   = "token-lengths-by-version"
 	ReportAdvantageHistogram = "advantage-histogram"
 	ReportFilteredByVersion  = "filtered-by-version"
+	ReportFilteredOverTime   = "filtered-over-time"
 	ReportThroughput         = "throughput"
 	ReportRoles              = "roles"
 )
@@ -55,6 +56,7 @@ func Reports() []ReportInfo {
 		{ReportLengthsByVersion, "per group_version: steps, prompt and response tokens per step: mean and p90 (quantile_cont)"},
 		{ReportAdvantageHistogram, "per estimator, trajectories by advantage in 30 equal bins between the min and max over all trajectories (bin, bin_lo, bin_hi; empty bins left out)"},
 		{ReportFilteredByVersion, "per group_version and filter_reason ('(kept)' for groups not filtered): groups"},
+		{ReportFilteredOverTime, "per committed shard in manifest order and filter_reason ('(kept)' for groups not filtered): committed_at, the shard's groups, and the cumulative groups of that reason"},
 		{ReportThroughput, "per committed shard in manifest order: committed_at, rows, groups, cumulative rows, and rows per second since the previous commit"},
 		{ReportRoles, "per role ('(none)' when unset): trajectories, mean reward, pass rate, mean response tokens per trajectory"},
 	}
@@ -92,6 +94,8 @@ func Report(name string, o ReportOptions) (string, error) {
 		return advantageHistogramSQL, nil
 	case ReportFilteredByVersion:
 		return filteredByVersionSQL, nil
+	case ReportFilteredOverTime:
+		return filteredOverTimeSQL, nil
 	case ReportThroughput:
 		return throughputSQL, nil
 	case ReportRoles:
@@ -266,6 +270,19 @@ const filteredByVersionSQL = `SELECT group_version, coalesce(nullif(filter_reaso
 FROM trajectories
 GROUP BY 1, 2
 ORDER BY group_version, filter_reason`
+
+// filteredOverTimeSQL counts a group under every reason one of its
+// trajectories carries, as filtered-by-version does.
+const filteredOverTimeSQL = `WITH per_group AS (
+  SELECT DISTINCT shard, group_id, group_version, coalesce(nullif(filter_reason, ''), '(kept)') AS filter_reason
+  FROM trajectories
+), per_shard AS (
+  SELECT shard, filter_reason, count(*) AS "groups" FROM per_group GROUP BY shard, filter_reason
+)
+SELECT s.seq, s.committed_at, p.filter_reason, p."groups",
+  sum(p."groups") OVER (PARTITION BY p.filter_reason ORDER BY s.seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_groups
+FROM per_shard p JOIN shards s ON s.path = p.shard
+ORDER BY s.seq, p.filter_reason`
 
 const throughputSQL = `SELECT seq, committed_at, "rows", "groups",
   sum("rows") OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_rows,

@@ -57,6 +57,10 @@ func Charts(d *Data, link Linker) []*Chart {
 	out = append(out, &Chart{ID: "filtered", Title: "Groups filtered by reason, by policy version", XLabel: "group_version", YLabel: "groups", Kind: KindLine,
 		Series: filteredSeries(fv, lk), Note: "no group was filtered"})
 
+	ft := d.Tables[duckdb.ReportFilteredOverTime]
+	out = append(out, &Chart{ID: "filtered-time", Title: "Groups filtered by reason over commit time", XLabel: "commit time (UTC)", YLabel: "groups filtered (cumulative)", Kind: KindLine, XTime: true,
+		Series: reasonSeries(ft, "committed_at", "cumulative_groups", func(_ float64, reason string) string { return lk("reason", reason) }), Note: "no group was filtered"})
+
 	dl := d.Tables[duckdb.ReportDeadLetters]
 	out = append(out, &Chart{ID: "dead-letters", Title: "Dead letters by reason", XLabel: "reason", YLabel: "dead letters", Kind: KindBar,
 		Series: barSeries(dl, "reason", []string{"dead_letters"}, []string{"dead letters"}, nil), Note: "no dead letters"})
@@ -165,13 +169,20 @@ func histSeries(t *Table) []Series {
 	return out
 }
 
-// filteredSeries: one series per filter reason (not "(kept)").
+// filteredSeries: one series per filter reason (not "(kept)"), x the
+// group_version.
 func filteredSeries(t *Table, lk func(...string) string) []Series {
+	return reasonSeries(t, "group_version", "groups", func(v float64, reason string) string { return lk("version", fmtNum(v), "reason", reason) })
+}
+
+// reasonSeries: one series per filter_reason (not "(kept)") of y against
+// x, in reason order.
+func reasonSeries(t *Table, x, y string, link func(x float64, reason string) string) []Series {
 	if t == nil {
 		return nil
 	}
-	vi, ri, gi := t.Col("group_version"), t.Col("filter_reason"), t.Col("groups")
-	if vi < 0 || ri < 0 || gi < 0 {
+	xi, ri, yi := t.Col(x), t.Col("filter_reason"), t.Col(y)
+	if xi < 0 || ri < 0 || yi < 0 {
 		return nil
 	}
 	by := map[string][]Point{}
@@ -180,12 +191,12 @@ func filteredSeries(t *Table, lk func(...string) string) []Series {
 		if reason == "(kept)" {
 			continue
 		}
-		v, ok1 := Num(r[vi])
-		g, ok2 := Num(r[gi])
+		xv, ok1 := Num(r[xi])
+		yv, ok2 := Num(r[yi])
 		if !ok1 || !ok2 {
 			continue
 		}
-		by[reason] = append(by[reason], Point{X: v, Y: g, Link: lk("version", fmtNum(v), "reason", reason)})
+		by[reason] = append(by[reason], Point{X: xv, Y: yv, Link: link(xv, reason)})
 	}
 	var reasons []string
 	for r := range by {
