@@ -397,3 +397,98 @@ func lastPath(t *testing.T, get func(string) ([]string, string, string), path st
 	t.Fatal("no last page")
 	return ""
 }
+
+// TestIntegrationReportAndUIFromS3: report and ui over an output in MinIO.
+// The report's reward chart is sql --report's over the same prefix; a
+// real `rllm-pipe ui` process serves the state, the charts and the
+// trajectory browser, and follows a second ingest into the prefix.
+func TestIntegrationReportAndUIFromS3(t *testing.T) {
+	target := newS3Target(t, "ui")
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	ingestRun := func(name, seed string) {
+		t.Helper()
+		in := filepath.Join(work, name+".jsonl")
+		if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "30", "--group-size", "4", "--policy-versions", "3", "--seed", seed,
+			"--prompt-len", "40", "--response-len", "20", "--quiet"); r.code != 0 {
+			t.Fatalf("gen: %s", r.stderr)
+		}
+		args := append([]string{"ingest", "--from", in, "--to", target.url, "--group-size", "4", "--quiet"}, target.flags()...)
+		if r := e2eRun(t, bin, work, args...); r.code != 0 {
+			t.Fatalf("ingest: %s", r.stderr)
+		}
+	}
+	ingestRun("a", "1")
+
+	out := filepath.Join(work, "report.html")
+	if r := e2eRun(t, bin, work, append([]string{"report", "--from", target.url, "--out", out}, target.flags()...)...); r.code != 0 {
+		t.Fatalf("report: %s", r.stderr)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := e2eRun(t, bin, work, append([]string{"sql", "--from", target.url, "--report", "reward-by-version", "--format", "jsonl"}, target.flags()...)...)
+	if r.code != 0 {
+		t.Fatalf("sql --report: %s", r.stderr)
+	}
+	var rows []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, m)
+	}
+	sameFigures(t, "s3 report: mean reward", pagePoints(t, string(data))["reward"]["mean reward"], rows, "group_version", "mean_reward")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ui := exec.CommandContext(ctx, bin, append([]string{"ui", "--from", target.url, "--listen", addr, "--poll", "300ms"}, target.flags()...)...)
+	ui.Dir, ui.Env = work, e2eEnv()
+	var stderr bytes.Buffer
+	ui.Stderr = &stderr
+	if err := ui.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ui.Process.Signal(os.Interrupt)
+		ui.Wait()
+	}()
+	base := "http://" + addr
+	state := func() (live.State, bool) {
+		resp, err := http.Get(base + "/api/state")
+		if err != nil {
+			return live.State{}, false
+		}
+		defer resp.Body.Close()
+		var st live.State
+		return st, json.NewDecoder(resp.Body).Decode(&st) == nil
+	}
+	var first live.State
+	waitFor(t, 60*time.Second, "the ui process serving the S3 output", func() bool {
+		st, ok := state()
+		first = st
+		return ok && st.Shards > 0
+	})
+	resp, err := http.Get(base + "/trajectories?version=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(body), `<tr class="traj">`); resp.StatusCode != http.StatusOK || n == 0 {
+		t.Errorf("trajectories over S3: status %d, %d rows\n%s", resp.StatusCode, n, stderr.String())
+	}
+	ingestRun("b", "2")
+	waitFor(t, 60*time.Second, "the ui following the second ingest into S3", func() bool {
+		st, ok := state()
+		return ok && st.Shards > first.Shards && st.Rows > first.Rows
+	})
+}
