@@ -1,9 +1,11 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"html"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,6 +58,7 @@ const (
 	padL, padR, padT, padB     = 64, 16, 16, 48
 	maxPointsDrawn             = 2000
 	legendLine, legendInterval = 14, 130
+	legendTop                  = padT
 )
 
 // fmtNum prints a figure for a label or tooltip: 4 significant digits.
@@ -139,6 +142,11 @@ func (c *Chart) SVG() string {
 	}
 	yt := niceTicks(ylo, yhi, 5)
 	ylo, yhi = yt[0], yt[len(yt)-1]
+	// The legend gets rows of its own above the plot, never over it.
+	padT := padT
+	if len(c.Series) > 1 {
+		padT += ((len(c.Series) + 3) / 4) * legendLine
+	}
 	pw, ph := float64(svgW-padL-padR), float64(svgH-padT-padB)
 	ymap := func(v float64) float64 { return float64(padT) + ph - (v-ylo)/(yhi-ylo)*ph }
 	// Axes and grid.
@@ -177,12 +185,20 @@ func (c *Chart) SVG() string {
 		}
 		x0, x1 := xt[0], xt[len(xt)-1]
 		xmap = func(p Point) float64 { return float64(padL) + (p.X-x0)/(x1-x0)*pw }
-		for _, t := range xt {
-			lbl := fmtNum(t)
+		layout := timeLayout(x1 - x0)
+		for i, t := range xt {
+			lbl, anchor := fmtNum(t), "middle"
 			if c.XTime {
-				lbl = time.Unix(int64(t), 0).UTC().Format("15:04:05")
+				sec, frac := math.Modf(t)
+				lbl = time.Unix(int64(sec), int64(frac*1e9)).UTC().Format(layout)
+				// The end labels stay inside the chart.
+				if i == 0 {
+					anchor = "start"
+				} else if i == len(xt)-1 {
+					anchor = "end"
+				}
 			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, xmap(Point{X: t}), padT+int(ph)+16, lbl)
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="%s">%s</text>`, xmap(Point{X: t}), padT+int(ph)+16, anchor, lbl)
 		}
 	}
 	fmt.Fprintf(&b, `<text class="label" x="%d" y="%d" text-anchor="middle">%s</text></g>`, padL+int(pw/2), svgH-8, esc(c.XLabel))
@@ -204,13 +220,18 @@ func (c *Chart) SVG() string {
 					open, x, top, math.Max(bw-1, 1), math.Max(h, 0.5), esc(p.Label), exact(p.Y), esc(s.Name), esc(p.Label), fmtNum(p.Y), close)
 			}
 		default:
+			// The line runs in x order (shards committed at once by
+			// parallel encoders can be listed slightly out of time order);
+			// the points keep the report's order.
+			line := slices.Clone(pts)
+			slices.SortStableFunc(line, func(a, b Point) int { return cmp.Compare(a.X, b.X) })
 			var path strings.Builder
-			for i := 0; i < len(pts); i += stride {
+			for i := 0; i < len(line); i += stride {
 				cmd := "L"
 				if i == 0 {
 					cmd = "M"
 				}
-				fmt.Fprintf(&path, "%s%.1f %.1f", cmd, xmap(pts[i]), ymap(pts[i].Y))
+				fmt.Fprintf(&path, "%s%.1f %.1f", cmd, xmap(line[i]), ymap(line[i].Y))
 			}
 			fmt.Fprintf(&b, `<path class="line" d="%s"/>`, path.String())
 			for i := 0; i < len(pts); i += stride {
@@ -231,13 +252,27 @@ func (c *Chart) SVG() string {
 		b.WriteString(`<g class="legend">`)
 		for si, s := range c.Series {
 			x := padL + 8 + (si%4)*legendInterval
-			y := padT + 6 + (si/4)*legendLine
+			y := legendTop + 6 + (si/4)*legendLine
 			fmt.Fprintf(&b, `<rect class="key s%d" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text>`, si%8, x, y, x+14, y+9, esc(clip(s.Name, 16)))
 		}
 		b.WriteString(`</g>`)
 	}
 	b.WriteString(`</svg>`)
 	return b.String()
+}
+
+// timeLayout formats clock times on an axis spanning span seconds: to
+// the millisecond under 3 seconds, with the date beyond a day.
+func timeLayout(span float64) string {
+	switch {
+	case span < 3:
+		return "15:04:05.000"
+	case span > 86400:
+		return "01-02 15:04"
+	case span > 600:
+		return "15:04"
+	}
+	return "15:04:05"
 }
 
 func link(href string) (string, string) {
