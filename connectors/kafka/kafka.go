@@ -284,6 +284,7 @@ func (g *Generation) readPartition(ctx context.Context, s *source, p int, offset
 		if ctx.Err() != nil {
 			return kgo.ErrGenerationEnded
 		}
+		s.retries.Add(1)
 		slog.Warn("kafka: reading partition, retrying", "stream", Stream(s.topic, p), "offset", offset, "err", err, "in", backoff)
 		select {
 		case <-ctx.Done():
@@ -351,6 +352,9 @@ func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, offset int64,
 			progressed = true
 		}
 		lag.Store(max(hw-offset, 0))
+		if errors.Is(cerr, kgo.RequestTimedOut) {
+			continue // nothing new within fetchWait: fetch again
+		}
 		if cerr != nil {
 			return offset, progressed, fmt.Errorf("kafka: read %s: %w", stream, cerr)
 		}
@@ -372,6 +376,8 @@ type source struct {
 	chunks chan ingest.Chunk
 	errs   chan error
 	lags   []atomic.Int64 // per partition, as of its last fetch
+	// retries counts the partitions' reconnections after a failed fetch.
+	retries atomic.Int64
 }
 
 // Lag is how many records the generation's partitions hold beyond what
