@@ -47,21 +47,36 @@ services-down:
 test-short:
 	$(GO) test -short -count=1 ./...
 
-# bench: unit benchmarks (estimators, generator, decoder), opening long
-# logs (BENCHMARKS.md), then the service-backed ones: opening a long S3
-# manifest; Kafka→MinIO ingest next to a bare kafka-go drain of the same
-# topic, and the produce→commit delay at 1,000 steps/s (run once each);
-# last, file ingest side by side with DuckDB (bench-ingest).
+# bench: unit benchmarks (estimators, generator, decoder, merged trajectory
+# rows), opening long logs (BENCHMARKS.md), the hand-written decoder and
+# Parquet writer against libraries (ingest/compare, a nested module), the
+# ui's paging at a million steps; then the service-backed ones: opening a
+# long S3 manifest, the produce→commit delay at 1,000 steps/s, Kafka→MinIO
+# against a bare drain and the file path (bench-kafka); last, file ingest
+# side by side with DuckDB (bench-ingest) on three shapes.
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/ ./ingest/synth/
+	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/ ./ingest/synth/ ./train/merge/
 	$(GO) test -run '^$$' -bench 'OpenGroupLog|LeaseAfterDone' -benchtime 3x -count 3 ./train/
 	$(GO) test -run '^$$' -bench 'GatewayLatency|SessionMemory' -benchtime 1x ./ingest/gateway/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
+	cd ingest/compare && $(GO) test -run '^$$' -bench . -count 1
+	$(GO) test -run '^$$' -bench UIBrowse -benchtime 1x -timeout 60m ./cmd/rllm-pipe/
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench Integration -benchtime 1x -timeout 30m ./cmd/rllm-pipe/
+	$(MAKE) bench-kafka
 	$(MAKE) bench-ingest
+	$(MAKE) bench-ingest SHAPE=steps-nomsg
 	$(MAKE) bench-ingest SHAPE=agents
+
+# bench-kafka: Kafka→MinIO ingest next to a bare kafka-go drain and the
+# file→directory ingest of the same input (cmd/kafkabench): a warm-up
+# round, then ROUNDS alternating rounds; median and spread (min–max).
+ROUNDS ?= 3
+.PHONY: bench-kafka
+bench-kafka: build
+	scripts/services.sh up >/dev/null
+	eval "$$(scripts/services.sh env)" && $(GO) run ./cmd/kafkabench --bin $(BIN) --size $(SIZE) --rounds $(ROUNDS) --work $(WORK)
 
 # bench-ingest: `rllm-pipe ingest` (GRPO, zstd Parquet) against DuckDB doing
 # the same job on the same generated input of SIZE (cached in WORK), PAIRS
@@ -82,7 +97,6 @@ bench-ingest: build
 # and 16 writers/members (MinIO and local side by side), then 1 against 2
 # Kafka ingest workers pinned one core each (cmd/scalebench); each figure
 # the median (min-max) of ROUNDS alternating runs. Starts Kafka and MinIO.
-ROUNDS ?= 3
 .PHONY: bench-scale
 bench-scale:
 	ROUNDS=$(ROUNDS) scripts/bench-scale.sh
