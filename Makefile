@@ -50,7 +50,8 @@ test-short:
 # bench: unit benchmarks (estimators, generator, decoder, merged trajectory
 # rows), opening long logs (BENCHMARKS.md), the hand-written decoder and
 # Parquet writer against libraries (ingest/compare, a nested module), the
-# ui's paging at a million steps; then the service-backed ones: opening a
+# ui's paging at a million steps, merged padded batches delivered to
+# Python against the same work in Python (bench_padded.py); then the service-backed ones: opening a
 # long S3 manifest, the produce→commit delay at 1,000 steps/s, Kafka→MinIO
 # against a bare drain and the file path (bench-kafka); last, file ingest
 # side by side with DuckDB (bench-ingest) on three shapes.
@@ -61,6 +62,7 @@ bench:
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
 	cd ingest/compare && $(GO) test -run '^$$' -bench . -count 1
 	$(GO) test -run '^$$' -bench UIBrowse -benchtime 1x -timeout 60m ./cmd/rllm-pipe/
+	train/python/examples/bench.sh --rounds 3
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench Integration -benchtime 1x -timeout 30m ./cmd/rllm-pipe/
