@@ -155,11 +155,13 @@ func TestDeadLettersCommittedPrefix(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(root, "_dlq", "run-c.jsonl"), []byte(b1), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	writeManifest(t, root, []schemas.ShardEntry{
-		{RunID: "a", DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-a.jsonl", Bytes: int64(len(a1))}},
-		{RunID: "a", DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-a.jsonl", Bytes: int64(len(a1 + a2))}},
-		{RunID: "b", DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-b.jsonl", Bytes: int64(len(b1))}},
-		{RunID: "d", DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-d.jsonl", Bytes: 10}}, // missing
+		{RunID: "a", CommittedAt: t0, DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-a.jsonl", Bytes: int64(len(a1))}},
+		// Commits run concurrently: seq 1 committed after seq 2.
+		{RunID: "a", CommittedAt: t0.Add(3 * time.Second), DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-a.jsonl", Bytes: int64(len(a1 + a2))}},
+		{RunID: "b", CommittedAt: t0.Add(2 * time.Second), DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-b.jsonl", Bytes: int64(len(b1))}},
+		{RunID: "d", CommittedAt: t0.Add(4 * time.Second), DeadLetters: &schemas.DeadLetterState{File: "_dlq/run-d.jsonl", Bytes: 10}}, // missing
 	})
 	before := snapshot(t, root)
 	ctx := context.Background()
@@ -179,6 +181,26 @@ func TestDeadLettersCommittedPrefix(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("dead letters:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	// Each line goes to the entry whose mark first covers it; the report
+	// follows commit time, not seq.
+	got = queryStrings(t, d, "SELECT concat_ws('|', seq, strftime(committed_at, '%S'), dlq_file, reason, dead_letters) FROM dead_letter_commits ORDER BY seq")
+	want = []string{
+		"0|05|_dlq/run-a.jsonl|malformed_json|1",
+		"1|08|_dlq/run-a.jsonl|late|1",
+		"2|07|_dlq/run-b.jsonl|invalid_value|1",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("dead_letter_commits:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	q, err := Report(ReportDeadLettersOverTime, ReportOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = queryStrings(t, d, "SELECT concat_ws('|', seq, reason, dead_letters, cumulative_dead_letters) FROM ("+q+")")
+	want = []string{"0|malformed_json|1|1", "2|invalid_value|1|1", "1|late|1|1"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("dead-letters-over-time:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	if after := snapshot(t, root); after != before {
 		t.Errorf("the output root changed:\nbefore %s\nafter  %s", before, after)
@@ -415,18 +437,21 @@ func TestScanLines(t *testing.T) {
 	}
 }
 
-// synthetic replaces the steps and shards views of an empty DB with
-// tables holding rows (columns not given are null), so that the other
-// views and the reports run over hand-made data.
+// synthetic replaces the stored_steps and shards views of an empty DB
+// with tables holding rows (columns not given are null; the token counts
+// are the lengths of the lists), so that the other views and the reports
+// run over hand-made data.
 func synthetic(t *testing.T, d *DB, cols string, steps []string, shards []string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, q := range []string{
-		"CREATE TABLE steps_t AS SELECT * FROM steps",
+		"CREATE TABLE steps_t AS SELECT * FROM stored_steps",
 		"CREATE TABLE shards_t AS SELECT * FROM shards",
-		"DROP VIEW steps", "DROP VIEW shards",
-		"ALTER TABLE steps_t RENAME TO steps", "ALTER TABLE shards_t RENAME TO shards",
-		"INSERT INTO steps (" + cols + ") VALUES " + strings.Join(steps, ", "),
+		"DROP VIEW steps", "DROP VIEW stored_steps", "DROP VIEW shards",
+		"ALTER TABLE steps_t RENAME TO stored_steps", "ALTER TABLE shards_t RENAME TO shards",
+		"CREATE VIEW steps AS SELECT * EXCLUDE (prompt_tokens, response_tokens) FROM stored_steps",
+		"INSERT INTO stored_steps (" + cols + ") VALUES " + strings.Join(steps, ", "),
+		"UPDATE stored_steps SET prompt_tokens = len(prompt_ids), response_tokens = len(response_ids)",
 		"INSERT INTO shards (seq, path) VALUES " + strings.Join(shards, ", "),
 	} {
 		if _, err := d.SQL().ExecContext(ctx, q); err != nil {
@@ -584,4 +609,46 @@ func jsonClose(t *testing.T, a, b string) bool {
 		}
 	}
 	return true
+}
+
+// TestThroughputFollowsCommitTime: shard commits run concurrently, so a
+// later seq can commit earlier. The throughput and filtered-over-time
+// reports accumulate in commit-time order (ties by seq): cumulative rows
+// never go back in time.
+func TestThroughputFollowsCommitTime(t *testing.T) {
+	d, err := OpenLocal(context.Background(), t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	synthetic(t, d, "group_id, group_version, trajectory_id, step_index, reward, filter_reason, shard",
+		[]string{"('g0', 0, 'a', 0, 1, 'zero_variance', 's0')", "('g1', 0, 'a', 0, 1, 'zero_variance', 's1')",
+			"('g2', 0, 'a', 0, 1, 'zero_variance', 's2')", "('g3', 0, 'a', 0, 1, 'zero_variance', 's3')"},
+		[]string{"(0, 's0')", "(1, 's1')", "(2, 's2')", "(3, 's3')"})
+	// seq 0 at :01 (10 rows), 1 at :04 (20), 2 at :02 (30), 3 at :02 (40).
+	if _, err := d.SQL().Exec(`UPDATE shards SET "rows" = (seq + 1) * 10,
+  committed_at = TIMESTAMPTZ '2026-01-02 03:04:00+00' + to_seconds([1, 4, 2, 2][seq + 1])`); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(reportRows(t, d, ReportThroughput), "\n")
+	want := strings.Join([]string{
+		`{"seq":0,"committed_at":"2026-01-02T03:04:01Z","rows":10,"groups":null,"cumulative_rows":10,"rows_per_second":null}`,
+		`{"seq":2,"committed_at":"2026-01-02T03:04:02Z","rows":30,"groups":null,"cumulative_rows":40,"rows_per_second":30}`,
+		`{"seq":3,"committed_at":"2026-01-02T03:04:02Z","rows":40,"groups":null,"cumulative_rows":80,"rows_per_second":null}`,
+		`{"seq":1,"committed_at":"2026-01-02T03:04:04Z","rows":20,"groups":null,"cumulative_rows":100,"rows_per_second":10}`,
+	}, "\n")
+	if got != want {
+		t.Errorf("throughput:\n%s\nwant:\n%s", got, want)
+	}
+	var seqs []string
+	for _, r := range reportRows(t, d, ReportFilteredOverTime) {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(r), &m); err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, fmt.Sprintf("%v:%v", m["seq"], m["cumulative_groups"]))
+	}
+	if g := strings.Join(seqs, " "); g != "0:1 2:2 3:3 1:4" {
+		t.Errorf("filtered-over-time (seq:cumulative) %s, want 0:1 2:2 3:3 1:4", g)
+	}
 }

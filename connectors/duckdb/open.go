@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	duckdbdrv "github.com/duckdb/duckdb-go/v2"
 	"golang.org/x/sync/errgroup"
@@ -136,7 +137,8 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 	if err != nil {
 		return err
 	}
-	for _, c := range committedDeadLetters(entries) {
+	dls, marks := committedDeadLetters(entries, func(i int) int64 { return int64(i) })
+	for i, c := range dls {
 		p := c.File
 		if !filepath.IsAbs(p) {
 			if err := checkRel(p); err != nil {
@@ -144,7 +146,7 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 			}
 			p = filepath.Join(root, filepath.FromSlash(c.File))
 		}
-		f, err := d.localDeadLetters(ctx, c, p, dir)
+		f, err := d.localDeadLetters(ctx, c, marks[i], p, dir)
 		if err != nil {
 			return err
 		}
@@ -240,31 +242,107 @@ func (d *DB) writeConsumed(ctx context.Context, r store.Reader, dir string) (str
 	return file, nil
 }
 
+// dlMark is a manifest entry's mark on a dead-letter file: the file's
+// durable length when the entry committed.
+type dlMark struct {
+	seq   int64
+	at    time.Time
+	bytes int64
+}
+
 // committedDeadLetters returns, per dead-letter file, the durable length
 // recorded by the latest manifest entry naming it, in order of first
-// mention.
-func committedDeadLetters(entries []schemas.ShardEntry) []schemas.DeadLetterState {
+// mention, and the marks of every entry naming it, in manifest order
+// (seq gives an entry's place).
+func committedDeadLetters(entries []schemas.ShardEntry, seq func(i int) int64) ([]schemas.DeadLetterState, [][]dlMark) {
 	idx := map[string]int{}
 	var out []schemas.DeadLetterState
-	for _, e := range entries {
+	var marks [][]dlMark
+	for i, e := range entries {
 		dl := e.DeadLetters
 		if dl == nil || dl.File == "" {
 			continue
 		}
-		if i, ok := idx[dl.File]; ok {
-			out[i].Bytes = dl.Bytes
+		m := dlMark{seq: seq(i), at: e.CommittedAt, bytes: dl.Bytes}
+		if j, ok := idx[dl.File]; ok {
+			out[j].Bytes = dl.Bytes
+			marks[j] = append(marks[j], m)
 			continue
 		}
 		idx[dl.File] = len(out)
 		out = append(out, *dl)
+		marks = append(marks, []dlMark{m})
 	}
-	return out
+	return out, marks
+}
+
+// dlCommit counts the dead letters of one reason that one manifest entry
+// committed in one file.
+type dlCommit struct {
+	seq     int64
+	at      time.Time
+	file    string // as the manifest names it
+	reason  string
+	letters int64
+}
+
+// attributeDeadLetters reads the complete lines of r (the committed lines
+// of the dead-letter file rel) and counts them by reason and by the first
+// entry, in manifest order, whose mark covers the line's end. Lines past
+// every mark (a manifest whose marks shrank) go to the last entry.
+func attributeDeadLetters(ctx context.Context, r io.Reader, rel string, marks []dlMark) ([]dlCommit, error) {
+	if len(marks) == 0 {
+		return nil, nil
+	}
+	type k struct {
+		mark   int
+		reason string
+	}
+	counts := map[k]int64{}
+	var order []k
+	br := bufio.NewReaderSize(r, 1<<20)
+	var end int64
+	j := 0
+	for n := 0; ; n++ {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, err
+		}
+		end += int64(len(line))
+		for j < len(marks)-1 && marks[j].bytes < end {
+			j++
+		}
+		var dl struct {
+			Reason string `json:"reason"`
+		}
+		// The view reads the same line; a line it cannot read fails there.
+		_ = json.Unmarshal(line, &dl)
+		key := k{j, dl.Reason}
+		if _, ok := counts[key]; !ok {
+			order = append(order, key)
+		}
+		counts[key]++
+	}
+	out := make([]dlCommit, 0, len(order))
+	for _, key := range order {
+		m := marks[key.mark]
+		out = append(out, dlCommit{seq: m.seq, at: m.at, file: rel, reason: key.reason, letters: counts[key]})
+	}
+	return out, nil
 }
 
 // localDeadLetters returns the committed lines of the dead-letter file at
 // p: the file itself when all of it is committed, else a copy of its
 // committed prefix under dir.
-func (d *DB) localDeadLetters(ctx context.Context, c schemas.DeadLetterState, p, dir string) (*dlqFile, error) {
+func (d *DB) localDeadLetters(ctx context.Context, c schemas.DeadLetterState, marks []dlMark, p, dir string) (*dlqFile, error) {
 	if c.Bytes <= 0 {
 		return nil, nil
 	}
@@ -293,8 +371,15 @@ func (d *DB) localDeadLetters(ctx context.Context, c schemas.DeadLetterState, p,
 	if complete == 0 {
 		return nil, nil
 	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
+	}
+	commits, err := attributeDeadLetters(ctx, io.LimitReader(f, complete), c.File, marks)
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
+	}
 	if complete == info.Size() {
-		return &dlqFile{rel: c.File, file: p, longest: longest}, nil
+		return &dlqFile{rel: c.File, file: p, longest: longest, commits: commits}, nil
 	}
 	// An uncommitted tail (a writer at work, or a crashed run no writer
 	// has reopened yet): copy the committed lines.
@@ -305,7 +390,7 @@ func (d *DB) localDeadLetters(ctx context.Context, c schemas.DeadLetterState, p,
 	if err := writeFile(dst, io.LimitReader(f, complete)); err != nil {
 		return nil, fmt.Errorf("duckdb: copy committed dead letters of %s: %w", c.File, err)
 	}
-	return &dlqFile{rel: c.File, file: dst, longest: longest}, nil
+	return &dlqFile{rel: c.File, file: dst, longest: longest, commits: commits}, nil
 }
 
 // scanLines reads r and returns its longest line and the length of its
@@ -414,7 +499,7 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 		seen[e.Path] = true
 		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, file: filepath.Join(base, filepath.FromSlash(e.Path))})
 	}
-	dls := committedDeadLetters(entries)
+	dls, marks := committedDeadLetters(entries, func(i int) int64 { return entries[i].Seq })
 	l.dlq = make([]dlqFile, len(dls))
 	par := o.Parallel
 	if par <= 0 {
@@ -453,11 +538,15 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 			if complete == 0 {
 				return nil
 			}
+			commits, err := attributeDeadLetters(gctx, bytes.NewReader(data[:complete]), c.File, marks[i])
+			if err != nil {
+				return fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
+			}
 			file := filepath.Join(dir, "dead-letters", filepath.FromSlash(c.File))
 			if err := writeFile(file, bytes.NewReader(data[:complete])); err != nil {
 				return fmt.Errorf("duckdb: save dead letters %s: %w", c.File, err)
 			}
-			l.dlq[i] = dlqFile{rel: c.File, file: file, longest: longest}
+			l.dlq[i] = dlqFile{rel: c.File, file: file, longest: longest, commits: commits}
 			return nil
 		})
 	}

@@ -30,6 +30,8 @@ const (
 	ReportTokenLengths    = "token-lengths"
 	ReportAdvantage       = "advantage"
 	ReportDeadLetters     = "dead-letters"
+	// ReportDeadLettersOverTime counts dead letters by reason per commit.
+	ReportDeadLettersOverTime = "dead-letters-over-time"
 	// The reports below feed the charts of `rllm-pipe report` and `ui`.
 	ReportPassAtKByVersion   = "pass-at-k-by-version"
 	ReportLengthsByVersion   = "token-lengths-by-version"
@@ -52,12 +54,13 @@ func Reports() []ReportInfo {
 		{ReportTokenLengths, "prompt and response tokens per step: steps, mean, quantiles p50/p90/p99 (quantile_cont: linear interpolation), min, max"},
 		{ReportAdvantage, "per estimator, over trajectories: count, mean, std (population), min, p01, p50, p99 (quantile_cont), max, fraction exactly zero"},
 		{ReportDeadLetters, "committed dead letters by reason code, with their share"},
+		{ReportDeadLettersOverTime, "per manifest entry that committed dead letters, in commit-time order (ties by seq), and reason: committed_at, the entry's dead letters of that reason, and the cumulative dead letters of that reason"},
 		{ReportPassAtKByVersion, "per group_version: tasks, then per --k the mean over its tasks of the unbiased pass@k of pass-at-k (tasks with k > n left out)"},
 		{ReportLengthsByVersion, "per group_version: steps, prompt and response tokens per step: mean and p90 (quantile_cont)"},
 		{ReportAdvantageHistogram, "per estimator, trajectories by advantage in 30 equal bins between the min and max over all trajectories (bin, bin_lo, bin_hi; empty bins left out)"},
 		{ReportFilteredByVersion, "per group_version and filter_reason ('(kept)' for groups not filtered): groups"},
-		{ReportFilteredOverTime, "per committed shard in manifest order and filter_reason ('(kept)' for groups not filtered): committed_at, the shard's groups, and the cumulative groups of that reason"},
-		{ReportThroughput, "per committed shard in manifest order: committed_at, rows, groups, cumulative rows, and rows per second since the previous commit"},
+		{ReportFilteredOverTime, "per committed shard in commit-time order (ties by seq) and filter_reason ('(kept)' for groups not filtered): committed_at, the shard's groups, and the cumulative groups of that reason"},
+		{ReportThroughput, "per committed shard in commit-time order (ties by seq; shards commit concurrently, so seq order is not time order): committed_at, rows, groups, cumulative rows, and rows per second since the previous commit"},
 		{ReportRoles, "per role ('(none)' when unset): trajectories, mean reward, pass rate, mean response tokens per trajectory"},
 	}
 }
@@ -82,6 +85,8 @@ func Report(name string, o ReportOptions) (string, error) {
 		return advantageSQL, nil
 	case ReportDeadLetters:
 		return deadLettersReportSQL, nil
+	case ReportDeadLettersOverTime:
+		return deadLettersOverTimeSQL, nil
 	case ReportPassAtKByVersion:
 		ks, err := passKs(o.K)
 		if err != nil {
@@ -196,9 +201,9 @@ const tokenLengthsSQL = `SELECT tokens, count(*) AS steps, avg(len) AS mean,
   quantile_cont(len, 0.5) AS p50, quantile_cont(len, 0.9) AS p90, quantile_cont(len, 0.99) AS p99,
   min(len) AS min, max(len) AS max
 FROM (
-  SELECT 'prompt' AS tokens, 0 AS o, len(prompt_ids) AS len FROM steps
+  SELECT 'prompt' AS tokens, 0 AS o, prompt_tokens AS len FROM stored_steps
   UNION ALL
-  SELECT 'response', 1, len(response_ids) FROM steps
+  SELECT 'response', 1, response_tokens FROM stored_steps
 )
 GROUP BY tokens, o
 ORDER BY o`
@@ -215,6 +220,16 @@ const deadLettersReportSQL = `SELECT reason, count(*) AS dead_letters, count(*) 
 FROM dead_letters
 GROUP BY reason
 ORDER BY dead_letters DESC, reason`
+
+const deadLettersOverTimeSQL = `WITH per_commit AS (
+  SELECT seq, committed_at, reason, sum(dead_letters)::BIGINT AS dead_letters
+  FROM dead_letter_commits
+  GROUP BY seq, committed_at, reason
+)
+SELECT seq, committed_at, reason, dead_letters,
+  sum(dead_letters) OVER (PARTITION BY reason ORDER BY committed_at, seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_dead_letters
+FROM per_commit
+ORDER BY committed_at, seq, reason`
 
 // passAtKByVersionSQL is pass-at-k's estimator per (group_version,
 // task_id), averaged per group_version over the tasks where it is defined.
@@ -243,9 +258,9 @@ ORDER BY group_version`
 }
 
 const lengthsByVersionSQL = `SELECT group_version, count(*) AS steps,
-  avg(len(prompt_ids)) AS prompt_mean, quantile_cont(len(prompt_ids), 0.9) AS prompt_p90,
-  avg(len(response_ids)) AS response_mean, quantile_cont(len(response_ids), 0.9) AS response_p90
-FROM steps
+  avg(prompt_tokens) AS prompt_mean, quantile_cont(prompt_tokens, 0.9) AS prompt_p90,
+  avg(response_tokens) AS response_mean, quantile_cont(response_tokens, 0.9) AS response_p90
+FROM stored_steps
 GROUP BY group_version
 ORDER BY group_version`
 
@@ -280,15 +295,18 @@ const filteredOverTimeSQL = `WITH per_group AS (
   SELECT shard, filter_reason, count(*) AS "groups" FROM per_group GROUP BY shard, filter_reason
 )
 SELECT s.seq, s.committed_at, p.filter_reason, p."groups",
-  sum(p."groups") OVER (PARTITION BY p.filter_reason ORDER BY s.seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_groups
+  sum(p."groups") OVER (PARTITION BY p.filter_reason ORDER BY s.committed_at, s.seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_groups
 FROM per_shard p JOIN shards s ON s.path = p.shard
-ORDER BY s.seq, p.filter_reason`
+ORDER BY s.committed_at, s.seq, p.filter_reason`
 
+// throughputSQL follows commit time: shard commits run concurrently, so
+// a later seq may carry an earlier committed_at, and cumulative rows in
+// seq order would go back in time.
 const throughputSQL = `SELECT seq, committed_at, "rows", "groups",
-  sum("rows") OVER (ORDER BY seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_rows,
-  "rows" / nullif(epoch(committed_at) - epoch(lag(committed_at) OVER (ORDER BY seq)), 0) AS rows_per_second
+  sum("rows") OVER (ORDER BY committed_at, seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_rows,
+  "rows" / nullif(epoch(committed_at) - epoch(lag(committed_at) OVER (ORDER BY committed_at, seq)), 0) AS rows_per_second
 FROM shards
-ORDER BY seq`
+ORDER BY committed_at, seq`
 
 const rolesSQL = `SELECT coalesce(role, '(none)') AS role, count(*) AS trajectories, avg(reward) AS mean_reward,
   avg(CASE WHEN pass THEN 1.0::DOUBLE ELSE 0.0::DOUBLE END) AS pass_rate,

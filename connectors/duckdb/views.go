@@ -36,6 +36,9 @@ type dlqFile struct {
 	// longest is the longest line, in bytes (DuckDB's JSON reader needs a
 	// bound on object size).
 	longest int
+	// commits counts the lines by the manifest entry that committed them
+	// and by reason.
+	commits []dlCommit
 }
 
 // layout is what the views read.
@@ -52,24 +55,30 @@ type layout struct {
 // View names, in the order they are created (each reads the ones before).
 const (
 	ViewShards       = "shards"
+	ViewStoredSteps  = "stored_steps"
 	ViewSteps        = "steps"
 	ViewTrajectories = "trajectories"
 	ViewGroups       = "groups"
 	ViewDeadLetters  = "dead_letters"
+	ViewDLCommits    = "dead_letter_commits"
 	ViewConsumed     = "consumed"
 )
 
 func (l *layout) views() ([]View, error) {
-	steps, err := l.stepsSQL()
+	stored, err := l.storedStepsSQL()
 	if err != nil {
 		return nil, err
 	}
 	return []View{
 		{ViewShards, "one row per committed shard (manifest entries, in manifest order)", l.shardsSQL()},
-		{ViewSteps, "one row per committed step: every row of the committed shards, plus shard (its manifest path)", steps},
+		{ViewStoredSteps, "one row per committed step as stored (a delta prompt's prompt_ids is null: see steps), plus shard, " +
+			"prompt_tokens (the whole prompt's length, counted without rebuilding it) and response_tokens", stored},
+		{ViewSteps, "one row per committed step: every row of the committed shards, whole prompts and messages, plus shard (its manifest path)", l.stepsSQL()},
 		{ViewTrajectories, "one row per trajectory (group_id, group_version, trajectory_id); pass = coalesce(is_correct, reward > 0)", trajectoriesSQL},
 		{ViewGroups, "one row per group (group_id, group_version); reward_std is the population std", groupsSQL},
 		{ViewDeadLetters, "one row per committed dead letter", l.deadLettersSQL()},
+		{ViewDLCommits, "per manifest entry (seq, committed_at), dead-letter file and reason: the dead letters that entry committed " +
+			"(a line belongs to the first entry whose mark on its file covers it)", l.deadLetterCommitsSQL()},
 		{ViewConsumed, "one row per group of each batch a consumer group acknowledged (train_step: the batch's place in the group's acknowledgements, from 0); staleness = policy_version - group_version; a table read when opened", l.consumedSQL()},
 	}, nil
 }
@@ -115,12 +124,28 @@ func (l *layout) shardsSQL() string {
 	return b.String()
 }
 
-// stepsSQL reads the listed files, never a glob. Hive partitioning is off
-// (the policy=<N> folder is not a column); union_by_name lets shards of
-// older schema versions, missing newer columns, be read with the others.
-func (l *layout) stepsSQL() (string, error) {
+// deltas reports whether a shard may store prompts as deltas (schema 4
+// or later): one is enough to need the delta columns, which
+// union_by_name gives older shards as NULLs.
+func (l *layout) deltas() bool {
+	for _, s := range l.shards {
+		if v, err := strconv.Atoi(s.entry.SchemaVersion); err == nil && v >= 4 {
+			return true
+		}
+	}
+	return false
+}
+
+// storedStepsSQL reads the listed files, never a glob. Hive partitioning
+// is off (the policy=<N> folder is not a column); union_by_name lets
+// shards of older schema versions, missing newer columns, be read with
+// the others. prompt_tokens is the length of the whole prompt: a delta
+// row's is its prefix length plus its delta's (schemas.ColPromptPrefixLen),
+// so counting tokens needs no window over the steps, which rebuilding the
+// prompts (steps) does.
+func (l *layout) storedStepsSQL() (string, error) {
 	var b strings.Builder
-	b.WriteString("CREATE OR REPLACE VIEW steps AS\n")
+	b.WriteString("CREATE OR REPLACE VIEW stored_steps AS\n")
 	if len(l.shards) == 0 {
 		b.WriteString("SELECT ")
 		for _, f := range schemas.StepSchema.Fields() {
@@ -130,23 +155,17 @@ func (l *layout) stepsSQL() (string, error) {
 			}
 			fmt.Fprintf(&b, "NULL::%s AS %s, ", t, f.Name)
 		}
-		b.WriteString("NULL::VARCHAR AS shard\nWHERE false;\n")
+		b.WriteString("NULL::VARCHAR AS shard, NULL::BIGINT AS prompt_tokens, NULL::BIGINT AS response_tokens\nWHERE false;\n")
 		return b.String(), nil
+	}
+	prompt := "len(prompt_ids)"
+	if l.deltas() {
+		prompt = "CASE WHEN coalesce(prompt_prefix_len, 0) = 0 THEN len(prompt_ids) ELSE prompt_prefix_len + len(prompt_delta_ids) END"
 	}
 	// DuckDB reports each row's file name as given: strip base + "/"
 	// (substr counts code points).
-	// Shards of schema 4 may store prompts as deltas (one is enough to
-	// need the columns; union_by_name gives older shards NULLs there).
-	deltas := false
-	for _, s := range l.shards {
-		if v, err := strconv.Atoi(s.entry.SchemaVersion); err == nil && v >= 4 {
-			deltas = true
-		}
-	}
-	if deltas {
-		b.WriteString("WITH stored AS (\n")
-	}
-	fmt.Fprintf(&b, "SELECT * EXCLUDE (filename), substr(filename, %d) AS shard\nFROM read_parquet([\n", utf8.RuneCountInString(l.base)+2)
+	fmt.Fprintf(&b, "SELECT *, %s::BIGINT AS prompt_tokens, len(response_ids)::BIGINT AS response_tokens\n", prompt)
+	fmt.Fprintf(&b, "FROM (SELECT * EXCLUDE (filename), substr(filename, %d) AS shard\nFROM read_parquet([\n", utf8.RuneCountInString(l.base)+2)
 	for i, s := range l.shards {
 		b.WriteString("  " + sqlString(s.file))
 		if i < len(l.shards)-1 {
@@ -154,13 +173,18 @@ func (l *layout) stepsSQL() (string, error) {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("], hive_partitioning = false, union_by_name = true, filename = true)")
-	if !deltas {
-		b.WriteString(";\n")
-		return b.String(), nil
-	}
-	b.WriteString(")\n" + wholePromptsSQL + ";\n")
+	b.WriteString("], hive_partitioning = false, union_by_name = true, filename = true));\n")
 	return b.String(), nil
+}
+
+// stepsSQL reads stored_steps and, when a shard may hold deltas, rebuilds
+// the whole prompts and messages.
+func (l *layout) stepsSQL() string {
+	const stored = "SELECT * EXCLUDE (prompt_tokens, response_tokens) FROM stored_steps"
+	if len(l.shards) == 0 || !l.deltas() {
+		return "CREATE OR REPLACE VIEW steps AS\n" + stored + ";\n"
+	}
+	return "CREATE OR REPLACE VIEW steps AS\nWITH stored AS (" + stored + ")\n" + wholePromptsSQL + ";\n"
 }
 
 // wholePromptsSQL rebuilds the prompts and messages stored as prefix
@@ -230,7 +254,8 @@ func duckType(t arrow.DataType) (string, error) {
 	return "", fmt.Errorf("no DuckDB type for %s", t)
 }
 
-// trajectoriesSQL folds the steps of a trajectory. Trajectory and group
+// trajectoriesSQL folds the steps of a trajectory (as stored: it needs
+// their token counts, never the tokens). Trajectory and group
 // values are repeated on every step row, so any_value (which skips nulls)
 // reads them; advantage is the first step's (ingest broadcasts one value
 // per trajectory; token-level advantages stay in steps).
@@ -241,8 +266,8 @@ SELECT group_id, group_version, trajectory_id,
   any_value(reward) AS reward,
   any_value(num_steps) AS num_steps,
   count(*) AS steps,
-  sum(len(prompt_ids))::BIGINT AS prompt_tokens,
-  sum(len(response_ids))::BIGINT AS response_tokens,
+  sum(prompt_tokens)::BIGINT AS prompt_tokens,
+  sum(response_tokens)::BIGINT AS response_tokens,
   min(policy_version) AS min_policy_version,
   max(policy_version) AS max_policy_version,
   any_value(is_correct) AS is_correct,
@@ -255,7 +280,7 @@ SELECT group_id, group_version, trajectory_id,
   any_value(expected_group_size) AS expected_group_size,
   any_value(shard) AS shard,
   coalesce(any_value(is_correct), any_value(reward) > 0) AS pass
-FROM steps
+FROM stored_steps
 GROUP BY group_id, group_version, trajectory_id;
 `
 
@@ -328,6 +353,29 @@ FROM read_json([
 	}
 	b.WriteString(") AS f(filename, dlq_file) ON f.filename = d.filename;\n")
 	return b.String()
+}
+
+// deadLetterCommitsSQL lists the counts Open made while reading the
+// committed dead letters (attributeDeadLetters): the manifest's marks
+// are not in the files, so the counts come in as values.
+func (l *layout) deadLetterCommitsSQL() string {
+	var rows []string
+	for _, d := range l.dlq {
+		for _, c := range d.commits {
+			at := "NULL"
+			if !c.at.IsZero() {
+				at = sqlString(c.at.UTC().Format(time.RFC3339Nano))
+			}
+			rows = append(rows, fmt.Sprintf("  (%d, %s, %s, %s, %d)", c.seq, at, sqlString(c.file), sqlString(c.reason), c.letters))
+		}
+	}
+	const head = "CREATE OR REPLACE VIEW dead_letter_commits AS\n"
+	if len(rows) == 0 {
+		return head + "SELECT NULL::BIGINT AS seq, NULL::TIMESTAMPTZ AS committed_at, NULL::VARCHAR AS dlq_file, NULL::VARCHAR AS reason,\n" +
+			"  NULL::BIGINT AS dead_letters\nWHERE false;\n"
+	}
+	return head + "SELECT seq::BIGINT AS seq, committed_at::TIMESTAMPTZ AS committed_at, dlq_file::VARCHAR AS dlq_file, reason::VARCHAR AS reason,\n" +
+		"  dead_letters::BIGINT AS dead_letters\nFROM (VALUES\n" + strings.Join(rows, ",\n") + "\n) AS t(seq, committed_at, dlq_file, reason, dead_letters);\n"
 }
 
 // itoa is strconv.Itoa for report SQL.

@@ -59,11 +59,14 @@ func Charts(d *Data, link Linker) []*Chart {
 
 	ft := d.Tables[duckdb.ReportFilteredOverTime]
 	out = append(out, &Chart{ID: "filtered-time", Title: "Groups filtered by reason over commit time", XLabel: "commit time (UTC)", YLabel: "groups filtered (cumulative)", Kind: KindLine, XTime: true,
-		Series: reasonSeries(ft, "committed_at", "cumulative_groups", func(_ float64, reason string) string { return lk("reason", reason) }), Note: "no group was filtered"})
+		Series: reasonSeries(ft, "committed_at", "filter_reason", "cumulative_groups", func(_ float64, reason string) string { return lk("reason", reason) }), Note: "no group was filtered"})
 
 	dl := d.Tables[duckdb.ReportDeadLetters]
 	out = append(out, &Chart{ID: "dead-letters", Title: "Dead letters by reason", XLabel: "reason", YLabel: "dead letters", Kind: KindBar,
 		Series: barSeries(dl, "reason", []string{"dead_letters"}, []string{"dead letters"}, nil), Note: "no dead letters"})
+	dt := d.Tables[duckdb.ReportDeadLettersOverTime]
+	out = append(out, &Chart{ID: "dead-letters-time", Title: "Dead letters by reason over commit time", XLabel: "commit time (UTC)", YLabel: "dead letters (cumulative)", Kind: KindLine, XTime: true,
+		Series: reasonSeries(dt, "committed_at", "reason", "cumulative_dead_letters", nil), Note: "no dead letters"})
 
 	tp := d.Tables[duckdb.ReportThroughput]
 	out = append(out, &Chart{ID: "throughput", Title: "Ingest: rows committed over commit time", XLabel: "commit time (UTC)", YLabel: "rows committed (cumulative)", Kind: KindLine, XTime: true,
@@ -172,16 +175,16 @@ func histSeries(t *Table) []Series {
 // filteredSeries: one series per filter reason (not "(kept)"), x the
 // group_version.
 func filteredSeries(t *Table, lk func(...string) string) []Series {
-	return reasonSeries(t, "group_version", "groups", func(v float64, reason string) string { return lk("version", fmtNum(v), "reason", reason) })
+	return reasonSeries(t, "group_version", "filter_reason", "groups", func(v float64, reason string) string { return lk("version", fmtNum(v), "reason", reason) })
 }
 
-// reasonSeries: one series per filter_reason (not "(kept)") of y against
-// x, in reason order.
-func reasonSeries(t *Table, x, y string, link func(x float64, reason string) string) []Series {
+// reasonSeries: one series per value of the reason column (not
+// "(kept)") of y against x, in reason order; link may be nil.
+func reasonSeries(t *Table, x, reasonCol, y string, link func(x float64, reason string) string) []Series {
 	if t == nil {
 		return nil
 	}
-	xi, ri, yi := t.Col(x), t.Col("filter_reason"), t.Col(y)
+	xi, ri, yi := t.Col(x), t.Col(reasonCol), t.Col(y)
 	if xi < 0 || ri < 0 || yi < 0 {
 		return nil
 	}
@@ -196,7 +199,11 @@ func reasonSeries(t *Table, x, y string, link func(x float64, reason string) str
 		if !ok1 || !ok2 {
 			continue
 		}
-		by[reason] = append(by[reason], Point{X: xv, Y: yv, Link: link(xv, reason)})
+		p := Point{X: xv, Y: yv}
+		if link != nil {
+			p.Link = link(xv, reason)
+		}
+		by[reason] = append(by[reason], p)
 	}
 	var reasons []string
 	for r := range by {

@@ -57,7 +57,8 @@ func Names() []string {
 	return []string{
 		duckdb.ReportRewardByVersion, duckdb.ReportPassAtKByVersion, duckdb.ReportPassAtK, duckdb.ReportStaleness,
 		duckdb.ReportAdvantage, duckdb.ReportAdvantageHistogram, duckdb.ReportTokenLengths, duckdb.ReportLengthsByVersion,
-		duckdb.ReportFilteredByVersion, duckdb.ReportFilteredOverTime, duckdb.ReportDeadLetters, duckdb.ReportThroughput, duckdb.ReportRoles,
+		duckdb.ReportFilteredByVersion, duckdb.ReportFilteredOverTime, duckdb.ReportDeadLetters,
+		duckdb.ReportDeadLettersOverTime, duckdb.ReportThroughput, duckdb.ReportRoles,
 	}
 }
 
