@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
@@ -230,14 +229,15 @@ func ListGroups(ctx context.Context, consumers Objects) ([]string, error) {
 const GroupsDir = store.ConsumersDir
 
 // countTrajectories counts the trajectories of a group's rows (the rows
-// of a trajectory are contiguous).
-func countTrajectories(parts []arrow.RecordBatch) int32 {
+// of a trajectory are contiguous), leaving out rows a filter marked when
+// the group still holds them.
+func countTrajectories(g *group) int32 {
 	var (
 		n    int32
 		prev string
 		seen bool
 	)
-	for _, p := range parts {
+	for _, p := range g.parts {
 		idx := p.Schema().FieldIndices("trajectory_id")
 		if len(idx) == 0 {
 			continue
@@ -246,7 +246,14 @@ func countTrajectories(parts []arrow.RecordBatch) int32 {
 		if !ok {
 			continue
 		}
+		var marked *array.String
+		if fi := p.Schema().FieldIndices("filter_reason"); g.marked && len(fi) > 0 {
+			marked, _ = p.Column(fi[0]).(*array.String)
+		}
 		for i := 0; i < col.Len(); i++ {
+			if marked != nil && marked.IsValid(i) {
+				continue
+			}
 			if v := col.Value(i); !seen || v != prev {
 				n++
 				prev, seen = v, true
@@ -268,7 +275,7 @@ type auditBatch struct {
 func consumedGroups(groups []*group) auditBatch {
 	a := auditBatch{groups: make([]ConsumedGroup, len(groups)), keys: make([]skipKey, len(groups))}
 	for i, g := range groups {
-		a.groups[i] = ConsumedGroup{Shard: g.shard, Ordinal: g.ordinal, GroupID: g.key, GroupVersion: g.version, Trajectories: countTrajectories(g.parts), Steps: g.rows}
+		a.groups[i] = ConsumedGroup{Shard: g.shard, Ordinal: g.ordinal, GroupID: g.key, GroupVersion: g.version, Trajectories: countTrajectories(g), Steps: g.rows}
 		a.keys[i] = skipKey{g.shard, g.ordinal}
 	}
 	return a

@@ -210,7 +210,7 @@ func TestCountTrajectories(t *testing.T) {
 	a, z := rec.NewSlice(0, 3), rec.NewSlice(3, 5)
 	defer a.Release()
 	defer z.Release()
-	if n := countTrajectories([]arrow.RecordBatch{a, z}); n != 3 {
+	if n := countTrajectories(&group{parts: []arrow.RecordBatch{a, z}}); n != 3 {
 		t.Fatalf("%d trajectories, want 3", n)
 	}
 }

@@ -173,6 +173,15 @@ func (f *former) take() (*Batch, []*group, error) {
 		b.Groups = append(b.Groups, g.key)
 		b.Tokens += g.tokens
 	}
+	if f.cfg.mergesDeltas() {
+		// Merged straight from the groups' parts, deltas and all.
+		rec, st, err := merge.RowsOf(f.mem, parts, !f.cfg.IncludeFiltered)
+		if err != nil {
+			return nil, groups, fmt.Errorf("train: %w", err)
+		}
+		b.Merge = &st
+		return f.done(b, groups, rec, st.Steps), groups, nil
+	}
 	rec, err := concat(f.mem, parts)
 	if err != nil {
 		return nil, groups, err
@@ -194,6 +203,12 @@ func (f *former) take() (*Batch, []*group, error) {
 		}
 		rec, b.Merge = out, &st
 	}
+	return f.done(b, groups, rec, steps), groups, nil
+}
+
+// done completes b with its record of rows, made of steps step rows, and
+// counts it.
+func (f *former) done(b *Batch, groups []*group, rec arrow.RecordBatch, steps int64) *Batch {
 	b.Record = rec
 	b.Oversized = len(groups) == 1 && f.cfg.MaxTokens > 0 && b.Tokens > f.cfg.MaxTokens
 	f.counters.Batches++
@@ -203,7 +218,7 @@ func (f *former) take() (*Batch, []*group, error) {
 	if b.Oversized {
 		f.counters.Oversized++
 	}
-	return b, groups, nil
+	return b
 }
 
 // dropStale removes and returns the pending groups that policyVersion
@@ -261,11 +276,11 @@ func (r *Reader) ReadShards(ctx context.Context, paths []string, emit func(Batch
 		return emit(*b)
 	}
 	for _, p := range paths {
-		rd, err := parquet.OpenFile(ctx, p, nil, r.mem)
+		rd, err := parquet.OpenFile(ctx, p, r.cfg.shardColumns(), r.mem)
 		if err != nil {
 			return err
 		}
-		sr := newShardReader(p, rd, r.cfg.IncludeFiltered, r.cfg.Layout)
+		sr := newShardReader(p, rd, &r.cfg)
 		err = func() error {
 			defer sr.close()
 			for {

@@ -445,11 +445,11 @@ func (c *Consumer) nextGroup(ctx context.Context) (*group, error) {
 		if err != nil || e == nil {
 			return nil, err
 		}
-		rd, err := c.shards.ReadShard(ctx, *e, nil, c.mem)
+		rd, err := c.shards.ReadShard(ctx, *e, c.cfg.shardColumns(), c.mem)
 		if err != nil {
 			return nil, fmt.Errorf("train: shard %s: %w", e.Path, err)
 		}
-		c.cur, c.curDone = newShardReader(e.Path, rd, c.cfg.IncludeFiltered, c.cfg.Layout), settled
+		c.cur, c.curDone = newShardReader(e.Path, rd, &c.cfg.Config), settled
 	}
 }
 

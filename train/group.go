@@ -22,6 +22,9 @@ type group struct {
 	rows    int64
 	// filtered counts rows dropped because a filter marked them.
 	filtered int64
+	// marked: parts still hold the rows a filter marked (stored prefix
+	// deltas may extend them); merging skips them.
+	marked bool
 }
 
 func (g *group) release() {
@@ -38,6 +41,9 @@ type shardReader struct {
 	rd              *parquet.Reader
 	includeFiltered bool
 	layout          Layout
+	// deltas: rows come as stored (prompts as prefix deltas) and groups
+	// keep their marked rows (see group.marked).
+	deltas bool
 
 	rec     arrow.RecordBatch // retained; nil before the first or after the last
 	row     int
@@ -50,8 +56,40 @@ type shardReader struct {
 	filterReason *array.String
 }
 
-func newShardReader(path string, rd *parquet.Reader, includeFiltered bool, layout Layout) *shardReader {
-	return &shardReader{path: path, rd: rd, includeFiltered: includeFiltered, layout: layout}
+// newShardReader reads the groups of rd, opened with cfg.shardColumns().
+func newShardReader(path string, rd *parquet.Reader, cfg *Config) *shardReader {
+	s := &shardReader{path: path, rd: rd, includeFiltered: cfg.IncludeFiltered, layout: cfg.Layout, deltas: cfg.mergesDeltas()}
+	if s.deltas {
+		rd.KeepDeltas()
+	}
+	return s
+}
+
+// mergesDeltas reports whether batches are merged trajectory rows built
+// from the rows as stored: prompts stay prefix deltas (train/merge works
+// on them) and a batch's groups are merged without joining them first. A
+// batch estimator needs the step rows joined, and rebuilt prompts.
+func (c *Config) mergesDeltas() bool {
+	return c.Layout == LayoutTrajectories && c.Batch == nil
+}
+
+// mergeColumns are the shard columns that merged trajectory rows are built
+// from (shardReader's and merge.RowsOf's), prefix deltas included.
+var mergeColumns = []string{
+	"group_id", "group_version", "prompt_ids", "response_ids", "filter_reason",
+	"task_id", "role", "trajectory_id", "step_id", "step_index", "num_steps", "group_size",
+	"policy_version", "response_logprobs", "token_advantages", "reward", "advantage",
+	"partial", "is_correct", "termination_reason", "estimator",
+	"prompt_prefix_len", "prompt_delta_ids",
+}
+
+// shardColumns are the columns to read of a shard: all (nil) but when
+// merging deltas.
+func (c *Config) shardColumns() []string {
+	if c.mergesDeltas() {
+		return mergeColumns
+	}
+	return nil
 }
 
 // load makes s.rec the next non-empty record batch; false at the end.
@@ -104,7 +142,7 @@ func (s *shardReader) next() (*group, error) {
 	if err != nil || g == nil || s.layout != LayoutTrajectories {
 		return g, err
 	}
-	if g.tokens, err = merge.Tokens(g.parts); err != nil {
+	if g.tokens, err = merge.TokensOf(g.parts, g.marked); err != nil {
 		g.release()
 		return nil, fmt.Errorf("train: shard %s: %w", s.path, err)
 	}
@@ -130,13 +168,27 @@ func (s *shardReader) read() (*group, error) {
 			return g, nil
 		}
 		if g == nil {
-			g = &group{shard: s.path, ordinal: s.ordinal, key: key, version: s.ver.Value(s.row)}
+			g = &group{shard: s.path, ordinal: s.ordinal, key: key, version: s.ver.Value(s.row), marked: s.deltas && !s.includeFiltered}
 			s.ordinal++
 		}
 		n := int(s.rec.NumRows())
 		end := s.row + 1
 		for end < n && s.gid.Value(end) == key {
 			end++
+		}
+		if s.deltas {
+			// The whole run; merging skips the marked rows.
+			var marked int64
+			for j := s.row; j < end; j++ {
+				if !s.includeFiltered && s.filterReason.IsValid(j) {
+					marked++
+				}
+			}
+			g.parts = append(g.parts, s.rec.NewSlice(int64(s.row), int64(end)))
+			g.filtered += marked
+			g.rows += int64(end-s.row) - marked
+			s.row = end
+			continue
 		}
 		// Keep the runs of rows in [row, end) that pass the filter.
 		for j := s.row; j < end; {

@@ -174,7 +174,7 @@ func (c *Consumer) deliverPlanned(ctx context.Context, shard string, planned Con
 			return nil, err
 		}
 		f.add(g)
-		a.groups = append(a.groups, ConsumedGroup{Shard: g.shard, Ordinal: g.ordinal, GroupID: g.key, GroupVersion: g.version, Trajectories: countTrajectories(g.parts), Steps: g.rows})
+		a.groups = append(a.groups, ConsumedGroup{Shard: g.shard, Ordinal: g.ordinal, GroupID: g.key, GroupVersion: g.version, Trajectories: countTrajectories(g), Steps: g.rows})
 		a.keys = append(a.keys, skipKey{shard, int32(j)})
 	}
 	c.mu.Lock()
@@ -217,11 +217,11 @@ func (c *Consumer) replayGroup(ctx context.Context, pg ConsumedGroup) (*group, e
 				return nil, fmt.Errorf("train: replay: shard %s is not committed", pg.Shard)
 			}
 		}
-		rd, err := r.source.ReadShard(ctx, e, nil, c.mem)
+		rd, err := r.source.ReadShard(ctx, e, c.cfg.shardColumns(), c.mem)
 		if err != nil {
 			return nil, fmt.Errorf("train: replay: shard %s: %w", pg.Shard, err)
 		}
-		r.rd = newShardReader(pg.Shard, rd, c.cfg.IncludeFiltered, c.cfg.Layout)
+		r.rd = newShardReader(pg.Shard, rd, &c.cfg.Config)
 	}
 	for {
 		g, err := r.rd.next()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -93,7 +94,15 @@ func newReader(ctx context.Context, name string, pf *file.Reader, columns []stri
 		pf.Close()
 		return nil, fmt.Errorf("schema of %s: %w", name, err)
 	}
-	deltas := expand && len(sc.FieldIndices("prompt_prefix_len")) > 0
+	hasDeltas := len(sc.FieldIndices("prompt_prefix_len")) > 0
+	deltas := expand && hasDeltas
+	if !hasDeltas {
+		// A shard written before prefix deltas has whole prompts: the
+		// delta columns asked for are left out.
+		columns = slices.DeleteFunc(slices.Clone(columns), func(c string) bool {
+			return c == "prompt_prefix_len" || c == "prompt_delta_ids" || c == "messages_delta"
+		})
+	}
 	asked := len(columns)
 	var idx []int
 	if len(columns) > 0 {
@@ -127,6 +136,13 @@ func newReader(ctx context.Context, name string, pf *file.Reader, columns []stri
 	return r, nil
 }
 
+// KeepDeltas makes the reader return rows as stored from the next call
+// to Next on: prompts stored as prefix deltas stay deltas (prompt_ids
+// null, prompt_prefix_len and prompt_delta_ids set), for readers that work
+// on the deltas themselves (train/merge). Only the columns asked for are
+// returned; ask for the delta columns to see them.
+func (r *Reader) KeepDeltas() { r.expand = nil }
+
 // Next returns the next record batch, valid until the following call to
 // Next or Close (Retain it to keep it), or io.EOF after the last.
 func (r *Reader) Next() (arrow.RecordBatch, error) {
@@ -136,12 +152,16 @@ func (r *Reader) Next() (arrow.RecordBatch, error) {
 	}
 	if r.rr.Next() {
 		rec := r.rr.RecordBatch()
-		if r.expand == nil {
+		whole := rec
+		if r.expand != nil {
+			var err error
+			if whole, err = r.expand.Expand(rec); err != nil {
+				return nil, fmt.Errorf("read %s: %w", r.name, err)
+			}
+		} else if r.asked == 0 || int(rec.NumCols()) <= r.asked {
 			return rec, nil
-		}
-		whole, err := r.expand.Expand(rec)
-		if err != nil {
-			return nil, fmt.Errorf("read %s: %w", r.name, err)
+		} else {
+			rec.Retain()
 		}
 		if r.asked > 0 && int(whole.NumCols()) > r.asked {
 			// Drop the columns read only to rebuild the prompts.

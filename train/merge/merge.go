@@ -20,11 +20,7 @@
 package merge
 
 import (
-	"fmt"
-	"slices"
-
 	"github.com/apache/arrow-go/v18/arrow"
-	"github.com/apache/arrow-go/v18/arrow/array"
 )
 
 // Column indices of Schema, in order.
@@ -154,100 +150,32 @@ func (s Stats) ActionFraction() float64 {
 	return 1
 }
 
-// steps is the columns of a record of step rows that merging reads.
-type steps struct {
-	rec            arrow.RecordBatch
-	gid, tid       *array.String
-	prompt, resp   *array.List
-	promptV, respV []int32
-}
-
-func stepColumns(rec arrow.RecordBatch) (*steps, error) {
-	s := &steps{rec: rec}
-	sc := rec.Schema()
-	var err error
-	col := func(name string) arrow.Array {
-		idx := sc.FieldIndices(name)
-		if len(idx) == 0 {
-			if err == nil {
-				err = fmt.Errorf("merge: the step rows have no column %s", name)
-			}
-			return nil
-		}
-		return rec.Column(idx[0])
-	}
-	s.gid, _ = col("group_id").(*array.String)
-	s.tid, _ = col("trajectory_id").(*array.String)
-	s.prompt, _ = col("prompt_ids").(*array.List)
-	s.resp, _ = col("response_ids").(*array.List)
-	if err != nil {
-		return nil, err
-	}
-	if s.gid == nil || s.tid == nil || s.prompt == nil || s.resp == nil {
-		return nil, fmt.Errorf("merge: unexpected column types in %s", sc)
-	}
-	pv, ok1 := s.prompt.ListValues().(*array.Int32)
-	rv, ok2 := s.resp.ListValues().(*array.Int32)
-	if !ok1 || !ok2 {
-		return nil, fmt.Errorf("merge: prompt_ids and response_ids must be lists of int32")
-	}
-	s.promptV, s.respV = pv.Int32Values(), rv.Int32Values()
-	for i := 0; i < int(rec.NumRows()); i++ {
-		if s.prompt.IsNull(i) {
-			return nil, fmt.Errorf("merge: row %d (trajectory %q) has no whole prompt_ids: a prefix-delta row read without its predecessor", i, s.tid.Value(i))
-		}
-	}
-	return s, nil
-}
-
-func (s *steps) promptOf(i int) []int32 {
-	a, b := s.prompt.ValueOffsets(i)
-	return s.promptV[a:b]
-}
-
-func (s *steps) respOf(i int) []int32 {
-	a, b := s.resp.ValueOffsets(i)
-	return s.respV[a:b]
-}
-
-// extends reports whether prompt begins with prev's prompt followed by
-// prev's response: the running sequence of a row whose last step is prev.
-func extends(prompt, prevPrompt, prevResp []int32) bool {
-	n := len(prevPrompt) + len(prevResp)
-	return len(prompt) >= n && slices.Equal(prompt[:len(prevPrompt)], prevPrompt) && slices.Equal(prompt[len(prevPrompt):n], prevResp)
-}
-
-// continues reports whether row i (of s) continues the merged row whose
-// last step is row j of p: same group and trajectory, and i's prompt
-// extends j's sequence.
-func continues(s *steps, i int, p *steps, j int) bool {
-	return s.gid.Value(i) == p.gid.Value(j) && s.tid.Value(i) == p.tid.Value(j) &&
-		extends(s.promptOf(i), p.promptOf(j), p.respOf(j))
-}
-
 // Tokens returns the prompt and response tokens of the merged rows of the
 // step rows in parts, read in order as one sequence (a group's rows split
 // over reader batches): per merged row, its last step's prompt and
-// response.
+// response. Rows may be stored as prefix deltas (see Seq).
 func Tokens(parts []arrow.RecordBatch) (int64, error) {
+	return TokensOf(parts, false)
+}
+
+// TokensOf is Tokens over the rows that skipFiltered keeps: with it, rows
+// a filter marked (filter_reason) are left out of the merged rows, as if
+// they had been dropped before, while prefix deltas may still extend them.
+func TokensOf(parts []arrow.RecordBatch, skipFiltered bool) (int64, error) {
+	q, err := newSeq(parts, skipFiltered)
+	if err != nil {
+		return 0, err
+	}
 	var (
 		n    int64
-		prev *steps
-		pj   int
+		prev = -1
 	)
-	for _, rec := range parts {
-		s, err := stepColumns(rec)
-		if err != nil {
-			return 0, err
+	for _, i := range q.kept {
+		n += int64(q.plen[i] + q.respLen(i))
+		if prev >= 0 && q.continues(i, prev) {
+			n -= int64(q.plen[prev] + q.respLen(prev))
 		}
-		for i := 0; i < int(rec.NumRows()); i++ {
-			p, r := s.promptOf(i), s.respOf(i)
-			n += int64(len(p) + len(r))
-			if prev != nil && continues(s, i, prev, pj) {
-				n -= int64(len(prev.promptOf(pj)) + len(prev.respOf(pj)))
-			}
-			prev, pj = s, i
-		}
+		prev = i
 	}
 	return n, nil
 }

@@ -26,6 +26,11 @@ type step struct {
 	tokAdv   []float32 // nil: none
 	adv      float64
 	nullProm bool
+	// Prefix-delta storage (prompt_prefix_len, prompt_delta_ids) and the
+	// filter mark.
+	prefix int32
+	delta  []int32
+	filter string
 }
 
 // stepRecord builds rows of schemas.StepSchema from steps (group "g").
@@ -89,6 +94,17 @@ func stepRecord(t testing.TB, mem memory.Allocator, steps []step) arrow.RecordBa
 				fb.(*array.Float64Builder).Append(s.adv)
 			case schemas.ColEstimator:
 				fb.(*array.StringBuilder).Append("grpo/rllm")
+			case schemas.ColPromptPrefixLen:
+				fb.(*array.Int32Builder).Append(s.prefix)
+			case schemas.ColPromptDeltaIDs:
+				fb.(*array.ListBuilder).Append(true)
+				fb.(*array.ListBuilder).ValueBuilder().(*array.Int32Builder).AppendValues(s.delta, nil)
+			case schemas.ColFilterReason:
+				if s.filter == "" {
+					fb.AppendNull()
+				} else {
+					fb.(*array.StringBuilder).Append(s.filter)
+				}
 			default:
 				if f.Nullable {
 					fb.AppendNull()

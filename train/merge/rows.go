@@ -13,7 +13,7 @@ import (
 type input struct {
 	*steps
 	task, role, sid, term, est *array.String
-	idx, numSteps, groupSize   *array.Int32
+	numSteps, groupSize        *array.Int32
 	pv, gv                     *array.Int64
 	lp, tokAdv                 *array.List
 	lpV, tokAdvV               []float32
@@ -21,11 +21,8 @@ type input struct {
 	partial, correct           *array.Boolean
 }
 
-func inputColumns(rec arrow.RecordBatch) (*input, error) {
-	s, err := stepColumns(rec)
-	if err != nil {
-		return nil, err
-	}
+func inputColumns(s *steps) (*input, error) {
+	rec := s.rec
 	in := &input{steps: s}
 	sc := rec.Schema()
 	var missing []string
@@ -84,7 +81,12 @@ func (in *input) tokenAdvantagesOf(i int) []float32 {
 		return nil
 	}
 	a, b := in.tokAdv.ValueOffsets(i)
-	return in.tokAdvV[a:b]
+	if v := in.tokAdvV[a:b]; v != nil {
+		return v
+	}
+	// An empty list in a record whose lists are all empty: still a step
+	// with token advantages.
+	return []float32{}
 }
 
 // builders are Schema's column builders.
@@ -125,49 +127,70 @@ func newBuilders(mem memory.Allocator) *builders {
 }
 
 // Rows merges the step rows of rec (whole groups, each trajectory's steps
-// contiguous and in step order, whole prompt_ids) into rows of Schema.
-// The receiver releases the record.
+// contiguous and in step order; prompts whole or prefix deltas of the row
+// before) into rows of Schema. The receiver releases the record.
 func Rows(mem memory.Allocator, rec arrow.RecordBatch) (arrow.RecordBatch, Stats, error) {
+	return RowsOf(mem, []arrow.RecordBatch{rec}, false)
+}
+
+// RowsOf is Rows over the step rows of parts read in order as one
+// sequence, built into one record without joining the parts first. With
+// skipFiltered, rows a filter marked (filter_reason) are left out as if
+// they had been dropped before merging (a delta row after them still
+// rebuilds from them). The caller still owns parts.
+func RowsOf(mem memory.Allocator, parts []arrow.RecordBatch, skipFiltered bool) (arrow.RecordBatch, Stats, error) {
 	var st Stats
-	in, err := inputColumns(rec)
+	q, err := newSeq(parts, skipFiltered)
 	if err != nil {
 		return nil, st, err
 	}
-	n := int(rec.NumRows())
-	for i := 0; i < n; i++ {
-		if lp := in.logprobsOf(i); len(lp) != len(in.respOf(i)) {
-			return nil, st, fmt.Errorf("merge: step %q has %d logprobs for %d response tokens", in.sid.Value(i), len(lp), len(in.respOf(i)))
+	ins := make([]*input, len(q.parts))
+	for k, s := range q.parts {
+		if ins[k], err = inputColumns(s); err != nil {
+			return nil, st, err
 		}
-		if ta := in.tokenAdvantagesOf(i); ta != nil && len(ta) != len(in.respOf(i)) {
-			return nil, st, fmt.Errorf("merge: step %q has %d token advantages for %d response tokens", in.sid.Value(i), len(ta), len(in.respOf(i)))
+	}
+	row := func(i int) (*input, int) {
+		a := q.at[i]
+		return ins[a.part], int(a.row)
+	}
+	for _, i := range q.kept {
+		in, r := row(i)
+		if lp := in.logprobsOf(r); len(lp) != len(in.respOf(r)) {
+			return nil, st, fmt.Errorf("merge: step %q has %d logprobs for %d response tokens", in.sid.Value(r), len(lp), len(in.respOf(r)))
+		}
+		if ta := in.tokenAdvantagesOf(r); ta != nil && len(ta) != len(in.respOf(r)) {
+			return nil, st, fmt.Errorf("merge: step %q has %d token advantages for %d response tokens", in.sid.Value(r), len(ta), len(in.respOf(r)))
 		}
 	}
 	// Plan the merged rows first, so every value buffer is allocated once
-	// at its final size.
+	// at its final size. Spans hold positions in q.kept.
 	var (
 		plan               []span
 		promptN, responseN int
+		kept               = q.kept
+		n                  = len(kept)
 	)
 	for start := 0; start < n; {
-		// The trajectory's rows: [start, end).
+		// The trajectory's rows: kept[start:end].
 		end := start + 1
-		for end < n && in.gid.Value(end) == in.gid.Value(start) && in.tid.Value(end) == in.tid.Value(start) {
+		for end < n && q.sameTrajectory(kept[end], kept[start]) {
 			end++
 		}
 		first := len(plan)
 		plan = append(plan, span{first: start})
-		for i := start + 1; i < end; i++ {
-			if !continues(in.steps, i, in.steps, i-1) {
-				plan[len(plan)-1].last = i - 1
-				plan = append(plan, span{first: i})
+		for k := start + 1; k < end; k++ {
+			if !q.continues(kept[k], kept[k-1]) {
+				plan[len(plan)-1].last = k - 1
+				plan = append(plan, span{first: k})
 			}
 		}
 		plan[len(plan)-1].last = end - 1
 		for k := first; k < len(plan); k++ {
 			plan[k].seg, plan[k].rows = int32(k-first), int32(len(plan)-first)
-			f, l := plan[k].first, plan[k].last
-			promptN += len(in.promptOf(f))
-			responseN += len(in.promptOf(l)) + len(in.respOf(l)) - len(in.promptOf(f))
+			f, l := kept[plan[k].first], kept[plan[k].last]
+			promptN += q.plen[f]
+			responseN += q.plen[l] + q.respLen(l) - q.plen[f]
 		}
 		st.Trajectories++
 		st.Steps += int64(end - start)
@@ -188,64 +211,74 @@ func Rows(mem memory.Allocator, rec arrow.RecordBatch) (arrow.RecordBatch, Stats
 	var (
 		ones, zeros []int8
 		zf, fill    []float32
+		pieces      [][]int32
 	)
 	for _, sp := range plan {
-		first, last := sp.first, sp.last
-		prompt := in.promptOf(first)
+		first, last := kept[sp.first], kept[sp.last]
+		fin, fr := row(first)
+		lin, lr := row(last)
 		b.prompt.Append(true)
-		b.promptV.AppendValues(prompt, nil)
+		pieces = q.prompt(first, 0, pieces[:0])
+		for _, p := range pieces {
+			b.promptV.AppendValues(p, nil)
+		}
 		b.resp.Append(true)
 		b.mask.Append(true)
 		b.lp.Append(true)
 		b.advs.Append(true)
 		var action, obs, tokAdvSteps int
-		minPV, maxPV := in.pv.Value(first), in.pv.Value(first)
-		for i := first; i <= last; i++ {
-			if i > first {
+		minPV, maxPV := fin.pv.Value(fr), fin.pv.Value(fr)
+		for k := sp.first; k <= sp.last; k++ {
+			i := kept[k]
+			in, r := row(i)
+			if k > sp.first {
 				// The observation: the prompt tokens after the previous
 				// step's prompt and response.
-				delta := in.promptOf(i)[len(in.promptOf(i-1))+len(in.respOf(i-1)):]
-				zeros = grow(zeros, len(delta), 0)
-				zf = fillF(zf, len(delta), 0)
-				b.respV.AppendValues(delta, nil)
-				b.maskV.AppendValues(zeros[:len(delta)], nil)
-				b.lpV.AppendValues(zf, nil)
-				b.advsV.AppendValues(zf, nil)
-				obs += len(delta)
-				minPV, maxPV = min(minPV, in.pv.Value(i)), max(maxPV, in.pv.Value(i))
+				prev := kept[k-1]
+				pieces = q.prompt(i, q.plen[prev]+q.respLen(prev), pieces[:0])
+				for _, delta := range pieces {
+					zeros = grow(zeros, len(delta), 0)
+					zf = fillF(zf, len(delta), 0)
+					b.respV.AppendValues(delta, nil)
+					b.maskV.AppendValues(zeros[:len(delta)], nil)
+					b.lpV.AppendValues(zf, nil)
+					b.advsV.AppendValues(zf, nil)
+					obs += len(delta)
+				}
+				minPV, maxPV = min(minPV, in.pv.Value(r)), max(maxPV, in.pv.Value(r))
 			}
-			resp := in.respOf(i)
+			resp := in.respOf(r)
 			ones = grow(ones, len(resp), 1)
 			b.respV.AppendValues(resp, nil)
 			b.maskV.AppendValues(ones[:len(resp)], nil)
-			b.lpV.AppendValues(in.logprobsOf(i), nil)
-			if ta := in.tokenAdvantagesOf(i); ta != nil {
+			b.lpV.AppendValues(in.logprobsOf(r), nil)
+			if ta := in.tokenAdvantagesOf(r); ta != nil {
 				b.advsV.AppendValues(ta, nil)
 				tokAdvSteps++
 			} else {
-				fill = fillF(fill, len(resp), float32(in.adv.Value(i)))
+				fill = fillF(fill, len(resp), float32(in.adv.Value(r)))
 				b.advsV.AppendValues(fill, nil)
 			}
 			action += len(resp)
 		}
-		b.gid.Append(in.gid.Value(first))
-		b.task.Append(in.task.Value(first))
-		appendNullableString(b.role, in.role, first)
-		b.tid.Append(in.tid.Value(first))
-		b.first.Append(in.sid.Value(first))
-		b.last.Append(in.sid.Value(last))
-		b.firstIdx.Append(in.idx.Value(first))
-		b.lastIdx.Append(in.idx.Value(last))
-		b.merged.Append(int32(last - first + 1))
+		b.gid.Append(fin.gid.Value(fr))
+		b.task.Append(fin.task.Value(fr))
+		appendNullableString(b.role, fin.role, fr)
+		b.tid.Append(fin.tid.Value(fr))
+		b.first.Append(fin.sid.Value(fr))
+		b.last.Append(lin.sid.Value(lr))
+		b.firstIdx.Append(fin.idx.Value(fr))
+		b.lastIdx.Append(lin.idx.Value(lr))
+		b.merged.Append(int32(sp.last - sp.first + 1))
 		b.seg.Append(sp.seg)
 		b.nRows.Append(sp.rows)
-		b.numSteps.Append(in.numSteps.Value(first))
-		b.isLast.Append(in.idx.Value(last) == in.numSteps.Value(last)-1)
+		b.numSteps.Append(fin.numSteps.Value(fr))
+		b.isLast.Append(lin.idx.Value(lr) == lin.numSteps.Value(lr)-1)
 		b.pv.Append(minPV)
 		b.maxPV.Append(maxPV)
-		b.gv.Append(in.gv.Value(first))
-		b.reward.Append(in.reward.Value(first))
-		b.adv.Append(in.adv.Value(first))
+		b.gv.Append(fin.gv.Value(fr))
+		b.reward.Append(fin.reward.Value(fr))
+		b.adv.Append(fin.adv.Value(fr))
 		b.tokAdvSteps.Append(int32(tokAdvSteps))
 		b.act.Append(int32(action))
 		b.obs.Append(int32(obs))
@@ -254,25 +287,26 @@ func Rows(mem memory.Allocator, rec arrow.RecordBatch) (arrow.RecordBatch, Stats
 			frac = float64(action) / float64(action+obs)
 		}
 		b.frac.Append(frac)
-		b.gs.Append(in.groupSize.Value(first))
-		b.partial.Append(in.partial.Value(first))
-		if in.correct.IsNull(first) {
+		b.gs.Append(fin.groupSize.Value(fr))
+		b.partial.Append(fin.partial.Value(fr))
+		if fin.correct.IsNull(fr) {
 			b.correct.AppendNull()
 		} else {
-			b.correct.Append(in.correct.Value(first))
+			b.correct.Append(fin.correct.Value(fr))
 		}
-		appendNullableString(b.term, in.term, first)
-		b.est.Append(in.est.Value(first))
+		appendNullableString(b.term, fin.term, fr)
+		b.est.Append(fin.est.Value(fr))
 		st.Rows++
 		st.ActionTokens += int64(action)
 		st.ObservationTokens += int64(obs)
-		st.PromptTokens += int64(len(prompt))
+		st.PromptTokens += int64(q.plen[first])
 	}
 	return b.rb.NewRecordBatch(), st, nil
 }
 
-// span is one merged row: its first and last step rows, its place among
-// its trajectory's rows and how many rows the trajectory has.
+// span is one merged row: its first and last step rows (positions in the
+// kept rows), its place among its trajectory's rows and how many rows the
+// trajectory has.
 type span struct {
 	first, last int
 	seg, rows   int32
