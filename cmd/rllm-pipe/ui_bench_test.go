@@ -43,29 +43,7 @@ LIMIT 51 OFFSET $3`
 //
 //	go test -run '^$' -bench UIBrowse -benchtime 1x -timeout 60m ./cmd/rllm-pipe/
 func BenchmarkUIBrowse(b *testing.B) {
-	groups := 50000
-	if v := os.Getenv("RLLM_UI_BENCH_GROUPS"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			b.Fatalf("RLLM_UI_BENCH_GROUPS=%q", v)
-		}
-		groups = n
-	}
-	bin := benchBinary(b)
-	work := b.TempDir()
-	in, out := filepath.Join(work, "in.jsonl"), filepath.Join(work, "out")
-	for _, args := range [][]string{
-		{"gen", "--out", in, "--groups", strconv.Itoa(groups), "--group-size", "8", "--prompt-len", "32", "--response-len", "24",
-			"--policy-versions", "50", "--seed", "1", "--quiet"},
-		{"ingest", "--from", in, "--to", out, "--group-size", "8", "--quiet"},
-	} {
-		cmd := exec.Command(bin, args...)
-		cmd.Env = e2eEnv()
-		if o, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("%s: %v\n%s", args[0], err, o)
-		}
-	}
-	os.Remove(in)
+	out := uiBenchStore(b)
 	ctx := context.Background()
 	root, err := connectors.ParseRoot(out, connectors.Options{})
 	if err != nil {
@@ -168,4 +146,35 @@ func BenchmarkUIBrowse(b *testing.B) {
 		b.ReportMetric(ts[0], o.name+"-min-ms")
 		b.ReportMetric(ts[len(ts)-1], o.name+"-max-ms")
 	}
+}
+
+// uiBenchStore generates and ingests RLLM_UI_BENCH_GROUPS groups of 8
+// (default 50000: about a million steps) into a temporary folder removed
+// after the benchmark, and returns the output root.
+func uiBenchStore(b *testing.B) string {
+	b.Helper()
+	groups := 50000
+	if v := os.Getenv("RLLM_UI_BENCH_GROUPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("RLLM_UI_BENCH_GROUPS=%q", v)
+		}
+		groups = n
+	}
+	bin := benchBinary(b)
+	work := b.TempDir()
+	in, out := filepath.Join(work, "in.jsonl"), filepath.Join(work, "out")
+	for _, args := range [][]string{
+		{"gen", "--out", in, "--groups", strconv.Itoa(groups), "--group-size", "8", "--prompt-len", "32", "--response-len", "24",
+			"--policy-versions", "50", "--seed", "1", "--quiet"},
+		{"ingest", "--from", in, "--to", out, "--group-size", "8", "--quiet"},
+	} {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = e2eEnv()
+		if o, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v\n%s", args[0], err, o)
+		}
+	}
+	os.Remove(in)
+	return out
 }

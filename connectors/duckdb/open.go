@@ -37,8 +37,10 @@ type Options struct {
 	// DownloadDir receives the files that must be local copies: the
 	// shards and dead letters of an S3 output, and the committed prefix
 	// of a local dead-letter file that has an uncommitted tail. They are
-	// kept, so ViewsSQL stays usable after Close. Empty: a temporary
-	// folder, removed by Close. It must not lie under a local output root.
+	// kept, so ViewsSQL stays usable after Close, and a shard already
+	// there with the size its manifest entry records is not downloaded
+	// again (shards are immutable). Empty: a temporary folder, removed by
+	// Close. It must not lie under a local output root.
 	DownloadDir string
 	// Parallel is how many S3 objects download at once. Default 4.
 	Parallel int
@@ -424,19 +426,30 @@ func scanLines(ctx context.Context, r io.Reader) (longest int, complete int64, e
 	}
 }
 
+// writeFile writes dst beside, then renames: a reader (or a later
+// opening that keeps copies of the right size) never sees half a file.
 func writeFile(dst string, r io.Reader) error {
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return err
 	}
-	f, err := os.Create(dst)
+	f, err := os.CreateTemp(filepath.Dir(dst), ".part-*")
 	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(f, r); err != nil {
 		f.Close()
+		os.Remove(f.Name())
 		return err
 	}
-	return f.Close()
+	if err := f.Close(); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	if err := os.Rename(f.Name(), dst); err != nil {
+		os.Remove(f.Name())
+		return err
+	}
+	return nil
 }
 
 // checkRel rejects manifest paths that could leave the root.
@@ -458,8 +471,8 @@ func Open(ctx context.Context, r store.Reader, o Options) (*DB, error) {
 }
 
 // OpenRemote opens the views over the committed data of an object store
-// (S3): it re-reads the manifest, downloads every committed shard and
-// dead-letter object to the download folder (Options.DownloadDir, else a
+// (S3): it re-reads the manifest, downloads every committed shard not
+// already there and every dead-letter object to the download folder (Options.DownloadDir, else a
 // temporary one that Close removes) and reads them there. It writes
 // nothing to the store.
 func OpenRemote(ctx context.Context, st store.Reader, o Options) (*DB, error) {
@@ -508,6 +521,12 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(par)
 	for _, s := range l.shards {
+		// Shards are immutable: a copy already in the download folder
+		// with the size the manifest records is the shard (a folder kept
+		// across openings, as the live view's, downloads only new ones).
+		if info, err := os.Stat(s.file); err == nil && s.entry.Bytes > 0 && info.Size() == s.entry.Bytes {
+			continue
+		}
 		g.Go(func() error {
 			data, err := getObject(gctx, st, s.entry.Path)
 			if err != nil {

@@ -10,11 +10,13 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,6 +76,11 @@ type Server struct {
 	// ingest is nil without Options.IngestMetrics.
 	ingest *ingestWatch
 
+	// cache keeps the shards of an object store across refreshes, so
+	// each downloads once; made on first use, removed by Close.
+	cacheOnce sync.Once
+	cache     string
+
 	mu      sync.RWMutex
 	db      *duckdb.DB
 	data    *report.Data
@@ -90,7 +97,10 @@ func New(r store.Reader, o Options) *Server {
 	if o.PageSize <= 0 {
 		o.PageSize = 50
 	}
-	s := &Server{r: r, o: o, open: func(ctx context.Context) (*duckdb.DB, error) { return duckdb.Open(ctx, r, duckdb.Options{}) }}
+	s := &Server{r: r, o: o}
+	s.open = func(ctx context.Context) (*duckdb.DB, error) {
+		return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: s.cacheDir()})
+	}
 	if o.IngestMetrics != "" {
 		s.ingest = newIngestWatch(o.IngestMetrics)
 	}
@@ -140,16 +150,43 @@ func (s *Server) scrapeLoop(ctx context.Context) {
 	}
 }
 
-// Close closes the views (Run does on return); the handlers then answer
-// "not ready". Safe to call more than once.
+// cacheDir is the download folder of an object store's shards ("" for a
+// local root, read in place, or when no folder can be made: each opening
+// then downloads into its own).
+func (s *Server) cacheDir() string {
+	if _, local := s.r.(interface{ Root() string }); local {
+		return ""
+	}
+	s.cacheOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "rllm-pipe-ui-*")
+		if err != nil {
+			slog.Warn("ui: no download cache, every refresh downloads every shard", "err", err)
+			return
+		}
+		s.mu.Lock()
+		s.cache = dir
+		s.mu.Unlock()
+	})
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.cache
+}
+
+// Close closes the views (Run does on return) and removes the download
+// cache; the handlers then answer "not ready". Safe to call more than
+// once.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.db == nil {
-		return nil
+	var err error
+	if s.db != nil {
+		err = s.db.Close()
+		s.db = nil
 	}
-	err := s.db.Close()
-	s.db = nil
+	if s.cache != "" {
+		err = errors.Join(err, os.RemoveAll(s.cache))
+		s.cache = ""
+	}
 	return err
 }
 
