@@ -30,9 +30,18 @@ import (
 // shards (prefix-delta storage, schema 4) and returns the shard paths.
 func writeMultiTurn(t *testing.T, distill bool) []string {
 	t.Helper()
-	var buf bytes.Buffer
 	cfg := synth.Config{Groups: 16, GroupSize: 4, MinSteps: 1, MaxSteps: 9, PromptLen: 48, ResponseLen: 24, ObservationLen: 12,
 		Resets: 0.2, ParallelTools: 0.2, Teacher: distill, Shuffle: -1, Vocab: 1000, Seed: 17}
+	return writeGenerated(t, cfg, nil)
+}
+
+// writeGenerated commits the groups synth generates with cfg as shards,
+// marked by filters, with distillation token advantages when cfg.Teacher,
+// and returns the shard paths.
+func writeGenerated(t *testing.T, cfg synth.Config, filters []transform.Filter) []string {
+	t.Helper()
+	distill := cfg.Teacher
+	var buf bytes.Buffer
 	if _, err := synth.Generate(context.Background(), &buf, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +61,7 @@ func writeMultiTurn(t *testing.T, distill bool) []string {
 	}
 	a.Flush()
 	est, _ := advantage.New("grpo", advantage.Options{})
-	bc := transform.BatchConfig{Estimator: est, Label: "grpo/rllm"}
+	bc := transform.BatchConfig{Estimator: est, Label: "grpo/rllm", Filters: filters}
 	if distill {
 		bc.Distill = &advantage.Distill{Coef: 1, Clip: 2}
 	}
