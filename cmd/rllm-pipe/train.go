@@ -42,6 +42,7 @@ type trainOpts struct {
 	maxInflight     int
 	follow          bool
 	poll            time.Duration
+	cpuProfile      string
 	conn            connFlags
 }
 
@@ -59,6 +60,7 @@ func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
 	f.IntVar(&o.maxInflight, "max-inflight", 4, "batches per member delivered and not yet acknowledged, at most")
 	f.BoolVar(&o.follow, "follow", follow, "keep following the manifest for new shards (else stop when every committed shard is done)")
 	f.DurationVar(&o.poll, "poll", time.Second, "re-read the manifest this often when idle")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	o.conn.register(f)
 }
 
@@ -264,7 +266,7 @@ dropped (--send-timeout, --ack-timeout), its batches going back to the
 group. The first signal ends every stream and closes connections still
 open after --shutdown-grace; a second closes them at once.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if _, err := o.config("x"); err != nil {
 				return err
 			}
@@ -272,6 +274,11 @@ open after --shutdown-grace; a second closes them at once.`,
 			if err != nil {
 				return err
 			}
+			stopProfile, err := startCPUProfile(o.cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, stopProfile()) }()
 			st, err := o.openShards(cmd.Context())
 			if err != nil {
 				return err
@@ -341,7 +348,7 @@ batch (--format jsonl: one summary line per batch; --format arrow: the
 batches as an Arrow IPC stream) and acknowledges it once written. Without
 --follow it stops when every committed shard is done.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if format != "jsonl" && format != "arrow" {
 				return usageErrorf("--format: jsonl or arrow")
 			}
@@ -359,6 +366,11 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 			if err := train.CheckName("--name", o.name); err != nil {
 				return usageErrorf("%v", err)
 			}
+			stopProfile, err := startCPUProfile(o.cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, stopProfile()) }()
 			st, err := o.openShards(cmd.Context())
 			if err != nil {
 				return err
