@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
 )
@@ -150,6 +152,23 @@ func TestReportDeadLettersOverTime(t *testing.T) {
 			t.Errorf("%s: page %v, sql --report %v", reason, got[reason], pts)
 		}
 	}
+	t.Run("browser", func(t *testing.T) {
+		p := newPage(t)
+		p.do(t, "open the report", chromedp.Navigate(e2eFileURL(out)), chromedp.WaitVisible(chromedp.CSS(`#dead-letters-time`)))
+		series := eval[int](t, p, `document.querySelectorAll('#dead-letters-time g.series').length`)
+		points := eval[int](t, p, `document.querySelectorAll('#dead-letters-time .pt').length`)
+		wantPoints := 0
+		for _, pts := range want {
+			wantPoints += len(pts)
+		}
+		if series != len(want) || points != wantPoints {
+			t.Errorf("browser: dead letters over time has %d series, %d points; want %d, %d", series, points, len(want), wantPoints)
+		}
+		p.screenshot(t, "report-dead-letters.png")
+		if errs, _ := p.seen(); len(errs) > 0 {
+			t.Errorf("console errors: %q", errs)
+		}
+	})
 	totals := sqlReport(t, bin, work, from, "dead-letters")
 	if len(totals) != len(want) {
 		t.Errorf("dead-letters has %d reasons, over time %d", len(totals), len(want))

@@ -54,7 +54,7 @@ func Reports() []ReportInfo {
 		{ReportTokenLengths, "prompt and response tokens per step: steps, mean, quantiles p50/p90/p99 (quantile_cont: linear interpolation), min, max"},
 		{ReportAdvantage, "per estimator, over trajectories: count, mean, std (population), min, p01, p50, p99 (quantile_cont), max, fraction exactly zero"},
 		{ReportDeadLetters, "committed dead letters by reason code, with their share"},
-		{ReportDeadLettersOverTime, "per manifest entry that committed dead letters, in commit-time order (ties by seq), and reason: committed_at, the entry's dead letters of that reason, and the cumulative dead letters of that reason"},
+		{ReportDeadLettersOverTime, "per manifest entry that committed dead letters, in commit-time order (ties by seq), and every reason seen: committed_at, the entry's dead letters of that reason (0 if none), and the cumulative dead letters of that reason"},
 		{ReportPassAtKByVersion, "per group_version: tasks, then per --k the mean over its tasks of the unbiased pass@k of pass-at-k (tasks with k > n left out)"},
 		{ReportLengthsByVersion, "per group_version: steps, prompt and response tokens per step: mean and p90 (quantile_cont)"},
 		{ReportAdvantageHistogram, "per estimator, trajectories by advantage in 30 equal bins between the min and max over all trajectories (bin, bin_lo, bin_hi; empty bins left out)"},
@@ -221,14 +221,25 @@ FROM dead_letters
 GROUP BY reason
 ORDER BY dead_letters DESC, reason`
 
+// deadLettersOverTimeSQL gives every reason a row at every entry that
+// committed dead letters (0 when it committed none of that reason), so
+// each reason's cumulative line spans the same commits.
 const deadLettersOverTimeSQL = `WITH per_commit AS (
   SELECT seq, committed_at, reason, sum(dead_letters)::BIGINT AS dead_letters
   FROM dead_letter_commits
   GROUP BY seq, committed_at, reason
+), commits AS (
+  SELECT DISTINCT seq, committed_at FROM per_commit
+), reasons AS (
+  SELECT DISTINCT reason FROM per_commit
+), filled AS (
+  SELECT c.seq, c.committed_at, r.reason, coalesce(p.dead_letters, 0)::BIGINT AS dead_letters
+  FROM commits c CROSS JOIN reasons r
+  LEFT JOIN per_commit p ON p.seq = c.seq AND p.reason IS NOT DISTINCT FROM r.reason
 )
 SELECT seq, committed_at, reason, dead_letters,
   sum(dead_letters) OVER (PARTITION BY reason ORDER BY committed_at, seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_dead_letters
-FROM per_commit
+FROM filled
 ORDER BY committed_at, seq, reason`
 
 // passAtKByVersionSQL is pass-at-k's estimator per (group_version,

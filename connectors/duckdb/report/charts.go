@@ -58,18 +58,18 @@ func Charts(d *Data, link Linker) []*Chart {
 		Series: filteredSeries(fv, lk), Note: "no group was filtered"})
 
 	ft := d.Tables[duckdb.ReportFilteredOverTime]
-	out = append(out, &Chart{ID: "filtered-time", Title: "Groups filtered by reason over commit time", XLabel: "commit time (UTC)", YLabel: "groups filtered (cumulative)", Kind: KindLine, XTime: true,
+	out = append(out, &Chart{ID: "filtered-time", Title: "Groups filtered by reason over commit time", XLabel: "commit time (UTC)", YLabel: "groups filtered (cumulative)", Kind: KindLine, XTime: true, YZero: true,
 		Series: reasonSeries(ft, "committed_at", "filter_reason", "cumulative_groups", func(_ float64, reason string) string { return lk("reason", reason) }), Note: "no group was filtered"})
 
 	dl := d.Tables[duckdb.ReportDeadLetters]
 	out = append(out, &Chart{ID: "dead-letters", Title: "Dead letters by reason", XLabel: "reason", YLabel: "dead letters", Kind: KindBar,
 		Series: barSeries(dl, "reason", []string{"dead_letters"}, []string{"dead letters"}, nil), Note: "no dead letters"})
 	dt := d.Tables[duckdb.ReportDeadLettersOverTime]
-	out = append(out, &Chart{ID: "dead-letters-time", Title: "Dead letters by reason over commit time", XLabel: "commit time (UTC)", YLabel: "dead letters (cumulative)", Kind: KindLine, XTime: true,
+	out = append(out, &Chart{ID: "dead-letters-time", Title: "Dead letters by reason over commit time", XLabel: "commit time (UTC)", YLabel: "dead letters (cumulative)", Kind: KindLine, XTime: true, YZero: true,
 		Series: reasonSeries(dt, "committed_at", "reason", "cumulative_dead_letters", nil), Note: "no dead letters"})
 
 	tp := d.Tables[duckdb.ReportThroughput]
-	out = append(out, &Chart{ID: "throughput", Title: "Ingest: rows committed over commit time", XLabel: "commit time (UTC)", YLabel: "rows committed (cumulative)", Kind: KindLine, XTime: true,
+	out = append(out, &Chart{ID: "throughput", Title: "Ingest: rows committed over commit time", XLabel: "commit time (UTC)", YLabel: "rows committed (cumulative)", Kind: KindLine, XTime: true, YZero: true,
 		Series: lineSeries(tp, "committed_at", []string{"cumulative_rows"}, []string{"rows"}, nil)})
 
 	ro := d.Tables[duckdb.ReportRoles]

@@ -38,7 +38,9 @@ type Chart struct {
 	ID, Title, XLabel, YLabel string
 	Kind                      string
 	// XTime draws x values (Unix seconds) as clock times.
-	XTime  bool
+	XTime bool
+	// YZero starts the y axis at 0 (counts, cumulative totals).
+	YZero  bool
 	Series []Series
 	// Note explains an empty chart.
 	Note string
@@ -137,7 +139,7 @@ func (c *Chart) SVG() string {
 			}
 		}
 	}
-	if c.Kind == KindBar || ylo > 0 && ylo < yhi/3 {
+	if c.Kind == KindBar || c.YZero || ylo > 0 && ylo < yhi/3 {
 		ylo = math.Min(ylo, 0)
 	}
 	yt := niceTicks(ylo, yhi, 5)
