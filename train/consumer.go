@@ -514,11 +514,15 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 			w, seen := c.watch[p]
 			if !seen || w.seq != s.LeaseSeq {
 				c.watch[p] = leaseWatch{seq: s.LeaseSeq, since: now}
-				continue
-			}
-			if now.Sub(w.since) >= c.cfg.LeaseTimeout {
+			} else if now.Sub(w.since) >= c.cfg.LeaseTimeout {
 				picked, previous = &c.entries[i], s.Holder
 				e.Expect = map[string]int64{p: s.LeaseSeq}
+				break
+			}
+			if c.replay != nil {
+				// A replay delivers the plan's batches in order: nothing
+				// after a batch another member holds, which comes back to
+				// the front if that member leaves without acknowledging it.
 				break
 			}
 		}

@@ -42,7 +42,11 @@ var ErrReplayExists = errors.New("train: the consumer group exists")
 
 // CreateReplay makes the consumer group whose (empty) log folder is obj
 // a replay of plan: its members (NewConsumer) receive exactly plan's
-// batches, shared and acknowledged like shards. Creating the same plan
+// batches, shared and acknowledged like shards, in plan order: a member
+// is not given a batch while another member holds an earlier one (a
+// member that leaves gives its batches back; a crashed member's go to
+// another after the lease timeout), so members take turns rather than
+// work in parallel. Creating the same plan
 // again is not an error; another plan, or a group with a log, is.
 func CreateReplay(ctx context.Context, obj Objects, plan ReplayPlan) error {
 	data, err := json.Marshal(&plan)

@@ -36,9 +36,11 @@ as the "consumed" view of sql) and creates consumer group NEW as a replay
 of it. Members of NEW (consume or serve with --consumer-group NEW) then
 receive exactly those batches, in the same order and composition, and
 acknowledge them like any group: several members share them (each takes
-the next batch in order), a restart under the same --name resumes with the
-batch it held, and a batch held by a member that never comes back goes to
-another member after the lease timeout (later in the order, then).
+the next batch in order, and none takes a batch while another member holds
+an earlier one unacknowledged), a member that leaves holding a batch gives
+it back to the front of the order, a restart under the same --name resumes
+with the batch it held, and a batch held by a member that never comes back
+goes to another member after the lease timeout (the group waits for it).
 --max-tokens and --max-staleness do not apply to a replay (they shaped the
 original); --layout, --include-filtered (as the original ran) and
 --batch-estimator (re-train with another estimator) do.

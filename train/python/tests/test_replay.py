@@ -66,13 +66,13 @@ def test_replay_through_serve_is_byte_for_byte(runs):
     plan = json.loads(r.stdout)
     assert plan["batches"] == len(orig) and plan["groups"] == 30, plan
 
-    # Another budget and staleness bound, another member that stops after two
-    # batches and comes back under its name (resuming with any batch it
-    # held): neither applies to a replay. (A member that never comes back
-    # would have its batch delivered later in the order: see replay --help.)
+    # Another budget and staleness bound, neither of which applies to a
+    # replay; a member that stops after two batches (serve may have read a
+    # batch ahead for it) and another member that takes over: it waits for
+    # the batch the first one held and receives it first.
     srv = serve(runs, "again", "--max-tokens", "100", "--max-staleness", "0", "--policy-version", "9")
     try:
-        again = drain(srv.location, [("c", 2), ("c", None)], 9)
+        again = drain(srv.location, [("c", 2), ("d", None)], 9)
     finally:
         srv.stop()
     assert [gs for gs, _, _ in again] == [gs for gs, _, _ in orig], "the same groups in the same batches, in order"
