@@ -2,7 +2,7 @@
 trajectories + Batch.to_padded) next to the same work done in Python from step
 rows (serve --layout steps), in the same run on the same data.
 
-    python train/python/examples/bench_padded.py [--groups 64] [--rounds 3] [--bin PATH]
+    python train/python/examples/bench_padded.py [--groups 64] [--rounds 3] [--bin PATH] [--baseline-bin PATH]
 
 The Python contenders do what rLLM's verl transform does
 (rllm/trainer/verl/transform.py), per trajectory: a step whose prompt starts
@@ -13,6 +13,10 @@ attention mask, position ids and masked advantages are computed on the whole
 batch with numpy. "python (lists)" is rLLM's code shape (the needed columns
 as Python lists); "python (numpy views)" compares and copies tokens as numpy
 views of the Arrow buffers, the fastest of the two.
+
+With --baseline-bin, another rllm-pipe binary (an earlier build) serves the
+same data as one more contender, so that a change to the serving side is
+measured against its predecessor in the same run.
 
 Before timing, every contender's tensors are checked equal, row by row, to
 rllm-pipe's (keyed by trajectory and first step). Then the contenders run
@@ -184,6 +188,9 @@ CHECKED = ("input_ids", "attention_mask", "position_ids", "response_mask", "roll
 # --- running -----------------------------------------------------------------
 
 
+BASELINE = "rllm-pipe at --baseline-bin"
+
+
 def serve(bin_, out, work, layout, max_tokens):
     ready = work / f"ready-{time.monotonic_ns()}"
     proc = subprocess.Popen([bin_, "serve", "--from", str(out), "--listen", "127.0.0.1:0", "--ready-file", str(ready),
@@ -236,11 +243,17 @@ def main():
     ap.add_argument("--groups", type=int, default=64, help="groups of 16 trajectories")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bin")
+    ap.add_argument("--baseline-bin", help="an earlier rllm-pipe binary, run as one more contender")
     ap.add_argument("--max-tokens", type=int, default=4_200_000, help="batch budget: ~512 trajectories of ~8k tokens")
     ap.add_argument("--max-prompt-length", type=int, default=2048)
     ap.add_argument("--max-response-length", type=int, default=8192)
     args = ap.parse_args()
     bin_ = find_bin(args.bin)
+    contenders = dict(CONTENDERS)
+    bins = {}
+    if args.baseline_bin:
+        contenders[BASELINE] = CONTENDERS[next(iter(CONTENDERS))]
+        bins[BASELINE] = args.baseline_bin
     P, R = args.max_prompt_length, args.max_response_length
     pa.array([1]).to_numpy(zero_copy_only=False)  # one-time imports out of the timing
     with tempfile.TemporaryDirectory() as tmp:
@@ -255,11 +268,11 @@ def main():
         fns = {}  # one per contender for the whole run, as in a trainer process
 
         def once(name, each=None):
-            layout, make = CONTENDERS.get(name, (name, None))
+            layout, make = contenders.get(name, (name, None))
             if name not in fns:
                 fns[name] = make(P, R) if make else lambda b: (0, 0, {}, [])
             fn = fns[name]
-            proc, loc = serve(bin_, work / "out", work, layout, budget[layout])
+            proc, loc = serve(bins.get(name, bin_), work / "out", work, layout, budget[layout])
             try:
                 return consume(loc, fn, each)
             finally:
@@ -270,23 +283,23 @@ def main():
         # The budget of step rows counts every step's whole prompt: scaled so
         # that the Python contenders get batches of as many trajectories.
         want = {}
-        merged_tokens = once(next(iter(CONTENDERS)), digests(want))[4]
+        merged_tokens = once(next(iter(contenders)), digests(want))[4]
         budget["steps"] = args.max_tokens
         step_tokens = once("steps")[4]
         budget["steps"] = int(args.max_tokens * step_tokens / merged_tokens)
-        for name in list(CONTENDERS)[1:]:
+        for name in list(contenders)[1:]:
             got = {}
             once(name, digests(got))
             if got != want:
                 bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
                 sys.exit(f"{name}: {len(bad)} of {len(want)} rows differ from rllm-pipe's, e.g. {bad[:3]}")
         print(f"budgets: {budget} (step rows hold {step_tokens / merged_tokens:.1f}x the tokens of merged rows)")
-        print(f"checked: the {len(CONTENDERS)} contenders' tensors are equal on all {len(want)} rows "
+        print(f"checked: the {len(contenders)} contenders' tensors are equal on all {len(want)} rows "
               f"({', '.join(CHECKED)})")
 
-        results = {name: [] for name in CONTENDERS}
+        results = {name: [] for name in contenders}
         for r in range(args.rounds):
-            names = list(CONTENDERS) if r % 2 == 0 else list(CONTENDERS)[::-1]
+            names = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
             for name in names:
                 results[name].append(once(name))
         print(f"{args.rounds} rounds, alternating; median (min-max); P={P} R={R}")
@@ -298,8 +311,8 @@ def main():
                   f"{spread([rows / s for s in secs], '{:,.0f}')} rows/s, {spread([tokens / s / 1e6 for s in secs], '{:.2f}')} M tokens/s, "
                   f"{spread([s / rows * 512 * 1e3 for s in secs], '{:,.0f}')} ms per 512 rows "
                   f"(padding {spread([b / rows * 512 * 1e3 for b in busy], '{:,.0f}')} ms)")
-        ours = results[next(iter(CONTENDERS))]
-        for name in list(CONTENDERS)[1:]:
+        ours = results[next(iter(contenders))]
+        for name in list(contenders)[1:]:
             ratios = [theirs[2] / mine[2] for theirs, mine in zip(results[name], ours)]
             client = [theirs[3] / mine[3] for theirs, mine in zip(results[name], ours)]
             print(f"speed-up over {name}: {spread(ratios, '{:.1f}')}x end to end, {spread(client, '{:.1f}')}x in the client's padding")
