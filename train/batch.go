@@ -34,6 +34,10 @@ type Config struct {
 	// Layout of the delivered rows: one per step (default), or merged
 	// trajectory rows (package merge), which the token budget then counts.
 	Layout Layout
+	// expand makes LayoutTrajectories rebuild whole prompts and join a
+	// batch's groups before merging, as it does with a batch estimator
+	// (benchmarks and tests compare the two paths).
+	expand bool
 }
 
 // Layout is the row layout of delivered batches.

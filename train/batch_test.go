@@ -204,7 +204,7 @@ func TestReaderAppliesBatchEstimator(t *testing.T) {
 	}
 }
 
-func committedEntries(t *testing.T, st *local.Store) []schemas.ShardEntry {
+func committedEntries(t testing.TB, st *local.Store) []schemas.ShardEntry {
 	t.Helper()
 	e, err := st.Committed(context.Background())
 	if err != nil {

@@ -85,6 +85,18 @@ func TestTrajectoryLayoutDeltasEqualExpandThenMerge(t *testing.T) {
 					if !array.RecordEqual(w, g) {
 						t.Fatalf("merged rows differ from expand-then-merge:\n got %v\nwant %v", g, w)
 					}
+					// The same batches through the expanding path (a batch
+					// estimator's).
+					expanded := readAll(t, paths, Config{MaxStaleness: -1, Allocator: mem, IncludeFiltered: inc, Layout: LayoutTrajectories, MaxTokens: budget, expand: true})
+					if len(expanded) != len(merged) {
+						t.Fatalf("%d batches expanding, %d merging deltas", len(expanded), len(merged))
+					}
+					for i, b := range expanded {
+						if !array.RecordEqual(b.Record, merged[i].Record) || b.Tokens != merged[i].Tokens || *b.Merge != *merged[i].Merge {
+							t.Errorf("batch %d differs between the expanding and the delta path", i)
+						}
+						b.Record.Release()
+					}
 					if fmt.Sprint(gotGroups) != fmt.Sprint(groups) || gotTokens != wantTokens || gotStats != stats {
 						t.Fatalf("groups %v tokens %d stats %+v, want %v %d %+v", gotGroups, gotTokens, gotStats, groups, wantTokens, stats)
 					}

@@ -70,7 +70,7 @@ func newShardReader(path string, rd *parquet.Reader, cfg *Config) *shardReader {
 // on them) and a batch's groups are merged without joining them first. A
 // batch estimator needs the step rows joined, and rebuilt prompts.
 func (c *Config) mergesDeltas() bool {
-	return c.Layout == LayoutTrajectories && c.Batch == nil
+	return c.Layout == LayoutTrajectories && c.Batch == nil && !c.expand
 }
 
 // mergeColumns are the shard columns that merged trajectory rows are built

@@ -38,7 +38,7 @@ func writeMultiTurn(t *testing.T, distill bool) []string {
 // writeGenerated commits the groups synth generates with cfg as shards,
 // marked by filters, with distillation token advantages when cfg.Teacher,
 // and returns the shard paths.
-func writeGenerated(t *testing.T, cfg synth.Config, filters []transform.Filter) []string {
+func writeGenerated(t testing.TB, cfg synth.Config, filters []transform.Filter) []string {
 	t.Helper()
 	distill := cfg.Teacher
 	var buf bytes.Buffer
