@@ -218,22 +218,37 @@ func (q *seq) continues(b, a int) bool {
 	if q.plen[b] < n {
 		return false
 	}
+	if c == b && q.whole(a) {
+		s, r := q.row(b)
+		p, pr := q.row(a)
+		return extends(s.promptOf(r), p.promptOf(pr), p.respOf(pr))
+	}
 	return equalPrefix(q.prompt(b, 0, nil), append(q.prompt(a, 0, nil), q.resp(a)), n)
+}
+
+// extends reports whether prompt begins with prev's prompt followed by
+// prev's response: the running sequence of a row whose last step is prev.
+func extends(prompt, prevPrompt, prevResp []int32) bool {
+	n := len(prevPrompt) + len(prevResp)
+	return len(prompt) >= n && slices.Equal(prompt[:len(prevPrompt)], prevPrompt) && slices.Equal(prompt[len(prevPrompt):n], prevResp)
 }
 
 // prompt appends to dst the pieces of row i's whole prompt from token
 // from on, in order: the row's own prompt_ids when whole, else the end of
 // its predecessor's prompt and response, then its delta.
 func (q *seq) prompt(i, from int, dst [][]int32) [][]int32 {
-	need := q.plen[i] - from
-	var rev [][]int32
+	if s, r := q.row(i); !s.prompt.IsNull(r) {
+		return append(dst, s.promptOf(r)[from:])
+	}
+	need, start := q.plen[i]-from, len(dst)
 	take := func(p []int32) {
 		k := min(need, len(p))
 		if k > 0 {
-			rev = append(rev, p[len(p)-k:])
+			dst = append(dst, p[len(p)-k:])
 		}
 		need -= k
 	}
+	// Backwards from i, then put in order.
 	for c := i; need > 0; c-- {
 		s, r := q.row(c)
 		if !s.prompt.IsNull(r) {
@@ -245,9 +260,7 @@ func (q *seq) prompt(i, from int, dst [][]int32) [][]int32 {
 			take(q.resp(c - 1))
 		}
 	}
-	for k := len(rev) - 1; k >= 0; k-- {
-		dst = append(dst, rev[k])
-	}
+	slices.Reverse(dst[start:])
 	return dst
 }
 
