@@ -170,13 +170,17 @@ func (f *former) take() (*Batch, []*group, error) {
 	}
 	groups := f.pending
 	f.pending, f.tokens = nil, 0
-	var parts []arrow.RecordBatch
 	b := &Batch{}
 	for _, g := range groups {
-		parts = append(parts, g.parts...)
 		b.Groups = append(b.Groups, g.key)
 		b.Tokens += g.tokens
 	}
+	parts := joinedParts(groups)
+	defer func() {
+		for _, p := range parts {
+			p.Release()
+		}
+	}()
 	if f.cfg.mergesDeltas() {
 		// Merged straight from the groups' parts, deltas and all.
 		rec, st, err := merge.RowsOf(f.mem, parts, !f.cfg.IncludeFiltered)

@@ -143,3 +143,38 @@ func joined(t *testing.T, mem memory.Allocator, recs []arrow.RecordBatch) arrow.
 	}
 	return rec
 }
+
+// joinedParts makes the parts that follow each other in one reader batch
+// one slice of it, and keeps the others apart.
+func TestJoinedParts(t *testing.T) {
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	ib := array.NewInt32Builder(mem)
+	defer ib.Release()
+	ib.AppendValues([]int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, nil)
+	col := ib.NewArray()
+	defer col.Release()
+	sc := arrow.NewSchema([]arrow.Field{{Name: "x", Type: arrow.PrimitiveTypes.Int32}}, nil)
+	r1 := array.NewRecordBatch(sc, []arrow.Array{col}, 10)
+	r2 := array.NewRecordBatch(sc, []arrow.Array{col}, 10)
+	g1, g2, g3 := &group{}, &group{}, &group{}
+	g1.addPart(r1, 0, 3)
+	g1.addPart(r1, 3, 4) // follows: joined
+	g2.addPart(r1, 4, 6) // follows, in the next group: joined
+	g2.addPart(r1, 7, 8) // a row left out: apart
+	g3.addPart(r2, 8, 10)
+	r1.Release()
+	r2.Release()
+	parts := joinedParts([]*group{g1, g2, g3})
+	var got []string
+	for _, p := range parts {
+		got = append(got, fmt.Sprint(p.Column(0).(*array.Int32).Int32Values()))
+		p.Release()
+	}
+	for _, g := range []*group{g1, g2, g3} {
+		g.release()
+	}
+	if want := []string{"[0 1 2 3 4 5]", "[7]", "[8 9]"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("parts %v, want %v", got, want)
+	}
+}

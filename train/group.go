@@ -18,7 +18,11 @@ type group struct {
 	key     string
 	version int64
 	parts   []arrow.RecordBatch // retained slices
-	tokens  int64
+	// srcs says where each part was sliced from (its reader batch,
+	// retained, and the rows), so that a batch of parts that follow each
+	// other in one reader batch is one slice of it, not a copy.
+	srcs   []partSrc
+	tokens int64
 	rows    int64
 	// filtered counts rows dropped because a filter marked them.
 	filtered int64
@@ -27,11 +31,48 @@ type group struct {
 	marked bool
 }
 
+// partSrc is rows [lo, hi) of a reader batch.
+type partSrc struct {
+	rec    arrow.RecordBatch
+	lo, hi int64
+}
+
 func (g *group) release() {
 	for _, p := range g.parts {
 		p.Release()
 	}
-	g.parts = nil
+	for _, s := range g.srcs {
+		s.rec.Release()
+	}
+	g.parts, g.srcs = nil, nil
+}
+
+// addPart adds rows [lo, hi) of rec to g.
+func (g *group) addPart(rec arrow.RecordBatch, lo, hi int64) {
+	rec.Retain()
+	g.parts = append(g.parts, rec.NewSlice(lo, hi))
+	g.srcs = append(g.srcs, partSrc{rec, lo, hi})
+}
+
+// joinedParts returns the parts of groups, in order, with the parts that
+// follow each other in one reader batch made one slice of it; the caller
+// releases them.
+func joinedParts(groups []*group) []arrow.RecordBatch {
+	var runs []partSrc
+	for _, g := range groups {
+		for _, s := range g.srcs {
+			if n := len(runs); n > 0 && runs[n-1].rec == s.rec && runs[n-1].hi == s.lo {
+				runs[n-1].hi = s.hi
+				continue
+			}
+			runs = append(runs, s)
+		}
+	}
+	out := make([]arrow.RecordBatch, len(runs))
+	for i, r := range runs {
+		out[i] = r.rec.NewSlice(r.lo, r.hi)
+	}
+	return out
 }
 
 // shardReader splits a shard's record batches into groups, in order,
@@ -184,7 +225,7 @@ func (s *shardReader) read() (*group, error) {
 					marked++
 				}
 			}
-			g.parts = append(g.parts, s.rec.NewSlice(int64(s.row), int64(end)))
+			g.addPart(s.rec, int64(s.row), int64(end))
 			g.filtered += marked
 			g.rows += int64(end-s.row) - marked
 			s.row = end
@@ -204,7 +245,7 @@ func (s *shardReader) read() (*group, error) {
 				g.tokens += (pe - ps) + (re - rs)
 				k++
 			}
-			g.parts = append(g.parts, s.rec.NewSlice(int64(j), int64(k)))
+			g.addPart(s.rec, int64(j), int64(k))
 			g.rows += int64(k - j)
 			j = k
 		}
