@@ -23,7 +23,7 @@ type group struct {
 	// other in one reader batch is one slice of it, not a copy.
 	srcs   []partSrc
 	tokens int64
-	rows    int64
+	rows   int64
 	// filtered counts rows dropped because a filter marked them.
 	filtered int64
 	// marked: parts still hold the rows a filter marked (stored prefix
