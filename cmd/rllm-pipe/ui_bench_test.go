@@ -33,7 +33,8 @@ LIMIT 51 OFFSET $3`
 
 // BenchmarkUIBrowse measures the trajectory browser of `rllm-pipe ui` on a
 // store of about a million steps (gen + ingest into a temporary folder,
-// removed afterwards; RLLM_UI_BENCH_GROUPS groups of 8, default 50000):
+// removed afterwards; RLLM_UI_BENCH_GROUPS groups of 8, default 50000;
+// see uiBenchStore):
 // one refresh (open, build the trajectory index, run the reports), then,
 // over HTTP, the first page, the next page, a page 1000 pages deep, a
 // filter change (one task) and opening a trajectory, each 3 times,
@@ -150,9 +151,13 @@ func BenchmarkUIBrowse(b *testing.B) {
 
 // uiBenchStore generates and ingests RLLM_UI_BENCH_GROUPS groups of 8
 // (default 50000: about a million steps) into a temporary folder removed
-// after the benchmark, and returns the output root.
+// after the benchmark, and returns the output root; RLLM_UI_BENCH_STORE
+// names an existing one to use instead.
 func uiBenchStore(b *testing.B) string {
 	b.Helper()
+	if out := os.Getenv("RLLM_UI_BENCH_STORE"); out != "" {
+		return out
+	}
 	groups := 50000
 	if v := os.Getenv("RLLM_UI_BENCH_GROUPS"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"math"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -40,18 +39,15 @@ func wholePromptViews(ctx context.Context, b *testing.B, db *duckdb.DB) {
 
 // BenchmarkUIRefresh measures one refresh of `rllm-pipe ui` (open the
 // views, build the trajectory index, run every report) on the store of
-// BenchmarkUIBrowse (about a million steps; RLLM_UI_BENCH_GROUPS, or an
-// existing output root in RLLM_UI_BENCH_STORE), 3 times, alternated with
-// the same work the way it was before the reports counted tokens without
-// rebuilding prompts (wholePromptViews). The two give the same tables
-// (checked, numbers within rounding). Metrics: medians in s, spreads as -min-s and -max-s.
+// BenchmarkUIBrowse (about a million steps: uiBenchStore), 3 times,
+// alternated with the same work the way it was before the reports
+// counted tokens without rebuilding prompts (wholePromptViews). The two
+// give the same tables (checked, numbers within rounding). Metrics:
+// medians in s, spreads as -min-s and -max-s.
 //
 //	go test -run '^$' -bench UIRefresh -benchtime 1x -timeout 90m ./cmd/rllm-pipe/
 func BenchmarkUIRefresh(b *testing.B) {
-	out := os.Getenv("RLLM_UI_BENCH_STORE")
-	if out == "" {
-		out = uiBenchStore(b)
-	}
+	out := uiBenchStore(b)
 	ctx := context.Background()
 	root, err := connectors.ParseRoot(out, connectors.Options{})
 	if err != nil {
