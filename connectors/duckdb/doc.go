@@ -32,11 +32,18 @@
 //
 // # Views
 //
+//   - stored_steps: every row of the committed shards as stored (a delta
+//     row's prompt_ids is null), plus shard, prompt_tokens (the whole
+//     prompt's length: prompt_prefix_len + len(prompt_delta_ids) for a
+//     delta row, else len(prompt_ids)) and response_tokens. What the
+//     trajectories view and the token reports read: counting tokens needs
+//     no prompt rebuilt.
 //   - steps: every row of the committed shards (schemas.StepSchema, one
-//     row per step), plus shard, the manifest path of the row's shard.
+//     row per step) with whole prompts and messages, plus shard, the
+//     manifest path of the row's shard.
 //   - trajectories: one row per (group_id, group_version, trajectory_id):
 //     task_id, role, reward, num_steps, steps (rows), prompt_tokens and
-//     response_tokens (sums of the list lengths over the steps),
+//     response_tokens (sums over the steps of stored_steps' counts),
 //     min_policy_version and max_policy_version, is_correct,
 //     termination_reason, partial, filter_reason, advantage (of the first
 //     step; ingest broadcasts one value per trajectory), estimator,
@@ -54,6 +61,12 @@
 //     and position (topic/partition and offset for Kafka input, file and
 //     line for files), the raw source fields, record (base64 when
 //     record_encoding says so), truncated, size, dlq_file.
+//   - dead_letter_commits: per manifest entry (seq, committed_at),
+//     dead-letter file and reason, the dead letters that entry committed:
+//     a line belongs to the first entry, in manifest order, whose mark
+//     (DeadLetterState.Bytes) on its file covers the line's end. Open
+//     counts them while reading the committed lines; the view holds the
+//     counts as values.
 //   - consumed: what every consumer group under the root acknowledged,
 //     one row per group of each batch: consumer_group, train_step (the
 //     batch's place in the group's acknowledgements), member, batch_id,
