@@ -61,7 +61,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'GatewayLatency|SessionMemory' -benchtime 1x ./ingest/gateway/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
 	cd ingest/compare && $(GO) test -run '^$$' -bench . -count 1
-	$(GO) test -run '^$$' -bench UIBrowse -benchtime 1x -timeout 60m ./cmd/rllm-pipe/
+	$(GO) test -run '^$$' -bench 'UIBrowse|UIRefresh' -benchtime 1x -timeout 90m ./cmd/rllm-pipe/
 	train/python/examples/bench.sh --rounds 3
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/

@@ -50,16 +50,19 @@ folder. --allow-host-files lifts all of this, for joining your own files:
 the query may then read and write any file you can, reach the network and
 install extensions.
 
-Views: steps (every committed row, whole prompts), trajectories, groups,
-shards (the manifest), dead_letters, consumed (what every consumer group
-acknowledged: one row per group of each batch, with train_step,
-policy_version and staleness). A trajectory passes when
-coalesce(is_correct, reward > 0).
+Views: steps (every committed row, whole prompts), stored_steps (the rows
+as stored, with prompt_tokens and response_tokens: cheap, no prompt
+rebuilt), trajectories, groups, shards (the manifest), dead_letters,
+dead_letter_commits (per manifest entry and reason, the dead letters it
+committed), consumed (what every consumer group acknowledged: one row per
+group of each batch, with train_step, policy_version and staleness). A
+trajectory passes when coalesce(is_correct, reward > 0).
 
 Reports: reward-by-version, pass-at-k (--k), staleness, token-lengths,
 advantage, dead-letters, and those behind the charts of rllm-pipe report:
 pass-at-k-by-version, token-lengths-by-version, advantage-histogram,
-filtered-by-version, throughput, roles. --views-sql prints the view definitions (and the
+filtered-by-version, filtered-over-time, dead-letters-over-time,
+throughput, roles. --views-sql prints the view definitions (and the
 query or report, if given) for the DuckDB CLI.
 
 --format table escapes control characters (ESC, CR, other C0 and C1
