@@ -46,6 +46,18 @@ type Chart struct {
 	Note string
 }
 
+// integralX reports whether every x value is a whole number.
+func (c *Chart) integralX() bool {
+	for _, s := range c.Series {
+		for _, p := range s.Points {
+			if p.X != math.Trunc(p.X) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // Points counts the points of all series.
 func (c *Chart) Points() int {
 	n := 0
@@ -174,9 +186,15 @@ func (c *Chart) SVG() string {
 		}
 	default:
 		var xt []float64
-		if xlo == xhi {
+		switch {
+		case xlo == xhi:
 			xt = []float64{xlo - 1, xlo, xlo + 1}
-		} else {
+		case c.integralX() && xhi-xlo <= 6:
+			// Policy versions and the like: no tick between two integers.
+			for v := xlo; v <= xhi; v++ {
+				xt = append(xt, v)
+			}
+		default:
 			xt = niceTicks(xlo, xhi, 6)
 		}
 		if c.XTime {
