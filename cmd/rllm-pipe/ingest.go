@@ -12,7 +12,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
-	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -171,7 +170,7 @@ func newPlan(o ingestOpts) (*plan, error) {
 	return p, nil
 }
 
-func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error {
+func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err error) {
 	start := time.Now()
 	p, err := newPlan(o)
 	if err != nil {
@@ -184,17 +183,11 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) error 
 		}
 		debug.SetMemoryLimit(limit)
 	}
-	if o.cpuProfile != "" {
-		f, err := os.Create(o.cpuProfile)
-		if err != nil {
-			return fmt.Errorf("cpuprofile: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("cpuprofile: %w", err)
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(o.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer func() { err = errors.Join(err, stopProfile()) }()
 	if o.from == "" {
 		return usageErrorf("--from is required")
 	}

@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// serve and consume write a CPU profile with --cpuprofile: a gzipped
-// pprof file, complete once the command has stopped.
+// ingest, serve and consume write a CPU profile with --cpuprofile: a
+// gzipped pprof file, complete once the command has stopped.
 func TestTrainCommandsCPUProfile(t *testing.T) {
 	bin := e2eBinary(t)
 	out := serveShards(t, bin, 8, "--turns", "2..4")
@@ -37,6 +37,15 @@ func TestTrainCommandsCPUProfile(t *testing.T) {
 		t.Fatalf("serve: exit %d\n%s", code, p.stderr)
 	}
 	isProfile("serve", srv)
+	in := filepath.Join(dir, "in.jsonl")
+	if r := e2eRun(t, bin, dir, "gen", "--out", in, "--groups", "20", "--group-size", "4", "--quiet"); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	ing := filepath.Join(dir, "ingest.pprof")
+	if r := e2eRun(t, bin, dir, "ingest", "--from", in, "--to", filepath.Join(dir, "ing"), "--group-size", "4", "--quiet", "--cpuprofile", ing); r.code != 0 {
+		t.Fatalf("ingest: exit %d\n%s", r.code, r.stderr)
+	}
+	isProfile("ingest", ing)
 	if r := e2eRun(t, bin, dir, "consume", "--from", out, "--follow=false", "--cpuprofile", filepath.Join(dir, "no", "such", "dir")); r.code == 0 {
 		t.Fatal("consume ran with a profile it cannot write")
 	}
