@@ -13,13 +13,13 @@
 # Raw output goes to $OUT (default a new temporary folder).
 #
 # Variables: ROUNDS (3), RLLM_SCALE_SECONDS (5: seconds per case of 1
-# and 2), GROUPS_SCALE (6000 groups of 8: ~675 MB for 3), SCALE_FLAGS
+# and 2), GROUPS_SCALE (12000 groups of 8: ~1.3 GB, so that the 40-90% window is past the join), SCALE_FLAGS
 # (more cmd/scalebench flags), GO (go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 ROUNDS=${ROUNDS:-3}
-GROUPS_SCALE=${GROUPS_SCALE:-6000}
+GROUPS_SCALE=${GROUPS_SCALE:-12000}
 SCALE_FLAGS=${SCALE_FLAGS:-}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/rllm-bench-scale.XXXXXX")}
 export RLLM_SCALE_SECONDS=${RLLM_SCALE_SECONDS:-5}

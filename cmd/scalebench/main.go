@@ -87,6 +87,7 @@ type trial struct {
 	wall    time.Duration // start of the processes to every record settled
 	steady  time.Duration // first commit to every record settled
 	atFirst int64         // records settled at the first commit
+	middle  time.Duration // from 40% to 90% of the records settled
 	cpu     cpuUse
 	layout  string // partitions per worker
 	finish  []time.Duration
@@ -142,8 +143,8 @@ func run(ctx context.Context, o options, out io.Writer) error {
 				}
 				t.round = r
 				trials = append(trials, t)
-				fmt.Fprintf(out, "  round %d  %-5s  %d worker(s): %6.1f MiB/s wall, %6.1f MiB/s from the first commit; partitions per worker %s; cpu: workers %.2f, kafka %.2f, minio %.2f, harness %.2f, other %.2f cores\n",
-					r, output, w, mib/t.wall.Seconds(), steadyMiB(t, mib, records), t.layout, t.cpu.workers, t.cpu.kafka, t.cpu.minio, t.cpu.harness, t.cpu.other)
+				fmt.Fprintf(out, "  round %d  %-5s  %d worker(s): %6.1f MiB/s wall, %6.1f MiB/s from the first commit, %6.1f MiB/s from 40%% to 90%% settled; partitions per worker %s; cpu: workers %.2f, kafka %.2f, minio %.2f, harness %.2f, other %.2f cores\n",
+					r, output, w, mib/t.wall.Seconds(), steadyMiB(t, mib, records), middleMiB(t, mib), t.layout, t.cpu.workers, t.cpu.kafka, t.cpu.minio, t.cpu.harness, t.cpu.other)
 			}
 		}
 	}
@@ -160,6 +161,17 @@ func cmp(a, b int) int {
 
 func steadyMiB(t trial, mib float64, records int64) float64 {
 	return mib * float64(records-t.atFirst) / float64(records) / t.steady.Seconds()
+}
+
+// Marks of the steady-state window: the rate between them leaves out the
+// consumer-group join and rebalance at the start (the first worker to
+// join takes every partition, then hands some over) and the last commits.
+const lowMark, highMark = 0.4, 0.9
+
+// middleMiB is the throughput while the records between the marks
+// settled.
+func middleMiB(t trial, mib float64) float64 {
+	return mib * (highMark - lowMark) / t.middle.Seconds()
 }
 
 // runTrial runs workers ingest processes to the end of the topic.
@@ -257,7 +269,7 @@ func runTrial(ctx context.Context, o options, topic, output string, workers int,
 		return all, owners, nil
 	}
 	deadline := start.Add(o.timeout)
-	var first time.Time
+	var first, low, high time.Time
 	grew := map[string]time.Duration{} // partition → when its settled range last grew
 	sizes := map[string]int64{}
 	var owners map[string]map[string]bool
@@ -273,6 +285,13 @@ func runTrial(ctx context.Context, o options, topic, output string, workers int,
 		if n > 0 && first.IsZero() {
 			first, t.atFirst = now, n
 		}
+		if low.IsZero() && float64(n) >= lowMark*float64(records) {
+			low = now
+		}
+		if high.IsZero() && float64(n) >= highMark*float64(records) {
+			high = now
+			t.middle = high.Sub(low)
+		}
 		for s, r := range all {
 			if r.Len() != sizes[s] {
 				sizes[s], grew[s] = r.Len(), now.Sub(start)
@@ -286,7 +305,7 @@ func runTrial(ctx context.Context, o options, topic, output string, workers int,
 			stopAll()
 			return t, fmt.Errorf("%d of %d records settled after %s", n, records, o.timeout)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 	after := sampleCPU(o)
 	stopAll()
@@ -467,7 +486,7 @@ func newID() string {
 // report prints the table of cases and the scaling efficiency.
 func report(out io.Writer, trials []trial, mib float64, records int64, o options) {
 	fmt.Fprintf(out, "\nKafka → ingest workers (GOMAXPROCS=1, taskset one core each, --decoders 1 --encoders 1), %d partitions, %.0f MiB; median of %d rounds (min–max)\n", o.partitions, mib, o.rounds)
-	fmt.Fprintf(out, "%-6s %-8s %-26s %-26s %-14s %-8s %-8s %-8s\n", "output", "workers", "MiB/s wall (join incl.)", "MiB/s from first commit", "worker cores", "kafka", "minio", "other")
+	fmt.Fprintf(out, "%-6s %-8s %-26s %-26s %-26s %-14s %-8s %-8s %-8s\n", "output", "workers", "MiB/s wall (join incl.)", "MiB/s from first commit", "MiB/s 40-90% settled", "worker cores", "kafka", "minio", "other")
 	byCase := map[string][]trial{}
 	for _, t := range trials {
 		k := t.output + "/" + strconv.Itoa(t.workers)
@@ -476,29 +495,31 @@ func report(out io.Writer, trials []trial, mib float64, records int64, o options
 	for _, output := range strings.Split(o.outputs, ",") {
 		for _, w := range []int{1, 2} {
 			ts := byCase[output+"/"+strconv.Itoa(w)]
-			var wall, steady, wc, kc, mc, oc []float64
+			var wall, steady, middle, wc, kc, mc, oc []float64
 			for _, t := range ts {
 				wall = append(wall, mib/t.wall.Seconds())
 				steady = append(steady, steadyMiB(t, mib, records))
+				middle = append(middle, middleMiB(t, mib))
 				wc, kc, mc, oc = append(wc, t.cpu.workers), append(kc, t.cpu.kafka), append(mc, t.cpu.minio), append(oc, t.cpu.other)
 			}
-			fmt.Fprintf(out, "%-6s %-8d %-26s %-26s %-14s %-8s %-8s %-8s\n", output, w, spread(wall, 1), spread(steady, 1),
+			fmt.Fprintf(out, "%-6s %-8d %-26s %-26s %-26s %-14s %-8s %-8s %-8s\n", output, w, spread(wall, 1), spread(steady, 1), spread(middle, 1),
 				fmt.Sprintf("%.2f", median(wc)), fmt.Sprintf("%.2f", median(kc)), fmt.Sprintf("%.2f", median(mc)), fmt.Sprintf("%.2f", median(oc)))
 		}
 	}
 	fmt.Fprintf(out, "\nscaling efficiency = throughput(2 workers) / (2 × throughput(1 worker)), per round (the pair run back to back), median (min–max); aim ≥ 0.85\n")
 	for _, output := range strings.Split(o.outputs, ",") {
 		one, two := byCase[output+"/1"], byCase[output+"/2"]
-		var wall, steady, perCPU []float64
+		var wall, steady, middle, perCPU []float64
 		for i := range min(len(one), len(two)) {
 			wall = append(wall, one[i].wall.Seconds()/two[i].wall.Seconds()/2)
 			steady = append(steady, steadyMiB(two[i], mib, records)/steadyMiB(one[i], mib, records)/2)
+			middle = append(middle, middleMiB(two[i], mib)/middleMiB(one[i], mib)/2)
 			// Bytes per worker CPU-second, 2 workers against 1: below 1 when
 			// splitting the topic costs work; the throughput ratios are also
 			// bounded by the cores the workers were given.
 			perCPU = append(perCPU, (one[i].cpu.workers*one[i].wall.Seconds())/(two[i].cpu.workers*two[i].wall.Seconds()))
 		}
-		fmt.Fprintf(out, "  %-6s wall %s   from first commit %s   MiB per worker CPU-second, 2 vs 1: %s\n", output, spread(wall, 2), spread(steady, 2), spread(perCPU, 2))
+		fmt.Fprintf(out, "  %-6s wall %s   from first commit %s   40-90%% settled %s   MiB per worker CPU-second, 2 vs 1: %s\n", output, spread(wall, 2), spread(steady, 2), spread(middle, 2), spread(perCPU, 2))
 	}
 	fmt.Fprintf(out, "  (a worker pinned to a core reaches 1.00 core only when nothing else runs there: see the cores columns)\n")
 	fmt.Fprintf(out, "\nper-partition finish (s after start; last growth of its settled range), 2-worker runs:\n")
