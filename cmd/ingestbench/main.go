@@ -63,12 +63,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/benchkit"
 
 	_ "github.com/duckdb/duckdb-go/v2" // the "duckdb" database/sql driver
 
@@ -189,7 +190,7 @@ func parseFlags(args []string) (config, error) {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var err error
-	if c.size, err = parseSize(c.sizeText); err != nil {
+	if c.size, err = benchkit.ParseSize(c.sizeText); err != nil {
 		return c, fmt.Errorf("--size: %w", err)
 	}
 	if c.pairs < 1 {
@@ -200,30 +201,6 @@ func parseFlags(args []string) (config, error) {
 	}
 	c.ingestArgs = strings.Fields(ingestArgs)
 	return c, nil
-}
-
-// parseSize reads "1GB", "200MB", "1.5GiB", "123456".
-func parseSize(s string) (int64, error) {
-	t := strings.ToUpper(strings.TrimSpace(s))
-	units := []struct {
-		suffix string
-		mult   float64
-	}{
-		{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"TIB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"B", 1},
-	}
-	mult := 1.0
-	for _, u := range units {
-		if strings.HasSuffix(t, u.suffix) {
-			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(t, 64)
-	if err != nil || v <= 0 || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("bad size %q", s)
-	}
-	return int64(v * mult), nil
 }
 
 // runResult is one timed child process.
@@ -530,11 +507,11 @@ func runChild(ctx context.Context, argv []string, dir, logPath string, stdout io
 	if stdout != nil {
 		cmd.Stdout = stdout
 	}
-	busy0, busyOK := cpuBusy()
+	busy0, busyOK := benchkit.MachineBusy()
 	start := time.Now()
 	err = cmd.Run()
 	wall := time.Since(start)
-	busy1, busyOK1 := cpuBusy()
+	busy1, busyOK1 := benchkit.MachineBusy()
 	if err != nil {
 		return r, fmt.Errorf("%w; last lines of %s:\n%s", err, logPath, tail(logPath, 20))
 	}
@@ -545,7 +522,7 @@ func runChild(ctx context.Context, argv []string, dir, logPath string, stdout io
 	r.CPUUse = (r.UserSeconds + r.SysSeconds) / r.WallSeconds
 	r.PeakRSS = peakRSS(ps)
 	if busyOK && busyOK1 {
-		r.OtherCPU = max(0, (busy1-busy0)-r.UserSeconds-r.SysSeconds) / r.WallSeconds
+		r.OtherCPU = max(0, (busy1-busy0).Seconds()-r.UserSeconds-r.SysSeconds) / r.WallSeconds
 	}
 	return r, nil
 }
@@ -695,10 +672,10 @@ func summarise(rep *report) {
 		dr = append(dr, p.DuckDB.PeakRSS)
 		rep.RSSMaxRLLM = max(rep.RSSMaxRLLM, p.RLLM.PeakRSS)
 	}
-	rep.MedianRLLM, rep.MedianDuckDB = median(rw), median(dw)
-	rep.Ratio = median(ratios)
+	rep.MedianRLLM, rep.MedianDuckDB = benchkit.Median(rw), benchkit.Median(dw)
+	rep.Ratio = benchkit.Median(ratios)
 	rep.RatioOfMedians = rep.MedianDuckDB / rep.MedianRLLM
-	rep.RSSMedianRLLM, rep.RSSMedianDuck = int64(median(toF(rr))), int64(median(toF(dr)))
+	rep.RSSMedianRLLM, rep.RSSMedianDuck = int64(benchkit.Median(toF(rr))), int64(benchkit.Median(toF(dr)))
 }
 
 func printReport(w io.Writer, rep *report) {
@@ -761,19 +738,6 @@ func spread(ps []pair, f func(pair) float64) string {
 	return fmt.Sprintf("%.2f–%.2f", lo, hi)
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := slices.Clone(v)
-	sort.Float64s(s)
-	if n := len(s); n%2 == 1 {
-		return s[n/2]
-	} else {
-		return (s[n/2-1] + s[n/2]) / 2
-	}
-}
-
 func toF(v []int64) []float64 {
 	out := make([]float64, len(v))
 	for i, x := range v {
@@ -794,33 +758,6 @@ func human(b int64) string {
 		return fmt.Sprintf("%d B", b)
 	}
 }
-
-// cpuBusy returns the busy CPU seconds of all cores since boot, from
-// /proc/stat (user, nice, system, irq, softirq, steal), or false.
-func cpuBusy() (float64, bool) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, false
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0, false
-	}
-	var busy float64
-	for _, i := range []int{1, 2, 3, 6, 7, 8} {
-		v, err := strconv.ParseFloat(f[i], 64)
-		if err != nil {
-			return 0, false
-		}
-		busy += v
-	}
-	return busy / clockTicks, true
-}
-
-// clockTicks is USER_HZ, the unit of /proc/stat: 100 on every Linux
-// platform Go supports.
-const clockTicks = 100
 
 // tail returns the last n lines of a file.
 func tail(path string, n int) string {

@@ -61,6 +61,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/benchkit"
+
 	kgo "github.com/segmentio/kafka-go"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
@@ -122,7 +124,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return errors.New("no Kafka or S3: set RLLM_KAFKA_BROKERS and RLLM_S3_ENDPOINT (eval \"$(scripts/services.sh env)\")")
 	}
 	var err error
-	if c.size, err = parseSize(sizeText); err != nil {
+	if c.size, err = benchkit.ParseSize(sizeText); err != nil {
 		return err
 	}
 	if c.rounds < 1 {
@@ -135,7 +137,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	records, err := countLines(in.Path)
+	records, err := benchkit.CountLines(in.Path)
 	if err != nil {
 		return err
 	}
@@ -228,7 +230,7 @@ func (b *bench) run(ctx context.Context, name string) (runResult, error) {
 
 // drainRun reads every record of the topic with bare kafka-go.
 func (b *bench) drainRun(ctx context.Context) (runResult, error) {
-	busy0, _ := cpuBusy()
+	busy0, _ := benchkit.MachineBusy()
 	cpu0 := selfCPU()
 	start := time.Now()
 	var err error
@@ -250,8 +252,8 @@ func (b *bench) drainRun(ctx context.Context) (runResult, error) {
 	}
 	_ = bytes
 	cpu := selfCPU() - cpu0
-	busy1, _ := cpuBusy()
-	return runResult{Name: "drain", Wall: wall, CPU: cpu, OtherCPU: max(0, busy1-busy0-cpu) / wall}, nil
+	busy1, _ := benchkit.MachineBusy()
+	return runResult{Name: "drain", Wall: wall, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
 }
 
 // drainBatches reads each partition on its own connection with ReadBatch.
@@ -369,7 +371,7 @@ func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 	cmd := exec.CommandContext(ctx, b.c.bin, args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
-	busy0, _ := cpuBusy()
+	busy0, _ := benchkit.MachineBusy()
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		return runResult{}, err
@@ -394,7 +396,7 @@ func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	err = cmd.Wait()
 	wall := time.Since(start).Seconds()
-	busy1, _ := cpuBusy()
+	busy1, _ := benchkit.MachineBusy()
 	if err != nil || read == 0 {
 		return runResult{}, fmt.Errorf("kafka ingest (read all: %v): %v\n%s", read > 0, err, lastLines(logs.String(), 20))
 	}
@@ -415,7 +417,7 @@ func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 		return runResult{}, fmt.Errorf("the manifest settles %d offsets, want %d", settled, b.records)
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
-	return runResult{Name: "kafka", Wall: wall, Read: read, CPU: cpu, OtherCPU: max(0, busy1-busy0-cpu) / wall}, nil
+	return runResult{Name: "kafka", Wall: wall, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
 }
 
 // fileRun ingests the input file into a new local directory.
@@ -430,11 +432,11 @@ func (b *bench) fileRun(ctx context.Context) (runResult, error) {
 	cmd := exec.CommandContext(ctx, b.c.bin, args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
-	busy0, _ := cpuBusy()
+	busy0, _ := benchkit.MachineBusy()
 	start := time.Now()
 	err = cmd.Run()
 	wall := time.Since(start).Seconds()
-	busy1, _ := cpuBusy()
+	busy1, _ := benchkit.MachineBusy()
 	if err != nil {
 		return runResult{}, fmt.Errorf("file ingest: %v\n%s", err, lastLines(logs.String(), 20))
 	}
@@ -450,7 +452,7 @@ func (b *bench) fileRun(ctx context.Context) (runResult, error) {
 		return runResult{}, errors.New("file ingest committed no rows")
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
-	return runResult{Name: "file", Wall: wall, CPU: cpu, OtherCPU: max(0, busy1-busy0-cpu) / wall}, nil
+	return runResult{Name: "file", Wall: wall, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
 }
 
 // metric reads one unlabelled value from a Prometheus text endpoint.
@@ -651,48 +653,6 @@ func deleteTopic(brokers, topic string) {
 	_ = cc.DeleteTopics(topic)
 }
 
-func countLines(path string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	var n int64
-	buf := make([]byte, 1<<20)
-	for {
-		k, err := f.Read(buf)
-		n += int64(bytes.Count(buf[:k], []byte("\n")))
-		if errors.Is(err, io.EOF) {
-			return n, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-	}
-}
-
-// cpuBusy is the machine's busy CPU time in seconds so far (/proc/stat).
-func cpuBusy() (float64, bool) {
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, false
-	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	f := strings.Fields(line)
-	if len(f) < 8 || f[0] != "cpu" {
-		return 0, false
-	}
-	var busy float64
-	for i, v := range f[1:] {
-		if i == 3 || i == 4 { // idle, iowait
-			continue
-		}
-		x, _ := strconv.ParseFloat(v, 64)
-		busy += x
-	}
-	return busy / 100, true // USER_HZ
-}
-
 // selfCPU is this process's user+sys CPU time in seconds.
 func selfCPU() float64 {
 	var ru syscall.Rusage
@@ -703,23 +663,6 @@ func selfCPU() float64 {
 }
 
 func randomID() string { return strconv.FormatInt(time.Now().UnixNano()%1e12, 36) }
-
-func parseSize(s string) (int64, error) {
-	units := []struct {
-		suffix string
-		mult   float64
-	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
-	for _, u := range units {
-		if num, ok := strings.CutSuffix(s, u.suffix); ok {
-			v, err := strconv.ParseFloat(num, 64)
-			if err != nil || v <= 0 {
-				return 0, fmt.Errorf("--size %q", s)
-			}
-			return int64(v * u.mult), nil
-		}
-	}
-	return 0, fmt.Errorf("--size %q: want a number and B, KB, MB, GB, KiB, MiB or GiB", s)
-}
 
 func human(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 

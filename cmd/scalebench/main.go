@@ -35,6 +35,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/benchkit"
+
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -117,7 +119,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	records, err := countLines(in)
+	records, err := benchkit.CountLines(in)
 	if err != nil {
 		return err
 	}
@@ -378,7 +380,8 @@ type cpuUse struct {
 }
 
 func sampleCPU(o options) cpuSample {
-	return cpuSample{busy: machineBusy(), kafka: procCPU(o.kafkaPid), minio: procCPU(o.minioPid), self: procCPU(os.Getpid())}
+	busy, _ := benchkit.MachineBusy()
+	return cpuSample{busy: busy, kafka: procCPU(o.kafkaPid), minio: procCPU(o.minioPid), self: procCPU(os.Getpid())}
 }
 
 func cpuBetween(a, b cpuSample, workers, wall time.Duration) cpuUse {
@@ -415,25 +418,6 @@ func procCPU(pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / clkTck
 }
 
-// machineBusy is the CPU time all cores spent not idle so far (/proc/stat).
-func machineBusy() time.Duration {
-	data, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(data), "\n")
-	f := strings.Fields(line)
-	var busy int64
-	for i, v := range f[1:] {
-		n, _ := strconv.ParseInt(v, 10, 64)
-		if i == 3 || i == 4 || i >= 8 { // idle, iowait; guest time is already in user
-			continue
-		}
-		busy += n
-	}
-	return time.Duration(busy) * time.Second / clkTck
-}
-
 // servicePids reads the broker's and MinIO's pids from scripts/services.sh.
 func servicePids() (kafkaPid, minioPid int) {
 	out, err := exec.Command("scripts/services.sh", "status").Output()
@@ -455,26 +439,6 @@ func servicePids() (kafkaPid, minioPid int) {
 		}
 	}
 	return kafkaPid, minioPid
-}
-
-func countLines(path string) (int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	var n int64
-	buf := make([]byte, 1<<20)
-	for {
-		k, err := f.Read(buf)
-		n += int64(strings.Count(string(buf[:k]), "\n"))
-		if err == io.EOF {
-			return n, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-	}
 }
 
 func newID() string {
@@ -502,8 +466,8 @@ func report(out io.Writer, trials []trial, mib float64, records int64, o options
 				middle = append(middle, middleMiB(t, mib))
 				wc, kc, mc, oc = append(wc, t.cpu.workers), append(kc, t.cpu.kafka), append(mc, t.cpu.minio), append(oc, t.cpu.other)
 			}
-			fmt.Fprintf(out, "%-6s %-8d %-26s %-26s %-26s %-14s %-8s %-8s %-8s\n", output, w, spread(wall, 1), spread(steady, 1), spread(middle, 1),
-				fmt.Sprintf("%.2f", median(wc)), fmt.Sprintf("%.2f", median(kc)), fmt.Sprintf("%.2f", median(mc)), fmt.Sprintf("%.2f", median(oc)))
+			fmt.Fprintf(out, "%-6s %-8d %-26s %-26s %-26s %-14s %-8s %-8s %-8s\n", output, w, benchkit.Spread(wall, 1), benchkit.Spread(steady, 1), benchkit.Spread(middle, 1),
+				fmt.Sprintf("%.2f", benchkit.Median(wc)), fmt.Sprintf("%.2f", benchkit.Median(kc)), fmt.Sprintf("%.2f", benchkit.Median(mc)), fmt.Sprintf("%.2f", benchkit.Median(oc)))
 		}
 	}
 	fmt.Fprintf(out, "\nscaling efficiency = throughput(2 workers) / (2 × throughput(1 worker)), per round (the pair run back to back), median (min–max); aim ≥ 0.85\n")
@@ -519,7 +483,7 @@ func report(out io.Writer, trials []trial, mib float64, records int64, o options
 			// bounded by the cores the workers were given.
 			perCPU = append(perCPU, (one[i].cpu.workers*one[i].wall.Seconds())/(two[i].cpu.workers*two[i].wall.Seconds()))
 		}
-		fmt.Fprintf(out, "  %-6s wall %s   from first commit %s   40-90%% settled %s   MiB per worker CPU-second, 2 vs 1: %s\n", output, spread(wall, 2), spread(steady, 2), spread(middle, 2), spread(perCPU, 2))
+		fmt.Fprintf(out, "  %-6s wall %s   from first commit %s   40-90%% settled %s   MiB per worker CPU-second, 2 vs 1: %s\n", output, benchkit.Spread(wall, 2), benchkit.Spread(steady, 2), benchkit.Spread(middle, 2), benchkit.Spread(perCPU, 2))
 	}
 	fmt.Fprintf(out, "  (a worker pinned to a core reaches 1.00 core only when nothing else runs there: see the cores columns)\n")
 	fmt.Fprintf(out, "\nper-partition finish (s after start; last growth of its settled range), 2-worker runs:\n")
@@ -535,27 +499,6 @@ func report(out io.Writer, trials []trial, mib float64, records int64, o options
 	}
 	fmt.Fprintf(out, "\nCores: the machine has %d; the broker and MinIO run on the same cores as the workers (cannot be pinned elsewhere),\n"+
 		"so their columns are CPU taken from the workers; \"other\" is the rest of the machine (other users; this harness's own polling excluded).\n", runtime.NumCPU())
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func spread(xs []float64, prec int) string {
-	if len(xs) == 0 {
-		return "-"
-	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	return fmt.Sprintf("%.*f (%.*f–%.*f)", prec, median(s), prec, s[0], prec, s[len(s)-1])
 }
 
 // summarizeBench reads `go test -bench` lines and prints, per benchmark,
@@ -607,7 +550,7 @@ func summarizeBench(in io.Reader, out io.Writer) error {
 		runs := 0
 		for _, u := range s.units {
 			runs = max(runs, len(s.vals[u]))
-			cells = append(cells, fmt.Sprintf("%s %s", spread(s.vals[u], precision(s.vals[u])), u))
+			cells = append(cells, fmt.Sprintf("%s %s", benchkit.Spread(s.vals[u], precision(s.vals[u])), u))
 		}
 		fmt.Fprintf(out, "%-58s runs %d: %s\n", strings.TrimPrefix(name, "Benchmark"), runs, strings.Join(cells, ", "))
 	}
@@ -615,10 +558,10 @@ func summarizeBench(in io.Reader, out io.Writer) error {
 }
 
 func precision(xs []float64) int {
-	if median(xs) >= 100 {
+	if benchkit.Median(xs) >= 100 {
 		return 0
 	}
-	if median(xs) >= 10 {
+	if benchkit.Median(xs) >= 10 {
 		return 1
 	}
 	return 2
