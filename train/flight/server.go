@@ -185,6 +185,11 @@ type member struct {
 	bytes    int64            // their sum
 	progress time.Time        // last acknowledgement, or first batch in flight since
 	acked    chan struct{}    // signalled on every acknowledgement
+
+	// acking is read-held by acknowledgements in flight, so that the
+	// tallies kept when the stream ends count them: the last ack can end
+	// the stream (everything acknowledged) before its own tally lands.
+	acking sync.RWMutex
 }
 
 // leftMember is a stream that ended: its final tallies, for its client.
@@ -338,7 +343,9 @@ func (s *Server) leave(m *member) {
 	if err := m.c.Close(cctx); err != nil {
 		slog.Warn("flight: releasing a consumer's shards", "consumer", m.name, "err", err)
 	}
+	m.acking.Lock() // acknowledgements in flight have their tallies in
 	st := m.c.Stats()
+	m.acking.Unlock()
 	s.mu.Lock()
 	s.remember(m, st)
 	s.mu.Unlock()
@@ -600,6 +607,8 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 			m.c.SetPolicyVersion(*r.PolicyVersion)
 		}
 		var total train.AckResult
+		m.acking.RLock()
+		defer m.acking.RUnlock()
 		defer m.ackedBatches(r.BatchIDs)
 		for _, id := range r.BatchIDs {
 			res, err := m.c.Ack(stream.Context(), id)
