@@ -19,6 +19,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report/live"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 )
 
 // offsetPageSQL is how the browser paged before its index: the
@@ -44,17 +45,8 @@ LIMIT 51 OFFSET $3`
 //
 //	go test -run '^$' -bench UIBrowse -benchtime 1x -timeout 60m ./cmd/rllm-pipe/
 func BenchmarkUIBrowse(b *testing.B) {
-	out := uiBenchStore(b)
 	ctx := context.Background()
-	root, err := connectors.ParseRoot(out, connectors.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := connectors.OpenReader(ctx, root, "ui-bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
+	r := uiBenchReader(ctx, b)
 	srv := live.New(r, live.Options{PageSize: 50})
 	defer srv.Close()
 	t0 := time.Now()
@@ -153,6 +145,22 @@ func BenchmarkUIBrowse(b *testing.B) {
 // (default 50000: about a million steps) into a temporary folder removed
 // after the benchmark, and returns the output root; RLLM_UI_BENCH_STORE
 // names an existing one to use instead.
+// uiBenchReader opens the benchmark store (uiBenchStore), closed at the
+// end of the benchmark.
+func uiBenchReader(ctx context.Context, b *testing.B) store.Reader {
+	b.Helper()
+	root, err := connectors.ParseRoot(uiBenchStore(b), connectors.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := connectors.OpenReader(ctx, root, "ui-bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { r.Close() })
+	return r
+}
+
 func uiBenchStore(b *testing.B) string {
 	b.Helper()
 	if out := os.Getenv("RLLM_UI_BENCH_STORE"); out != "" {

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report/live"
@@ -47,17 +46,8 @@ func wholePromptViews(ctx context.Context, b *testing.B, db *duckdb.DB) {
 //
 //	go test -run '^$' -bench UIRefresh -benchtime 1x -timeout 90m ./cmd/rllm-pipe/
 func BenchmarkUIRefresh(b *testing.B) {
-	out := uiBenchStore(b)
 	ctx := context.Background()
-	root, err := connectors.ParseRoot(out, connectors.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := connectors.OpenReader(ctx, root, "ui-bench")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer r.Close()
+	r := uiBenchReader(ctx, b)
 	index := `CREATE TABLE idx AS SELECT group_id, group_version, trajectory_id, task_id, coalesce(role, '') AS role, reward, advantage, steps,
   response_tokens, coalesce(filter_reason, '') AS filter_reason, pass FROM trajectories ORDER BY group_version, group_id, trajectory_id`
 	var after, before *report.Data
