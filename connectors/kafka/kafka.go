@@ -142,11 +142,33 @@ type Generation struct {
 	Partitions []int
 }
 
-// Next blocks until this member is given its next assignment.
+// TransientWait bounds how long Next keeps waiting through errors the
+// broker calls temporary (a coordinator not yet elected, the offsets topic
+// still being created on a fresh broker, a group loading) before it
+// returns the last one.
+const TransientWait = time.Minute
+
+// Next blocks until this member is given its next assignment. The group
+// retries a failed join itself (after JoinGroupBackoff) and reports each
+// failure; temporary ones are waited through for up to TransientWait.
 func (c *Consumer) Next(ctx context.Context) (*Generation, error) {
-	g, err := c.group.Next(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: next generation: %w", err)
+	var since time.Time
+	var g *kgo.Generation
+	for {
+		var err error
+		g, err = c.group.Next(ctx)
+		if err == nil {
+			break
+		}
+		var kerr kgo.Error
+		if ctx.Err() != nil || !errors.As(err, &kerr) || !kerr.Temporary() {
+			return nil, fmt.Errorf("kafka: next generation: %w", err)
+		}
+		if since.IsZero() {
+			since = time.Now()
+		} else if time.Since(since) >= TransientWait {
+			return nil, fmt.Errorf("kafka: next generation: still failing after %s: %w", TransientWait, err)
+		}
 	}
 	out := &Generation{c: c, gen: g}
 	for _, a := range g.Assignments[c.cfg.Topic] {
