@@ -101,7 +101,10 @@ func Stream(topic string, partition int) string {
 type Consumer struct {
 	cfg    Config
 	dialer *kgo.Dialer
-	group  *kgo.ConsumerGroup
+	// fetcher dials the partitions' fetch connections: dialer's settings,
+	// with a large read buffer under kafka-go's own (see bufferedConn).
+	fetcher *kgo.Dialer
+	group   *kgo.ConsumerGroup
 }
 
 // NewConsumer joins cfg.Group (required) on cfg.Topic.
@@ -128,7 +131,7 @@ func NewConsumer(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: join group %s: %w", cfg.Group, err)
 	}
-	return &Consumer{cfg: cfg, dialer: d, group: g}, nil
+	return &Consumer{cfg: cfg, dialer: d, fetcher: withReadBuffer(d), group: g}, nil
 }
 
 // Close leaves the group.
@@ -322,7 +325,7 @@ func (g *Generation) dialLeader(ctx context.Context, p int) (*kgo.Conn, error) {
 	var err error
 	for _, b := range g.c.cfg.Brokers {
 		var conn *kgo.Conn
-		if conn, err = g.c.dialer.DialLeader(ctx, "tcp", b, g.c.cfg.Topic, p); err == nil {
+		if conn, err = g.c.fetcher.DialLeader(ctx, "tcp", b, g.c.cfg.Topic, p); err == nil {
 			return conn, nil
 		}
 	}

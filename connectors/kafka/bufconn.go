@@ -1,0 +1,44 @@
+package kafka
+
+import (
+	"bufio"
+	"context"
+	"net"
+
+	kgo "github.com/segmentio/kafka-go"
+)
+
+// FetchReadBuffer is the read buffer of a fetch connection. kafka-go reads
+// a fetch response through a 4 KiB bufio.Reader, field by field: every
+// record's length and headers cost a read system call of their own, which
+// on a 1 GB topic is hundreds of thousands of calls and a third of the
+// reading CPU. Under a buffer this size, one call takes in whatever the
+// socket holds, and kafka-go's small reads are served from memory.
+const FetchReadBuffer = 1 << 20
+
+// bufferedConn is a net.Conn whose reads go through a large buffer.
+// Deadlines and writes pass straight through.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// withReadBuffer returns a copy of d whose connections read through a
+// FetchReadBuffer buffer (TLS, when set, runs above it).
+func withReadBuffer(d *kgo.Dialer) *kgo.Dialer {
+	out := *d
+	dial := d.DialFunc
+	if dial == nil { // what kafka-go dials with when DialFunc is unset
+		dial = (&net.Dialer{LocalAddr: d.LocalAddr, FallbackDelay: d.FallbackDelay, KeepAlive: d.KeepAlive}).DialContext
+	}
+	out.DialFunc = func(ctx context.Context, network, address string) (net.Conn, error) {
+		conn, err := dial(ctx, network, address)
+		if err != nil {
+			return nil, err
+		}
+		return &bufferedConn{Conn: conn, r: bufio.NewReaderSize(conn, FetchReadBuffer)}, nil
+	}
+	return &out
+}
