@@ -2,16 +2,23 @@
 // the Kafka path of ingest against its two yardsticks on the same input,
 // the measurement of issue 19.
 //
-// Three contenders run on one generated input (the `bench-ingest` "steps"
+// Four contenders run on one generated input (the `bench-ingest` "steps"
 // shape, cached under --work and shared with cmd/ingestbench), produced
 // once into a fresh topic of --partitions partitions:
 //
-//	drain  a bare kafka-go drain of the topic, in this process: one
-//	       kafka.Conn per partition reading with Conn.ReadBatch (64 MiB
-//	       fetches), every message's value read out; the fastest way
-//	       kafka-go reads a topic (faster than a Reader, see --drain)
-//	kafka  rllm-pipe ingest --from kafka://…/topic?group=NEW --to s3://bucket/NEW
-//	file   rllm-pipe ingest --from IN --to DIR (a local directory)
+//	drain      a bare kafka-go drain of the topic, in this process: one
+//	           kafka.Conn per partition reading with Conn.ReadBatch (64 MiB
+//	           fetches), every message's value read out; the fastest way
+//	           kafka-go reads a topic as it ships (faster than a Reader,
+//	           see --drain)
+//	drain-buf  the same with ingest's fetch connections
+//	           (kafka.WithReadBuffer: a 1 MiB read buffer under kafka-go's
+//	           4 KiB one), the fastest drain we know
+//	kafka      rllm-pipe ingest --from kafka://…/topic?group=NEW --to s3://bucket/NEW
+//	file       rllm-pipe ingest --from IN --to DIR (a local directory)
+//
+// Every run also charges the Kafka broker and MinIO, which share the
+// machine, the CPU they used during it (from /proc).
 //
 // A Kafka ingest never sees the end of its input, so the program follows
 // the child's --metrics-addr and sends SIGTERM once it has read every
@@ -23,11 +30,11 @@
 // of the topic, and after each file run list every line: a run that
 // dropped records fails the benchmark.
 //
-// One warm-up round (all three, discarded) comes first, then --rounds
+// One warm-up round (all of them, discarded) comes first, then --rounds
 // rounds, the order of the contenders rotating each round. It prints
 // every run, the median and spread (min–max) of each contender's
-// throughput in MiB/s of input, and the ratios kafka/file and
-// kafka/drain (median over the rounds of the per-round ratio, with its
+// throughput in MiB/s of input, and the ratios kafka/file, kafka/drain
+// and kafka/drain-buf (median over the rounds of the per-round ratio, with its
 // spread). --json writes the same.
 //
 //	make bench-kafka
@@ -65,6 +72,7 @@ import (
 
 	kgo "github.com/segmentio/kafka-go"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
@@ -116,7 +124,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results to this file")
 	fs.BoolVar(&c.keepTopic, "keep-topic", false, "do not delete the topic at the end")
 	fs.StringVar(&c.topic, "topic", "", "read this topic (already holding the input, as --keep-topic leaves it) instead of producing a new one")
-	fs.StringVar(&c.contenders, "contenders", "drain,kafka,file", "the contenders to run, in the first round's order")
+	fs.StringVar(&c.contenders, "contenders", "drain,kafka,file,drain-buf", "the contenders to run, in the first round's order (drain, drain-buf, kafka, file)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -178,7 +186,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			if round == 0 {
 				label = "warm-up"
 			}
-			fmt.Fprintf(stdout, "  %-8s %-6s %7.2f s %8.1f MiB/s  cpu %5.2f s  other cpu %4.2f cores\n", label, name, r.Wall, r.MiBs, r.CPU, r.OtherCPU)
+			fmt.Fprintf(stdout, "  %-8s %-9s %7.2f s %8.1f MiB/s  cpu %5.2f s  broker %4.2f s  minio %4.2f s  other cpu %4.2f cores\n", label, name, r.Wall, r.MiBs, r.CPU, r.Broker, r.MinIO, r.OtherCPU)
 			if round > 0 {
 				runs = append(runs, r)
 			}
@@ -211,25 +219,46 @@ type runResult struct {
 	Round    int     `json:"round"`
 	Wall     float64 `json:"wall_seconds"`
 	MiBs     float64 `json:"mib_per_second"`
-	CPU      float64 `json:"cpu_seconds"`     // the child's user+sys (the drain: this process's)
-	OtherCPU float64 `json:"other_cpu_cores"` // machine CPU not ours, per second of wall
-	Read     float64 `json:"read_seconds"`    // kafka: until every record was read
+	CPU      float64 `json:"cpu_seconds"`        // the child's user+sys (the drain: this process's)
+	OtherCPU float64 `json:"other_cpu_cores"`    // machine CPU not ours, per second of wall
+	Broker   float64 `json:"broker_cpu_seconds"` // the Kafka broker's CPU during the run
+	MinIO    float64 `json:"minio_cpu_seconds"`  // MinIO's CPU during the run
+	Read     float64 `json:"read_seconds"`       // kafka: until every record was read
 }
+
+// Command-line marks of the services' processes, for their CPU time.
+const (
+	brokerProcess = "kafka.Kafka"
+	minioProcess  = "minio server"
+)
 
 func (b *bench) run(ctx context.Context, name string) (runResult, error) {
+	broker0, minio0 := benchkit.ProcessCPU(brokerProcess), benchkit.ProcessCPU(minioProcess)
+	var r runResult
+	var err error
 	switch name {
-	case "drain":
-		return b.drainRun(ctx)
+	case "drain", "drain-buf":
+		r, err = b.drainRun(ctx, name)
 	case "kafka":
-		return b.kafkaRun(ctx)
+		r, err = b.kafkaRun(ctx)
 	case "file":
-		return b.fileRun(ctx)
+		r, err = b.fileRun(ctx)
+	default:
+		return runResult{}, fmt.Errorf("unknown contender %q", name)
 	}
-	return runResult{}, fmt.Errorf("unknown contender %q", name)
+	r.Broker = (benchkit.ProcessCPU(brokerProcess) - broker0).Seconds()
+	r.MinIO = (benchkit.ProcessCPU(minioProcess) - minio0).Seconds()
+	return r, err
 }
 
-// drainRun reads every record of the topic with bare kafka-go.
-func (b *bench) drainRun(ctx context.Context) (runResult, error) {
+// drainRun reads every record of the topic with bare kafka-go: its
+// connections as kafka-go makes them (drain), or with ingest's read buffer
+// under them (drain-buf).
+func (b *bench) drainRun(ctx context.Context, name string) (runResult, error) {
+	dialer := &kgo.Dialer{Timeout: 10 * time.Second, DualStack: true}
+	if name == "drain-buf" {
+		dialer = kafka.WithReadBuffer(dialer)
+	}
 	busy0, _ := benchkit.MachineBusy()
 	cpu0 := selfCPU()
 	start := time.Now()
@@ -237,7 +266,7 @@ func (b *bench) drainRun(ctx context.Context) (runResult, error) {
 	var n, bytes int64
 	switch b.c.drain {
 	case "batch":
-		n, bytes, err = drainBatches(ctx, b.c.brokers, b.topic, b.c.partitions, b.records)
+		n, bytes, err = drainBatches(ctx, dialer, b.c.brokers, b.topic, b.c.partitions)
 	case "reader":
 		n, bytes, err = drainReaders(ctx, b.c.brokers, b.topic, b.c.partitions, b.records)
 	default:
@@ -253,11 +282,11 @@ func (b *bench) drainRun(ctx context.Context) (runResult, error) {
 	_ = bytes
 	cpu := selfCPU() - cpu0
 	busy1, _ := benchkit.MachineBusy()
-	return runResult{Name: "drain", Wall: wall, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
+	return runResult{Name: name, Wall: wall, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
 }
 
 // drainBatches reads each partition on its own connection with ReadBatch.
-func drainBatches(ctx context.Context, brokers, topic string, partitions int, want int64) (int64, int64, error) {
+func drainBatches(ctx context.Context, dialer *kgo.Dialer, brokers, topic string, partitions int) (int64, int64, error) {
 	var n, size atomic.Int64
 	var wg sync.WaitGroup
 	errs := make([]error, partitions)
@@ -271,7 +300,7 @@ func drainBatches(ctx context.Context, brokers, topic string, partitions int, wa
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := kgo.DialLeader(ctx, "tcp", strings.Split(brokers, ",")[0], topic, p)
+			conn, err := dialer.DialLeader(ctx, "tcp", strings.Split(brokers, ",")[0], topic, p)
 			if err != nil {
 				errs[p] = err
 				return
@@ -503,6 +532,8 @@ type report struct {
 	MiBs        map[string]stat      `json:"mib_per_second"`
 	Wall        map[string]stat      `json:"wall_seconds"`
 	CPU         map[string]stat      `json:"cpu_seconds"`
+	BrokerCPU   map[string]stat      `json:"broker_cpu_seconds"`
+	MinIOCPU    map[string]stat      `json:"minio_cpu_seconds"`
 	KafkaRead   stat                 `json:"kafka_read_seconds"`
 	Ratios      map[string]stat      `json:"ratios"`
 	MedianRatio map[string]float64   `json:"ratio_of_medians"`
@@ -512,15 +543,18 @@ type report struct {
 
 func summarize(runs []runResult, c config, in inputInfo, records int64) *report {
 	rep := &report{Input: in.Path, InputBytes: in.Bytes, Records: records, Partitions: c.partitions, Rounds: c.rounds, Runs: runs,
-		MiBs: map[string]stat{}, Wall: map[string]stat{}, CPU: map[string]stat{}, Ratios: map[string]stat{}, MedianRatio: map[string]float64{},
+		MiBs: map[string]stat{}, Wall: map[string]stat{}, CPU: map[string]stat{}, BrokerCPU: map[string]stat{}, MinIOCPU: map[string]stat{}, Ratios: map[string]stat{}, MedianRatio: map[string]float64{},
 		Extra: map[string]string{"kafka_args": c.kafkaArgs, "file_args": c.fileArgs, "drain": c.drain}, byName: map[string][]float64{}}
 	walls, cpus := map[string][]float64{}, map[string][]float64{}
+	brokers, minios := map[string][]float64{}, map[string][]float64{}
 	byRound := map[int]map[string]float64{}
 	var reads []float64
 	for _, r := range runs {
 		rep.byName[r.Name] = append(rep.byName[r.Name], r.MiBs)
 		walls[r.Name] = append(walls[r.Name], r.Wall)
 		cpus[r.Name] = append(cpus[r.Name], r.CPU)
+		brokers[r.Name] = append(brokers[r.Name], r.Broker)
+		minios[r.Name] = append(minios[r.Name], r.MinIO)
 		if byRound[r.Round] == nil {
 			byRound[r.Round] = map[string]float64{}
 		}
@@ -533,34 +567,55 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 		rep.MiBs[name] = statOf(xs)
 		rep.Wall[name] = statOf(walls[name])
 		rep.CPU[name] = statOf(cpus[name])
+		rep.BrokerCPU[name] = statOf(brokers[name])
+		rep.MinIOCPU[name] = statOf(minios[name])
 	}
 	rep.KafkaRead = statOf(reads)
-	var kf, kd []float64
-	for _, m := range byRound {
-		kf = append(kf, m["kafka"]/m["file"])
-		kd = append(kd, m["kafka"]/m["drain"])
+	for _, pair := range ratioPairs {
+		var xs []float64
+		for _, m := range byRound {
+			if m[pair[0]] > 0 && m[pair[1]] > 0 {
+				xs = append(xs, m[pair[0]]/m[pair[1]])
+			}
+		}
+		if len(xs) == 0 {
+			continue
+		}
+		name := pair[0] + "/" + pair[1]
+		rep.Ratios[name] = statOf(xs)
+		rep.MedianRatio[name] = rep.MiBs[pair[0]].Median / rep.MiBs[pair[1]].Median
 	}
-	rep.Ratios["kafka/file"] = statOf(kf)
-	rep.Ratios["kafka/drain"] = statOf(kd)
-	rep.MedianRatio["kafka/file"] = rep.MiBs["kafka"].Median / rep.MiBs["file"].Median
-	rep.MedianRatio["kafka/drain"] = rep.MiBs["kafka"].Median / rep.MiBs["drain"].Median
 	return rep
 }
+
+// ratioPairs are the ratios reported, of contenders' throughputs.
+var ratioPairs = [][2]string{{"kafka", "file"}, {"kafka", "drain"}, {"kafka", "drain-buf"}}
+
+// contenderOrder is the order of the summary's rows.
+var contenderOrder = []string{"drain", "drain-buf", "kafka", "file"}
 
 func (rep *report) print(w io.Writer) {
 	fmt.Fprintf(w, "\n%s, %d records, %d partitions; median of %d rounds (min–max), after a warm-up round\n", human(rep.InputBytes), rep.Records, rep.Partitions, rep.Rounds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "contender\tMiB/s of input\twall s\tCPU s")
-	for _, name := range []string{"drain", "kafka", "file"} {
-		m, wl, c := rep.MiBs[name], rep.Wall[name], rep.CPU[name]
-		fmt.Fprintf(tw, "%s\t%.0f (%.0f–%.0f)\t%.2f (%.2f–%.2f)\t%.2f (%.2f–%.2f)\n", name, m.Median, m.Min, m.Max, wl.Median, wl.Min, wl.Max, c.Median, c.Min, c.Max)
+	fmt.Fprintln(tw, "contender\tMiB/s of input\twall s\tCPU s\tbroker CPU s\tMinIO CPU s")
+	for _, name := range contenderOrder {
+		if _, ok := rep.MiBs[name]; !ok {
+			continue
+		}
+		m, wl, c, bk, mn := rep.MiBs[name], rep.Wall[name], rep.CPU[name], rep.BrokerCPU[name], rep.MinIOCPU[name]
+		fmt.Fprintf(tw, "%s\t%.0f (%.0f–%.0f)\t%.2f (%.2f–%.2f)\t%.2f (%.2f–%.2f)\t%.2f (%.2f–%.2f)\t%.2f (%.2f–%.2f)\n", name, m.Median, m.Min, m.Max,
+			wl.Median, wl.Min, wl.Max, c.Median, c.Min, c.Max, bk.Median, bk.Min, bk.Max, mn.Median, mn.Min, mn.Max)
 	}
 	tw.Flush()
 	k := rep.KafkaRead
 	fmt.Fprintf(w, "kafka: every record read after %.2f s (%.2f–%.2f), the rest is the last commits and the exit\n", k.Median, k.Min, k.Max)
-	for _, name := range []string{"kafka/file", "kafka/drain"} {
-		r := rep.Ratios[name]
-		fmt.Fprintf(w, "%-12s %.2f (%.2f–%.2f) per round; ratio of medians %.2f\n", name, r.Median, r.Min, r.Max, rep.MedianRatio[name])
+	for _, pair := range ratioPairs {
+		name := pair[0] + "/" + pair[1]
+		r, ok := rep.Ratios[name]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(w, "%-16s %.2f (%.2f–%.2f) per round; ratio of medians %.2f\n", name, r.Median, r.Min, r.Max, rep.MedianRatio[name])
 	}
 }
 

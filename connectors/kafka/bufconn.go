@@ -25,9 +25,9 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// withReadBuffer returns a copy of d whose connections read through a
+// WithReadBuffer returns a copy of d whose connections read through a
 // FetchReadBuffer buffer (TLS, when set, runs above it).
-func withReadBuffer(d *kgo.Dialer) *kgo.Dialer {
+func WithReadBuffer(d *kgo.Dialer) *kgo.Dialer {
 	out := *d
 	dial := d.DialFunc
 	if dial == nil { // what kafka-go dials with when DialFunc is unset

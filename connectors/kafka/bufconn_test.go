@@ -66,7 +66,7 @@ func TestIntegrationFetchReadBuffer(t *testing.T) {
 		}
 		return countingConn{c, &reads}, nil
 	}
-	conn, err := withReadBuffer(base).DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, 0)
+	conn, err := WithReadBuffer(base).DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

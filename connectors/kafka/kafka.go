@@ -131,7 +131,7 @@ func NewConsumer(cfg Config) (*Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: join group %s: %w", cfg.Group, err)
 	}
-	return &Consumer{cfg: cfg, dialer: d, fetcher: withReadBuffer(d), group: g}, nil
+	return &Consumer{cfg: cfg, dialer: d, fetcher: WithReadBuffer(d), group: g}, nil
 }
 
 // Close leaves the group.

@@ -110,3 +110,42 @@ func Spread(xs []float64, prec int) string {
 	lo, hi := slices.Min(xs), slices.Max(xs)
 	return fmt.Sprintf("%.*f (%.*f–%.*f)", prec, Median(xs), prec, lo, prec, hi)
 }
+
+// ProcessCPU is the CPU time (user and system) used so far by the running
+// processes whose command line contains match, from /proc/<pid>/stat; 0
+// where there is no /proc. The drivers take it before and after a run to
+// charge the services (the Kafka broker, MinIO) their share of it.
+func ProcessCPU(match string) time.Duration {
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	var ticks int64
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		if err != nil || !strings.Contains(strings.ReplaceAll(string(cmd), "\x00", " "), match) {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The fields after the command name, which is in parentheses and
+		// may hold spaces: utime and stime are the 12th and 13th of them.
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 13 {
+			continue
+		}
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		ticks += u + s
+	}
+	return time.Duration(ticks) * time.Second / clockTicks
+}

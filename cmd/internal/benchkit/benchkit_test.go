@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 func TestParseSize(t *testing.T) {
@@ -53,5 +54,24 @@ func TestCountLines(t *testing.T) {
 	n, err := CountLines(path)
 	if err != nil || n != int64(len(data)/1000) {
 		t.Errorf("CountLines: %d, %v; want %d", n, err, len(data)/1000)
+	}
+}
+
+// TestProcessCPU: the CPU this test burns shows in the CPU time of the
+// processes whose command line is this test binary's.
+func TestProcessCPU(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc")
+	}
+	before := ProcessCPU(os.Args[0])
+	x := 0
+	for start := time.Now(); time.Since(start) < 300*time.Millisecond; {
+		x++
+	}
+	if d := ProcessCPU(os.Args[0]) - before; d < 150*time.Millisecond || x == 0 {
+		t.Errorf("%v of CPU charged for 300 ms of spinning", d)
+	}
+	if d := ProcessCPU("no process has this on its command line " + t.Name()); d != 0 {
+		t.Errorf("%v of CPU for no process", d)
 	}
 }
