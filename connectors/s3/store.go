@@ -725,6 +725,46 @@ func (s *Store) PutDeadLetters(ctx context.Context, seq int, data []byte) (strin
 	return rel, nil
 }
 
+// DeleteAll deletes every object under the store's prefix, the manifest
+// and its snapshots included, and returns how many: for benchmarks and
+// tests that drop their own output (nothing in a run calls it). Other
+// prefixes of the bucket are untouched; a store without a prefix is
+// refused.
+func (s *Store) DeleteAll(ctx context.Context) (int, error) {
+	if s.cfg.Prefix == "" {
+		return 0, fmt.Errorf("s3: %s: refusing to delete a whole bucket (the store has no prefix)", s.cfg)
+	}
+	var objects []minio.ObjectInfo
+	for obj := range s.cli.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: s.key(""), Recursive: true}) {
+		if obj.Err != nil {
+			return 0, fmt.Errorf("s3: list %s: %w", s.cfg, obj.Err)
+		}
+		objects = append(objects, obj)
+	}
+	feed := make(chan minio.ObjectInfo)
+	go func() {
+		defer close(feed)
+		for _, obj := range objects {
+			select {
+			case feed <- obj:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var errs []error
+	for r := range s.cli.RemoveObjects(ctx, s.cfg.Bucket, feed, minio.RemoveObjectsOptions{}) {
+		errs = append(errs, fmt.Errorf("s3: delete %s: %w", r.ObjectName, r.Err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return len(objects) - len(errs), err
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return len(objects), nil
+}
+
 // remove deletes the object at key, retrying transient failures.
 func (s *Store) remove(ctx context.Context, key string) error {
 	return s.cfg.retry(ctx, func(int) error { return s.cli.RemoveObject(ctx, s.cfg.Bucket, key, minio.RemoveObjectOptions{}) })

@@ -387,3 +387,49 @@ func TestIntegrationManifestCompaction(t *testing.T) {
 		t.Fatalf("%d objects in the manifest folder after compaction: %v", len(names), names)
 	}
 }
+
+// TestIntegrationDeleteAll: a store's objects go, manifest included, and a
+// neighbouring prefix that shares the first letters stays.
+func TestIntegrationDeleteAll(t *testing.T) {
+	cfg := testConfig(t)
+	ctx := context.Background()
+	neighbour := cfg
+	neighbour.Prefix = cfg.Prefix + "-neighbour"
+	for _, c := range []Config{cfg, neighbour} {
+		w := open(t, c, "w-1")
+		for i := range 3 {
+			p, err := w.Create(ctx, fmt.Sprintf("policy=0/part-w-1-%06d.parquet", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.Write([]byte("shard"))
+			if err := p.Commit(ctx, schemas.ShardEntry{Rows: 1}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	w := open(t, cfg, "w-2")
+	n, err := w.DeleteAll(ctx)
+	if err != nil || n < 6 { // 3 shards and 3 manifest entries at least
+		t.Fatalf("deleted %d objects (%v), want the 3 shards and the manifest", n, err)
+	}
+	count := func(c Config) int {
+		k := 0
+		for obj := range w.cli.ListObjects(ctx, c.Bucket, minio.ListObjectsOptions{Prefix: c.Prefix + "/", Recursive: true}) {
+			if obj.Err != nil {
+				t.Fatal(obj.Err)
+			}
+			k++
+		}
+		return k
+	}
+	if k := count(cfg); k != 0 {
+		t.Errorf("%d objects left under the prefix", k)
+	}
+	if k := count(neighbour); k < 6 {
+		t.Errorf("the neighbouring prefix lost objects: %d left", k)
+	}
+	if entries, err := open(t, cfg, "w-3").Entries(ctx); err != nil || len(entries) != 0 {
+		t.Errorf("the manifest still lists %d shards (%v)", len(entries), err)
+	}
+}
