@@ -193,6 +193,11 @@ func runTrial(ctx context.Context, o options, topic, output string, workers int,
 			return t, err
 		}
 		s3cfg.Endpoint = o.endpoint
+		defer func() { // the run's output goes with it, as the local folders do
+			if st, err := s3.OpenReader(context.WithoutCancel(ctx), s3cfg, "scalebench"); err == nil {
+				_, _ = st.DeleteAll(context.WithoutCancel(ctx))
+			}
+		}()
 		for range workers {
 			roots = append(roots, "s3://"+o.bucket+"/scale-"+id)
 		}
