@@ -213,10 +213,20 @@ func TestPromptDeltasOnlyWhenExact(t *testing.T) {
 		{"differs in the prompt", []int32{1, 9, 3, 4}, []int32{1, 2}, []int32{3}, 0},
 		{"shorter", []int32{1, 2}, []int32{1, 2}, []int32{3}, 0},
 		{"nothing to reuse", []int32{1}, nil, nil, 0},
+		{"differs in a high byte", []int32{1, 1 << 20, 3}, []int32{1, 1<<20 + 1<<8}, []int32{3}, 0},
+		{"differs at the end of a long prompt", append(slices.Repeat([]int32{7}, 999), 8, 9), slices.Repeat([]int32{7}, 1000), []int32{9}, 0},
+		{"long prompt", append(slices.Repeat([]int32{7}, 1000), 9, 10), slices.Repeat([]int32{7}, 1000), []int32{9}, 1001},
 	} {
 		if got := prefix.Extends(tc.prompt, tc.prev, tc.resp); got != tc.want {
 			t.Errorf("%s: Extends = %d, want %d", tc.name, got, tc.want)
 		}
+	}
+	// The gateway's token ids are int64.
+	if got := prefix.Extends([]int64{1, 1 << 40, 3, 4}, []int64{1, 1 << 40}, []int64{3}); got != 3 {
+		t.Errorf("int64: Extends = %d, want 3", got)
+	}
+	if got := prefix.Extends([]int64{1, 1 << 40, 3}, []int64{1, 1<<40 + 1<<33}, []int64{3}); got != 0 {
+		t.Errorf("int64 differing in a high byte: Extends = %d, want 0", got)
 	}
 	for _, tc := range []struct {
 		msgs, prev string
@@ -358,4 +368,22 @@ func TestWireDeltaInvalidParent(t *testing.T) {
 			}
 		}
 	}
+}
+
+// BenchmarkExtends: the prefix check of a 30-turn agent's last step (a
+// 17k-token prompt extending its predecessor's), in tokens compared per
+// second.
+func BenchmarkExtends(b *testing.B) {
+	prev := make([]int32, 16000)
+	for i := range prev {
+		prev[i] = int32(i * 7919 % 151000)
+	}
+	resp := slices.Repeat([]int32{42}, 150)
+	prompt := append(append(slices.Clone(prev), resp...), slices.Repeat([]int32{5}, 400)...)
+	for b.Loop() {
+		if prefix.Extends(prompt, prev, resp) == 0 {
+			b.Fatal("does not extend")
+		}
+	}
+	b.ReportMetric(float64(b.N)*float64(len(prev)+len(resp))/b.Elapsed().Seconds(), "tokens/s")
 }
