@@ -189,6 +189,11 @@ func (r *refResult) deadLetterCounts() map[string]int {
 // encoding/json accepts syntactically (as a json.Number) and which the
 // validators then classify as non-finite.
 func refReplaceBareNonFinite(line []byte) []byte {
+	// Without either word there is nothing to rewrite: the line as it is
+	// (the byte loop below is most of the reference's time under -race).
+	if !bytes.Contains(line, []byte("NaN")) && !bytes.Contains(line, []byte("Infinity")) {
+		return line
+	}
 	type tok struct{ from, to string }
 	toks := []tok{{"-Infinity", "-1e999"}, {"Infinity", "1e999"}, {"NaN", "1e999"}}
 	isBefore := func(i int) bool {
@@ -756,17 +761,20 @@ type refGroupState struct {
 }
 
 type refIngestor struct {
-	file       string
-	defSize    int64
-	minSize    int
-	lines      [][]byte
-	res        *refResult
-	amb        []string
-	stepByID   map[string]*refStep
-	stepCanon  map[string]string
-	stepKnown  map[string]string
-	trajCanon  map[string]string
-	trajKnown  map[string]string
+	file     string
+	defSize  int64
+	minSize  int
+	lines    [][]byte
+	res      *refResult
+	amb      []string
+	stepByID map[string]*refStep
+	// The line of the accepted copy of each step and trajectory id: a
+	// later record under the id is compared with it (canonical JSON of
+	// the whole record, and of its known fields), the canonical forms
+	// built only then (building them for every record was most of the
+	// reference's time under -race).
+	stepFirst  map[string]int
+	trajFirst  map[string]int
 	trajs      map[string]*refTrajState
 	groups     map[string]*refGroupState
 	groupOrder []string
@@ -781,8 +789,7 @@ func refIngest(lines [][]byte, sourceFile string, groupSize, minGroupSize int) (
 			Rows: map[string]*refRow{}, DeadLetters: map[int]*refDeadLetter{},
 			GroupEmitLine: map[string]int{},
 		},
-		stepByID: map[string]*refStep{}, stepCanon: map[string]string{}, stepKnown: map[string]string{},
-		trajCanon: map[string]string{}, trajKnown: map[string]string{},
+		stepByID: map[string]*refStep{}, stepFirst: map[string]int{}, trajFirst: map[string]int{},
 		trajs: map[string]*refTrajState{}, groups: map[string]*refGroupState{},
 		utf8Lines: map[int]bool{},
 	}
@@ -864,7 +871,6 @@ func (in *refIngestor) classify(line int, m map[string]any) bool {
 		in.deadLetter(line, refWrongType, "type")
 		return false
 	}
-	canon := refCanonical(m)
 	switch typ {
 	case "step":
 		s, f := v.step(line)
@@ -872,14 +878,14 @@ func (in *refIngestor) classify(line int, m map[string]any) bool {
 			in.deadLetter(line, f.Reason, f.Field)
 			return false
 		}
-		return in.acceptStep(line, s, canon)
+		return in.acceptStep(line, s, m)
 	case "trajectory":
 		t, f := v.trajectory(line)
 		if f != nil {
 			in.deadLetter(line, f.Reason, f.Field)
 			return false
 		}
-		return in.acceptTraj(line, t, canon)
+		return in.acceptTraj(line, t, m)
 	default:
 		in.deadLetter(line, refUnknownType, "type")
 		return false
@@ -890,14 +896,22 @@ func (in *refIngestor) duplicate(line int) {
 	in.res.DuplicateLines = append(in.res.DuplicateLines, line)
 }
 
-func (in *refIngestor) acceptStep(line int, s *refStep, canon string) bool {
-	known := refCanonical(s.withoutLine())
-	if prev, seen := in.stepCanon[s.StepID]; seen {
-		if prev == canon {
+// canonicalAt is the canonical JSON of the record at line (parsed again).
+func (in *refIngestor) canonicalAt(line int) string {
+	m, f := refParse(in.lines[line-1])
+	if f != nil {
+		panic(fmt.Sprintf("line %d was accepted but does not parse: %s", line, f.Reason))
+	}
+	return refCanonical(m)
+}
+
+func (in *refIngestor) acceptStep(line int, s *refStep, m map[string]any) bool {
+	if first, seen := in.stepFirst[s.StepID]; seen {
+		if in.canonicalAt(first) == refCanonical(m) {
 			in.duplicate(line)
 			return false
 		}
-		if in.stepKnown[s.StepID] == known {
+		if refCanonical(in.stepByID[s.StepID].withoutLine()) == refCanonical(s.withoutLine()) {
 			in.amb = append(in.amb, fmt.Sprintf("line %d: step %q differs from its first copy only in unknown fields / number spelling", line, s.StepID))
 		}
 		if g := in.groups[s.GroupKey]; g != nil && g.emitted {
@@ -940,8 +954,7 @@ func (in *refIngestor) acceptStep(line int, s *refStep, canon string) bool {
 	tr.steps[s.StepIndex] = s
 	tr.lines = append(tr.lines, line)
 	in.stepByID[s.StepID] = s
-	in.stepCanon[s.StepID] = canon
-	in.stepKnown[s.StepID] = known
+	in.stepFirst[s.StepID] = line
 	in.afterAccept(line, tr, g)
 	return true
 }
@@ -958,14 +971,13 @@ func (t *refTraj) withoutLine() refTraj {
 	return c
 }
 
-func (in *refIngestor) acceptTraj(line int, t *refTraj, canon string) bool {
-	known := refCanonical(t.withoutLine())
-	if prev, seen := in.trajCanon[t.TrajID]; seen {
-		if prev == canon {
+func (in *refIngestor) acceptTraj(line int, t *refTraj, m map[string]any) bool {
+	if first, seen := in.trajFirst[t.TrajID]; seen {
+		if in.canonicalAt(first) == refCanonical(m) {
 			in.duplicate(line)
 			return false
 		}
-		if in.trajKnown[t.TrajID] == known {
+		if refCanonical(in.trajs[t.TrajID].rec.withoutLine()) == refCanonical(t.withoutLine()) {
 			in.amb = append(in.amb, fmt.Sprintf("line %d: trajectory %q differs from its first copy only in unknown fields / number spelling", line, t.TrajID))
 		}
 		if g := in.groups[t.GroupKey]; g != nil && g.emitted {
@@ -1018,8 +1030,7 @@ func (in *refIngestor) acceptTraj(line int, t *refTraj, canon string) bool {
 	} else {
 		g.sawNoSize = true
 	}
-	in.trajCanon[t.TrajID] = canon
-	in.trajKnown[t.TrajID] = known
+	in.trajFirst[t.TrajID] = line
 	in.afterAccept(line, tr, g)
 	return true
 }
