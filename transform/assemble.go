@@ -178,6 +178,13 @@ type Assembler struct {
 	closed  map[string]*closedGroup
 	closedQ []string
 	written map[uint64]uint64 // id hash → content hash of records written, for remembered groups
+	// settled remembers the records skipped as settled by an earlier run
+	// (id hash → content hash, the first of each id; settledQ, oldest
+	// first, bounds them at SettledMemory): a copy of one whose group is
+	// not open is a producer retry whose drop the earlier run did not get
+	// to checkpoint (see addStep).
+	settled  map[uint64]uint64
+	settledQ []uint64
 
 	out      []*Group
 	dead     []schemas.DeadLetter
@@ -195,7 +202,46 @@ func NewAssembler(cfg Config) *Assembler {
 		steps:   map[string]*Step{},
 		closed:  map[string]*closedGroup{},
 		written: map[uint64]uint64{},
+		settled: map[uint64]uint64{},
 	}
+}
+
+// SettledMemory bounds the settled records an Assembler remembers. A
+// producer retry comes soon after its original; an earlier run reached at
+// most a few checkpoints beyond the point a restart resumes from.
+const SettledMemory = 1 << 18
+
+// rememberSettled notes a record skipped as settled, so that a copy of it
+// met later is recognised (settledCopy).
+func (a *Assembler) rememberSettled(it *ingest.Item) {
+	if it.Err != nil {
+		return
+	}
+	var id, content uint64
+	switch it.Rec.Type {
+	case schemas.TypeStep:
+		id, content = idHash('s', it.Rec.Step.StepID), stepHash(it.Rec.Step)
+	case schemas.TypeTrajectory:
+		id, content = idHash('t', it.Rec.Trajectory.TrajectoryID), trajHash(it.Rec.Trajectory)
+	default:
+		return
+	}
+	if _, ok := a.settled[id]; ok {
+		return // the first copy of an id is the one that counted
+	}
+	a.settled[id] = content
+	a.settledQ = append(a.settledQ, id)
+	if len(a.settledQ) > SettledMemory {
+		delete(a.settled, a.settledQ[0])
+		a.settledQ = a.settledQ[1:]
+	}
+}
+
+// settledCopy reports whether a record (kind, id, content) is an exact copy
+// of a record an earlier run settled.
+func (a *Assembler) settledCopy(kind byte, id string, content uint64) bool {
+	c, ok := a.settled[idHash(kind, id)]
+	return ok && c == content
 }
 
 // OpenGroups is the number of groups held in memory.
@@ -245,6 +291,7 @@ func (a *Assembler) Add(it *ingest.Item, now time.Time) {
 	a.Counters.Records++
 	if a.cfg.Settled != nil && a.cfg.Settled(it.Source) {
 		a.Counters.SkippedCommitted++
+		a.rememberSettled(it)
 		return
 	}
 	if it.Err != nil {
@@ -326,6 +373,15 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 			}
 		}
 	} else {
+		// A copy of a record an earlier run settled, with nothing of its
+		// trajectory open: a producer retry of a record written before
+		// the restart (an earlier run dropped it, and stopped before that
+		// drop was checkpointed). Held, it would open a group of its own
+		// that nothing completes.
+		if a.settledCopy('s', s.StepID, h) {
+			a.drop(it)
+			return
+		}
 		t = a.newTrajectory(s.TrajectoryID, s.TaskID, key, now)
 	}
 	st := &Step{Step: s, Raw: it.Raw, Ref: it.Ref, Source: it.Source, hash: h}
@@ -363,6 +419,10 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 		}
 	}
 	if t == nil {
+		if a.settledCopy('t', tr.TrajectoryID, h) { // as for steps (addStep)
+			a.drop(it)
+			return
+		}
 		t = a.newTrajectory(tr.TrajectoryID, tr.TaskID, key, now)
 	}
 	t.Trajectory, t.Raw, t.Ref, t.Source, t.hash = tr, it.Raw, it.Ref, it.Source, h

@@ -327,6 +327,30 @@ func TestAssembleSettledAndRoles(t *testing.T) {
 	}
 }
 
+// TestAssembleCopyOfSettledRecord: after a restart, a producer retry of a
+// record an earlier run wrote (its original skipped as settled, its own
+// drop lost with the earlier run) is dropped, not held as the first record
+// of a group that nothing completes; a record under the same id with other
+// content is not mistaken for one.
+func TestAssembleCopyOfSettledRecord(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 1, Settled: func(s schemas.Source) bool { return s.Line <= 2 }})
+	h.add(t0,
+		step("A", "a1", 0), traj("A", "a1", 1, 1), // written by the earlier run
+		step("A", "a1", 0), traj("A", "a1", 1, 1), // their retries, read again
+	)
+	if len(h.dropped) != 2 || h.dropped[0].Line != 3 || h.dropped[1].Line != 4 {
+		t.Fatalf("dropped %+v, want lines 3 and 4", h.dropped)
+	}
+	if h.a.OpenGroups() != 0 || len(h.groups) != 0 || len(h.dead) != 0 || h.a.Counters.Duplicates != 2 {
+		t.Fatalf("open %d, emitted %d, dead %s, counters %+v", h.a.OpenGroups(), len(h.groups), h.reasons(), h.a.Counters)
+	}
+	// Same id, other content: not a copy (held, as without a restart).
+	h.add(t0, step("A", "a1", 0, `"reward":0.5`))
+	if len(h.dropped) != 2 || h.a.OpenGroups() != 1 {
+		t.Fatalf("a record with other content was dropped (dropped %d, open %d)", len(h.dropped), h.a.OpenGroups())
+	}
+}
+
 func TestAssembleDecodeErrorsPassThrough(t *testing.T) {
 	a := NewAssembler(Config{})
 	it := ingest.Item{Source: schemas.Source{File: "f", Line: 3}, Raw: []byte("{"), Err: schemas.Rejectf(schemas.ReasonMalformedJSON, "", "bad")}

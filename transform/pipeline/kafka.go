@@ -73,8 +73,20 @@ func (k *kafkaGeneration) Source(ctx context.Context, settled schemas.Settled) (
 		return nil, err
 	}
 	k.firsts = firsts
-	return k.g.Source(k.g.Resume(settled, firsts)), nil
+	start := k.g.Resume(settled, firsts)
+	for p, off := range start {
+		start[p] = max(firsts[p], off-RetryLookback)
+	}
+	return k.g.Source(start), nil
 }
+
+// RetryLookback is how many settled offsets before its first unsettled one
+// a partition is read again from (skipped, as settled). The Assembler
+// remembers them, so that a producer retry just after them whose drop an
+// earlier run did not get to checkpoint is dropped again, instead of
+// opening a group of its own that nothing completes (until
+// --group-timeout). Retries land within a few batches of their original.
+const RetryLookback = 1024
 
 func (k *kafkaGeneration) Commit(settled schemas.Settled) error {
 	return k.g.CommitOffsets(k.g.Resume(settled, k.firsts))
