@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -292,5 +293,72 @@ func TestRunKafkaGivesUp(t *testing.T) {
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("the soft stop took %s", took)
+	}
+}
+
+// TestIntegrationKafkaRetryAfterRestart: on a real broker, a producer
+// retry right after the records an earlier run settled (its original among
+// them, its own drop never checkpointed) is dropped again and settled; it
+// does not wait alone in a group of its own for the group timeout. The
+// earlier run is the manifest entry it would have left.
+func TestIntegrationKafkaRetryAfterRestart(t *testing.T) {
+	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	if brokers == "" {
+		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	id := time.Now().UnixNano()
+	kcfg := kafka.Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("retry-%d", id), Group: fmt.Sprintf("retry-%d", id)}
+	if err := kafka.EnsureTopic(ctx, kcfg, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	out, err := kafka.NewOutput(kcfg, kafka.OutputOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := pipelinetest.GroupLines(0) // offsets 0-3, settled by the earlier run
+	lines := append(append(slices.Clone(written), written[0]), pipelinetest.GroupLines(1)...)
+	var recs []kafka.Keyed
+	for _, l := range lines {
+		recs = append(recs, kafka.Keyed{Key: "k", Line: []byte(l)})
+	}
+	err = out.Write(ctx, recs)
+	out.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := local.Open(t.TempDir(), "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	stream := kafka.Stream(kcfg.Topic, 0)
+	if err := st.Append(ctx, schemas.ShardEntry{Settled: schemas.Settled{stream: {{0, int64(len(written) - 1)}}},
+		SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	soft, stop := context.WithCancel(ctx)
+	p := pipeline.New(pipelinetest.Config(t), st, nil)
+	done := make(chan error, 1)
+	go func() { done <- p.RunKafka(ctx, soft, pipeline.JoinKafka(kcfg)) }()
+	for st.Settled()[stream].Len() < int64(len(lines)) {
+		select {
+		case err := <-done:
+			t.Fatalf("ingest ended (%v) with %v settled of %d", err, st.Settled(), len(lines))
+		case <-ctx.Done():
+			t.Fatalf("%v settled of %d records: the retry at offset %d was never settled", st.Settled(), len(lines), len(written))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Result(); r.Duplicates != 1 {
+		t.Errorf("%d duplicates dropped, want the retry", r.Duplicates)
+	}
+	if counts := storetest.StepCounts(t, st); len(counts) != 2 || counts["g1-t0"] != 1 || counts["g1-t1"] != 1 {
+		t.Errorf("steps committed %v, want group 1's two steps once", counts)
 	}
 }
