@@ -12,7 +12,7 @@
 //	           kafka-go reads a topic as it ships (faster than a Reader,
 //	           see --drain)
 //	drain-buf  the same with ingest's fetch connections
-//	           (kafka.WithReadBuffer: a 1 MiB read buffer under kafka-go's
+//	           (kafka.WithReadBuffer: a 256 KiB read buffer under kafka-go's
 //	           4 KiB one), the fastest drain we know
 //	kafka      rllm-pipe ingest --from kafka://…/topic?group=NEW --to s3://bucket/NEW
 //	file       rllm-pipe ingest --from IN --to DIR (a local directory)

@@ -10,11 +10,14 @@ import (
 
 // FetchReadBuffer is the read buffer of a fetch connection. kafka-go reads
 // a fetch response through a 4 KiB bufio.Reader, field by field: every
-// record's length and headers cost a read system call of their own, which
-// on a 1 GB topic is hundreds of thousands of calls and a third of the
-// reading CPU. Under a buffer this size, one call takes in whatever the
-// socket holds, and kafka-go's small reads are served from memory.
-const FetchReadBuffer = 1 << 20
+// record's length, headers and value cost read system calls of their own
+// (754 for 500 records of 8 KB, TestIntegrationFetchReadBuffer). Under a
+// buffer this size, one call takes in whatever the socket holds (22 calls
+// for the same fetch), and kafka-go's small reads are served from memory.
+// It costs 256 KiB per partition read (1 MiB was no faster in alternated
+// runs); BENCHMARKS.md ("Kafka path") has the
+// throughput before and after.
+const FetchReadBuffer = 256 << 10
 
 // bufferedConn is a net.Conn whose reads go through a large buffer.
 // Deadlines and writes pass straight through.
