@@ -153,6 +153,7 @@ func TestIntegrationGatewayKafkaS3Consume(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Endpoint = endpoint
+	cleanupS3(t, cfg)
 	ing := exec.Command(bin, "ingest", "--from", "kafka://"+brokers+"/"+topic+"?group=g-"+id,
 		"--to", "s3://rllm-pipe-test/"+prefix, "--group-size", "4", "--flush-interval", "300ms", "--quiet")
 	ing.Env = serviceEnv()

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -33,7 +34,30 @@ func newS3Target(t *testing.T, name string) s3Target {
 	var rb [4]byte
 	_, _ = rand.Read(rb[:])
 	id := hex.EncodeToString(rb[:])
-	return s3Target{endpoint: endpoint, url: "s3://rllm-pipe-test/" + name + "-" + id, id: id}
+	tg := s3Target{endpoint: endpoint, url: "s3://rllm-pipe-test/" + name + "-" + id, id: id}
+	cfg, err := s3.ParseURL(tg.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Endpoint = endpoint
+	cleanupS3(t, cfg)
+	return tg
+}
+
+// cleanupS3 deletes a test's prefix when it ends and passed (a failed
+// test keeps its objects for diagnosis, as every test does with
+// RLLM_KEEP_TEST_DATA set), so runs do not pile up in a developer's MinIO.
+func cleanupS3(t *testing.T, cfg s3.Config) {
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("RLLM_KEEP_TEST_DATA") != "" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := s3.RemovePrefix(ctx, cfg); err != nil {
+			t.Logf("cleanup of %s: %v", cfg, err)
+		}
+	})
 }
 
 // flags point a command at the endpoint.

@@ -52,6 +52,7 @@ func newScenario(t *testing.T, name string, genArgs ...string) *scenario {
 	}
 	cfg.Endpoint = endpoint
 	s.cfg = cfg
+	cleanupS3(t, cfg)
 	return s
 }
 

@@ -725,6 +725,17 @@ func (s *Store) PutDeadLetters(ctx context.Context, seq int, data []byte) (strin
 	return rel, nil
 }
 
+// RemovePrefix deletes every object under cfg's prefix (DeleteAll on a
+// reader of it): for tests and benchmarks that clean up after themselves.
+func RemovePrefix(ctx context.Context, cfg Config) (int, error) {
+	st, err := OpenReader(ctx, cfg, "cleanup")
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	return st.DeleteAll(ctx)
+}
+
 // DeleteAll deletes every object under the store's prefix, the manifest
 // and its snapshots included, and returns how many: for benchmarks and
 // tests that drop their own output (nothing in a run calls it). Other

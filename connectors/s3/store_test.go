@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/minio/minio-go/v7"
 
@@ -35,7 +36,24 @@ func testConfig(t testing.TB) Config {
 		t.Fatal(err)
 	}
 	cfg.Endpoint = ep
+	cleanupPrefix(t, cfg)
 	return cfg
+}
+
+// cleanupPrefix deletes the test's objects when it ends and passed (a
+// failed test keeps them for diagnosis, as every test does with
+// RLLM_KEEP_TEST_DATA set), so runs do not pile up in a developer's MinIO.
+func cleanupPrefix(t testing.TB, cfg Config) {
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("RLLM_KEEP_TEST_DATA") != "" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := RemovePrefix(ctx, cfg); err != nil {
+			t.Logf("cleanup of %s: %v", cfg, err)
+		}
+	})
 }
 
 func open(t *testing.T, cfg Config, writer string) *Store {
