@@ -105,10 +105,16 @@ bench-ingest: build
 bench-scale:
 	ROUNDS=$(ROUNDS) scripts/bench-scale.sh
 
-# fuzz: run the decoder fuzzer for FUZZTIME (default 60s).
-FUZZTIME ?= 60s
+# fuzz: every fuzz target of the tree (found by name), FUZZTIME each
+# (default 20s); FUZZ=FuzzDecode runs the targets matching one name.
+FUZZTIME ?= 20s
+FUZZ ?= Fuzz
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./ingest/
+	@git grep -h -o '^func $(FUZZ)[A-Za-z0-9_]*' -- '*_test.go' >/dev/null || { echo "no fuzz target matches $(FUZZ)"; exit 1; }
+	@git grep -o '^func $(FUZZ)[A-Za-z0-9_]*' -- '*_test.go' | while IFS=: read -r file fn; do \
+		fn=$${fn#func }; pkg=./$$(dirname $$file)/; echo "== $$fn $$pkg"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

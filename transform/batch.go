@@ -291,8 +291,10 @@ func (bt *Batcher) addPrompt(c *chain, k int, prefixLen *array.Int32Builder) {
 		prev = k - 1
 	}
 	switch {
-	case prev >= 0 && s.PromptIDs == nil && c.parentOf(k) == prev:
-		// Sent as a delta of its predecessor: stored as it came.
+	case prev >= 0 && s.PromptIDs == nil && c.parentOf(k) == prev && c.promptLen(prev)+len(c.steps[prev].ResponseIDs) > 0:
+		// Sent as a delta of its predecessor: stored as it came. (A
+		// delta of an empty predecessor is its whole prompt: stored
+		// whole below, since a null prompt needs a prefix to read.)
 		bt.prompt.addNull()
 		bt.delta.add(s.PromptDeltaIDs)
 		prefixLen.Append(int32(c.promptLen(prev) + len(c.steps[prev].ResponseIDs)))

@@ -274,9 +274,11 @@ func wireLines(r *rand.Rand, groups []*Group) []string {
 				rec["prompt_ids"] = append([]int32{}, s.PromptIDs...)
 				for j := k - 1; j >= 0 && r.IntN(4) != 0; j-- {
 					p := tr.Steps[j]
-					if n := prefix.Extends(s.PromptIDs, p.PromptIDs, p.ResponseIDs); n > 0 {
+					// Any prompt extends an empty parent's (no prompt, no
+					// response): sent as a delta of it too.
+					if n := prefix.Extends(s.PromptIDs, p.PromptIDs, p.ResponseIDs); n > 0 || len(p.PromptIDs)+len(p.ResponseIDs) == 0 {
 						delete(rec, "prompt_ids")
-						rec["parent_step_id"], rec["prompt_delta_ids"] = p.StepID, s.PromptIDs[n:]
+						rec["parent_step_id"], rec["prompt_delta_ids"] = p.StepID, append([]int32{}, s.PromptIDs[n:]...)
 						// Messages that extend the parent's: only those added.
 						if s.Messages != nil && len(s.Messages) > len(p.Messages) && prefix.MessagesExtend(s.Messages, p.Messages) {
 							delete(rec, "messages")
