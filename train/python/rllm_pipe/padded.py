@@ -27,8 +27,22 @@ The layout is the one rLLM's verl backend builds
 - ``response_mask``, ``rollout_log_probs`` padded with 0; ``advantages`` =
   per-token advantages * response_mask; ``traj_rewards`` holds the row's
   reward at its last response token (when the response fits, as rLLM).
+  ``step_rewards`` likewise: for merged rows it equals ``traj_rewards``, as
+  rLLM's merged transform sets a row's step reward to the trajectory's; for
+  step rows it holds the step's ``step_reward`` (0 when the step has none).
+- ``old_log_probs`` (float32 [rows, R], padded with 0) when the record has an
+  ``old_log_probs`` list column (one item per response token, like
+  ``rollout_log_probs``); no rllm-pipe layout carries one yet, so it is None
+  unless the caller adds the column.
 - Rows added to reach a multiple of ``pad_rows_to_multiple`` (the
-  data-parallel world size) are all padding with ``is_pad`` True.
+  data-parallel world size) are laid out as verl's
+  ``pad_dataproto_to_divisor`` does and marked as rLLM's trainer marks them:
+  padding row j copies real row j mod n (every token tensor and per-row id),
+  then ``response_mask``, ``advantages``, ``traj_rewards`` and
+  ``step_rewards`` are zeroed, ``is_last_step`` is False, ``is_pad`` True and
+  ``is_valid`` False. Each padding row thus attends to real tokens (an
+  all-masked row gives NaN in an eager softmax and an empty sequence in
+  verl's no-padding path) but adds nothing to the loss or its token count.
 
 Truncation is never silent: rows cut and tokens dropped are counted in
 ``Padded.truncation`` (and per row in ``prompt_truncated`` /
@@ -62,6 +76,7 @@ TENSORS = (
     "rollout_log_probs",
     "advantages",
     "traj_rewards",
+    "step_rewards",
 )
 
 
@@ -80,11 +95,14 @@ class Padded:
     rollout_log_probs: np.ndarray  # float32 [rows, R]
     advantages: np.ndarray  # float32 [rows, R], masked
     traj_rewards: np.ndarray  # float32 [rows, R]
+    step_rewards: np.ndarray  # float32 [rows, R]
     is_pad: np.ndarray  # bool [rows]: rows added by pad_rows_to_multiple
+    is_valid: np.ndarray  # bool [rows]: not is_pad (rLLM's name)
     prompt_truncated: np.ndarray  # bool [rows]
     response_truncated: np.ndarray  # bool [rows]
-    # Per-row ids and values (numpy arrays of the batch's columns, padded rows
-    # get "" / 0 / False): group_ids, trajectory_ids, first_step_ids, ...
+    # Per-row ids and values (numpy arrays of the batch's columns; a padding
+    # row holds the values of the real row it copies, is_last_step False):
+    # group_ids, trajectory_ids, first_step_ids, ...
     ids: Dict[str, np.ndarray]
     # Counts: rows, pad_rows, prompts_truncated, prompt_tokens_dropped,
     # responses_truncated, response_tokens_dropped, action_tokens_dropped,
@@ -108,11 +126,12 @@ class Padded:
 
     def torch(self) -> Dict[str, Any]:
         """The tensors as torch tensors sharing the numpy arrays' memory
-        (torch must be installed), plus is_pad as a bool tensor."""
+        (torch must be installed), plus is_pad and is_valid as bool tensors."""
         import torch
 
         out = {name: torch.from_numpy(a) for name, a in self.arrays().items()}
         out["is_pad"] = torch.from_numpy(self.is_pad)
+        out["is_valid"] = torch.from_numpy(self.is_valid)
         return out
 
 
@@ -155,12 +174,11 @@ _IDS = (
 )
 
 
-def _pad_ids(values: np.ndarray, n_pad: int) -> np.ndarray:
-    if n_pad == 0:
+def _pad_ids(values: np.ndarray, copied: np.ndarray) -> np.ndarray:
+    """values followed by the values of the rows the padding rows copy."""
+    if len(copied) == 0:
         return values
-    if values.dtype == object:
-        return np.concatenate([values, np.array([None] * n_pad, dtype=object)])
-    return np.concatenate([values, np.zeros(n_pad, dtype=values.dtype)])
+    return np.concatenate([values, values[copied]])
 
 
 def _selection(lengths: np.ndarray, keep: np.ndarray, from_end: bool) -> Optional[np.ndarray]:
@@ -307,17 +325,34 @@ def to_padded(
     position_ids -= 1
     position_ids *= attention_mask
 
+    # Rewards at the last response token, when the response fits (as rLLM).
+    fits = (rlen > 0) & (rlen <= R)
+    at = (np.nonzero(fits)[0], rlen[fits] - 1)
     traj_rewards = _buffer(out, "traj_rewards", total_rows, R, np.float32, 0)
     reward = _column(record, "reward").to_numpy(zero_copy_only=False).astype(np.float32)
-    fits = (rlen > 0) & (rlen <= R)
-    traj_rewards[np.nonzero(fits)[0], rlen[fits] - 1] = reward[fits]
+    traj_rewards[at] = reward[fits]
+    step_rewards = _buffer(out, "step_rewards", total_rows, R, np.float32, 0)
+    if merged or not _has(record, "step_reward"):
+        step_rewards[at] = reward[fits] if merged else 0
+    else:
+        step_reward = _column(record, "step_reward").fill_null(0).to_numpy(zero_copy_only=False).astype(np.float32)
+        step_rewards[at] = step_reward[fits]
 
+    # Padding rows copy real rows cyclically (verl's pad_dataproto_to_divisor)
+    # with nothing to train on: response_mask, advantages and rewards stay 0.
+    copied = np.arange(n_pad) % n if n else np.zeros(0, dtype=np.int64)
+    if n_pad:
+        for a in (input_ids, attention_mask, position_ids, rollout_log_probs, old_log_probs):
+            if a is not None:
+                a[n:] = a[copied]
     is_pad = np.zeros(total_rows, dtype=bool)
     is_pad[n:] = True
     prompt_truncated = np.zeros(total_rows, dtype=bool)
     prompt_truncated[:n] = plen > P
+    prompt_truncated[n:] = prompt_truncated[copied]
     response_truncated = np.zeros(total_rows, dtype=bool)
     response_truncated[:n] = rlen > R
+    response_truncated[n:] = response_truncated[copied]
     truncation = {
         "rows": n,
         "pad_rows": n_pad,
@@ -346,6 +381,7 @@ def to_padded(
         "attention_mask": attention_mask,
         "position_ids": position_ids,
         "traj_rewards": traj_rewards,
+        "step_rewards": step_rewards,
     }
     ids: Dict[str, np.ndarray] = {}
     for out_name, merged_col, step_col in _IDS:
@@ -357,7 +393,9 @@ def to_padded(
             values = np.array(arr.to_pylist(), dtype=object)
         else:
             values = arr.to_numpy(zero_copy_only=False)
-        ids[out_name] = _pad_ids(values, n_pad)
+        ids[out_name] = _pad_ids(values, copied)
+    if n_pad and "is_last_step" in ids:
+        ids["is_last_step"][n:] = False  # as rLLM marks its padding rows
     return Padded(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -368,7 +406,9 @@ def to_padded(
         rollout_log_probs=rollout_log_probs,
         advantages=advantages,
         traj_rewards=traj_rewards,
+        step_rewards=step_rewards,
         is_pad=is_pad,
+        is_valid=~is_pad,
         prompt_truncated=prompt_truncated,
         response_truncated=response_truncated,
         ids=ids,

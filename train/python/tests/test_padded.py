@@ -95,6 +95,7 @@ def ref_pad(rows, pad, P, R):
         out["advantages"][i, : len(resp)] = np.array(r["adv"][:R]) * np.array(r["mask"][:R])
         if 0 < len(r["response"]) <= R:
             out["traj_rewards"][i, len(r["response"]) - 1] = r["reward"]
+    out["step_rewards"] = out["traj_rewards"]  # a merged row's step reward is its trajectory's (rLLM)
     out["input_ids"] = np.concatenate([out["prompts"], out["responses"]], axis=1)
     out["attention_mask"] = (out["input_ids"] != pad).astype(np.int64)
     out["position_ids"] = (np.cumsum(out["attention_mask"], axis=1) - 1) * out["attention_mask"]
@@ -131,7 +132,7 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
             want = ref_pad(rows, PAD, P, R)
             for name in ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask"):
                 np.testing.assert_array_equal(getattr(got, name), want[name], err_msg=name)
-            for name in ("rollout_log_probs", "advantages", "traj_rewards"):
+            for name in ("rollout_log_probs", "advantages", "traj_rewards", "step_rewards"):
                 np.testing.assert_allclose(getattr(got, name), want[name], rtol=0, atol=1e-6, err_msg=name)
             # truncation is counted, never silent
             tr = got.truncation
@@ -152,19 +153,39 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
         assert cut > 0, "the small lengths cut rows"
 
 
-def test_pad_rows_to_multiple_marks_padding(serve_mt):
-    srv = serve_mt("--consumer-group", "multiple", "--layout", "trajectories")
+@pytest.mark.parametrize("multiple", [8, "wrap"])
+def test_pad_rows_to_multiple_copies_real_rows_as_verl(serve_mt, multiple):
+    """Padding rows are verl's pad_dataproto_to_divisor (row j copies real
+    row j mod n), neutralised as rLLM's trainer does (response_mask 0,
+    is_pad_step True, is_valid False, is_last_step False), with advantages
+    and rewards 0: every padding row attends to real tokens."""
+    srv = serve_mt("--consumer-group", f"multiple-{multiple}", "--layout", "trajectories")
     with Client(srv.location, consumer="t") as c:
         b = next(iter(c.batches()))
         n = b.num_rows
-        got = b.to_padded(PAD, 512, 1024, pad_rows_to_multiple=8)
-        assert got.num_rows % 8 == 0 and got.num_rows >= n and got.num_rows - n < 8
-        assert list(got.is_pad) == [False] * n + [True] * (got.num_rows - n)
-        assert got.truncation["pad_rows"] == got.num_rows - n
-        pad = got.is_pad
-        assert (got.attention_mask[pad] == 0).all() and (got.response_mask[pad] == 0).all()
-        assert (got.input_ids[pad] == PAD).all() and (got.advantages[pad] == 0).all()
-        assert all(t is None for t in got.ids["trajectory_ids"][pad])
+        m = 8 if multiple == 8 else 2 * n + 3  # "wrap": more padding rows than real ones
+        plain = b.to_padded(PAD, 512, 1024)
+        got = b.to_padded(PAD, 512, 1024, pad_rows_to_multiple=m)
+        assert got.num_rows % m == 0 and got.num_rows >= n and got.num_rows - n < m
+        n_pad = got.num_rows - n
+        assert n_pad > (n if multiple == "wrap" else 0)
+        assert list(got.is_pad) == [False] * n + [True] * n_pad
+        assert list(got.is_valid) == [True] * n + [False] * n_pad
+        assert got.truncation["pad_rows"] == n_pad and got.truncation["rows"] == n
+        src = np.arange(n_pad) % n
+        for name, a in plain.arrays().items():
+            np.testing.assert_array_equal(getattr(got, name)[:n], a, err_msg=name)
+        for name in ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "rollout_log_probs"):
+            np.testing.assert_array_equal(getattr(got, name)[n:], getattr(plain, name)[src], err_msg=name)
+        for name in ("response_mask", "advantages", "traj_rewards", "step_rewards"):
+            assert not getattr(got, name)[n:].any(), name
+        assert (got.attention_mask[n:].sum(axis=1) > 0).all(), "no padding row is all masked"
+        assert plain.advantages.any() and plain.traj_rewards.any(), "the copied rows had something to zero"
+        for name, v in plain.ids.items():
+            want = v[src] if name != "is_last_step" else np.zeros(n_pad, dtype=bool)
+            assert list(got.ids[name][n:]) == list(want), name
+            assert list(got.ids[name][:n]) == list(v), name
+        np.testing.assert_array_equal(got.response_truncated[n:], plain.response_truncated[src])
 
 
 def test_step_layout_pads_every_token_as_an_action(serve_mt):
@@ -178,6 +199,9 @@ def test_step_layout_pads_every_token_as_an_action(serve_mt):
             assert got.response_mask[i].sum() == n
             adv = s["token_advantages"] if s["token_advantages"] is not None else [s["advantage"]] * n
             np.testing.assert_allclose(got.advantages[i, :n], adv, atol=1e-6)
+            # rewards at the last token: the trajectory's, and the step's own
+            assert got.traj_rewards[i, n - 1] == np.float32(s["reward"]) and got.traj_rewards[i].sum() == got.traj_rewards[i, n - 1]
+            assert got.step_rewards[i, n - 1] == np.float32(s["step_reward"] or 0) and got.step_rewards[i].sum() == got.step_rewards[i, n - 1]
 
 
 def test_positional_attention_mask(serve_mt):
@@ -347,3 +371,25 @@ def test_dataset_reuse_arrays(serve_mt):
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
     assert len({ptr for _, ptr in reused}) == 1, "every step wrote into the first step's arrays"
+
+
+def test_step_rewards_follow_rllm():
+    """rLLM's step_rewards: a merged row's is its trajectory reward (equal to
+    traj_rewards); a step row's is the step's own reward, 0 when it has
+    none. Both sit at the last response token, only when the response fits."""
+    import pyarrow as pa
+
+    from rllm_pipe.padded import to_padded
+
+    merged = to_padded(_merged_record([([1], [2, 3], [1, 1]), ([4], [5, 6, 7, 8], [1, 0, 0, 1])]), 0, 2, 3, warn=False)
+    np.testing.assert_array_equal(merged.step_rewards, merged.traj_rewards)
+    np.testing.assert_array_equal(merged.step_rewards, [[0, 1, 0], [0, 0, 0]])  # row 1 is cut: no reward, as rLLM
+
+    i32, f32 = pa.list_(pa.int32()), pa.list_(pa.float32())
+    steps = pa.RecordBatch.from_arrays(
+        [pa.array([[1], [2], [3]], i32), pa.array([[4, 5], [6], [7, 8]], i32), pa.array([[0.0, 0.0], [0.0], [0.0, 0.0]], f32),
+         pa.array([1.0, 1.0, 0.0]), pa.array([0.25, None, -1.0]), pa.array([0.5, 0.5, 0.5])],
+        names=["prompt_ids", "response_ids", "response_logprobs", "reward", "step_reward", "advantage"])
+    got = to_padded(steps, 0, 2, 3, warn=False)
+    np.testing.assert_array_equal(got.traj_rewards, [[0, 1, 0], [1, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(got.step_rewards, [[0, 0.25, 0], [0, 0, 0], [0, -1, 0]])
