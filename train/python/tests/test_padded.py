@@ -393,3 +393,35 @@ def test_step_rewards_follow_rllm():
     got = to_padded(steps, 0, 2, 3, warn=False)
     np.testing.assert_array_equal(got.traj_rewards, [[0, 1, 0], [1, 0, 0], [0, 0, 0]])
     np.testing.assert_array_equal(got.step_rewards, [[0, 0.25, 0], [0, 0, 0], [0, -1, 0]])
+
+
+def test_old_log_probs_where_present():
+    """No rllm-pipe layout carries old_log_probs yet; a record that has an
+    old_log_probs list column (one item per response token) gets the tensor:
+    right-padded with 0, cut with the response, copied by padding rows, and
+    written into the arrays of an earlier result with out=."""
+    import pyarrow as pa
+
+    from rllm_pipe.padded import to_padded
+
+    rows = [([1, 2], [3, 4, 5], [1, 0, 1]), ([6], [7, 8, 9, 10, 11], [1, 1, 0, 0, 1]), ([12], [13], [1])]
+    old = [[-0.1, -0.2, -0.3], [-1.0, -1.1, -1.2, -1.3, -1.4], [-2.0]]
+    base = _merged_record(rows)
+    rec = base.append_column("old_log_probs", pa.array(old, pa.list_(pa.float32())))
+    assert to_padded(base, 0, 2, 4, warn=False).old_log_probs is None, "absent: None"
+    assert "old_log_probs" not in to_padded(base, 0, 2, 4, warn=False).arrays()
+
+    got = to_padded(rec, 0, 2, 4, pad_rows_to_multiple=4, warn=False)
+    want = np.array([[-0.1, -0.2, -0.3, 0], [-1.0, -1.1, -1.2, -1.3], [-2.0, 0, 0, 0], [-0.1, -0.2, -0.3, 0]], dtype=np.float32)
+    np.testing.assert_array_equal(got.old_log_probs, want)  # row 1 cut to 4 tokens; row 3 copies row 0
+    assert got.old_log_probs.dtype == np.float32 and got.arrays()["old_log_probs"] is got.old_log_probs
+    assert got.truncation["responses_truncated"] == 1 and got.truncation["response_tokens_dropped"] == 1
+
+    # out=: the earlier result's arrays are overwritten with the new rows
+    again = to_padded(rec.slice(1, 2), 0, 2, 4, pad_rows_to_multiple=4, warn=False, out=got)
+    assert np.shares_memory(again.old_log_probs, want) is False and np.shares_memory(again.old_log_probs, got._buffers["old_log_probs"])
+    np.testing.assert_array_equal(again.old_log_probs, want[[1, 2, 1, 2]])
+
+    bad = base.append_column("old_log_probs", pa.array([[0.0]] * 3, pa.list_(pa.float32())))
+    with pytest.raises(ValueError, match="old_log_probs"):
+        to_padded(bad, 0, 2, 4, warn=False)
