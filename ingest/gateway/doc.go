@@ -59,7 +59,15 @@
 //   - A stream cut short (the agent disconnected, or the upstream stream
 //     broke) is recorded with what arrived, finish_reason "abort" and
 //     metadata.cut_off = client_disconnect | upstream_cut. The upstream
-//     request is cancelled when the agent goes (vLLM aborts the generation).
+//     request is cancelled when the agent goes mid-stream (vLLM aborts the
+//     generation).
+//   - A recorded call's upstream request is not cancelled with the agent's
+//     before the answer starts: an agent that leaves a non-streaming call,
+//     or a stream before its first byte, still has the whole answer
+//     recorded, with its own finish_reason and metadata.cut_off =
+//     client_disconnect (the agent never saw it, so the next call does not
+//     extend it). The request runs on at most Config.AbandonedCallTimeout
+//     after the agent left.
 //   - Upstream errors (a status other than 200, no worker reachable) go to
 //     the agent with their status and body and are counted; no step.
 //   - step_index is the order in which a session's calls completed (a

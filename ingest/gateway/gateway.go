@@ -45,6 +45,13 @@ type Config struct {
 	// MaxResponseBytes bounds a non-streaming upstream body the gateway
 	// reads to record (default 256 MiB); a larger one is a 502.
 	MaxResponseBytes int64
+	// AbandonedCallTimeout is how long a recorded call's upstream request
+	// runs on after its agent disconnected (default 10m): the call is
+	// not cancelled with the agent, so that what the backend generates
+	// is recorded (metadata.cut_off = client_disconnect), as rLLM's
+	// gateway records a call whose client left. A stream the agent
+	// leaves midway is stopped at once instead.
+	AbandonedCallTimeout time.Duration
 	// HealthInterval is the period of the workers' health checks (GET
 	// {url}/health; default 5s, negative: off).
 	HealthInterval time.Duration
@@ -82,6 +89,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxResponseBytes <= 0 {
 		c.MaxResponseBytes = 256 << 20
+	}
+	if c.AbandonedCallTimeout <= 0 {
+		c.AbandonedCallTimeout = 10 * time.Minute
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = 5 * time.Second

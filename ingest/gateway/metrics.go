@@ -94,7 +94,7 @@ func (m *metrics) write(w io.Writer, sessionsOpen int, weight int64, workers []W
 	vec("rllm_gateway_calls_total", "Agent calls by kind: recorded (in a session), passthrough (other routes in a session), plain (outside a session).", "kind", &m.calls)
 	one("rllm_gateway_steps_recorded_total", "counter", "Step records queued for the output.", m.steps.Load())
 	vec("rllm_gateway_rejected_steps_total", "Steps written so that ingest dead-letters them, by reason (null_logprob, logprob_count, missing_token_ids, unreadable_response).", "reason", &m.rejected)
-	vec("rllm_gateway_cut_off_steps_total", "Steps of streams cut short, by cause (client_disconnect, upstream_cut).", "cause", &m.cutOff)
+	vec("rllm_gateway_cut_off_steps_total", "Steps whose agent did not get the whole answer, by cause (client_disconnect, upstream_cut).", "cause", &m.cutOff)
 	vec("rllm_gateway_errors_total", "Errors by kind.", "kind", &m.errors)
 	one("rllm_gateway_prompt_tokens_total", "counter", "Prompt tokens of recorded calls.", m.promptTokens.Load())
 	one("rllm_gateway_completion_tokens_total", "counter", "Response tokens of recorded calls.", m.complTokens.Load())

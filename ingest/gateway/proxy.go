@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -122,7 +123,7 @@ func (rw *rewrite) stripKeys() (root, choice []string) {
 // upstreamDo sends the request to the session's worker; a worker that
 // cannot be reached is marked unhealthy and the next one is tried (the
 // request never reached it, so nothing is generated twice).
-func (s *Server) upstreamDo(r *http.Request, sid, tail string, body []byte) (*http.Response, *worker, error) {
+func (s *Server) upstreamDo(ctx context.Context, r *http.Request, sid, tail string, body []byte) (*http.Response, *worker, error) {
 	var tried []*worker
 	for {
 		w := s.pool.pick(sid, tried)
@@ -133,7 +134,7 @@ func (s *Server) upstreamDo(r *http.Request, sid, tail string, body []byte) (*ht
 			return nil, nil, fmt.Errorf("%w reachable (tried %d)", errNoWorker, len(tried))
 		}
 		tried = append(tried, w)
-		req, err := http.NewRequestWithContext(r.Context(), r.Method, w.target(tail, r.URL.RawQuery), bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, r.Method, w.target(tail, r.URL.RawQuery), bytes.NewReader(body))
 		if err != nil {
 			return nil, nil, err
 		}
@@ -150,8 +151,8 @@ func (s *Server) upstreamDo(r *http.Request, sid, tail string, body []byte) (*ht
 		resp, err := s.client.Do(req)
 		if err != nil {
 			w.active.Add(-1)
-			if r.Context().Err() != nil {
-				return nil, nil, r.Context().Err()
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
 			}
 			var op *net.OpError
 			if errors.As(err, &op) && op.Op == "dial" {
@@ -226,7 +227,11 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 	cl := &call{sess: sess, endpoint: endpoint, version: s.weight.Load(), dispatch: time.Now(), messages: rw.messages,
 		tools: rw.tools, model: rw.model, stream: rw.stream}
 	cl.cap.promptIDs = rw.inputIDs
-	resp, wk, err := s.upstreamDo(r, sid, tail, rw.body)
+	// The upstream request outlives the agent's: a call the agent gives up
+	// on is still answered and recorded (the backend serves it either way).
+	up := detach(r.Context(), s.cfg.AbandonedCallTimeout)
+	defer up.release()
+	resp, wk, err := s.upstreamDo(up.ctx, r, sid, tail, rw.body)
 	if err != nil {
 		s.upstreamError(w, r, err)
 		return
@@ -242,7 +247,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 	var upstream time.Duration
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		cl.stream = true
-		upstream = s.relayStream(w, r, resp, rw, cl)
+		upstream = s.relayStream(w, r, resp, rw, cl, up)
 	} else {
 		raw, err := io.ReadAll(io.LimitReader(resp.Body, s.cfg.MaxResponseBytes+1))
 		upstream = time.Since(upStart)
@@ -252,17 +257,25 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 			return
 		}
 		parseResponse(raw, &cl.cap)
-		out := raw
-		if root, choice := rw.stripKeys(); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
-			if b, _, err := nullFields(raw, root, choice); err == nil {
-				out = b
+		if r.Context().Err() != nil {
+			// The agent left while the backend answered: the whole answer
+			// is recorded, marked as one the agent never received.
+			cl.cutOff = cutClientDisconnect
+		} else {
+			out := raw
+			if root, choice := rw.stripKeys(); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
+				if b, _, err := nullFields(raw, root, choice); err == nil {
+					out = b
+				}
+			}
+			copyHeaders(w.Header(), resp.Header)
+			w.Header().Set("Content-Length", fmt.Sprint(len(out)))
+			w.WriteHeader(resp.StatusCode)
+			_, werr := w.Write(out)
+			if http.NewResponseController(w).Flush() != nil || werr != nil {
+				cl.cutOff = cutClientDisconnect
 			}
 		}
-		copyHeaders(w.Header(), resp.Header)
-		w.Header().Set("Content-Length", fmt.Sprint(len(out)))
-		w.WriteHeader(resp.StatusCode)
-		_, _ = w.Write(out)
-		_ = http.NewResponseController(w).Flush()
 	}
 	cl.latency = time.Since(cl.dispatch)
 	s.record(cl)
@@ -271,19 +284,28 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 
 // relayStream passes an SSE stream through event by event, flushing each,
 // and folds the data payloads into the capture. It returns the time spent
-// waiting on the upstream.
-func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, rw *rewrite, cl *call) time.Duration {
+// waiting on the upstream. An agent that leaves mid-stream stops the
+// generation (up is cancelled: vLLM aborts a request whose connection
+// closes) and the step holds what arrived; one that left before the
+// upstream answered never sees a byte, and the whole stream is read and
+// recorded (bounded by up's timeout).
+func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.Response, rw *rewrite, cl *call, up *detached) time.Duration {
 	rc := http.NewResponseController(w)
-	copyHeaders(w.Header(), resp.Header)
-	w.WriteHeader(resp.StatusCode)
-	_ = rc.Flush()
+	goneBefore := r.Context().Err() != nil
+	if !goneBefore {
+		stop := context.AfterFunc(r.Context(), func() { up.cancel(errAgentGone) })
+		defer stop()
+		copyHeaders(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		_ = rc.Flush()
+	}
 	root, choice := rw.stripKeys()
 	if cl.endpoint == "generate" {
 		root, choice = nil, nil
 	}
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	var waited time.Duration
-	clientGone, sawDone := false, false
+	clientGone, sawDone := goneBefore, false
 	var line []byte
 	for {
 		t0 := time.Now()
@@ -321,28 +343,67 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		}
 		if err != nil {
 			switch {
+			case goneBefore:
+				cl.cutOff = cutClientDisconnect
+				cl.partial = !errors.Is(err, io.EOF) || !sawDone
 			case sawDone && !clientGone:
 				// The whole transcript reached the agent: complete, even
 				// when the agent hung up before the upstream's EOF (its
 				// request context is then already cancelled, and the read
 				// fails with that rather than EOF).
 			case clientGone || r.Context().Err() != nil:
-				cl.cutOff = cutClientDisconnect
+				cl.cutOff, cl.partial = cutClientDisconnect, true
 			case !errors.Is(err, io.EOF) || !sawDone:
-				cl.cutOff = cutUpstream
+				cl.cutOff, cl.partial = cutUpstream, true
 			}
 			break
 		}
-		if clientGone {
+		if clientGone && !goneBefore {
 			// The agent is gone: stop the generation (vLLM aborts a request
 			// whose connection closes) and record what arrived.
-			cl.cutOff = cutClientDisconnect
+			cl.cutOff, cl.partial = cutClientDisconnect, true
 			break
 		}
 	}
-	_ = rc.Flush()
+	if !goneBefore {
+		_ = rc.Flush()
+	}
 	return waited
 }
+
+var errAgentGone = errors.New("the agent disconnected mid-stream")
+
+// detached is the context of a recorded call's upstream request: it is
+// not cancelled with the agent's request, so that a call the agent gives
+// up on is still answered and recorded, and it ends timeout after the
+// agent left (or at once, by cancel, when a stream it was reading
+// stops).
+type detached struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   func() bool
+	timer  atomic.Pointer[time.Timer]
+}
+
+func detach(agent context.Context, timeout time.Duration) *detached {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(agent))
+	d := &detached{ctx: ctx, cancel: cancel}
+	d.stop = context.AfterFunc(agent, func() {
+		d.timer.Store(time.AfterFunc(timeout, func() { cancel(errAbandoned) }))
+	})
+	return d
+}
+
+// release ends the upstream request's context once the call is done.
+func (d *detached) release() {
+	d.stop()
+	if t := d.timer.Load(); t != nil {
+		t.Stop()
+	}
+	d.cancel(nil)
+}
+
+var errAbandoned = errors.New("the agent disconnected and the upstream did not answer within the abandoned-call timeout")
 
 // record turns a finished call into its step and trace.
 func (s *Server) record(cl *call) {
@@ -385,7 +446,7 @@ func (s *Server) record(cl *call) {
 // passThrough forwards a call that is not recorded, streaming the body.
 func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, sid, tail string, body []byte, start time.Time) {
 	t0 := time.Now()
-	resp, wk, err := s.upstreamDo(r, sid, tail, body)
+	resp, wk, err := s.upstreamDo(r.Context(), r, sid, tail, body)
 	if err != nil {
 		s.upstreamError(w, r, err)
 		return

@@ -35,7 +35,8 @@ type call struct {
 	model    string // requested model
 	cap      capture
 	stream   bool
-	cutOff   string
+	cutOff   string // why the agent did not get the whole answer ("" when it did)
+	partial  bool   // the response recorded is cut short (else whole, the agent just never read it)
 }
 
 // stepRecord is a Step of the wire format. Pointer slices: nil is absent
@@ -99,12 +100,12 @@ func stepID(trajID string, index int64) string {
 // that begins with parent's prompt and answer is written as a delta.
 func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, reject string) {
 	s, c := cl.sess, &cl.cap
-	if cl.cutOff != "" && c.promptIDs != nil && c.responseIDs == nil {
+	if cl.partial && c.promptIDs != nil && c.responseIDs == nil {
 		c.responseIDs = []int64{} // cut before the first token: an empty response, not a missing one
 	}
 	reject = c.reject()
 	finish := c.finishReason
-	if cl.cutOff != "" {
+	if cl.partial {
 		finish = finishReasonCutShort
 	}
 	model := c.model
