@@ -8,8 +8,10 @@ them into shards with GRPO advantages (`rllm-pipe ingest`), serves them with
 policy (one logit per token id, numpy only) with a policy-gradient loss on
 the padded batches: loss = -sum(advantages * log p(token)) over action
 tokens (response_mask). Each batch is acknowledged after its optimizer step,
-with the trainer's new policy version; the staleness of every batch (policy
-version of the trainer minus that of the rows) is printed.
+with the policy version that step made (the dataset advances it by one per
+step), so `serve --max-staleness 2` bounds the staleness of every batch as
+trained on; that staleness (the trainer's version minus the rows') is
+printed.
 
 The binary: --bin, else $RLLM_PIPE_BIN, else bin/rllm-pipe of the repository,
 else rllm-pipe on PATH. Only pyarrow and numpy are needed.
@@ -42,11 +44,11 @@ def find_bin(arg):
     sys.exit("rllm-pipe binary not found: build it (go build -o bin/rllm-pipe ./cmd/rllm-pipe) or pass --bin")
 
 
-def serve(bin_, out, work):
+def serve(bin_, out, work, max_staleness):
     ready = work / "ready"
     proc = subprocess.Popen(
         [bin_, "serve", "--from", str(out), "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--follow=false",
-         "--layout", "trajectories", "--max-tokens", "16000", "--max-staleness", "2", "--max-inflight", "1", "--poll", "50ms"],
+         "--layout", "trajectories", "--max-tokens", "16000", "--max-staleness", str(max_staleness), "--max-inflight", "1", "--poll", "50ms"],
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 30
@@ -63,6 +65,7 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--bin")
     ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--max-staleness", type=int, default=2, help="serve --max-staleness: the bound every batch's staleness stays within")
     args = ap.parse_args()
     bin_ = find_bin(args.bin)
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,7 +74,7 @@ def main():
         run("gen", "--groups", "96", "--group-size", "4", "--turns", "2..6", "--resets", "0.1", "--observation-len", "32",
             "--prompt-len", "64", "--response-len", "32", "--vocab", str(VOCAB), "--policy-versions", "3", "--out", str(work / "t.jsonl"))
         run("ingest", "--from", str(work / "t.jsonl"), "--to", str(work / "out"), "--group-size", "4", "--quiet")
-        proc, location = serve(bin_, work / "out", work)
+        proc, location = serve(bin_, work / "out", work, args.max_staleness)
         try:
             logits = np.zeros(VOCAB + 1)  # the policy: a unigram model
             data = PaddedBatches(location, "tiny-trainer", pad_token_id=PAD, max_prompt_length=1024,
@@ -90,8 +93,7 @@ def main():
                     tr = p.truncation
                 print(f"step {data.stats['batches']}: batch {step.batch_id} groups={len(step.batch.groups)} rows={tr['rows']}+{tr['pad_rows']} pad "
                       f"actions={int(mask.sum())} policy_version={step.policy_version} staleness max={st['max']} mean={st['mean']:.2f} "
-                      f"loss={loss:+.4f} ack={step.ack_result}")
-                data.policy_version += 1  # new weights: reported with the next acknowledgement
+                      f"loss={loss:+.4f} ack={step.ack_result} acked_version={data.policy_version}")
             print(f"done: {data.stats}")
         finally:
             proc.terminate()

@@ -12,7 +12,17 @@ batch only when the trainer says its optimizer step is done.
         with step:                    # acknowledged when the block ends without an exception
             loss = train_on(step.padded.torch())
             optimizer.step()
-        data.policy_version += 1      # reported with the next acknowledgement
+        # the acknowledgement reported policy version step.policy_version + 1
+
+Each optimizer step makes new weights, so an acknowledgement advances
+``policy_version`` by ``versions_per_step`` (1) and reports the advanced
+version: the version of the weights that will train on the next batch,
+which ``serve`` forms against it, so ``--max-staleness`` bounds the
+staleness of every batch as trained on. Reporting the version from before
+the step would let the next batch be one version staler than the bound.
+A trainer that numbers its versions otherwise (weights published every k
+steps) passes ``versions_per_step=0`` and sets ``policy_version`` (or calls
+``step.ack(policy_version=v)``) itself.
 
 An acknowledgement settles the batch's groups for the whole consumer group;
 a batch not acknowledged (the block raised, the loop stopped, the process
@@ -52,7 +62,7 @@ class TrainingStep:
 
     padded: Padded
     batch: Batch
-    policy_version: int  # the trainer's version when the batch was handed out
+    policy_version: int  # the version of the weights the batch was handed out to (and trains)
     _dataset: "PaddedBatches" = field(repr=False)
     ack_result: Optional[Dict[str, int]] = None
 
@@ -78,10 +88,14 @@ class TrainingStep:
         return {"max": int(behind.max()), "mean": float(behind.mean())}
 
     def ack(self, policy_version: Optional[int] = None) -> Dict[str, int]:
-        """Acknowledge the batch, reporting policy_version (default: the
-        dataset's current policy_version). Repeating returns the first answer."""
+        """Acknowledge the batch after its optimizer step, reporting the
+        version of the weights that step made: policy_version, by default
+        the dataset's policy_version advanced by its versions_per_step. The
+        reported version becomes the dataset's. Repeating returns the first
+        answer."""
         if self.ack_result is None:
-            v = self._dataset.policy_version if policy_version is None else int(policy_version)
+            d = self._dataset
+            v = d.policy_version + d.versions_per_step if policy_version is None else int(policy_version)
             self._dataset.policy_version = v
             self.ack_result = self.batch.ack(policy_version=v)
             self._dataset._pending = None
@@ -106,7 +120,12 @@ class PaddedBatches(_Base):
     (``to_padded(out=...)``) instead of new memory, so a step's arrays and
     torch views are valid only until the next step is taken; for a trainer
     that copies every batch to its device. Saves allocating (and the kernel
-    zeroing) a few hundred MB per batch of 512 rows of 10k tokens."""
+    zeroing) a few hundred MB per batch of 512 rows of 10k tokens.
+
+    policy_version: the version of the weights that train on the first
+    batch. versions_per_step: how far each acknowledged optimizer step
+    advances it (the advanced version goes with the acknowledgement); 0 to
+    manage policy_version yourself."""
 
     def __init__(
         self,
@@ -118,6 +137,7 @@ class PaddedBatches(_Base):
         max_response_length: int,
         pad_rows_to_multiple: int = 1,
         policy_version: int = 0,
+        versions_per_step: int = 1,
         max_batches: Optional[int] = None,
         padding: Optional[Dict[str, Any]] = None,
         reuse_arrays: bool = False,
@@ -131,6 +151,9 @@ class PaddedBatches(_Base):
         self.max_response_length = max_response_length
         self.pad_rows_to_multiple = pad_rows_to_multiple
         self.policy_version = int(policy_version)
+        if versions_per_step < 0:
+            raise ValueError("versions_per_step must be >= 0")
+        self.versions_per_step = int(versions_per_step)
         self.max_batches = max_batches
         self.padding = dict(padding or {})
         self.reuse_arrays = reuse_arrays

@@ -236,16 +236,35 @@ def test_dataset_acks_after_the_step_with_the_policy_version(serve_mt):
     data = PaddedBatches(srv.location, "trainer", pad_token_id=PAD, max_prompt_length=512, max_response_length=2048, policy_version=3)
     seen = []
     for n, step in enumerate(data):
+        assert step.policy_version == 3 + n, "each optimizer step made a version"
         with step:
             assert not step.acked, "nothing is acknowledged before the step is done"
             assert step.padded.input_ids.shape[1] == 512 + 2048
             assert step.staleness["max"] >= 0
             seen += step.batch.groups
         assert step.acked and step.ack_result["lost"] == 0
-        assert data.client.stats()["policy_version"] == 3 + n, "the version went with the acknowledgement"
-        data.policy_version += 1
+        # the acknowledgement carried the version the optimizer step made
+        assert data.policy_version == data.client.stats()["policy_version"] == 3 + n + 1
     assert data.stats["acked"] == data.stats["batches"] == n + 1
     assert sorted(seen) == sorted(set(seen)) and len(seen) == data.stats["groups_acked"] == 24
+
+
+def test_dataset_versions_managed_by_the_trainer(serve_mt):
+    from rllm_pipe.dataset import PaddedBatches
+
+    srv = serve_mt("--consumer-group", "ds-versions", "--layout", "trajectories", "--max-tokens", "30000")
+    data = PaddedBatches(srv.location, "trainer", pad_token_id=PAD, max_prompt_length=512, max_response_length=2048,
+                         policy_version=5, versions_per_step=0)
+    for n, step in enumerate(data):
+        if n == 0:
+            step.ack()  # versions_per_step=0: the version stays
+            assert data.policy_version == data.client.stats()["policy_version"] == 5
+        else:
+            step.ack(policy_version=10 + n)  # an explicit version becomes the dataset's
+            assert data.policy_version == data.client.stats()["policy_version"] == 10 + n
+    assert n >= 1
+    with pytest.raises(ValueError):
+        PaddedBatches(srv.location, "x", pad_token_id=PAD, max_prompt_length=8, max_response_length=8, versions_per_step=-1)
 
 
 def test_dataset_refuses_to_move_on_without_an_ack(serve_mt):
@@ -281,6 +300,29 @@ def test_example_trains_and_acknowledges():
     lines = [l for l in out.splitlines() if l.startswith("step ")]
     assert len(lines) == 3 and all("'lost': 0" in l for l in lines), out
     assert "'acked': 3" in out.splitlines()[-1], out
+
+
+@pytest.mark.parametrize("bound", [1, 2])
+def test_example_staleness_stays_within_max_staleness(bound):
+    """The acknowledgement reports the version the optimizer step made, so
+    serve forms the next batch against the weights that train on it: every
+    batch's staleness as trained on is within --max-staleness (reporting the
+    version from before the step gave max-staleness + 1)."""
+    import re
+    import subprocess
+    import sys
+
+    from conftest import BIN, REPO
+
+    ex = REPO / "train" / "python" / "examples" / "train_tiny.py"
+    out = subprocess.run([sys.executable, str(ex), "--bin", BIN, "--steps", "12", "--max-staleness", str(bound)],
+                         check=True, capture_output=True, text=True, timeout=120).stdout
+    steps = [re.search(r"policy_version=(\d+) staleness max=(\d+) .* acked_version=(\d+)", l) for l in out.splitlines() if l.startswith("step ")]
+    assert len(steps) >= bound + 1 and all(steps), out
+    stale = [int(m.group(2)) for m in steps]
+    assert max(stale) == bound, f"the bound is reached and holds: {stale}"
+    assert all(int(m.group(3)) == int(m.group(1)) + 1 for m in steps), "each ack reported the version after the step"
+    assert all(int(b.group(1)) == int(a.group(3)) for a, b in zip(steps, steps[1:])), "the next batch trains on the acked version"
 
 
 def test_out_reuses_the_arrays_of_an_earlier_result(serve_mt):
