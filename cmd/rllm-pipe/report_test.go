@@ -7,12 +7,19 @@ package main
 // the expected charts with their number of series and points.
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
+	"html"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +27,9 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors"
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report/live"
 )
 
 // reportFixture generates and ingests a run with roles and several policy
@@ -229,20 +239,130 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 	}
 }
 
-// TestReportFilteredEqualSQLReports: a run ingested with --filter; the
-// charts of filtered groups (by version, and cumulative over commit time)
-// hold exactly the rows of their sql --report, point for point in order.
+// filteredFixture generates a run with teacher logprobs and ingests it
+// with both filters on, so that some trajectories carry two reasons
+// ("zero_variance,truncated"); returns the input and the output root.
+func filteredFixture(t *testing.T, bin, work string) (in, from string) {
+	t.Helper()
+	in = filepath.Join(work, "in.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "200", "--group-size", "4", "--policy-versions", "4",
+		"--seed", "5", "--prompt-len", "40", "--response-len", "20", "--teacher", "--quiet"); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	from = filepath.Join(work, "out")
+	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", from, "--group-size", "4", "--filter", "zero-variance,truncated", "--quiet"); r.code != 0 {
+		t.Fatalf("ingest: %s", r.stderr)
+	}
+	return in, from
+}
+
+// inputReasons counts, from the generated input alone, the groups per
+// policy version with a trajectory of each filter reason ("(kept)": one
+// no filter marks): a group is a task, its version the least policy
+// version of its steps; zero_variance marks every trajectory of a group
+// whose rewards are all equal, truncated a trajectory with a step that
+// finished with "length". "version|reason" → groups.
+func inputReasons(t *testing.T, in string) map[string]int {
+	t.Helper()
+	f, err := os.Open(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	type traj struct {
+		task      string
+		reward    float64
+		truncated bool
+	}
+	trajs := map[string]*traj{}
+	version := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 64<<20)
+	for sc.Scan() {
+		var r struct {
+			Type          string  `json:"type"`
+			TaskID        string  `json:"task_id"`
+			TrajectoryID  string  `json:"trajectory_id"`
+			PolicyVersion int64   `json:"policy_version"`
+			FinishReason  string  `json:"finish_reason"`
+			Reward        float64 `json:"reward"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("input: %v", err)
+		}
+		tr := trajs[r.TrajectoryID]
+		if tr == nil {
+			tr = &traj{task: r.TaskID}
+			trajs[r.TrajectoryID] = tr
+		}
+		switch r.Type {
+		case "step":
+			if v, ok := version[r.TaskID]; !ok || r.PolicyVersion < v {
+				version[r.TaskID] = r.PolicyVersion
+			}
+			tr.truncated = tr.truncated || r.FinishReason == "length"
+		case "trajectory":
+			tr.reward = r.Reward
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	rewards := map[string][]float64{}
+	for _, tr := range trajs {
+		rewards[tr.task] = append(rewards[tr.task], tr.reward)
+	}
+	seen := map[string]bool{}
+	out := map[string]int{}
+	for _, tr := range trajs {
+		zero := true
+		for _, r := range rewards[tr.task] {
+			zero = zero && r == rewards[tr.task][0]
+		}
+		var reasons []string
+		if zero {
+			reasons = append(reasons, "zero_variance")
+		}
+		if tr.truncated {
+			reasons = append(reasons, "truncated")
+		}
+		if len(reasons) == 0 {
+			reasons = []string{"(kept)"}
+		}
+		for _, reason := range reasons {
+			k := strconv.FormatInt(version[tr.task], 10) + "|" + reason
+			if !seen[k+"|"+tr.task] {
+				seen[k+"|"+tr.task] = true
+				out[k]++
+			}
+		}
+	}
+	return out
+}
+
+// TestReportFilteredEqualSQLReports: a run ingested with both filters
+// on, so that some trajectories carry two reasons. The groups per
+// version and reason of sql --report filtered-by-version equal an
+// independent count over the input (a trajectory with two reasons counts
+// under each); the charts of filtered groups (by version, and cumulative
+// over commit time) hold exactly the rows of their sql --report, point
+// for point in order; and the trajectory browser's reason filter finds
+// the groups of each reason.
 func TestReportFilteredEqualSQLReports(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
-	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "80", "--group-size", "4", "--policy-versions", "4",
-		"--seed", "5", "--prompt-len", "40", "--response-len", "20", "--quiet"); r.code != 0 {
-		t.Fatalf("gen: %s", r.stderr)
+	in, from := filteredFixture(t, bin, work)
+	both := e2eRun(t, bin, work, "sql", "--from", from, "--format", "csv", "SELECT count(*) AS n FROM trajectories WHERE filter_reason = 'zero_variance,truncated'")
+	if both.code != 0 || strings.TrimSpace(both.stdout) == "n\n0" {
+		t.Fatalf("no trajectory carries both reasons: the test needs some (%s%s)", both.stdout, both.stderr)
 	}
-	from := filepath.Join(work, "out")
-	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", from, "--group-size", "4", "--filter", "zero-variance,truncated"); r.code != 0 {
-		t.Fatalf("ingest: %s", r.stderr)
+	indep := inputReasons(t, in)
+	byVersion := map[string]int{}
+	for _, r := range sqlReport(t, bin, work, from, "filtered-by-version") {
+		byVersion[jsonKey(r["group_version"])+"|"+r["filter_reason"].(string)] = int(r["groups"].(float64))
+	}
+	if fmt.Sprint(byVersion) != fmt.Sprint(indep) {
+		t.Errorf("filtered-by-version (version|reason: groups)\n%v\ncounted over the input:\n%v", byVersion, indep)
 	}
 	out := filepath.Join(work, "report.html")
 	if r := e2eRun(t, bin, work, "report", "--from", from, "--out", out); r.code != 0 {
@@ -306,4 +426,83 @@ func TestReportFilteredEqualSQLReports(t *testing.T) {
 			t.Errorf("%s: cumulative over time ends at %s, by version sums to %v", reason, last, totals[reason])
 		}
 	}
+	// The trajectory browser's reason filter: its rows' groups per
+	// version are the input's groups of that reason.
+	hs := liveServer(t, from, live.Options{PageSize: 100_000})
+	for _, reason := range []string{"zero_variance", "truncated"} {
+		rows := browserRows(httpBody(t, hs.URL+"/trajectories?reason="+reason))
+		groups := map[string]bool{}
+		perVersion := map[string]int{}
+		for _, r := range rows {
+			if !slices.Contains(strings.Split(r[9], ","), reason) {
+				t.Errorf("reason=%s shows trajectory %s with filter_reason %q", reason, r[2], r[9])
+			}
+			if k := r[1] + "|" + reason; !groups[k+"|"+r[0]] {
+				groups[k+"|"+r[0]] = true
+				perVersion[k]++
+			}
+		}
+		want := map[string]int{}
+		for k, n := range indep {
+			if strings.HasSuffix(k, "|"+reason) {
+				want[k] = n
+			}
+		}
+		if fmt.Sprint(perVersion) != fmt.Sprint(want) {
+			t.Errorf("browser, reason=%s: groups per version %v, counted over the input %v", reason, perVersion, want)
+		}
+	}
+}
+
+// browserRows reads the rows of a trajectory browser page: its cells,
+// the trajectory id's link text unwrapped.
+func browserRows(body string) [][]string {
+	var out [][]string
+	for _, row := range regexp.MustCompile(`(?s)<tr class="traj">(.*?)</tr>`).FindAllStringSubmatch(body, -1) {
+		var cells []string
+		for _, c := range regexp.MustCompile(`(?s)<td>(.*?)</td>`).FindAllStringSubmatch(row[1], -1) {
+			cells = append(cells, html.UnescapeString(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(c[1], "")))
+		}
+		out = append(out, cells)
+	}
+	return out
+}
+
+// liveServer serves the live view of the output root from over HTTP
+// until the test ends.
+func liveServer(t *testing.T, from string, o live.Options) *httptest.Server {
+	t.Helper()
+	ctx := context.Background()
+	root, err := connectors.ParseRoot(from, connectors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := connectors.OpenReader(ctx, root, "ui-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	srv := live.New(r, o)
+	t.Cleanup(func() { srv.Close() })
+	if err := srv.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return hs
+}
+
+// httpBody GETs url and returns its body, failing on a status not 200.
+func httpBody(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, body)
+	}
+	return string(body)
 }

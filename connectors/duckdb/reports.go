@@ -58,8 +58,8 @@ func Reports() []ReportInfo {
 		{ReportPassAtKByVersion, "per group_version: tasks, then per --k the mean over its tasks of the unbiased pass@k of pass-at-k (tasks with k > n left out)"},
 		{ReportLengthsByVersion, "per group_version: steps, prompt and response tokens per step: mean and p90 (quantile_cont)"},
 		{ReportAdvantageHistogram, "per estimator, trajectories by advantage in 30 equal bins between the min and max over all trajectories (bin, bin_lo, bin_hi; empty bins left out)"},
-		{ReportFilteredByVersion, "per group_version and filter_reason ('(kept)' for groups not filtered): groups"},
-		{ReportFilteredOverTime, "per committed shard in commit-time order (ties by seq) and filter_reason ('(kept)' for groups not filtered): committed_at, the shard's groups, and the cumulative groups of that reason"},
+		{ReportFilteredByVersion, "per group_version and filter reason ('(kept)' for trajectories not filtered): groups with a trajectory of that reason (a trajectory marked by several filters, stored as 'a,b', counts under each)"},
+		{ReportFilteredOverTime, "per committed shard in commit-time order (ties by seq) and filter reason (split as in filtered-by-version): committed_at, the shard's groups, and the cumulative groups of that reason"},
 		{ReportThroughput, "per committed shard in commit-time order (ties by seq; shards commit concurrently, so seq order is not time order): committed_at, rows, groups, cumulative rows, and rows per second since the previous commit"},
 		{ReportRoles, "per role ('(none)' when unset): trajectories, mean reward, pass rate, mean response tokens per trajectory"},
 	}
@@ -292,16 +292,30 @@ FROM binned
 GROUP BY estimator, bin, lo, hi
 ORDER BY estimator, bin`
 
-const filteredByVersionSQL = `SELECT group_version, coalesce(nullif(filter_reason, ''), '(kept)') AS filter_reason, count(DISTINCT group_id) AS "groups"
-FROM trajectories
+// trajectoryReasonsSQL is every trajectory once per filter reason it
+// carries: a trajectory two filters marked is stored with the reasons
+// comma-joined ("zero_variance,truncated") and counts under each, never
+// as a reason of its own; one no filter marked is "(kept)".
+const trajectoryReasonsSQL = `SELECT shard, group_id, group_version,
+    unnest(CASE WHEN coalesce(filter_reason, '') = '' THEN ['(kept)'] ELSE string_split(filter_reason, ',') END) AS filter_reason
+  FROM trajectories`
+
+// filteredByVersionSQL counts a group under every reason one of its
+// trajectories carries.
+const filteredByVersionSQL = `WITH reasons AS (
+  ` + trajectoryReasonsSQL + `
+)
+SELECT group_version, filter_reason, count(DISTINCT group_id) AS "groups"
+FROM reasons
 GROUP BY 1, 2
 ORDER BY group_version, filter_reason`
 
 // filteredOverTimeSQL counts a group under every reason one of its
 // trajectories carries, as filtered-by-version does.
-const filteredOverTimeSQL = `WITH per_group AS (
-  SELECT DISTINCT shard, group_id, group_version, coalesce(nullif(filter_reason, ''), '(kept)') AS filter_reason
-  FROM trajectories
+const filteredOverTimeSQL = `WITH reasons AS (
+  ` + trajectoryReasonsSQL + `
+), per_group AS (
+  SELECT DISTINCT shard, group_id, group_version, filter_reason FROM reasons
 ), per_shard AS (
   SELECT shard, filter_reason, count(*) AS "groups" FROM per_group GROUP BY shard, filter_reason
 )

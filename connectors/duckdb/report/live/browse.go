@@ -34,7 +34,9 @@ FROM trajectories
 ORDER BY group_version, group_id, trajectory_id`
 
 // pageSQL is one page of the index matching the filters (an empty filter
-// matches all), by keyset: the rows after (or, for a previous page,
+// matches all; a reason matches a trajectory marked by that filter among
+// others, as the filtered reports count it, and "(kept)" one no filter
+// marked), by keyset: the rows after (or, for a previous page,
 // before) the key (group_version, group_id, trajectory_id) of the last
 // row shown, never an OFFSET, so a page deep in the run costs what the
 // first one does. cmp is ">" with ASC or "<" with DESC.
@@ -42,7 +44,7 @@ func pageSQL(cmp, dir string) string {
 	return `SELECT group_id, group_version, trajectory_id, task_id, role, reward, advantage, steps, response_tokens, filter_reason, pass
 FROM ` + indexTable + `
 WHERE ($1 = '' OR task_id = $1) AND ($2::BIGINT IS NULL OR group_version = $2::BIGINT) AND ($3 = '' OR role = $3)
-  AND ($4 = '' OR filter_reason = $4) AND ($5::DOUBLE IS NULL OR reward >= $5::DOUBLE) AND ($6::DOUBLE IS NULL OR reward <= $6::DOUBLE)
+  AND ($4 = '' OR list_contains(string_split(filter_reason, ','), $4) OR ($4 = '(kept)' AND filter_reason = '')) AND ($5::DOUBLE IS NULL OR reward >= $5::DOUBLE) AND ($6::DOUBLE IS NULL OR reward <= $6::DOUBLE)
   AND ($7::BIGINT IS NULL OR group_version ` + cmp + ` $7::BIGINT OR (group_version = $7::BIGINT AND (group_id ` + cmp + ` $8 OR (group_id = $8 AND trajectory_id ` + cmp + ` $9))))
 ORDER BY group_version ` + dir + `, group_id ` + dir + `, trajectory_id ` + dir + `
 LIMIT $10`
