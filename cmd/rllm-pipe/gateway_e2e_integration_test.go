@@ -186,12 +186,16 @@ func TestIntegrationGatewayKafkaS3Consume(t *testing.T) {
 	}
 	rows := gwReadRows(t, arrowOut)
 
-	byID := map[string]gwRow{}
+	// Trajectory ids are {session_id}@{incarnation}: calls are found by
+	// session and step index.
+	byID, seen := map[string]gwRow{}, map[string]bool{}
 	for _, r := range rows {
-		if _, dup := byID[r.stepID]; dup {
+		if seen[r.stepID] {
 			t.Fatalf("step %s delivered twice", r.stepID)
 		}
-		byID[r.stepID] = r
+		seen[r.stepID] = true
+		sid := r.trajectoryID[:max(0, strings.LastIndexByte(r.trajectoryID, '@'))]
+		byID[fmt.Sprintf("%s#%d", sid, r.stepIndex)] = r
 	}
 	if len(rows) != len(calls) {
 		t.Errorf("%d rows delivered for %d calls", len(rows), len(calls))
@@ -206,7 +210,7 @@ func TestIntegrationGatewayKafkaS3Consume(t *testing.T) {
 		want := fixtures[c.fixture].Expect
 		task, _, _ := strings.Cut(sid, ":")
 		switch {
-		case r.trajectoryID != sid || r.taskID != task || r.stepIndex != c.index:
+		case !strings.HasPrefix(r.trajectoryID, sid+"@") || r.stepID != fmt.Sprintf("%s#%d", r.trajectoryID, c.index) || r.taskID != task || r.stepIndex != c.index:
 			t.Errorf("%s call %d: row is trajectory %q task %q step %d", sid, c.index, r.trajectoryID, r.taskID, r.stepIndex)
 		case r.policyVersion != c.version:
 			t.Errorf("%s call %d: policy_version %d, dispatched under %d", sid, c.index, r.policyVersion, c.version)

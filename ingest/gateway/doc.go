@@ -74,6 +74,18 @@
 //     failed call takes no index, so indices have no holes); step_id is
 //     "{trajectory_id}#{step_index}", so a retried write is a duplicate
 //     downstream, not a new step.
+//   - trajectory_id is "{session_id}@{run}.{n}" unless POST /sessions names
+//     one: run is drawn at random when the gateway starts and n counts its
+//     sessions, so a session id used again (after finish, DELETE or a
+//     restart) never repeats an earlier incarnation's step or trajectory
+//     ids, which ingest would drop as retries or late duplicates (rLLM
+//     names trajectories with fresh uuids too). task_id still comes from
+//     the session id ({task_id}:{rollout_idx}); the session id rides in
+//     the step's and the trajectory's metadata.
+//   - A finished session refuses calls (409) until POST /sessions starts
+//     its id again, as a new incarnation; so does one deleted after it
+//     finished (Config.MaxRetiredSessions ids are remembered). A session
+//     deleted while open is forgotten: the next call starts a new one.
 //   - Step fields the wire format has no column for (latency_ms, tools, the
 //     session id, usage, n) ride in the step's metadata object.
 //

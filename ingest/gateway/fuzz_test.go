@@ -29,7 +29,7 @@ func FuzzCapture(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"index":0,"token_ids":[1],"logprobs":{"token_logprobs":[1e400]}}],"prompt_token_ids":[3]}`), false)
 	f.Add([]byte(`{"meta_info":{"output_token_logprobs":[[-1,5],[null,6,"x"],[]]}}`), false)
 	f.Fuzz(func(t *testing.T, data []byte, stream bool) {
-		sess := newSession("fz:0", time.Unix(0, 0), nil, nil, identity{}, 0)
+		sess := newSession("fz:0", "r.1", time.Unix(0, 0), nil, nil, identity{}, 0)
 		cl := &call{sess: sess, endpoint: "chat", stream: stream, dispatch: time.Unix(1, 0), messages: json.RawMessage(`[]`)}
 		if stream {
 			for _, p := range bytes.Split(data, []byte{'\n'}) {

@@ -61,6 +61,11 @@ type Config struct {
 	// copy is the Output.
 	MaxTracesPerSession int
 	MaxTraces           int
+	// MaxRetiredSessions bounds the ids of finished sessions remembered
+	// after they leave the table (DELETE, eviction), so that a late call to
+	// one is refused (409) rather than starting a trajectory nobody will
+	// finish (default 100,000; about 100 bytes each).
+	MaxRetiredSessions int
 	// FinishTimeout bounds how long finish and POST /records wait for their
 	// records to be durable before answering 503 (default 60s).
 	FinishTimeout time.Duration
@@ -98,6 +103,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxTracesPerSession <= 0 {
 		c.MaxTracesPerSession = 4096
+	}
+	if c.MaxRetiredSessions <= 0 {
+		c.MaxRetiredSessions = 100_000
 	}
 	if c.MaxTraces <= 0 {
 		c.MaxTraces = 200_000
@@ -155,7 +163,7 @@ func New(cfg Config, out Output) (*Server, error) {
 		out:      out,
 		metrics:  newMetrics(),
 		client:   &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		sessions: newSessions(cfg.MaxTracesPerSession, cfg.MaxTraces),
+		sessions: newSessions(cfg.MaxTracesPerSession, cfg.MaxTraces, cfg.MaxRetiredSessions),
 	}
 	s.weight.Store(cfg.WeightVersion)
 	s.queue = newQueue(out, cfg.MaxBufferedBytes, cfg.Writers, cfg.BatchRecords, s.metrics, cfg.Log)

@@ -210,14 +210,18 @@ func TestWeightVersionMidSession(t *testing.T) {
 	if len(st) != 2 {
 		t.Fatalf("%d steps", len(st))
 	}
+	traj := trajectory(t, ds)
+	tid, _ := traj.raw["trajectory_id"].(string)
+	if !strings.HasPrefix(tid, "wv:0@") || res["trajectory_id"] != tid {
+		t.Fatalf("trajectory id %q (finish answered %v)", tid, res["trajectory_id"])
+	}
 	for i, want := range []int64{3, 4} {
 		s := st[i].rec.Step
-		if st[i].reason != "" || s.PolicyVersion != want || s.StepIndex != int64(i) || s.StepID != fmt.Sprintf("wv:0#%d", i) || s.TaskID != "wv" {
+		if st[i].reason != "" || s.PolicyVersion != want || s.StepIndex != int64(i) || s.StepID != fmt.Sprintf("%s#%d", tid, i) || s.TaskID != "wv" {
 			t.Fatalf("step %d: %s", i, mustJSON(st[i].raw))
 		}
 	}
-	traj := trajectory(t, ds)
-	if traj.raw["type"] != "trajectory" || traj.raw["num_steps"] != 2.0 || traj.raw["trajectory_id"] != "wv:0" || traj.raw["is_correct"] != true {
+	if traj.raw["type"] != "trajectory" || traj.raw["num_steps"] != 2.0 || traj.raw["is_correct"] != true {
 		t.Fatalf("trajectory %s", mustJSON(traj.raw))
 	}
 	code, _ := e.do("POST", "/admin/weight_version", `{"weight_version":-1}`)
@@ -497,16 +501,17 @@ func TestManagementAPI(t *testing.T) {
 	var traces []TraceRecord
 	e.mustJSON("GET", "/sessions/ns/t1:0/traces", "", 200, &traces)
 	if len(traces) != 2 || traces[0].SessionID != "ns/t1:0" || len(traces[0].CompletionTokenIDs) != 9 ||
-		len(traces[0].Logprobs) != 9 || len(traces[0].PromptTokenIDs) == 0 || traces[1].TraceID != traceID("ns/t1:0#1") {
+		len(traces[0].Logprobs) != 9 || len(traces[0].PromptTokenIDs) == 0 || len(traces[1].TraceID) != 32 || traces[0].TraceID == traces[1].TraceID {
 		t.Fatalf("traces %+v", traces)
 	}
+	id1 := traces[1].TraceID
 	e.mustJSON("GET", "/sessions/ns/t1:0/traces?limit=1", "", 200, &traces)
 	if len(traces) != 1 {
 		t.Fatalf("limit: %d", len(traces))
 	}
 	var tr TraceRecord
-	e.mustJSON("GET", "/traces/"+traceID("ns/t1:0#1"), "", 200, &tr)
-	if tr.TraceID != traceID("ns/t1:0#1") || strings.ContainsAny(tr.TraceID, "/:#%") {
+	e.mustJSON("GET", "/traces/"+id1, "", 200, &tr)
+	if tr.TraceID != id1 || strings.ContainsAny(tr.TraceID, "/:#%") {
 		t.Fatalf("%+v", tr)
 	}
 	if code, _ := e.do("GET", "/traces/nope", ""); code != 404 {

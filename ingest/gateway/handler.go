@@ -290,13 +290,9 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		sampling = fs
 	}
-	fresh := newSession(body.SessionID, time.Now(), body.Metadata, sampling, ident, s.cfg.GroupSize)
-	if _, created := s.sessions.create(fresh); !created {
-		// An agent's call may have created it first: a session with no
-		// recorded call yet takes the new description.
-		if !s.sessions.replaceUnused(fresh) {
-			s.log.Info("gateway: session exists; kept as it was", "session_id", body.SessionID)
-		}
+	fresh := newSession(body.SessionID, s.sessions.incarnation(), time.Now(), body.Metadata, sampling, ident, s.cfg.GroupSize)
+	if !s.sessions.create(fresh) {
+		s.log.Info("gateway: session exists with recorded calls; kept as it was", "session_id", body.SessionID)
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"session_id": body.SessionID, "url": "/sessions/" + body.SessionID + "/v1"})
 }

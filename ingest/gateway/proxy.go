@@ -206,8 +206,13 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		return
 	}
 	sess := s.sessions.ensure(sid, func() *session {
-		return newSession(sid, time.Now(), nil, nil, identity{}, s.cfg.GroupSize)
+		return newSession(sid, s.sessions.incarnation(), time.Now(), nil, nil, identity{}, s.cfg.GroupSize)
 	})
+	if sess == nil {
+		s.metrics.errors.inc("session_finished")
+		writeOpenAIError(w, http.StatusConflict, "session_finished", "session "+sid+" is finished and was deleted; POST /sessions to start it again")
+		return
+	}
 	sess.inflight.add(1)
 	defer sess.inflight.done(1)
 	sess.mu.Lock()
@@ -215,7 +220,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 	sess.mu.Unlock()
 	if finished {
 		s.metrics.errors.inc("session_finished")
-		writeOpenAIError(w, http.StatusConflict, "session_finished", "session "+sid+" is finished; calls after finish are not recorded")
+		writeOpenAIError(w, http.StatusConflict, "session_finished", "session "+sid+" is finished; POST /sessions to start it again")
 		return
 	}
 	rw, err := rewriteRequest(body, endpoint, sess.sampling)

@@ -225,8 +225,19 @@ func buildTrajectory(s *session, f *finishBody, numSteps int64) []byte {
 	if !isNull(f.Signals) {
 		rec.Signals = f.Signals
 	}
-	if !isNull(f.Metadata) {
+	// The session id rides in the metadata (the trajectory id is the
+	// session id and its incarnation), unless the finish body names one.
+	sid := marshal(s.id)
+	switch fs, err := splitObject(f.Metadata); {
+	case isNull(f.Metadata):
+		rec.Metadata = joinObject([]field{{key: "session_id", val: sid}})
+	case err != nil:
 		rec.Metadata = f.Metadata
+	default:
+		if _, ok := getField(fs, "session_id"); !ok {
+			fs = append(fs, field{key: "session_id", val: sid})
+		}
+		rec.Metadata = joinObject(fs)
 	}
 	return marshal(rec)
 }

@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"crypto/rand"
+	"encoding/base32"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -81,7 +85,9 @@ type identity struct {
 	GroupSize    int    `json:"group_size"`
 }
 
-func newSession(id string, now time.Time, metadata json.RawMessage, sampling []field, ident identity, defaultGroupSize int) *session {
+// newSession describes a session; incarnation is what makes its default
+// trajectory id unique (sessions.incarnation).
+func newSession(id, incarnation string, now time.Time, metadata json.RawMessage, sampling []field, ident identity, defaultGroupSize int) *session {
 	if len(metadata) == 0 || string(metadata) == "null" {
 		metadata = json.RawMessage("{}")
 	}
@@ -94,7 +100,7 @@ func newSession(id string, now time.Time, metadata json.RawMessage, sampling []f
 		}
 	}
 	if s.trajID == "" {
-		s.trajID = id
+		s.trajID = id + "@" + incarnation
 	}
 	if s.groupSize <= 0 {
 		s.groupSize = defaultGroupSize
@@ -120,18 +126,49 @@ func (s *session) info() SessionInfo {
 func unixSeconds(t time.Time) float64 { return float64(t.UnixMicro()) / 1e6 }
 
 // sessions is the session table and the bounded in-memory trace store.
+//
+// Every incarnation of a session id has a trajectory id of its own,
+// "{session_id}@{run}.{n}": run is drawn at random when the gateway starts
+// and n counts the sessions it created, so that a session id used again
+// (after DELETE, after finish and POST /sessions, after a restart) never
+// writes a step or trajectory id an earlier incarnation wrote, which
+// ingest would take for a retry or a late duplicate. A finished session
+// that leaves the table (DELETE, eviction) leaves its id retired: a call to
+// it is refused until POST /sessions starts it again. Retired ids are
+// forgotten oldest first beyond maxRetired, and at a restart; a call to a
+// forgotten one starts a new incarnation (its ids still fresh).
 type sessions struct {
 	perSession, total int
+	run               string
+	seq               atomic.Int64
+	maxRetired        int
 
 	mu        sync.Mutex
 	m         map[string]*session
 	traces    map[string]*session // trace id → session
 	count     int                 // traces held
 	finishedQ []*session          // finished sessions, oldest first: evicted first
+	retired   map[string]int64    // finished sessions' ids no longer in m → when retired (retiredN)
+	retiredQ  []retiredID         // retired, oldest first
+	retiredN  int64
 }
 
-func newSessions(perSession, total int) *sessions {
-	return &sessions{perSession: perSession, total: total, m: map[string]*session{}, traces: map[string]*session{}}
+func newSessions(perSession, total, maxRetired int) *sessions {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	return &sessions{perSession: perSession, total: total, maxRetired: maxRetired,
+		run: strings.ToLower(base32.StdEncoding.EncodeToString(b[:])),
+		m:   map[string]*session{}, traces: map[string]*session{}, retired: map[string]int64{}}
+}
+
+type retiredID struct {
+	id string
+	n  int64
+}
+
+// incarnation returns the next "{run}.{n}" trajectory id suffix.
+func (t *sessions) incarnation() string {
+	return t.run + "." + strconv.FormatInt(t.seq.Add(1), 10)
 }
 
 func (t *sessions) get(id string) *session {
@@ -140,28 +177,44 @@ func (t *sessions) get(id string) *session {
 	return t.m[id]
 }
 
-// create registers s unless the id exists; it returns the session in force.
-func (t *sessions) create(s *session) (*session, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if old, ok := t.m[s.id]; ok {
-		return old, false
-	}
-	t.m[s.id] = s
-	return s, true
-}
-
 // ensure returns the session of id, creating a default one (a call to a
-// session URL that POST /sessions never named, as rLLM allows).
+// session URL that POST /sessions never named, as rLLM allows); nil when
+// id is retired.
 func (t *sessions) ensure(id string, mk func() *session) *session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if s, ok := t.m[id]; ok {
 		return s
 	}
+	if _, ok := t.retired[id]; ok {
+		return nil
+	}
 	s := mk()
 	t.m[id] = s
 	return s
+}
+
+// retireLocked remembers a finished session's id once it leaves the table.
+func (t *sessions) retireLocked(s *session) {
+	s.mu.Lock()
+	finished := s.finished != nil
+	s.mu.Unlock()
+	if !finished {
+		return
+	}
+	if _, ok := t.retired[s.id]; ok {
+		return
+	}
+	t.retiredN++
+	t.retired[s.id] = t.retiredN
+	t.retiredQ = append(t.retiredQ, retiredID{s.id, t.retiredN})
+	for len(t.retiredQ) > t.maxRetired {
+		if r := t.retiredQ[0]; t.retired[r.id] == r.n { // not taken back and retired again since
+			delete(t.retired, r.id)
+		}
+		t.retiredQ[0] = retiredID{}
+		t.retiredQ = t.retiredQ[1:]
+	}
 }
 
 func (t *sessions) list() []*session {
@@ -181,6 +234,7 @@ func (t *sessions) open() int {
 }
 
 // remove deletes a session and its traces; it returns the traces deleted.
+// A finished session's id is retired.
 func (t *sessions) remove(id string) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -188,7 +242,16 @@ func (t *sessions) remove(id string) int {
 	if !ok {
 		return 0
 	}
-	delete(t.m, id)
+	t.retireLocked(s)
+	return t.dropLocked(s)
+}
+
+// dropLocked takes s out of the table with its traces; it returns the
+// traces dropped.
+func (t *sessions) dropLocked(s *session) int {
+	if t.m[s.id] == s {
+		delete(t.m, s.id)
+	}
 	for i, f := range t.finishedQ {
 		if f == s {
 			t.finishedQ = append(t.finishedQ[:i:i], t.finishedQ[i+1:]...)
@@ -302,11 +365,16 @@ func (s *session) traceList(since float64, limit int) []byte {
 	return append(buf, ']')
 }
 
-// replaceUnused swaps in s for the session of the same id when that one
-// has no recorded call and is not finished.
-func (t *sessions) replaceUnused(s *session) bool {
+// create registers s (POST /sessions). It replaces a session of the same
+// id that has no recorded call and is not finished (an agent's call may
+// have created it first), or one that is finished (the id starts again, as
+// a new incarnation); a retired id is taken back. It returns false, and
+// keeps the session in force, when that one is open with recorded calls
+// or being finished.
+func (t *sessions) create(s *session) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	delete(t.retired, s.id) // its entry in retiredQ goes when it comes first
 	old := t.m[s.id]
 	if old == nil {
 		t.m[s.id] = s
@@ -314,8 +382,13 @@ func (t *sessions) replaceUnused(s *session) bool {
 	}
 	old.mu.Lock()
 	unused := old.steps == 0 && old.finished == nil && old.inflight.count() == 0
+	done := len(old.finished) > 0 && old.inflight.count() == 0
 	old.mu.Unlock()
-	if !unused {
+	switch {
+	case unused:
+	case done:
+		t.dropLocked(old)
+	default:
 		return false
 	}
 	t.m[s.id] = s

@@ -34,6 +34,26 @@ def fx(name):
     return {"X-Fixture": name}
 
 
+def sid_of(rec):
+    """The session id of a gateway record: trajectory ids are
+    {session_id}@{incarnation}, so that a session id used again never
+    repeats a step or trajectory id."""
+    tid = rec["trajectory_id"]
+    assert "@" in tid, tid
+    return tid.rsplit("@", 1)[0]
+
+
+def steps_of(gw, sid):
+    got = [r for r in gw.records() if r.get("type") == "step" and sid_of(r) == sid]
+    return sorted(got, key=lambda r: r["step_index"])
+
+
+def trajectory_of(gw, sid):
+    got = [r for r in gw.records() if r.get("type") == "trajectory" and sid_of(r) == sid]
+    assert len(got) == 1, f"{len(got)} trajectory records for {sid}"
+    return got[0]
+
+
 def set_weight_version(client, version):
     """rLLM's GatewayClient.set_weight_version (newer than the released 0.1.0,
     which has no weight-version call): the same route and body."""
@@ -106,16 +126,16 @@ def test_agent_session_becomes_steps_and_a_trajectory(gateway, llm):
 
     done = gw.finish(sid, reward=1.0, is_correct=True, termination_reason="env_done", signals={"accuracy": 1.0})
     assert done is not None
-    steps = gw.steps(sid)
+    steps = steps_of(gw, sid)
     calls = llm.wait_completed(5)
     assert [s["step_index"] for s in steps] == [0, 1, 2, 3, 4]
     assert len({s["step_id"] for s in steps}) == 5
     for s, cl in zip(steps, calls):
-        assert s["task_id"] == "task-a" and s["trajectory_id"] == sid
+        assert s["task_id"] == "task-a" and sid_of(s) == sid
         assert s["policy_version"] == 0
         assert_step_matches(s, cl, chat=cl.path.endswith("chat/completions"))
     assert steps[0]["metadata"].get("tools") == TOOLS or steps[0].get("tools") == TOOLS
-    traj = gw.trajectory(sid)
+    traj = trajectory_of(gw, sid)
     assert traj["task_id"] == "task-a" and traj["num_steps"] == 5
     assert traj["reward"] == 1.0 and traj["is_correct"] is True
     assert traj["signals"] == {"accuracy": 1.0}
@@ -143,7 +163,7 @@ def test_n2_records_choice_zero(gateway, llm):
     r = agent(gw, sid).chat.completions.create(model=MODEL, messages=QUESTION, n=2, extra_headers=fx("vllm_chat_n2"))
     assert len(r.choices) == 2
     gw.finish(sid, reward=0.5)
-    steps = gw.steps(sid)
+    steps = steps_of(gw, sid)
     assert len(steps) == 1
     assert_step_matches(steps[0], llm.wait_completed(1)[0])
     assert steps[0]["metadata"].get("n") == 2
@@ -181,14 +201,14 @@ def test_multi_turn_sessions_in_parallel(gateway, llm):
     calls = llm.wait_completed(turns * agents)
     for i in range(agents):
         sid = f"task-p:{i}"
-        steps = gw.steps(sid)
+        steps = steps_of(gw, sid)
         assert [s["step_index"] for s in steps] == list(range(turns))
         for t, s in enumerate(steps):
             # Each turn's request carries the whole conversation so far.
             assert len(s["messages"]) == len(QUESTION) + 2 * t + 1
             cl = next(c for c in calls if c.request["messages"] == s["messages"][:-1])
             assert_step_matches(s, cl)
-        assert gw.trajectory(sid)["num_steps"] == turns
+        assert trajectory_of(gw, sid)["num_steps"] == turns
     steps = [r for r in gw.records() if r["type"] == "step"]
     assert len(steps) == turns * agents == len({s["step_id"] for s in steps})
 
@@ -213,7 +233,7 @@ def test_client_disconnect_mid_stream_is_recorded_cut_off(gateway, llm):
         assert time.time() < deadline, "the cut-off call was not recorded"
         time.sleep(0.05)
     gw.finish(sid, reward=0.0)
-    steps = gw.steps(sid)
+    steps = steps_of(gw, sid)
     assert len(steps) == 1
     s = steps[0]
     assert s["finish_reason"] == "abort"
@@ -223,7 +243,7 @@ def test_client_disconnect_mid_stream_is_recorded_cut_off(gateway, llm):
     assert s["prompt_ids"] == want["prompt_ids"]
     assert s["response_ids"] == want["response_ids"][: len(s["response_ids"])]
     assert len(s["response_ids"]) < len(want["response_ids"])
-    assert gw.trajectory(sid)["num_steps"] == 1
+    assert trajectory_of(gw, sid)["num_steps"] == 1
 
 
 def test_weight_version_change_mid_run(gateway, llm):
@@ -247,7 +267,7 @@ def test_weight_version_change_mid_run(gateway, llm):
     c.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat"))
     assert get_weight_version(gc) == 4
     gw.finish(sid, reward=1.0)
-    assert [s["policy_version"] for s in gw.steps(sid)] == [3, 3, 4]
+    assert [s["policy_version"] for s in steps_of(gw, sid)] == [3, 3, 4]
 
 
 def test_upstream_error_reaches_the_agent_and_records_nothing(gateway, llm):
@@ -259,9 +279,9 @@ def test_upstream_error_reaches_the_agent_and_records_nothing(gateway, llm):
         c.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat"))
     c.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat"))
     gw.finish(sid, reward=1.0)
-    steps = gw.steps(sid)
+    steps = steps_of(gw, sid)
     assert [s["step_index"] for s in steps] == [0]
-    assert gw.trajectory(sid)["num_steps"] == 1
+    assert trajectory_of(gw, sid)["num_steps"] == 1
 
 
 def test_gateway_client_admin_api(gateway, llm):
@@ -328,8 +348,8 @@ def test_session_ids_with_slashes_and_colons(gateway, llm):
     sid = "org/task:7/run:2"
     agent(gw, sid).chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat"))
     gw.finish(sid, reward=1.0)
-    steps = gw.steps(sid)
-    assert len(steps) == 1 and steps[0]["trajectory_id"] == sid
+    steps = steps_of(gw, sid)
+    assert len(steps) == 1 and sid_of(steps[0]) == sid
 
 
 def test_sglang_shapes(gateway, llm, tmp_path):
@@ -349,14 +369,14 @@ def test_sglang_shapes(gateway, llm, tmp_path):
     gw.finish("sg-gen:0", reward=1.0)
     gw.finish("sg-chat:0", reward=1.0)
 
-    steps = gw.steps("sg-gen:0")
+    steps = steps_of(gw, "sg-gen:0")
     assert len(steps) == 2
     for s, f in zip(steps, (gen, gs)):
         assert s["prompt_ids"] == f.expect["prompt_ids"]
         assert s["response_ids"] == f.expect["response_ids"]
         assert s["response_logprobs"] == pytest.approx(f.expect["response_logprobs"])
         assert s["finish_reason"] == f.expect["finish_reason"]
-    (chat,) = gw.steps("sg-chat:0")
+    (chat,) = steps_of(gw, "sg-chat:0")
     assert chat["metadata"]["gateway_reject"] == "missing_token_ids"
 
     out = tmp_path / "shards"
@@ -414,9 +434,10 @@ def test_shard_root_output_call_by_call(gateway, llm, tmp_path):
     for p in paths:
         t = pq.read_table(root / p)
         rows.extend(t.select([c for c in cols if c in t.column_names]).to_pylist())
-    assert sorted(r["step_id"] for r in rows) == sorted(f"{sid}#{i}" for sid, i in made)
+    assert sorted((sid_of(r), r["step_index"]) for r in rows) == sorted(made)
+    assert len({r["step_id"] for r in rows}) == len(rows)
     for r in rows:
-        name, version = made[(r["trajectory_id"], r["step_index"])]
+        name, version = made[(sid_of(r), r["step_index"])]
         want = llm.fixtures[name].expect
         assert r["task_id"] == r["trajectory_id"].split(":")[0]
         assert r["policy_version"] == version
@@ -425,7 +446,7 @@ def test_shard_root_output_call_by_call(gateway, llm, tmp_path):
         assert r["response_ids"] == want["response_ids"]
         assert r["response_logprobs"] == pytest.approx(want["response_logprobs"], abs=1e-6)
         assert r["finish_reason"] == want["finish_reason"]
-        assert r["reward"] == rewards[r["trajectory_id"]]
+        assert r["reward"] == rewards[sid_of(r)]
         # GRPO over a group of two with rewards 0 and 1: -1 and +1.
         assert r["advantage"] == pytest.approx(1.0 if r["reward"] else -1.0, abs=1e-3)
 
@@ -451,6 +472,6 @@ def test_bearer_tokens_with_real_clients(gateway, llm, tmp_path):
     assert r.status_code == 200, r.text
     assert gw.stop() == 0
     steps = [x for x in gw.records() if x["type"] == "step"]
-    assert len(steps) == 1 and steps[0]["trajectory_id"] == sid
+    assert len(steps) == 1 and sid_of(steps[0]) == sid
     err = gw.proc.stderr.read().decode()
     assert "agent-secret-1" not in err and "admin-secret-2" not in err
