@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -22,8 +23,89 @@ import (
 // groups in the same order.
 type ReplayPlan struct {
 	// From is the consumer group replayed.
-	From    string     `json:"from"`
-	Batches []Consumed `json:"batches"`
+	From string `json:"from"`
+	// Rows, when set, are the row settings the replay delivers with
+	// (the original's, unless the replay was made to change them): a
+	// member joining with others is refused (ErrReplayRows). Plans made
+	// before row settings were recorded have none and check nothing.
+	Rows    *RowSettings `json:"rows,omitempty"`
+	Batches []Consumed   `json:"batches"`
+}
+
+// RowSettings are the consumer settings that decide a batch's rows
+// beyond its groups: the layout, and whether rows a filter marked are
+// delivered. The same groups under other settings are other bytes, so a
+// replay delivers with the settings its plan records.
+type RowSettings struct {
+	Layout          string `json:"layout"` // Layout.String()
+	IncludeFiltered bool   `json:"include_filtered"`
+}
+
+func (s RowSettings) String() string {
+	return fmt.Sprintf("--layout %s --include-filtered=%t", s.Layout, s.IncludeFiltered)
+}
+
+func rowSettingsOf(cfg *Config) RowSettings {
+	return RowSettings{Layout: cfg.Layout.String(), IncludeFiltered: cfg.IncludeFiltered}
+}
+
+// ErrReplayRows is a member joining a replay group with other row
+// settings than its plan's.
+var ErrReplayRows = errors.New("train: the replay delivers other rows")
+
+// rowsPrefix names the objects in a consumer group's folder that record
+// the row settings its members joined with, one per distinct settings
+// (rows-<layout>[-filtered].json): each member creates its own at join,
+// so a group consumed with one setting has one, and a replay defaults to
+// it. Not numbered, so the log and its audit never see them.
+const rowsPrefix = "rows-"
+
+func (s RowSettings) objectName() string {
+	name := rowsPrefix + s.Layout
+	if s.IncludeFiltered {
+		name += "-filtered"
+	}
+	return name + ".json"
+}
+
+// recordRows notes s in the group's folder (once per distinct settings).
+func recordRows(ctx context.Context, obj Objects, s RowSettings) error {
+	data, err := json.Marshal(&s)
+	if err != nil {
+		return fmt.Errorf("train: encode row settings: %w", err)
+	}
+	if err := obj.Create(ctx, s.objectName(), data); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("train: record row settings: %w", err)
+	}
+	return nil
+}
+
+// ReadRowSettings returns the distinct row settings the members of the
+// consumer group whose log folder is obj joined with, sorted by object
+// name; none for a group whose members all predate the record.
+func ReadRowSettings(ctx context.Context, obj Objects) ([]RowSettings, error) {
+	names, err := obj.List(ctx, rowsPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("train: list row settings: %w", err)
+	}
+	var out []RowSettings
+	for _, n := range names {
+		if !strings.HasPrefix(n, rowsPrefix) || !strings.HasSuffix(n, ".json") {
+			continue
+		}
+		data, err := obj.Get(ctx, n)
+		if err != nil {
+			return nil, fmt.Errorf("train: row settings %s: %w", n, err)
+		}
+		var s RowSettings
+		if err := json.Unmarshal(data, &s); err != nil {
+			return nil, fmt.Errorf("train: row settings %s: %w", n, err)
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 // replayObject is the plan's object in the replay group's folder.
@@ -105,11 +187,15 @@ func (planShards) ReadShard(context.Context, schemas.ShardEntry, []string, memor
 	return nil, errors.New("train: a replay batch is not a shard")
 }
 
-// loadReplay switches c to replay mode when its group has a plan.
+// loadReplay switches c to replay mode when its group has a plan, and
+// refuses to join a replay with other row settings than the plan's.
+// Joining any other group records c's row settings in its folder, for
+// a replay of it to default to.
 func (c *Consumer) loadReplay(ctx context.Context, obj Objects) error {
+	mine := rowSettingsOf(&c.cfg.Config)
 	data, err := obj.Get(ctx, replayObject)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return recordRows(ctx, obj, mine)
 	}
 	if err != nil {
 		return fmt.Errorf("train: read the replay plan: %w", err)
@@ -117,6 +203,10 @@ func (c *Consumer) loadReplay(ctx context.Context, obj Objects) error {
 	var plan ReplayPlan
 	if err := json.Unmarshal(data, &plan); err != nil {
 		return fmt.Errorf("train: replay plan: %w", err)
+	}
+	if plan.Rows != nil && *plan.Rows != mine {
+		return fmt.Errorf("%w: the group replays %s with %s; this member has %s (join with the plan's settings, or make another replay with rllm-pipe replay --layout/--include-filtered)",
+			ErrReplayRows, plan.From, *plan.Rows, mine)
 	}
 	c.replay = &replayState{plan: plan, source: c.shards}
 	c.shards = planShards{n: len(plan.Batches)}

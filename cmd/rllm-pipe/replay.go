@@ -14,6 +14,8 @@ import (
 // replayOpts are the flags of `rllm-pipe replay`.
 type replayOpts struct {
 	from, group, as string
+	layout          string
+	includeFiltered bool
 	conn            connFlags
 }
 
@@ -23,6 +25,12 @@ type replaySummary struct {
 	As      string `json:"as"`
 	Batches int    `json:"batches"`
 	Groups  int    `json:"groups"`
+	// Layout and IncludeFiltered are the row settings the replay delivers
+	// with; Original the ones G's members joined with (none recorded for
+	// a group consumed before they were).
+	Layout          string              `json:"layout"`
+	IncludeFiltered bool                `json:"include_filtered"`
+	Original        []train.RowSettings `json:"original"`
 }
 
 func newReplayCmd(soft context.Context) *cobra.Command {
@@ -42,8 +50,13 @@ it back to the front of the order, a restart under the same --name resumes
 with the batch it held, and a batch held by a member that never comes back
 goes to another member after the lease timeout (the group waits for it).
 --max-tokens and --max-staleness do not apply to a replay (they shaped the
-original); --layout, --include-filtered (as the original ran) and
---batch-estimator (re-train with another estimator) do.
+original). The rows are those of the original: every member records its
+--layout and --include-filtered in its group's folder, the replay takes
+them (or those given to replay, to deliver the same groups as other rows),
+and a member of NEW joining with other ones is refused. A group consumed
+with several settings, or before they were recorded, needs them given.
+--batch-estimator (re-train with another estimator) applies as the members
+of NEW set it.
 
 Running replay again with the same G and NEW is harmless; NEW must not
 exist otherwise. It prints one JSON line: the batches and groups planned.`,
@@ -56,8 +69,37 @@ exist otherwise. It prints one JSON line: the batches and groups planned.`,
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
 	f.StringVar(&o.group, "consumer-group", "", "the consumer group to replay")
 	f.StringVar(&o.as, "as", "", "the new consumer group")
+	f.StringVar(&o.layout, "layout", "", "rows of the replay: steps or trajectories (default: the original's)")
+	f.BoolVar(&o.includeFiltered, "include-filtered", false, "deliver rows a filter marked (default: as the original)")
 	o.conn.register(f)
 	return cmd
+}
+
+// replayRows decides the row settings of the replay: those given, else
+// the one set the original's members recorded.
+func replayRows(o replayOpts, cmd *cobra.Command, original []train.RowSettings) (train.RowSettings, error) {
+	flags := cmd.Flags()
+	var rows train.RowSettings
+	switch {
+	case len(original) == 1:
+		rows = original[0]
+	case flags.Changed("layout") && flags.Changed("include-filtered"):
+	case len(original) == 0:
+		return rows, usageErrorf("consumer group %s recorded no --layout/--include-filtered (consumed before they were recorded): give both to replay", o.group)
+	default:
+		return rows, usageErrorf("consumer group %s was consumed with several row settings (%v): give --layout and --include-filtered to replay", o.group, original)
+	}
+	if flags.Changed("layout") {
+		l, err := train.ParseLayout(o.layout)
+		if err != nil {
+			return rows, usageErrorf("--layout: %v", err)
+		}
+		rows.Layout = l.String()
+	}
+	if flags.Changed("include-filtered") {
+		rows.IncludeFiltered = o.includeFiltered
+	}
+	return rows, nil
 }
 
 func runReplay(ctx context.Context, o replayOpts, cmd *cobra.Command) error {
@@ -89,17 +131,28 @@ func runReplay(ctx context.Context, o replayOpts, cmd *cobra.Command) error {
 	if len(batches) == 0 {
 		return usageErrorf("consumer group %s has acknowledged no batch in %s: nothing to replay", o.group, st.Name())
 	}
+	original, err := train.ReadRowSettings(ctx, src)
+	if err != nil {
+		return fmt.Errorf("consumer group %s: %w", o.group, err)
+	}
+	rows, err := replayRows(o, cmd, original)
+	if err != nil {
+		return err
+	}
 	dst, err := st.Objects(train.GroupDir(o.as))
 	if err != nil {
 		return err
 	}
-	if err := train.CreateReplay(ctx, dst, train.ReplayPlan{From: o.group, Batches: batches}); err != nil {
+	if err := train.CreateReplay(ctx, dst, train.ReplayPlan{From: o.group, Rows: &rows, Batches: batches}); err != nil {
 		if errors.Is(err, train.ErrReplayExists) {
 			return usageErrorf("--as %s: %v", o.as, err)
 		}
 		return err
 	}
-	sum := replaySummary{From: o.group, As: o.as, Batches: len(batches)}
+	sum := replaySummary{From: o.group, As: o.as, Batches: len(batches), Layout: rows.Layout, IncludeFiltered: rows.IncludeFiltered, Original: original}
+	if sum.Original == nil {
+		sum.Original = []train.RowSettings{}
+	}
 	for _, b := range batches {
 		sum.Groups += len(b.Groups)
 	}

@@ -9,13 +9,17 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/train"
 )
 
 func TestReplayAndConsumedView(t *testing.T) {
@@ -115,6 +119,11 @@ func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &sum) != nil || sum.Batches != len(steps) || sum.Groups != len(seen) {
 		t.Fatalf("replay: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
 	}
+	// The rows the original was consumed as, recorded by its member.
+	orig := train.RowSettings{Layout: "trajectories"}
+	if sum.Layout != "trajectories" || sum.IncludeFiltered || !slices.Equal(sum.Original, []train.RowSettings{orig}) {
+		t.Fatalf("replay summary %+v: want the original's rows %v", sum, orig)
+	}
 	if r := e2eRun(t, bin, work, replayArgs("orig", "again")...); r.code != 0 {
 		t.Fatalf("replay again: exit %d\n%s", r.code, r.stderr)
 	}
@@ -123,6 +132,14 @@ func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 	}
 	if r := e2eRun(t, bin, work, replayArgs("again", "orig")...); r.code != exitUsage {
 		t.Fatalf("replay into a group with a log: exit %d\n%s", r.code, r.stderr)
+	}
+	// A member of the replay with other rows is refused before any batch.
+	for _, rows := range [][]string{nil, {"--layout", "steps"}, {"--layout", "trajectories", "--include-filtered"}} {
+		args := append([]string{"consume", "--from", root, "--consumer-group", "again", "--name", "m", "--format", "arrow", "--out", filepath.Join(work, "refused.arrow"), "--poll", "20ms"}, append(rows, ep...)...)
+		r := e2eRun(t, bin, work, args...)
+		if r.code == 0 || !strings.Contains(r.stderr, "the group replays orig with --layout trajectories --include-filtered=false") {
+			t.Fatalf("consume the replay with %v: exit %d\n%s", rows, r.code, r.stderr)
+		}
 	}
 	againArrow := filepath.Join(work, "again.arrow")
 	consume("again", againArrow, "--max-tokens", "100", "--max-staleness", "0", "--policy-version", "7", "--layout", "trajectories")
@@ -150,5 +167,97 @@ func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 	}
 	if again != len(seen) {
 		t.Fatalf("replay acknowledged %d groups of %d", again, len(seen))
+	}
+
+	// Re-training with another estimator: the replay recomputes advantage
+	// over the original's batches, so its stream is byte for byte that of
+	// a new group consuming the data as the original did with the
+	// estimator, and not the original's.
+	est := []string{"--layout", "trajectories", "--batch-estimator", "batch_std"}
+	if r := e2eRun(t, bin, work, replayArgs("orig", "again-est")...); r.code != 0 {
+		t.Fatalf("replay: exit %d\n%s", r.code, r.stderr)
+	}
+	estArrow, freshArrow := filepath.Join(work, "again-est.arrow"), filepath.Join(work, "fresh-est.arrow")
+	consume("again-est", estArrow, append([]string{"--max-tokens", "100", "--policy-version", "7"}, est...)...)
+	consume("fresh-est", freshArrow, append([]string{"--max-tokens", "9000", "--policy-version", "5"}, est...)...)
+	e, err := os.ReadFile(estArrow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.ReadFile(freshArrow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(e) == 0 || !bytes.Equal(e, f) {
+		t.Fatalf("replay with --batch-estimator: %d bytes, a fresh group with it %d", len(e), len(f))
+	}
+	if bytes.Equal(e, a) {
+		t.Fatal("--batch-estimator changed nothing in the replay")
+	}
+	groupsPerStep := func(group string) map[int64][]string {
+		out := map[int64][]string{}
+		for _, r := range consumed() {
+			if r.Group == group {
+				out[r.Step] = append(out[r.Step], r.GroupID)
+			}
+		}
+		return out
+	}
+	if got := groupsPerStep("again-est"); !maps.EqualFunc(got, steps, slices.Equal) {
+		t.Fatalf("replay with --batch-estimator trained %v, the original %v", got, steps)
+	}
+
+	// Replaying as other rows: the same groups per step as step rows.
+	r = e2eRun(t, bin, work, append(replayArgs("orig", "again-steps"), "--layout", "steps")...)
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &sum) != nil || sum.Layout != "steps" || sum.IncludeFiltered {
+		t.Fatalf("replay --layout steps: exit %d, %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	consume("again-steps", filepath.Join(work, "again-steps.arrow"), "--layout", "steps")
+	if got := groupsPerStep("again-steps"); !maps.EqualFunc(got, steps, slices.Equal) {
+		t.Fatalf("replay as step rows trained %v, the original %v", got, steps)
+	}
+}
+
+// replay's row settings: the original's when it recorded one set, else
+// those given (both, when it recorded none or several).
+func TestReplayRows(t *testing.T) {
+	traj := train.RowSettings{Layout: "trajectories"}
+	steps := train.RowSettings{Layout: "steps", IncludeFiltered: true}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		original []train.RowSettings
+		want     train.RowSettings
+		err      string
+	}{
+		{"the original's", nil, []train.RowSettings{traj}, traj, ""},
+		{"layout given", []string{"--layout", "steps"}, []train.RowSettings{traj}, train.RowSettings{Layout: "steps"}, ""},
+		{"include-filtered given", []string{"--include-filtered"}, []train.RowSettings{traj}, train.RowSettings{Layout: "trajectories", IncludeFiltered: true}, ""},
+		{"several recorded", nil, []train.RowSettings{traj, steps}, train.RowSettings{}, "several row settings"},
+		{"several recorded, one flag", []string{"--layout", "steps"}, []train.RowSettings{traj, steps}, train.RowSettings{}, "several row settings"},
+		{"several recorded, both flags", []string{"--layout", "steps", "--include-filtered=true"}, []train.RowSettings{traj, steps}, steps, ""},
+		{"none recorded", nil, nil, train.RowSettings{}, "recorded no --layout/--include-filtered"},
+		{"none recorded, both flags", []string{"--layout", "trajectories", "--include-filtered=false"}, nil, traj, ""},
+		{"bad layout", []string{"--layout", "rows"}, []train.RowSettings{traj}, train.RowSettings{}, "--layout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := newReplayCmd(context.Background())
+			if err := cmd.ParseFlags(append([]string{"--consumer-group", "g"}, tc.args...)); err != nil {
+				t.Fatal(err)
+			}
+			o := replayOpts{group: "g"}
+			o.layout, _ = cmd.Flags().GetString("layout")
+			o.includeFiltered, _ = cmd.Flags().GetBool("include-filtered")
+			got, err := replayRows(o, cmd, tc.original)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one saying %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %v, %v; want %v", got, err, tc.want)
+			}
+		})
 	}
 }
