@@ -32,6 +32,7 @@ type gatewayOpts struct {
 	weightVersion               int64
 	agentTokenFile, adminFile   string
 	maxRequest, maxBuffered     string
+	maxTraceBytes               string
 	walDir, walFileBytes        string
 	kafkaPartitions             int
 	shutdownTimeout             time.Duration
@@ -100,6 +101,7 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_GATEWAY_ADMIN_TOKEN; none: loopback only)")
 	f.StringVar(&o.maxRequest, "max-request-bytes", "32MiB", "largest request body taken")
 	f.StringVar(&o.maxBuffered, "max-buffered-bytes", "256MiB", "records waiting for the output at most; beyond it agents get 503 with a JSON error")
+	f.StringVar(&o.maxTraceBytes, "max-trace-bytes", "1GiB", "in-memory traces (GET /sessions/{id}/traces) and finished sessions at most; beyond it finished sessions go first, oldest first (the output keeps every record)")
 	f.StringVar(&o.walDir, "wal-dir", "", "write-ahead log folder of an s3:// --to (default: under the user cache folder, named after the --to)")
 	f.StringVar(&o.walFileBytes, "wal-file-bytes", "64MiB", "rotate the write-ahead log's files at about this size (settled files are removed)")
 	f.IntVar(&o.kafkaPartitions, "kafka-partitions", 8, "partitions of a kafka:// --to topic when the gateway creates it")
@@ -250,6 +252,9 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 		return c, err
 	}
 	if c.MaxBufferedBytes, err = bytesIn("max-buffered-bytes", o.maxBuffered, 1<<20, 64<<30); err != nil {
+		return c, err
+	}
+	if c.MaxTraceBytes, err = bytesIn("max-trace-bytes", o.maxTraceBytes, 1<<20, 1<<40); err != nil {
 		return c, err
 	}
 	if err := firstErr(durationIn("shutdown-timeout", o.shutdownTimeout, time.Millisecond, 24*time.Hour),

@@ -55,12 +55,17 @@ type Config struct {
 	// HealthInterval is the period of the workers' health checks (GET
 	// {url}/health; default 5s, negative: off).
 	HealthInterval time.Duration
-	// MaxTracesPerSession and MaxTraces bound the traces kept in memory for
-	// GET /sessions/{id}/traces (defaults 4096 and 200,000). Beyond the
-	// total, finished sessions' traces go first, oldest first; the durable
-	// copy is the Output.
+	// MaxTracesPerSession, MaxTraces and MaxTraceBytes bound the traces
+	// kept in memory for the traces API (defaults 4096, 200,000 and 1 GiB;
+	// a trace holds its prompt and response ids as JSON, so bytes are the
+	// bound that matters for long prompts). The byte bound also counts
+	// what finished sessions keep. Beyond a bound finished sessions go
+	// first, oldest first: their traces, then the session (a call to its
+	// id is then refused as after DELETE); then open sessions' oldest
+	// traces. The durable copy is the Output.
 	MaxTracesPerSession int
 	MaxTraces           int
+	MaxTraceBytes       int64
 	// MaxRetiredSessions bounds the ids of finished sessions remembered
 	// after they leave the table (DELETE, eviction), so that a late call to
 	// one is refused (409) rather than starting a trajectory nobody will
@@ -106,6 +111,9 @@ func (c *Config) defaults() {
 	}
 	if c.MaxRetiredSessions <= 0 {
 		c.MaxRetiredSessions = 100_000
+	}
+	if c.MaxTraceBytes <= 0 {
+		c.MaxTraceBytes = 1 << 30
 	}
 	if c.MaxTraces <= 0 {
 		c.MaxTraces = 200_000
@@ -163,7 +171,7 @@ func New(cfg Config, out Output) (*Server, error) {
 		out:      out,
 		metrics:  newMetrics(),
 		client:   &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		sessions: newSessions(cfg.MaxTracesPerSession, cfg.MaxTraces, cfg.MaxRetiredSessions),
+		sessions: newSessions(cfg.MaxTracesPerSession, cfg.MaxTraces, cfg.MaxTraceBytes, cfg.MaxRetiredSessions),
 	}
 	s.weight.Store(cfg.WeightVersion)
 	s.queue = newQueue(out, cfg.MaxBufferedBytes, cfg.Writers, cfg.BatchRecords, s.metrics, cfg.Log)

@@ -144,7 +144,8 @@ func (s *Server) adminRoute(w http.ResponseWriter, r *http.Request, p string) {
 		s.postRecords(w, r)
 	case p == "/metrics":
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		s.metrics.write(w, s.sessions.open(), s.weight.Load(), s.pool.list())
+		_, traceBytes := s.sessions.usage()
+		s.metrics.write(w, s.sessions.open(), traceBytes, s.weight.Load(), s.pool.list())
 	case p == "/health/workers":
 		ws := s.pool.list()
 		healthy := 0
@@ -501,7 +502,9 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 	}
 	if prev == nil {
 		s.queue.enqueue(&sess.durable, Record{Key: sess.key(), Line: line})
-		s.sessions.markFinished(sess)
+		if n := s.sessions.markFinished(sess); n > 0 {
+			s.metrics.tracesEvicted.Add(int64(n))
+		}
 	}
 	if err := sess.durable.wait(ctx); err != nil {
 		s.metrics.errors.inc("finish_not_durable")

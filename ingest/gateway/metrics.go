@@ -74,7 +74,7 @@ func newMetrics() *metrics {
 	return &metrics{added: newHistogram(50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3)}
 }
 
-func (m *metrics) write(w io.Writer, sessionsOpen int, weight int64, workers []WorkerInfo) {
+func (m *metrics) write(w io.Writer, sessionsOpen int, traceBytes int64, weight int64, workers []WorkerInfo) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 	vec := func(name, help, label string, c *counterVec) {
 		p("# HELP %s %s\n# TYPE %s counter\n", name, help, name)
@@ -112,6 +112,7 @@ func (m *metrics) write(w io.Writer, sessionsOpen int, weight int64, workers []W
 	}
 	p("# HELP rllm_gateway_buffer_fill_ratio Buffered bytes over the limit.\n# TYPE rllm_gateway_buffer_fill_ratio gauge\nrllm_gateway_buffer_fill_ratio %g\n", fill)
 	one("rllm_gateway_sessions_open", "gauge", "Sessions known and not finished.", int64(sessionsOpen))
+	one("rllm_gateway_trace_bytes", "gauge", "Bytes of the in-memory traces and finished sessions, bounded by MaxTraceBytes.", traceBytes)
 	one("rllm_gateway_weight_version", "gauge", "Weight version stamped on calls dispatched now.", weight)
 	p("# HELP rllm_gateway_worker_healthy Worker health (1 healthy).\n# TYPE rllm_gateway_worker_healthy gauge\n")
 	for _, wk := range workers {

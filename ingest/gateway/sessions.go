@@ -38,10 +38,13 @@ type SessionInfo struct {
 	Metadata   json.RawMessage `json:"metadata"`
 }
 
+// trace is one recorded call as the traces API returns it.
 type trace struct {
 	id   string
 	ts   float64
 	json []byte
+	sess *session // set and read under sessions.mu
+	gone bool     // evicted or deleted (sessions.fifo skips it); under sessions.mu
 }
 
 // session is one agent run. Its identity (task, group, trajectory, role)
@@ -66,6 +69,10 @@ type session struct {
 	last     *prev  // the step before the next one, when it can be a parent
 	finished []byte // the trajectory line once finished
 	traces   []*trace
+
+	// Under sessions.mu: counted among the finished sessions (finishedN,
+	// its bytes in sessions.bytes).
+	counted bool
 }
 
 // prev is a recorded step a later step's prompt may extend: sent as a
@@ -127,6 +134,14 @@ func unixSeconds(t time.Time) float64 { return float64(t.UnixMicro()) / 1e6 }
 
 // sessions is the session table and the bounded in-memory trace store.
 //
+// Memory is bounded by count (total traces, traces per session) and by
+// bytes (maxBytes: the traces' JSON, which holds prompt and response ids,
+// plus what a finished session keeps). Beyond a bound, finished sessions
+// go first, oldest finished first: their traces, then the session itself
+// (its id retired); then the oldest traces of open sessions. Open
+// sessions themselves are not evicted (they are bounded by the agents
+// running). The durable copy of every trace is the Output.
+//
 // Every incarnation of a session id has a trajectory id of its own,
 // "{session_id}@{run}.{n}": run is drawn at random when the gateway starts
 // and n counts the sessions it created, so that a session id used again
@@ -139,6 +154,7 @@ func unixSeconds(t time.Time) float64 { return float64(t.UnixMicro()) / 1e6 }
 // forgotten one starts a new incarnation (its ids still fresh).
 type sessions struct {
 	perSession, total int
+	maxBytes          int64
 	run               string
 	seq               atomic.Int64
 	maxRetired        int
@@ -147,16 +163,19 @@ type sessions struct {
 	m         map[string]*session
 	traces    map[string]*session // trace id → session
 	count     int                 // traces held
-	finishedQ []*session          // finished sessions, oldest first: evicted first
+	bytes     int64               // traces' JSON and finished sessions' footprint
+	fifo      []*trace            // traces held, oldest first, and gone ones not yet skipped
+	finishedQ []*session          // finished sessions, oldest first, and stale ones not yet skipped
+	finishedN int                 // finished sessions in m
 	retired   map[string]int64    // finished sessions' ids no longer in m → when retired (retiredN)
 	retiredQ  []retiredID         // retired, oldest first
 	retiredN  int64
 }
 
-func newSessions(perSession, total, maxRetired int) *sessions {
+func newSessions(perSession, total int, maxBytes int64, maxRetired int) *sessions {
 	var b [5]byte
 	_, _ = rand.Read(b[:])
-	return &sessions{perSession: perSession, total: total, maxRetired: maxRetired,
+	return &sessions{perSession: perSession, total: total, maxBytes: maxBytes, maxRetired: maxRetired,
 		run: strings.ToLower(base32.StdEncoding.EncodeToString(b[:])),
 		m:   map[string]*session{}, traces: map[string]*session{}, retired: map[string]int64{}}
 }
@@ -196,10 +215,7 @@ func (t *sessions) ensure(id string, mk func() *session) *session {
 
 // retireLocked remembers a finished session's id once it leaves the table.
 func (t *sessions) retireLocked(s *session) {
-	s.mu.Lock()
-	finished := s.finished != nil
-	s.mu.Unlock()
-	if !finished {
+	if !s.counted {
 		return
 	}
 	if _, ok := t.retired[s.id]; ok {
@@ -230,7 +246,14 @@ func (t *sessions) list() []*session {
 func (t *sessions) open() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.m) - len(t.finishedQ)
+	return len(t.m) - t.finishedN
+}
+
+// usage returns the traces held and the bytes counted against maxBytes.
+func (t *sessions) usage() (traces int, bytes int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.count, t.bytes
 }
 
 // remove deletes a session and its traces; it returns the traces deleted.
@@ -246,34 +269,84 @@ func (t *sessions) remove(id string) int {
 	return t.dropLocked(s)
 }
 
+// footprint is what a finished session keeps, counted against maxBytes.
+func (s *session) footprint() int64 {
+	return 512 + int64(len(s.id)+len(s.metadata)+len(s.taskID)+len(s.groupID)+len(s.trajID)+len(s.role)+len(s.finished))
+}
+
 // dropLocked takes s out of the table with its traces; it returns the
-// traces dropped.
+// traces dropped. Its entries in fifo and finishedQ go stale.
 func (t *sessions) dropLocked(s *session) int {
 	if t.m[s.id] == s {
 		delete(t.m, s.id)
 	}
-	for i, f := range t.finishedQ {
-		if f == s {
-			t.finishedQ = append(t.finishedQ[:i:i], t.finishedQ[i+1:]...)
-			break
-		}
+	if s.counted {
+		s.counted = false
+		t.finishedN--
+		t.bytes -= s.footprint()
 	}
 	s.mu.Lock()
 	n := len(s.traces)
 	for _, tr := range s.traces {
-		delete(t.traces, tr.id)
+		t.forgetLocked(tr)
 	}
 	s.traces = nil
+	s.last = nil
 	s.mu.Unlock()
-	t.count -= n
+	t.compactLocked()
 	return n
 }
 
-// markFinished queues s for eviction ahead of open sessions.
-func (t *sessions) markFinished(s *session) {
+// forgetLocked drops a trace from the index and the counts.
+func (t *sessions) forgetLocked(tr *trace) {
+	delete(t.traces, tr.id)
+	tr.gone = true
+	t.count--
+	t.bytes -= int64(len(tr.json))
+	tr.json = nil // readers holding it keep their copy of the slice
+}
+
+// compactLocked drops stale entries from fifo and finishedQ once they
+// outnumber the live ones (sessions deleted without eviction reaching
+// them), so that neither grows without bound.
+func (t *sessions) compactLocked() {
+	if len(t.fifo) > 2*t.count+1024 {
+		live := make([]*trace, 0, t.count)
+		for _, tr := range t.fifo {
+			if !tr.gone {
+				live = append(live, tr)
+			}
+		}
+		t.fifo = live
+	}
+	if len(t.finishedQ) > 2*t.finishedN+1024 {
+		live := make([]*session, 0, t.finishedN)
+		for _, f := range t.finishedQ {
+			if f.counted {
+				live = append(live, f)
+			}
+		}
+		t.finishedQ = live
+	}
+}
+
+// markFinished queues s for eviction ahead of open sessions and lets go
+// of what only calls to come needed (the previous step's token ids). It
+// returns how many traces were evicted to stay within the bounds.
+func (t *sessions) markFinished(s *session) int {
 	t.mu.Lock()
+	defer t.mu.Unlock()
+	s.mu.Lock()
+	s.last = nil
+	s.mu.Unlock()
+	if t.m[s.id] != s || s.counted {
+		return 0
+	}
+	s.counted = true
+	t.finishedN++
+	t.bytes += s.footprint()
 	t.finishedQ = append(t.finishedQ, s)
-	t.mu.Unlock()
+	return t.shrinkLocked(nil)
 }
 
 // addTrace stores a trace of s within the bounds and returns how many
@@ -284,45 +357,78 @@ func (t *sessions) addTrace(s *session, tr *trace) int {
 	if t.m[s.id] != s { // deleted meanwhile
 		return 0
 	}
-	evicted := 0
+	tr.sess = s
 	s.mu.Lock()
 	s.traces = append(s.traces, tr)
-	if len(s.traces) > t.perSession {
-		delete(t.traces, s.traces[0].id)
-		s.traces[0] = nil
-		s.traces = s.traces[1:]
-		evicted++
-		t.count--
-	}
+	over := len(s.traces) > t.perSession
 	s.mu.Unlock()
 	t.traces[tr.id] = s
 	t.count++
-	for t.count > t.total {
-		victim := s
-		for len(t.finishedQ) > 0 {
-			f := t.finishedQ[0]
-			f.mu.Lock()
-			empty := len(f.traces) == 0
-			f.mu.Unlock()
-			if !empty {
-				victim = f
-				break
-			}
-			t.finishedQ = t.finishedQ[1:]
-		}
-		victim.mu.Lock()
-		if len(victim.traces) == 0 {
-			victim.mu.Unlock()
-			break
-		}
-		delete(t.traces, victim.traces[0].id)
-		victim.traces[0] = nil
-		victim.traces = victim.traces[1:]
-		victim.mu.Unlock()
-		t.count--
+	t.bytes += int64(len(tr.json))
+	t.fifo = append(t.fifo, tr)
+	evicted := 0
+	if over && t.evictOldestOf(s) {
 		evicted++
 	}
-	return evicted
+	return evicted + t.shrinkLocked(tr)
+}
+
+// evictOldestOf drops the oldest trace of s; false when s has none.
+func (t *sessions) evictOldestOf(s *session) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.traces) == 0 {
+		return false
+	}
+	tr := s.traces[0]
+	s.traces[0] = nil
+	s.traces = s.traces[1:]
+	if len(s.traces) == 0 {
+		s.traces = nil
+	}
+	t.forgetLocked(tr)
+	return true
+}
+
+// shrinkLocked evicts until the bounds hold: finished sessions first,
+// oldest first (traces, then the session), then the oldest traces of
+// open sessions. keep, the trace just added, goes last: a single trace
+// larger than the bound is kept until the next one comes. It returns the
+// traces evicted.
+func (t *sessions) shrinkLocked(keep *trace) int {
+	n := 0
+	for t.count > t.total || t.bytes > t.maxBytes {
+		if len(t.finishedQ) > 0 {
+			f := t.finishedQ[0]
+			if !f.counted { // stale: deleted or taken over
+				t.finishedQ[0] = nil
+				t.finishedQ = t.finishedQ[1:]
+				continue
+			}
+			if t.evictOldestOf(f) {
+				n++
+				continue
+			}
+			t.finishedQ[0] = nil
+			t.finishedQ = t.finishedQ[1:]
+			t.retireLocked(f)
+			t.dropLocked(f)
+			continue
+		}
+		for len(t.fifo) > 0 && t.fifo[0].gone {
+			t.fifo[0] = nil
+			t.fifo = t.fifo[1:]
+		}
+		if len(t.fifo) == 0 || t.fifo[0] == keep {
+			break
+		}
+		if !t.evictOldestOf(t.fifo[0].sess) {
+			break // cannot happen: a live trace is in its session's list
+		}
+		n++
+	}
+	t.compactLocked()
+	return n
 }
 
 func (t *sessions) trace(id string) []byte {
