@@ -103,6 +103,9 @@ func writeGenerated(t testing.TB, cfg synth.Config, filters []transform.Filter) 
 type refRow struct {
 	group, traj         string
 	first, last, merged int32
+	segment, rowsInTraj int32
+	isLast              bool
+	minV, maxV          int64
 	prompt, resp        []int32
 	mask                []int8
 	lp, adv             []float32
@@ -112,10 +115,14 @@ type refRow struct {
 // (_process_trajectory) over step rows: walk each trajectory's steps
 // keeping the running sequence (prompt ++ everything appended); a step
 // whose prompt starts with it extends the row, any other starts a new one.
+// A row's segment is its place among its trajectory's rows, is_last says
+// it holds the trajectory's last step (step_index num_steps-1), and its
+// versions are the smallest and largest of its steps'.
 func refMerge(rec arrow.RecordBatch) []refRow {
 	col := func(name string) arrow.Array { return rec.Column(rec.Schema().FieldIndices(name)[0]) }
 	gid, tid := col("group_id").(*array.String), col("trajectory_id").(*array.String)
-	idx := col("step_index").(*array.Int32)
+	idx, numSteps := col("step_index").(*array.Int32), col("num_steps").(*array.Int32)
+	pv := col("policy_version").(*array.Int64)
 	adv := col("advantage").(*array.Float64)
 	ints := func(name string, i int) []int32 {
 		l := col(name).(*array.List)
@@ -155,13 +162,19 @@ func refMerge(rec arrow.RecordBatch) []refRow {
 			running = append(running, obs...)
 			cur.last = idx.Value(i)
 			cur.merged++
+			cur.minV, cur.maxV = min(cur.minV, pv.Value(i)), max(cur.maxV, pv.Value(i))
 		} else {
 			if cur != nil {
 				out = append(out, *cur)
 			}
-			cur = &refRow{group: gid.Value(i), traj: tid.Value(i), first: idx.Value(i), last: idx.Value(i), merged: 1, prompt: slices.Clone(prompt)}
+			cur = &refRow{group: gid.Value(i), traj: tid.Value(i), first: idx.Value(i), last: idx.Value(i), merged: 1, prompt: slices.Clone(prompt),
+				minV: pv.Value(i), maxV: pv.Value(i)}
+			if sameTraj {
+				cur.segment = out[len(out)-1].segment + 1
+			}
 			running = slices.Clone(prompt)
 		}
+		cur.isLast = idx.Value(i) == numSteps.Value(i)-1
 		cur.resp = append(cur.resp, resp...)
 		for range resp {
 			cur.mask = append(cur.mask, 1)
@@ -172,6 +185,13 @@ func refMerge(rec arrow.RecordBatch) []refRow {
 	}
 	if cur != nil {
 		out = append(out, *cur)
+	}
+	rows := map[[2]string]int32{}
+	for _, r := range out {
+		rows[[2]string{r.group, r.traj}]++
+	}
+	for i := range out {
+		out[i].rowsInTraj = rows[[2]string{out[i].group, out[i].traj}]
 	}
 	return out
 }
@@ -203,7 +223,7 @@ func TestTrajectoryLayoutMatchesReference(t *testing.T) {
 			if len(steps) != 16 || len(merged) != 16 {
 				t.Fatalf("%d and %d batches, want 16 groups each", len(steps), len(merged))
 			}
-			var resets, multi, tokAdv int
+			var resets, multi, tokAdv, notLast, mixedVersions int
 			for bi := range steps {
 				want := refMerge(steps[bi].Record)
 				got := merged[bi].Record
@@ -217,6 +237,7 @@ func TestTrajectoryLayoutMatchesReference(t *testing.T) {
 				for r, w := range want {
 					g := mergedRow(got, r)
 					if g.group != w.group || g.traj != w.traj || g.first != w.first || g.last != w.last || g.merged != w.merged ||
+						g.segment != w.segment || g.rowsInTraj != w.rowsInTraj || g.isLast != w.isLast || g.minV != w.minV || g.maxV != w.maxV ||
 						!slices.Equal(g.prompt, w.prompt) || !slices.Equal(g.resp, w.resp) || !slices.Equal(g.mask, w.mask) ||
 						!slices.Equal(g.lp, w.lp) || !slices.EqualFunc(g.adv, w.adv, func(x, y float32) bool { return math.Abs(float64(x-y)) < 1e-6 }) {
 						t.Fatalf("batch %d row %d differs from the reference:\n got %+v\nwant %+v", bi, r, g, w)
@@ -227,6 +248,12 @@ func TestTrajectoryLayoutMatchesReference(t *testing.T) {
 					}
 					if w.merged > 1 {
 						multi++
+					}
+					if !w.isLast {
+						notLast++
+					}
+					if w.minV != w.maxV {
+						mixedVersions++
 					}
 				}
 				if merged[bi].Tokens != tokens {
@@ -242,8 +269,9 @@ func TestTrajectoryLayoutMatchesReference(t *testing.T) {
 				}
 			}
 			// The data exercises what the test is for.
-			if resets == 0 || multi == 0 {
-				t.Fatalf("generated data has %d reset rows and %d merged rows: not a multi-turn test", resets, multi)
+			if resets == 0 || multi == 0 || notLast == 0 || mixedVersions == 0 {
+				t.Fatalf("generated data has %d reset rows, %d merged rows, %d rows before a reset, %d rows of several versions: not a multi-turn test",
+					resets, multi, notLast, mixedVersions)
 			}
 			if distill != (tokAdv > 0) {
 				t.Fatalf("distill=%v but %d steps carried token advantages", distill, tokAdv)
@@ -269,7 +297,10 @@ func mergedRow(rec arrow.RecordBatch, r int) refRow {
 	return refRow{
 		group: c(merge.ColGroupID).(*array.String).Value(r), traj: c(merge.ColTrajectoryID).(*array.String).Value(r),
 		first: c(merge.ColFirstStepIndex).(*array.Int32).Value(r), last: c(merge.ColLastStepIndex).(*array.Int32).Value(r),
-		merged: c(merge.ColStepsMerged).(*array.Int32).Value(r),
+		merged:  c(merge.ColStepsMerged).(*array.Int32).Value(r),
+		segment: c(merge.ColSegment).(*array.Int32).Value(r), rowsInTraj: c(merge.ColRowsInTrajectory).(*array.Int32).Value(r),
+		isLast: c(merge.ColIsLast).(*array.Boolean).Value(r),
+		minV:   c(merge.ColPolicyVersion).(*array.Int64).Value(r), maxV: c(merge.ColMaxPolicyVersion).(*array.Int64).Value(r),
 		prompt: ints(merge.ColPromptIDs), resp: ints(merge.ColResponseIDs), mask: ml.ListValues().(*array.Int8).Int8Values()[a:b],
 		lp: flts(merge.ColRolloutLogProbs), adv: flts(merge.ColAdvantages),
 	}
