@@ -30,6 +30,7 @@ import (
 
 type ingestOpts struct {
 	from, to, dlq, statsJSON string
+	spill                    string
 	groupSize, minGroupSize  int
 	groupTimeout             time.Duration
 	maxOpenGroups            int
@@ -73,6 +74,7 @@ input skips groups already committed.`,
 	f.StringVar(&o.to, "to", "", "output root: file:///path, a path, or s3://bucket/prefix (env RLLM_TO)")
 	f.StringVar(&o.dlq, "dlq", "", "dead-letter output: a file, or kafka://host:port/topic (default <to>/_dlq/)")
 	f.StringVar(&o.statsJSON, "stats-json", "", "also write the run's summary as JSON to this file")
+	f.StringVar(&o.spill, "spill", "", "with --from -: where records read from stdin but never committed (a store outage, a second signal) are saved, as they were read, for a later ingest of that file; a copy of stdin is kept in hidden segments beside it until the run ends (default ./rllm-pipe-unwritten-<run>.jsonl)")
 	f.IntVar(&o.groupSize, "group-size", 8, "trajectories per group (a trajectory record's group_size overrides it)")
 	f.IntVar(&o.minGroupSize, "min-group-size", 2, "least complete trajectories to emit a group partial at timeout or end of input")
 	f.DurationVar(&o.groupTimeout, "group-timeout", 10*time.Minute, "close a group this long after its first record (0: never)")
@@ -191,6 +193,9 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	if o.from == "" {
 		return usageErrorf("--from is required")
 	}
+	if o.spill != "" && o.from != "-" {
+		return usageErrorf("--spill applies to --from - only (any other input can be read again)")
+	}
 	var h slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
 	if o.logFormat == "json" {
 		h = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
@@ -216,7 +221,13 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 		defer stop()
 	}
 
-	stats := ingestStats{RunID: p.runID, Output: st.Name(), Estimator: p.label, DeadLetters: map[string]int64{}}
+	if o.from == "-" {
+		p.cfg.Spill = o.spill
+		if p.cfg.Spill == "" {
+			p.cfg.Spill = "rllm-pipe-unwritten-" + p.runID + ".jsonl"
+		}
+	}
+	stats := ingestStats{RunID: p.runID, Output: st.Name(), Estimator: p.label, DeadLetters: map[string]int64{}, Stdin: o.from == "-"}
 	pl := pipeline.New(p.cfg, st, dl)
 	var runErr error
 	if strings.HasPrefix(o.from, "kafka://") {
@@ -252,6 +263,15 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 		if err := writeStatsJSON(o.statsJSON, stats); err != nil {
 			runErr = errors.Join(runErr, err)
 		}
+	}
+	if stats.Spilled > 0 {
+		// stdin cannot be read again: a rerun resumes from the spill file.
+		code := exitFailure
+		if stats.Stopped {
+			code = exitStopped
+		}
+		return &exitError{code: code, err: fmt.Errorf("ingest: %w\n%d records read from stdin were not written: they are saved in %s, as they were read; ingest that file (--from %s) to write them",
+			runErr, stats.Spilled, stats.SpillFile, stats.SpillFile)}
 	}
 	if runErr != nil {
 		return fmt.Errorf("ingest: %w", runErr)

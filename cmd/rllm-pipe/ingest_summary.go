@@ -22,6 +22,7 @@ type ingestStats struct {
 	ElapsedSeconds float64 `json:"elapsed_seconds"`
 	InputBytes     int64   `json:"input_bytes,omitempty"`
 	Estimator      string  `json:"estimator"`
+	Stdin          bool    `json:"-"`
 	pipeline.Result
 	DeadLetters      map[string]int64 `json:"dead_letters"`
 	DeadLettersTotal int64            `json:"dead_letters_total"`
@@ -47,8 +48,17 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 		fmt.Fprintf(w, " (%.1f MiB in %.2fs, %.1f MiB/s)", mb, st.ElapsedSeconds, mb/st.ElapsedSeconds)
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintf(w, "  written:    %d steps, %d trajectories, %d groups (%d partial) in %d shards, %.1f MiB\n",
-		c.StepsEmitted, c.TrajectoriesEmitted, c.GroupsEmitted, c.PartialGroups, sc.Shards, float64(sc.Bytes)/(1<<20))
+	if sc.Rows == c.StepsEmitted && sc.Groups == c.GroupsEmitted {
+		fmt.Fprintf(w, "  written:    %d steps, %d trajectories, %d groups (%d partial) in %d shards, %.1f MiB\n",
+			c.StepsEmitted, c.TrajectoriesEmitted, c.GroupsEmitted, c.PartialGroups, sc.Shards, float64(sc.Bytes)/(1<<20))
+	} else {
+		// Some groups assembled were never committed: "written" counts
+		// the committed rows only.
+		fmt.Fprintf(w, "  written:    %d steps, %d groups in %d shards, %.1f MiB (committed)\n",
+			sc.Rows, sc.Groups, sc.Shards, float64(sc.Bytes)/(1<<20))
+		fmt.Fprintf(w, "  NOT written: %d steps, %d groups assembled but never committed\n",
+			max(c.StepsEmitted-sc.Rows, 0), max(c.GroupsEmitted-sc.Groups, 0))
+	}
 	fmt.Fprintf(w, "  dropped:    %d duplicates (producer retries)\n", c.Duplicates)
 	if c.SkippedCommitted > 0 {
 		fmt.Fprintf(w, "  skipped:    %d records settled by an earlier run over this input\n", c.SkippedCommitted)
@@ -77,9 +87,15 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 	for _, r := range slices.Sorted(maps.Keys(st.DeadLetters)) {
 		fmt.Fprintf(w, "    %-22s %d\n", r, st.DeadLetters[r])
 	}
+	if st.Spilled > 0 {
+		fmt.Fprintf(w, "  NOT written: %d records read from stdin; saved as they were read in %s: ingest that file to write them\n", st.Spilled, st.SpillFile)
+	}
 	switch {
+	case st.Spilled > 0:
 	case st.Stopped && st.Drained:
 		fmt.Fprintln(w, "  stopped early by a signal: stdin was read up to there, and every record read was written (open groups closed as at the end of the input)")
+	case st.Stopped && st.Stdin:
+		fmt.Fprintln(w, "  stopped early by a signal, with records of stdin not written (stdin cannot be read again)")
 	case st.Stopped:
 		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
 	}

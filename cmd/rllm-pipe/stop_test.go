@@ -11,7 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +25,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -319,5 +323,204 @@ func TestGenFlagsRefused(t *testing.T) {
 	}
 	if steps := bytes.Count(out.Bytes(), []byte(`"type":"step"`)); steps != 3 {
 		t.Fatalf("gen --turns 3..3 wrote %d steps for one trajectory, want 3", steps)
+	}
+}
+
+// tcpProxy forwards 127.0.0.1:<port> to target until Close, which ends
+// every connection: an outage of the service behind it, without touching
+// the service.
+type tcpProxy struct {
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	down  bool
+}
+
+func newTCPProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{l: l}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			if p.down {
+				p.mu.Unlock()
+				c.Close()
+				u.Close()
+				return
+			}
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go func() { io.Copy(u, c); u.Close() }()
+			go func() { io.Copy(c, u); c.Close() }()
+		}
+	}()
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *tcpProxy) addr() string { return p.l.Addr().String() }
+
+// Close takes the proxy down: the port refuses connections from now on.
+func (p *tcpProxy) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	p.l.Close()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// s3StepIDs counts the committed rows of an S3 output by step id, and the
+// trajectories written.
+func s3StepIDs(t *testing.T, st *s3.Store) (steps, trajs map[string]int) {
+	t.Helper()
+	ctx := context.Background()
+	entries, err := st.Committed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, trajs = map[string]int{}, map[string]int{}
+	for _, e := range entries {
+		r, err := st.ReadShard(ctx, e, []string{"step_id", "trajectory_id"}, memory.DefaultAllocator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			rec, err := r.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, tr := rec.Column(0).(*array.String), rec.Column(1).(*array.String)
+			for i := range int(rec.NumRows()) {
+				steps[s.Value(i)]++
+				trajs[tr.Value(i)] = 1
+			}
+		}
+		r.Close()
+	}
+	return steps, trajs
+}
+
+// TestIntegrationStopStdinDuringS3Outage: `ingest --from -` to S3 loses
+// its store mid-run (a proxy to MinIO killed), then gets SIGTERM with the
+// default --retry-for. It must end promptly (exit 3), write every record
+// it read but could not commit to the spill file it names, and never
+// count as written what was not committed. Ingesting the spill file then
+// completes the output: every record exactly once.
+func TestIntegrationStopStdinDuringS3Outage(t *testing.T) {
+	tg := newS3Target(t, "stdin-outage")
+	bin := e2eBinary(t)
+	dir := t.TempDir()
+	proxy := newTCPProxy(t, strings.TrimPrefix(tg.endpoint, "http://"))
+	spill := filepath.Join(dir, "unwritten.jsonl")
+	stats := filepath.Join(dir, "stats.json")
+	records := stopRecords(400)
+
+	cmd := exec.Command(bin, "ingest", "--from", "-", "--to", tg.url, "--s3-endpoint", "http://"+proxy.addr(),
+		"--group-size", "4", "--min-group-size", "2", "--flush-interval", "300ms", "--spill", spill, "--stats-json", stats)
+	cmd.Env = e2eEnv()
+	cmd.Dir = dir
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	feed := func(rs [][]byte) {
+		w := bufio.NewWriter(stdin)
+		for _, r := range rs {
+			w.Write(r)
+			w.WriteByte('\n')
+		}
+		if err := w.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	half := len(records) / 2
+	feed(records[:half])
+	time.Sleep(3 * time.Second) // some shards committed
+	proxy.Close()
+	feed(records[half:])
+	time.Sleep(2 * time.Second) // read, and retrying its commits
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("ingest went on retrying for 30s after SIGTERM\n%s", e2eClip(stderr.String(), 3000))
+	}
+	stdin.Close()
+	t.Logf("stopped %s after SIGTERM", time.Since(start))
+	if code := cmd.ProcessState.ExitCode(); code != exitStopped {
+		t.Fatalf("exit %d, want %d\n%s", code, exitStopped, e2eClip(stderr.String(), 3000))
+	}
+	out := stderr.String()
+	if !strings.Contains(out, spill) || strings.Contains(out, "every record read was written") || strings.Contains(out, "run again to resume") {
+		t.Errorf("the output does not name the spill file, or claims what is false:\n%s", e2eClip(out, 3000))
+	}
+	var st ingestStats
+	data, err := os.ReadFile(stats)
+	if err != nil || json.Unmarshal(data, &st) != nil {
+		t.Fatalf("stats: %s %v", data, err)
+	}
+	if st.Drained || st.Spilled == 0 || st.SpillFile != spill {
+		t.Errorf("stats: drained %v, spilled %d in %q; want not drained, records spilled to %s", st.Drained, st.Spilled, st.SpillFile, spill)
+	}
+	steps, _ := s3StepIDs(t, tg.open(t, "check"))
+	var rows int64
+	for _, n := range steps {
+		rows += int64(n)
+	}
+	if rows != st.Rows {
+		t.Errorf("stats say %d rows committed, the store has %d", st.Rows, rows)
+	}
+	if m := regexp.MustCompile(`written:\s+(\d+) steps`).FindStringSubmatch(out); m == nil || m[1] != strconv.FormatInt(rows, 10) {
+		t.Errorf("the summary's written steps %v, want the %d committed\n%s", m, rows, e2eClip(out, 3000))
+	}
+	if spilled, _ := os.ReadFile(spill); int64(bytes.Count(spilled, []byte("\n"))) != st.Spilled {
+		t.Errorf("spill file has %d lines, stats say %d", bytes.Count(spilled, []byte("\n")), st.Spilled)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".*spool*")); len(left) > 0 {
+		t.Errorf("spool segments left behind: %v", left)
+	}
+
+	// The spill file completes the output.
+	ingestWithStats(t, bin, dir, nil, "--from", spill, "--to", tg.url, "--s3-endpoint", tg.endpoint, "--group-size", "4", "--min-group-size", "2")
+	steps, trajs := s3StepIDs(t, tg.open(t, "check2"))
+	for _, r := range records {
+		var raw map[string]any
+		_ = json.Unmarshal(r, &raw)
+		if raw["type"] == "step" {
+			if n := steps[raw["step_id"].(string)]; n != 1 {
+				t.Fatalf("step %s written %d times after ingesting the spill file, want 1", raw["step_id"], n)
+			}
+		} else if trajs[raw["trajectory_id"].(string)] != 1 {
+			t.Fatalf("trajectory %s not written after ingesting the spill file", raw["trajectory_id"])
+		}
 	}
 }

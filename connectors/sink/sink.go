@@ -101,6 +101,7 @@ const DefaultMaxPartitions = 16
 type Totals struct {
 	Shards int64 `json:"shards_committed"`
 	Rows   int64 `json:"rows_committed"`
+	Groups int64 `json:"groups_committed"`
 	Bytes  int64 `json:"bytes_committed"`
 }
 
@@ -490,6 +491,7 @@ func (s *Sink) commitShard(ctx context.Context, sh *shard, began time.Time) erro
 	s.mu.Lock()
 	s.Totals.Shards++
 	s.Totals.Rows += sh.rows
+	s.Totals.Groups += int64(len(sh.groups))
 	s.Totals.Bytes += sh.w.Written()
 	s.mu.Unlock()
 	if s.cfg.OnCommit != nil {

@@ -12,6 +12,8 @@ package pipeline
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -52,6 +54,14 @@ type Config struct {
 	// Decoders is the number of decoding goroutines; Encoders the shards
 	// of one partition encoded at once.
 	Decoders, Encoders int
+	// Spill, when set, is the file where a run over stdin writes the
+	// records it read but whose fate it could not commit (a commit gave up
+	// during a store outage, a second signal), as they were read: such an
+	// input cannot be read again. Until the run ends, what stdin gives is
+	// copied to segments beside it (see spool). With a spill file the
+	// store's retries end at the first signal, as for any other input;
+	// without one they go on after it for up to RetryFor.
+	Spill string
 	// RetryFor bounds how long RunKafka retries a broker or store that
 	// keeps failing before it returns the error (0: DefaultRetryFor).
 	RetryFor time.Duration
@@ -88,6 +98,10 @@ type Result struct {
 	// (stdin) where it was, and every record read was written: open
 	// groups closed as at the end of the input.
 	Drained bool `json:"stdin_drained,omitempty"`
+	// Spilled records of stdin were read but never committed; they are in
+	// SpillFile, as they were read (Config.Spill).
+	Spilled   int64  `json:"spilled_records,omitempty"`
+	SpillFile string `json:"spill_file,omitempty"`
 }
 
 // Add adds r's counts to res.
@@ -102,8 +116,13 @@ func (res *Result) Add(r Result) {
 	}
 	res.Shards += r.Shards
 	res.Rows += r.Rows
+	res.Groups += r.Groups
 	res.Bytes += r.Bytes
 	res.Drained = res.Drained || r.Drained
+	res.Spilled += r.Spilled
+	if r.SpillFile != "" {
+		res.SpillFile = r.SpillFile
+	}
 }
 
 // Stopper is a source that can end early where it is (ingest.LineSource
@@ -118,6 +137,7 @@ type Pipeline struct {
 	dl    store.DeadLetters
 	seq   atomic.Int64
 	res   Result
+	spool *spool // of stdin, while a run over it lasts
 }
 
 // New returns a pipeline writing to st, with dead letters to dl (the
@@ -164,14 +184,44 @@ func (p *Pipeline) Run(ctx, soft context.Context, src ingest.Source, stream stri
 }
 
 // drainStages runs the stages over a source that a soft stop ends rather
-// than cancels, so that nothing read is dropped.
+// than cancels, so that nothing read is dropped: what is read is written,
+// or, when its commit fails, kept in the spill file (Config.Spill).
 func (p *Pipeline) drainStages(ctx, soft context.Context, src ingest.Source, st Stopper) error {
 	stop := context.AfterFunc(soft, st.Stop)
 	defer stop()
-	// Retries go on after the stop (for at most the store's bound): what
-	// was read from stdin exists nowhere else. A second signal ends them.
-	err := p.stages(ctx, context.Background(), src, context.Background())
-	if soft.Err() != nil {
+	if p.cfg.Spill == "" {
+		// Retries go on after the stop (for at most the store's bound):
+		// what was read from stdin exists nowhere else. A second signal
+		// ends them.
+		err := p.stages(ctx, context.Background(), src, context.Background())
+		if soft.Err() != nil && err == nil {
+			p.res.Drained = true
+		}
+		return err
+	}
+	sp, err := newSpool(p.cfg.Spill, "stdin:"+p.store.Writer())
+	if err != nil {
+		return err
+	}
+	p.spool = sp
+	defer func() { p.spool = nil }()
+	// The first signal ends the store's retries too: what a commit could
+	// not write goes to the spill file.
+	err = p.stages(ctx, context.Background(), spoolSource{src, sp}, soft)
+	n, serr := sp.finish()
+	p.res.Spilled += n
+	if n > 0 {
+		p.res.SpillFile = p.cfg.Spill
+		p.cfg.Log.Error("records read from stdin were not written; they are saved in the spill file, as they were read: ingest it to write them",
+			"records", n, "spill", p.cfg.Spill)
+		if err == nil {
+			err = fmt.Errorf("%d records read were not written (kept in %s)", n, p.cfg.Spill)
+		}
+	}
+	if serr != nil {
+		err = errors.Join(err, serr)
+	}
+	if soft.Err() != nil && err == nil {
 		p.res.Drained = true
 	}
 	return err
@@ -189,7 +239,11 @@ func (p *Pipeline) stages(ctx, soft context.Context, src ingest.Source, retrySto
 	defer batcher.Release()
 	po := cfg.Parquet
 	po.Allocator = mem
-	sk := sink.New(p.store, sink.Config{
+	var out sink.Store = p.store
+	if p.spool != nil {
+		out = settleStore{p.store, p.spool}
+	}
+	sk := sink.New(out, sink.Config{
 		Settler:       p.dl,
 		ShardSize:     cfg.ShardSize,
 		FlushInterval: cfg.FlushInterval,
