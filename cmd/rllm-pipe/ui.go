@@ -39,7 +39,9 @@ groups with their members, acknowledged groups and lag; with
 its open-group backlog and commits per minute over time); and a
 trajectory browser (filters by task, policy version, role, filter reason and reward; pages;
 a trajectory's steps with their messages and tool calls, response tokens
-coloured by logprob). Chart buckets link to the trajectories behind them.
+coloured by logprob, teacher logprob or token advantage, switched on the
+page, each with its legend). Chart buckets link to the trajectories
+behind them.
 
 Read only: GET and HEAD only, over the sandboxed views of "sql". It listens
 on loopback by default; anywhere else it needs a bearer token (from

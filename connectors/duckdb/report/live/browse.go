@@ -262,17 +262,61 @@ func normaliseAny(x any) any {
 	return x
 }
 
-// tokenClass buckets a logprob: sure (no colour) to unsure.
-func tokenClass(lp float64) string {
+// colourMode is one way of colouring a trajectory's response tokens:
+// the query value (colour=NAME), its label, and the legend of its
+// classes.
+type colourMode struct {
+	name, label string
+	legend      [][2]string // class, meaning
+	class       func(float64) string
+}
+
+// colourModes: logprob (the default), teacher logprob and token advantage.
+var colourModes = []colourMode{
+	{"logprob", "logprob", [][2]string{{"lp0", "> -0.1"}, {"lp1", "-1 to -0.1"}, {"lp2", "-3 to -1"}, {"lp3", "≤ -3"}}, func(v float64) string { return logprobClass("lp", v) }},
+	{"teacher", "teacher logprob", [][2]string{{"tp0", "> -0.1"}, {"tp1", "-1 to -0.1"}, {"tp2", "-3 to -1"}, {"tp3", "≤ -3"}}, func(v float64) string { return logprobClass("tp", v) }},
+	{"advantage", "token advantage", [][2]string{{"adn2", "≤ -1"}, {"adn1", "-1 to -0.1"}, {"ad0", "-0.1 to 0.1"}, {"adp1", "0.1 to 1"}, {"adp2", "≥ 1"}}, advantageClass},
+}
+
+// logprobClass buckets a logprob: sure (no colour) to unsure; "na"
+// when there is none.
+func logprobClass(prefix string, lp float64) string {
 	switch {
+	case math.IsNaN(lp):
+		return "na"
 	case lp > -0.1:
-		return "lp0"
+		return prefix + "0"
 	case lp > -1:
-		return "lp1"
+		return prefix + "1"
 	case lp > -3:
-		return "lp2"
+		return prefix + "2"
 	}
-	return "lp3"
+	return prefix + "3"
+}
+
+// advantageClass buckets an advantage: red below 0, green above.
+func advantageClass(a float64) string {
+	switch {
+	case math.IsNaN(a):
+		return "na"
+	case a <= -1:
+		return "adn2"
+	case a < -0.1:
+		return "adn1"
+	case a <= 0.1:
+		return "ad0"
+	case a < 1:
+		return "adp1"
+	}
+	return "adp2"
+}
+
+// at is v[i], or NaN past its end.
+func at(v []float64, i int) float64 {
+	if i < len(v) {
+		return v[i]
+	}
+	return math.NaN()
 }
 
 func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
@@ -293,12 +337,52 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	// The colourings this trajectory has: logprob always, teacher
+	// logprob when a step has them, advantage when a step has one (its
+	// token advantages where present, else the step's advantage for
+	// every token).
+	hasTeacher, hasAdv := false, false
+	for _, row := range t.Rows {
+		hasTeacher = hasTeacher || len(floats(row[6])) > 0
+		_, ok := report.Num(row[10])
+		hasAdv = hasAdv || ok || len(floats(row[7])) > 0
+	}
+	mode := colourModes[0]
+	var modes []colourMode
+	for _, m := range colourModes {
+		if m.name == "teacher" && !hasTeacher || m.name == "advantage" && !hasAdv {
+			continue
+		}
+		modes = append(modes, m)
+		if m.name == q.Get("colour") {
+			mode = m
+		}
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<p class="meta"><a href="/trajectories">trajectories</a> · group %s v%d · trajectory %s · %d steps</p>`,
 		html.EscapeString(q.Get("g")), gv, html.EscapeString(q.Get("t")), len(t.Rows))
-	b.WriteString(`<p class="meta">response tokens coloured by logprob: <span class="tok lp0">&gt; -0.1</span> <span class="tok lp1">&gt; -1</span> <span class="tok lp2">&gt; -3</span> <span class="tok lp3">≤ -3</span></p>`)
+	b.WriteString(`<p class="meta" id="colour-modes">colour tokens by: `)
+	for _, m := range modes {
+		v := url.Values{"g": {q.Get("g")}, "v": {q.Get("v")}, "t": {q.Get("t")}, "colour": {m.name}}
+		on := ""
+		if m.name == mode.name {
+			on = ` class="on" aria-current="true"`
+		}
+		fmt.Fprintf(&b, `<a href="/trajectory?%s" data-mode="%s"%s>%s</a> `, html.EscapeString(v.Encode()), m.name, on, m.label)
+	}
+	fmt.Fprintf(&b, `</p><p class="meta legend" id="legend" data-mode="%s">%s: `, mode.name, mode.label)
+	for _, l := range mode.legend {
+		fmt.Fprintf(&b, `<span class="tok %s">%s</span> `, l[0], html.EscapeString(l[1]))
+	}
+	switch mode.name {
+	case "teacher":
+		b.WriteString(`<span class="tok na">none</span> (steps without teacher logprobs)`)
+	case "advantage":
+		b.WriteString(`(token advantages where the step has them, else the step's advantage on every token)`)
+	}
+	b.WriteString(`</p>`)
 	for _, row := range t.Rows {
-		fmt.Fprintf(&b, `<section class="step" data-step="%s"><h3>step %s · policy v%s · reward %s · advantage %s · finish %s</h3>`,
+		fmt.Fprintf(&b, `<section class="step" data-step="%s"><h3>step %s · policy v%s · reward <span class="reward">%s</span> · advantage <span class="advantage">%s</span> · finish %s</h3>`,
 			html.EscapeString(report.FormatCell(row[0])), html.EscapeString(report.FormatCell(row[0])), html.EscapeString(report.FormatCell(row[2])),
 			html.EscapeString(report.FormatCell(row[8])), html.EscapeString(report.FormatCell(row[10])), html.EscapeString(report.FormatCell(row[11])))
 		var msgs []message
@@ -318,24 +402,38 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 		lps := floats(row[5])
 		teacher := floats(row[6])
 		tadv := floats(row[7])
-		b.WriteString(`<div class="tokens">`)
+		advSource := "token"
+		if len(tadv) == 0 {
+			advSource = "step"
+			if a, ok := report.Num(row[10]); ok {
+				tadv = make([]float64, len(ids))
+				for i := range tadv {
+					tadv[i] = a
+				}
+			}
+		}
+		fmt.Fprintf(&b, `<div class="tokens" data-adv-source="%s">`, advSource)
 		for i, id := range ids {
 			if i >= maxTokensShown {
 				fmt.Fprintf(&b, ` … %d more`, len(ids)-i)
 				break
 			}
-			lp := math.NaN()
-			if i < len(lps) {
-				lp = lps[i]
-			}
+			lp, tl, ta := at(lps, i), at(teacher, i), at(tadv, i)
 			title := fmt.Sprintf("token %v logprob %.4g", id, lp)
 			if i < len(teacher) {
-				title += fmt.Sprintf(" teacher %.4g", teacher[i])
+				title += fmt.Sprintf(" teacher %.4g", tl)
 			}
-			if i < len(tadv) {
-				title += fmt.Sprintf(" advantage %.4g", tadv[i])
+			if !math.IsNaN(ta) {
+				title += fmt.Sprintf(" advantage %.4g", ta)
 			}
-			fmt.Fprintf(&b, `<span class="tok %s" title="%s">%v</span>`, tokenClass(lp), title, id)
+			v := lp
+			switch mode.name {
+			case "teacher":
+				v = tl
+			case "advantage":
+				v = ta
+			}
+			fmt.Fprintf(&b, `<span class="tok %s" title="%s">%v</span>`, mode.class(v), title, id)
 		}
 		b.WriteString(`</div></section>`)
 	}
@@ -350,6 +448,9 @@ var shell = template.Must(template.New("ui").Parse(`<!doctype html>
 
 const uiCSS = `.tok{font:12px ui-monospace,monospace;padding:0 2px;margin:1px;display:inline-block;border-radius:3px}
 .lp1{background:rgba(255,200,0,.25)} .lp2{background:rgba(255,120,0,.45)} .lp3{background:rgba(230,0,40,.55)}
+.tp1{background:rgba(60,140,255,.22)} .tp2{background:rgba(60,110,255,.42)} .tp3{background:rgba(110,60,255,.6)}
+.adn2{background:rgba(230,0,40,.55)} .adn1{background:rgba(230,0,40,.22)} .adp1{background:rgba(30,170,70,.25)} .adp2{background:rgba(30,170,70,.55)}
+.tok.na{outline:1px dashed var(--grid)} #colour-modes a{padding:1px 6px;border-radius:4px} #colour-modes a.on{background:var(--card);font-weight:600;text-decoration:none}
 .msg{border-left:3px solid var(--grid);padding:2px 8px;margin:6px 0} .msg pre{white-space:pre-wrap;margin:2px 0}
 .toolcall{color:var(--c3)} .step{background:var(--card);border-radius:8px;padding:8px 12px;margin:12px 0}
 #health{font-variant-numeric:tabular-nums} .err{color:var(--c1)} form label{margin-right:8px}`
