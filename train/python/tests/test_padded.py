@@ -67,14 +67,21 @@ def ref_merge(steps):
             seg["lp"] += [0.0] * len(obs) + lp
             seg["adv"] += [0.0] * len(obs) + adv
             seg["last"] = s["step_index"]
+            seg["merged"] += 1
+            seg["versions"].append(s["policy_version"])
             full += obs + a
         else:
             if seg is not None:
                 rows.append(seg)
             seg = {"traj": s["trajectory_id"], "first": s["step_index"], "last": s["step_index"], "prompt": p,
-                   "response": list(a), "mask": [1] * len(a), "lp": lp, "adv": adv, "reward": s["reward"]}
+                   "response": list(a), "mask": [1] * len(a), "lp": lp, "adv": adv, "reward": s["reward"],
+                   "merged": 1, "versions": [s["policy_version"]], "segment": len(rows)}
             full = p + a
+        seg["is_last"] = s["step_index"] == s["num_steps"] - 1
+        seg["token_advantages"] = seg.get("token_advantages", 0) + (s["token_advantages"] is not None)
     rows.append(seg)
+    for r in rows:
+        r["rows_in_trajectory"] = len(rows)
     return rows
 
 
@@ -120,7 +127,7 @@ def reference_rows(location):
 def test_padded_matches_rllm_reference(serve_mt, P, R):
     ref = reference_rows(serve_mt("--consumer-group", f"steps-{P}").location)
     srv = serve_mt("--consumer-group", f"traj-{P}", "--layout", "trajectories", "--max-tokens", "20000")
-    seen, resets, cut = 0, 0, 0
+    seen, resets, cut, token_adv, not_last, mixed = 0, 0, 0, 0, 0, 0
     with Client(srv.location, consumer="t") as c:
         for b in c.batches():
             assert b.layout == "trajectories"
@@ -134,6 +141,15 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
                 np.testing.assert_array_equal(getattr(got, name), want[name], err_msg=name)
             for name in ("rollout_log_probs", "advantages", "traj_rewards", "step_rewards"):
                 np.testing.assert_allclose(getattr(got, name), want[name], rtol=0, atol=1e-6, err_msg=name)
+            # the per-row ids, from the reference's own walk
+            for name, of in (("last_step_index", lambda r: r["last"]), ("steps_merged", lambda r: r["merged"]),
+                             ("segment", lambda r: r["segment"]), ("rows_in_trajectory", lambda r: r["rows_in_trajectory"]),
+                             ("is_last_step", lambda r: r["is_last"]), ("policy_versions", lambda r: min(r["versions"]))):
+                assert list(got.ids[name]) == [of(r) for r in rows], name
+            assert list(b.column("max_policy_version").to_pylist()) == [max(r["versions"]) for r in rows]
+            token_adv += sum(r["token_advantages"] for r in rows)
+            not_last += sum(not r["is_last"] for r in rows)
+            mixed += sum(min(r["versions"]) != max(r["versions"]) for r in rows)
             # truncation is counted, never silent
             tr = got.truncation
             assert tr["prompts_truncated"] == sum(len(r["prompt"]) > P for r in rows)
@@ -149,6 +165,8 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
             b.ack()
     assert seen == len(ref), "every merged row once"
     assert resets > 0, "the data has context resets"
+    assert token_adv > 0, "the data has distillation token advantages"
+    assert not_last > 0 and mixed > 0, "rows cut by a reset, rows of several policy versions"
     if R < 4096:
         assert cut > 0, "the small lengths cut rows"
 
