@@ -31,6 +31,7 @@ type gatewayOpts struct {
 	listen, upstream, to, ready string
 	weightVersion               int64
 	agentTokenFile, adminFile   string
+	upstreamKeyEnv              string
 	maxRequest, maxBuffered     string
 	maxTraceBytes               string
 	walDir, walFileBytes        string
@@ -75,9 +76,11 @@ sessions that name no group size; the other pipeline flags (estimator,
 shard size, flush interval...) are ingest's and apply to a shard-root --to.
 
 Security: beyond loopback the gateway refuses to start without both tokens
-(--agent-token-file / RLLM_GATEWAY_AGENT_TOKEN for the agent routes,
---admin-token-file / RLLM_GATEWAY_ADMIN_TOKEN for management, /records and
-/metrics). The first signal stops taking calls, finishes those in flight,
+(--agent-token-file / RLLM_GATEWAY_AGENT_TOKEN for the agent routes, which
+take the admin token too, --admin-token-file / RLLM_GATEWAY_ADMIN_TOKEN for
+management, /records and /metrics), sent as "Authorization: Bearer" or
+"x-api-key". Workers started with an API key get it from
+--upstream-key-env NAME (an environment variable, never a flag value). The first signal stops taking calls, finishes those in flight,
 flushes the output and stops the pipeline (groups still open stay in the
 write-ahead log and resume on the next start); a second aborts.`,
 		Args: cobra.NoArgs,
@@ -99,6 +102,7 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.Int64Var(&o.weightVersion, "weight-version", 0, "initial weight (policy) version stamped on calls (POST /admin/weight_version changes it)")
 	f.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding the bearer token of the agent routes (default: $RLLM_GATEWAY_AGENT_TOKEN; none: loopback only)")
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_GATEWAY_ADMIN_TOKEN; none: loopback only)")
+	f.StringVar(&o.upstreamKeyEnv, "upstream-key-env", "", "name of an environment variable holding the workers' API key (vLLM's --api-key), sent upstream as \"Authorization: Bearer\"; the agents' tokens are never forwarded")
 	f.StringVar(&o.maxRequest, "max-request-bytes", "32MiB", "largest request body taken")
 	f.StringVar(&o.maxBuffered, "max-buffered-bytes", "256MiB", "records waiting for the output at most; beyond it agents get 503 with a JSON error")
 	f.StringVar(&o.maxTraceBytes, "max-trace-bytes", "1GiB", "in-memory traces (GET /sessions/{id}/traces) and finished sessions at most; beyond it finished sessions go first, oldest first (the output keeps every record)")
@@ -274,6 +278,12 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 	}
 	if c.AdminToken, err = token("admin-token-file", o.adminFile, "RLLM_GATEWAY_ADMIN_TOKEN"); err != nil {
 		return c, err
+	}
+	if o.upstreamKeyEnv != "" {
+		// From the environment only: a flag's value shows in ps.
+		if c.UpstreamKey = strings.TrimSpace(os.Getenv(o.upstreamKeyEnv)); c.UpstreamKey == "" {
+			return c, usageErrorf("--upstream-key-env: $%s is empty or unset", o.upstreamKeyEnv)
+		}
 	}
 	return c, nil
 }

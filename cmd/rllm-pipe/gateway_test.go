@@ -54,6 +54,7 @@ func TestGatewayUsageErrors(t *testing.T) {
 		},
 		"bad size":           {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--max-buffered-bytes", "lots"}},
 		"missing token file": {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--agent-token-file", filepath.Join(dir, "none")}},
+		"upstream key unset": {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--upstream-key-env", "RLLM_TEST_UPSTREAM_KEY_UNSET"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Setenv("RLLM_GATEWAY_AGENT_TOKEN", "")
@@ -69,6 +70,21 @@ func TestGatewayUsageErrors(t *testing.T) {
 				t.Fatal("a token in the output")
 			}
 		})
+	}
+}
+
+// The workers' API key comes from the environment variable named by
+// --upstream-key-env, trimmed.
+func TestGatewayUpstreamKeyEnv(t *testing.T) {
+	t.Setenv("RLLM_TEST_UPSTREAM_KEY", " sk-upstream\n")
+	o := gatewayOpts{upstream: "http://127.0.0.1:1", maxRequest: "1MiB", maxBuffered: "16MiB", maxTraceBytes: "16MiB",
+		shutdownTimeout: time.Second, kafkaPartitions: 1, upstreamKeyEnv: "RLLM_TEST_UPSTREAM_KEY"}
+	c, err := o.config(ingestOpts{}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.UpstreamKey != "sk-upstream" {
+		t.Fatalf("upstream key %q", c.UpstreamKey)
 	}
 }
 

@@ -24,10 +24,13 @@
 //	GET/POST /admin/weight_version, POST /admin/flush, POST /admin/reload,
 //	POST /records, GET /metrics, GET /health, GET /health/workers
 //
-// Agent routes need Config.AgentToken, the rest Config.AdminToken (bearer,
-// compared in constant time; empty means none, which cmd allows on loopback
-// only); POST /records takes either (workers that build their own records
-// are agents too); /health is open. Trace ids are URL-safe (32 hex digits
+// Agent routes need Config.AgentToken or Config.AdminToken (as rLLM's
+// gateway), the rest Config.AdminToken (sent as "Authorization: Bearer" or
+// "x-api-key", compared in constant time; empty means none, which cmd
+// allows on loopback only); POST /records takes either (workers that
+// build their own records are agents too); /health is open. The agents'
+// tokens never go upstream: the workers get Config.UpstreamKey, if any,
+// as "Authorization: Bearer". Trace ids are URL-safe (32 hex digits
 // of the step id's SHA-256): rLLM's client puts them in URLs unescaped.
 //
 // A multi-turn agent's call sends the whole conversation so far: a step

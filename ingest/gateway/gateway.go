@@ -36,7 +36,8 @@ type Config struct {
 	Upstreams        []string // worker base URLs (http://host:port, optionally with an API path such as /v1), as given by --upstream
 	GroupSize        int      // default group size written on trajectory records when the session does not say (0: none written)
 	AgentToken       string   // bearer token for /sessions/{id}/v1/... and /v1/... (empty: none; only allowed on loopback, checked by cmd)
-	AdminToken       string   // bearer token for management routes, /records and /metrics (empty: none)
+	AdminToken       string   // bearer token for management routes, /records and /metrics, also taken on agent routes (empty: none)
+	UpstreamKey      string   // sent to the workers as "Authorization: Bearer" (vLLM's --api-key); empty: none. The agents' tokens are never forwarded
 	MaxRequestBytes  int64    // request body bound (default 32 MiB)
 	MaxBufferedBytes int64    // bound on records waiting for the output (default 256 MiB); beyond it agents get 503 with a JSON error
 	WeightVersion    int64    // initial weight (policy) version
@@ -175,7 +176,7 @@ func New(cfg Config, out Output) (*Server, error) {
 	}
 	s.weight.Store(cfg.WeightVersion)
 	s.queue = newQueue(out, cfg.MaxBufferedBytes, cfg.Writers, cfg.BatchRecords, s.metrics, cfg.Log)
-	s.pool = newPool(s.client, cfg.HealthInterval, cfg.Log)
+	s.pool = newPool(s.client, cfg.HealthInterval, cfg.UpstreamKey, cfg.Log)
 	for i, u := range cfg.Upstreams {
 		if _, err := s.pool.add(fmt.Sprint(i), u, "", "", 1); err != nil {
 			s.queue.stop()

@@ -2,10 +2,12 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -273,37 +275,90 @@ func TestPlainV1NotRecorded(t *testing.T) {
 	}
 }
 
+// Agent routes take the agent's or the admin's token (as rLLM's gateway
+// does), management routes the admin's only; either header works
+// (Authorization: Bearer, x-api-key). Neither reaches the upstream, which
+// gets the upstream key instead; no token is logged.
 func TestTokens(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.AgentToken, c.AdminToken = "agent-secret", "admin-secret" })
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	e := newEnv(t, func(c *Config) {
+		c.AgentToken, c.AdminToken, c.UpstreamKey = "agent-secret", "admin-secret", "upstream-secret"
+		c.Log = slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &logMu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	const bearer, xkey = "Authorization", "X-Api-Key"
+	calls := 0
 	for _, tc := range []struct {
-		method, path, body, token string
-		want                      int
+		method, path, body, header, token string
+		want                              int
 	}{
-		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, "", 401},
-		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, "admin-secret", 401},
-		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, "agent-secret", 200},
-		{"POST", "/v1/chat/completions", chatBody, "agent-secret-", 401},
-		{"GET", "/sessions", "", "agent-secret", 401},
-		{"GET", "/sessions", "", "admin-secret", 200},
-		{"GET", "/metrics", "", "", 401},
-		{"POST", "/admin/weight_version", `{"weight_version":2}`, "agent-secret", 401},
-		{"POST", "/records", `{"type":"step"}`, "agent-secret", 200}, // workers post records as agents do
-		{"POST", "/records", `{"type":"step"}`, "", 401},
-		{"POST", "/records", `{"type":"step"}`, "agent-secret-", 401},
-		{"GET", "/health", "", "", 200},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, bearer, "", 401},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, bearer, "agent-secret", 200},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, bearer, "admin-secret", 200},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, xkey, "agent-secret", 200},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, xkey, "admin-secret", 200},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, xkey, "upstream-secret", 401},
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody, "bearer-lower", "agent-secret", 200},
+		{"POST", "/v1/chat/completions", chatBody, bearer, "agent-secret-", 401},
+		{"POST", "/v1/chat/completions", chatBody, bearer, "admin-secret", 200},
+		{"GET", "/sessions", "", bearer, "agent-secret", 401},
+		{"GET", "/sessions", "", xkey, "agent-secret", 401},
+		{"GET", "/sessions", "", bearer, "admin-secret", 200},
+		{"GET", "/sessions", "", xkey, "admin-secret", 200},
+		{"GET", "/metrics", "", bearer, "", 401},
+		{"POST", "/admin/weight_version", `{"weight_version":2}`, bearer, "agent-secret", 401},
+		{"POST", "/records", `{"type":"step"}`, bearer, "agent-secret", 200}, // workers post records as agents do
+		{"POST", "/records", `{"type":"step"}`, xkey, "agent-secret", 200},
+		{"POST", "/records", `{"type":"step"}`, bearer, "", 401},
+		{"POST", "/records", `{"type":"step"}`, bearer, "agent-secret-", 401},
+		{"GET", "/health", "", bearer, "", 200},
 	} {
 		hdr := []string{}
-		if tc.token != "" {
-			hdr = []string{"Authorization", "Bearer " + tc.token}
+		switch {
+		case tc.token == "":
+		case tc.header == "bearer-lower":
+			hdr = []string{"Authorization", "bearer " + tc.token}
+		case tc.header == bearer:
+			hdr = []string{bearer, "Bearer " + tc.token}
+		default:
+			hdr = []string{tc.header, tc.token}
 		}
 		if code, b := e.do(tc.method, tc.path, tc.body, hdr...); code != tc.want {
-			t.Errorf("%s %s with %q: %d, want %d: %s", tc.method, tc.path, tc.token, code, tc.want, b)
+			t.Errorf("%s %s with %s %q: %d, want %d: %s", tc.method, tc.path, tc.header, tc.token, code, tc.want, b)
+		}
+		if tc.want == 200 && strings.Contains(tc.path, "/v1/") {
+			calls++
 		}
 	}
 	reqs := e.backend.Requests()
-	if len(reqs) != 1 || reqs[0].Header.Get("Authorization") != "" {
-		t.Fatalf("the agent's token reached the upstream: %v", reqs)
+	if len(reqs) != calls {
+		t.Fatalf("%d upstream requests, want %d", len(reqs), calls)
 	}
+	for _, r := range reqs {
+		if r.Header.Get("Authorization") != "Bearer upstream-secret" || r.Header.Get("X-Api-Key") != "" {
+			t.Fatalf("the upstream got Authorization %q, x-api-key %q", r.Header.Get("Authorization"), r.Header.Get("X-Api-Key"))
+		}
+	}
+	e.backend.FailNext(1, 401) // an upstream refusing the key: passed on, logged without it
+	e.do("POST", "/sessions/tk:0/v1/chat/completions", chatBody, bearer, "Bearer agent-secret")
+	logMu.Lock()
+	defer logMu.Unlock()
+	for _, secret := range []string{"agent-secret", "admin-secret", "upstream-secret"} {
+		if strings.Contains(logs.String(), secret) {
+			t.Fatalf("a token is in the log:\n%s", logs.String())
+		}
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func TestBodyTooLarge(t *testing.T) {
@@ -436,7 +491,7 @@ func TestStickyAndFallback(t *testing.T) {
 // Adding a worker moves only the sessions it now wins; removing it moves
 // them back, no other.
 func TestPoolStickiness(t *testing.T) {
-	p := newPool(http.DefaultClient, -1, nil)
+	p := newPool(http.DefaultClient, -1, "", nil)
 	defer p.stop()
 	for i := range 4 {
 		if _, err := p.add(fmt.Sprint(i), fmt.Sprintf("http://127.0.0.1:%d", 9000+i), "", "", 1); err != nil {

@@ -28,18 +28,20 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case p == "/health":
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	case p == "/v1" || strings.HasPrefix(p, "/v1/"):
-		if s.auth(w, r, s.cfg.AgentToken, true) {
+		if s.auth(w, r, true, s.cfg.AgentToken, s.cfg.AdminToken) {
 			s.handleAgent(w, r, "", p)
 		}
 	case strings.HasPrefix(p, "/sessions/"):
 		rest := p[len("/sessions/"):]
 		if sid, tail, ok := splitSessionPath(rest); ok {
-			if s.auth(w, r, s.cfg.AgentToken, true) {
+			// Agent routes take the agent's or the admin's token, as
+			// rLLM's gateway does.
+			if s.auth(w, r, true, s.cfg.AgentToken, s.cfg.AdminToken) {
 				s.handleAgent(w, r, sid, tail)
 			}
 			return
 		}
-		if s.auth(w, r, s.cfg.AdminToken, false) {
+		if s.auth(w, r, false, s.cfg.AdminToken) {
 			s.sessionRoute(w, r, rest)
 		}
 	case p == "/records" && s.cfg.AgentToken != "" && s.tokenOK(r, s.cfg.AgentToken):
@@ -47,17 +49,39 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		// token (or the admin's, below).
 		s.adminRoute(w, r, p)
 	default:
-		if s.auth(w, r, s.cfg.AdminToken, false) {
+		if s.auth(w, r, false, s.cfg.AdminToken) {
 			s.adminRoute(w, r, p)
 		}
 	}
 }
 
-// tokenOK reports whether r carries token (constant time over hashes).
-func (s *Server) tokenOK(r *http.Request, token string) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(token))
-	return ok && subtle.ConstantTimeCompare(a[:], b[:]) == 1
+// presentedToken is the token r carries: "Authorization: Bearer" (the
+// OpenAI SDK's) or else "x-api-key" (the Anthropic SDK's), as rLLM reads
+// them.
+func presentedToken(r *http.Request) (string, bool) {
+	if v := r.Header.Get("Authorization"); len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
+		return strings.TrimSpace(v[7:]), true
+	}
+	if v := r.Header.Get("X-Api-Key"); v != "" {
+		return strings.TrimSpace(v), true
+	}
+	return "", false
+}
+
+// tokenOK reports whether r carries one of tokens (empty ones never
+// match), comparing in constant time over hashes against each.
+func (s *Server) tokenOK(r *http.Request, tokens ...string) bool {
+	got, ok := presentedToken(r)
+	h := sha256.Sum256([]byte(got))
+	match := 0
+	for _, token := range tokens {
+		if token == "" {
+			continue
+		}
+		want := sha256.Sum256([]byte(token))
+		match |= subtle.ConstantTimeCompare(h[:], want[:])
+	}
+	return ok && match == 1
 }
 
 // splitSessionPath splits "{session_id}/v1/..." at the shortest /v1 tail
@@ -74,21 +98,22 @@ func splitSessionPath(rest string) (sid, tail string, ok bool) {
 	return "", "", false
 }
 
-// auth checks the bearer token (constant time over hashes, so the length
-// leaks nothing either); it answers 401 itself.
-func (s *Server) auth(w http.ResponseWriter, r *http.Request, token string, openai bool) bool {
-	if token == "" {
+// auth checks the token against tokens[0], the one the route requires
+// (empty: none), or any other of tokens (constant time over hashes, so the
+// length leaks nothing either); it answers 401 itself.
+func (s *Server) auth(w http.ResponseWriter, r *http.Request, openai bool, tokens ...string) bool {
+	if tokens[0] == "" {
 		return true
 	}
-	if s.tokenOK(r, token) {
+	if s.tokenOK(r, tokens...) {
 		return true
 	}
 	s.metrics.errors.inc("unauthorized")
 	w.Header().Set("WWW-Authenticate", `Bearer realm="rllm-pipe gateway"`)
 	if openai {
-		writeOpenAIError(w, http.StatusUnauthorized, "authentication_error", "missing or wrong bearer token")
+		writeOpenAIError(w, http.StatusUnauthorized, "authentication_error", "missing or wrong token (Authorization: Bearer, or x-api-key)")
 	} else {
-		writeError(w, http.StatusUnauthorized, "missing or wrong bearer token")
+		writeError(w, http.StatusUnauthorized, "missing or wrong token (Authorization: Bearer, or x-api-key)")
 	}
 	return false
 }

@@ -66,6 +66,7 @@ func (w *worker) target(tail, rawQuery string) string {
 type pool struct {
 	client   *http.Client
 	interval time.Duration
+	key      string // upstream API key (Config.UpstreamKey)
 	log      *slog.Logger
 
 	mu      sync.RWMutex
@@ -77,8 +78,8 @@ type pool struct {
 	started  atomic.Bool
 }
 
-func newPool(client *http.Client, interval time.Duration, log *slog.Logger) *pool {
-	p := &pool{client: client, interval: interval, log: log, stopc: make(chan struct{}), donec: make(chan struct{})}
+func newPool(client *http.Client, interval time.Duration, key string, log *slog.Logger) *pool {
+	p := &pool{client: client, interval: interval, key: key, log: log, stopc: make(chan struct{}), donec: make(chan struct{})}
 	if interval > 0 {
 		p.started.Store(true)
 		go p.healthLoop()
@@ -252,6 +253,9 @@ func (p *pool) check(w *worker) bool {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url+"/health", nil)
 	if err != nil {
 		return false
+	}
+	if p.key != "" {
+		req.Header.Set("Authorization", "Bearer "+p.key)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {

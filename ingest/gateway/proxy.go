@@ -15,9 +15,10 @@ import (
 	"time"
 )
 
-// hop-by-hop and gateway-only request headers, never forwarded upstream.
+// hop-by-hop and gateway-only request headers (the gateway's own tokens
+// among them), never forwarded upstream.
 var dropRequestHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authorization", "Te", "Trailer",
-	"Transfer-Encoding", "Upgrade", "Authorization", "Content-Length", "Accept-Encoding"}
+	"Transfer-Encoding", "Upgrade", "Authorization", "X-Api-Key", "Content-Length", "Accept-Encoding"}
 
 var dropResponseHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
 
@@ -143,6 +144,9 @@ func (s *Server) upstreamDo(ctx context.Context, r *http.Request, sid, tail stri
 		}
 		for _, h := range dropRequestHeaders {
 			req.Header.Del(h)
+		}
+		if s.cfg.UpstreamKey != "" {
+			req.Header.Set("Authorization", "Bearer "+s.cfg.UpstreamKey)
 		}
 		if len(body) > 0 && req.Header.Get("Content-Type") == "" {
 			req.Header.Set("Content-Type", "application/json")

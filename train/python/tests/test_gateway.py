@@ -451,12 +451,16 @@ def test_shard_root_output_call_by_call(gateway, llm, tmp_path):
         assert r["advantage"] == pytest.approx(1.0 if r["reward"] else -1.0, abs=1e-3)
 
 
-def test_bearer_tokens_with_real_clients(gateway, llm, tmp_path):
+def test_bearer_tokens_with_real_clients(gateway, llm, tmp_path, monkeypatch):
     """The openai SDK's api_key is the agent token; a wrong one is refused
-    (401) and records nothing; management needs the admin token."""
+    (401) and records nothing; management needs the admin token, which
+    agent routes take too (as rLLM's gateway does), as does x-api-key; the
+    workers get the upstream key, never the gateway's tokens."""
     (tmp_path / "agent").write_text("agent-secret-1\n")
     (tmp_path / "admin").write_text("admin-secret-2\n")
-    gw = gateway("--agent-token-file", str(tmp_path / "agent"), "--admin-token-file", str(tmp_path / "admin"))
+    monkeypatch.setenv("TEST_VLLM_KEY", "upstream-secret-3")
+    gw = gateway("--agent-token-file", str(tmp_path / "agent"), "--admin-token-file", str(tmp_path / "admin"),
+                 "--upstream-key-env", "TEST_VLLM_KEY")
     sid = "task-tok:0"
     bad = openai.OpenAI(base_url=gw.session_url(sid), api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
@@ -464,14 +468,25 @@ def test_bearer_tokens_with_real_clients(gateway, llm, tmp_path):
     assert llm.calls == []
     ok = openai.OpenAI(base_url=gw.session_url(sid), api_key="agent-secret-1", max_retries=0)
     assert ok.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat")).choices[0].message.content
+    # The admin token works on agent routes; so does x-api-key.
+    as_admin = openai.OpenAI(base_url=gw.session_url(sid), api_key="admin-secret-2", max_retries=0)
+    assert as_admin.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers=fx("vllm_chat")).choices[0].message.content
+    r = httpx.post(gw.session_url(sid) + "/chat/completions", json={"model": MODEL, "messages": QUESTION},
+                   headers={"x-api-key": "agent-secret-1", **fx("vllm_chat")}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert len(llm.calls) == 3
+    for c in llm.calls:
+        got = {k.lower(): v for k, v in c.headers.items()}
+        assert got.get("authorization") == "Bearer upstream-secret-3" and "x-api-key" not in got
     # The agent token is not an admin token.
     assert httpx.get(f"{gw.url}/sessions/{sid}", headers={"Authorization": "Bearer agent-secret-1"}).status_code == 401
+    assert httpx.get(f"{gw.url}/sessions/{sid}", headers={"x-api-key": "agent-secret-1"}).status_code == 401
     admin = {"Authorization": "Bearer admin-secret-2"}
-    assert httpx.get(f"{gw.url}/sessions/{sid}", headers=admin).json()["trace_count"] == 1
+    assert httpx.get(f"{gw.url}/sessions/{sid}", headers={"x-api-key": "admin-secret-2"}).json()["trace_count"] == 3
     r = httpx.post(f"{gw.url}/sessions/{sid}/finish", json={"reward": 1.0}, headers=admin, timeout=60)
     assert r.status_code == 200, r.text
     assert gw.stop() == 0
     steps = [x for x in gw.records() if x["type"] == "step"]
-    assert len(steps) == 1 and sid_of(steps[0]) == sid
+    assert len(steps) == 3 and all(sid_of(s) == sid for s in steps)
     err = gw.proc.stderr.read().decode()
-    assert "agent-secret-1" not in err and "admin-secret-2" not in err
+    assert "agent-secret-1" not in err and "admin-secret-2" not in err and "upstream-secret-3" not in err
