@@ -3,6 +3,14 @@ trajectories + Batch.to_padded) next to the same work done in Python from step
 rows (serve --layout steps), in the same run on the same data.
 
     python train/python/examples/bench_padded.py [--groups 64] [--rounds 3] [--bin PATH] [--baseline-bin PATH]
+    python train/python/examples/bench_padded.py --trajectory-tokens 8192 --batch-trajectories 512 --groups 96
+
+--trajectory-tokens N generates trajectories of about N tokens each (merged:
+the first prompt, then every action and observation), and
+--batch-trajectories M sets the batch budget to M times the tokens per
+trajectory measured on the data, so that batches hold about M trajectories
+(whole groups of 16, so a few more or fewer); the figure a trainer step
+needs is then the ms per batch.
 
 The Python contenders do what rLLM's verl transform does
 (rllm/trainer/verl/transform.py), per trajectory: a step whose prompt starts
@@ -23,9 +31,11 @@ rllm-pipe's (keyed by trajectory and first step). Then the contenders run
 --rounds times, alternating, each round a fresh consumer group of a fresh
 serve; the time of a round runs from opening the stream to the last batch
 padded and acknowledged. Printed: the median and the spread (min-max) of
-rows/s, tokens/s and ms per 512 rows, the time the client spent padding
-(the rest is waiting for the server), and the speed-up over each Python
-contender (median of the per-round ratios, with its spread).
+rows/s, trajectories/s, tokens/s (tokens kept after truncation), ms per
+batch (the round's time over its batches) and per 512 rows, the time the
+client spent padding (the rest is waiting for the server), and the speed-up
+over each Python contender (median of the per-round ratios, with its
+spread).
 """
 
 import argparse
@@ -163,6 +173,8 @@ def rllm_pipe_way(P, R):
     def pad(b):
         p = b.to_padded(PAD, P, R, warn=False, out=state["prev"])
         state["prev"] = p  # the trainer is done with it once the batch is acknowledged
+        for k in CUT:
+            CUT[k] += p.truncation[k]
         keys = list(zip(p.ids["trajectory_ids"], p.ids["first_step_index"]))
         return p.num_rows, int(p.attention_mask.sum()), {**p.arrays()}, keys
 
@@ -182,6 +194,7 @@ CONTENDERS = {
     "python (lists)": ("steps", lambda P, R: python_way(merge_lists, P, R)),
     "python (numpy views)": ("steps", lambda P, R: python_way(merge_numpy, P, R)),
 }
+CUT = {"rows": 0, "prompts_truncated": 0, "responses_truncated": 0}  # rllm-pipe's to_padded, summed
 CHECKED = ("input_ids", "attention_mask", "position_ids", "response_mask", "rollout_log_probs", "advantages", "traj_rewards")
 
 
@@ -203,11 +216,20 @@ def serve(bin_, out, work, layout, max_tokens):
     return proc, "grpc://" + ready.read_text().strip()
 
 
+class Round:
+    """One contender's drain of the server."""
+
+    def __init__(self):
+        self.rows = self.tokens = self.budget = self.batches = 0
+        self.secs = self.busy = 0.0
+        self.trajectories = []  # per batch
+
+
 def consume(location, fn, each=None):
-    """Drains the server through fn; returns rows, tokens, seconds in all,
-    seconds in fn, and the tokens the server counted against its budget."""
-    rows = tokens = budget = 0
-    busy = 0.0
+    """Drains the server through fn: rows, tokens, seconds in all, seconds in
+    fn, batches, trajectories per batch, and the tokens the server counted
+    against its budget."""
+    r = Round()
     t0 = time.perf_counter()
     with Client(location, consumer="bench") as c:
         for b in c.batches():
@@ -215,12 +237,15 @@ def consume(location, fn, each=None):
             n, t, tensors, keys = fn(b)
             if each is not None:
                 each(tensors, keys)
-            busy += time.perf_counter() - t1
-            rows += n
-            tokens += t
-            budget += b.tokens_total
+            r.busy += time.perf_counter() - t1
+            r.rows += n
+            r.tokens += t
+            r.budget += b.tokens_total
+            r.batches += 1
+            r.trajectories.append(len({k[0] for k in keys}))
             b.ack()
-    return rows, tokens, time.perf_counter() - t0, busy, budget
+    r.secs = time.perf_counter() - t0
+    return r
 
 
 def digests(out):
@@ -244,10 +269,25 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--bin")
     ap.add_argument("--baseline-bin", help="an earlier rllm-pipe binary, run as one more contender")
-    ap.add_argument("--max-tokens", type=int, default=4_200_000, help="batch budget: ~512 trajectories of ~8k tokens")
+    ap.add_argument("--max-tokens", type=int, default=4_200_000, help="batch budget of merged rows (ignored with --batch-trajectories)")
+    ap.add_argument("--trajectory-tokens", type=int, default=0,
+                    help="generate trajectories of about this many tokens (0: 12-22 turns, about 10k)")
+    ap.add_argument("--batch-trajectories", type=int, default=0,
+                    help="set the budget so that a batch holds about this many trajectories (measured tokens per trajectory)")
     ap.add_argument("--max-prompt-length", type=int, default=2048)
-    ap.add_argument("--max-response-length", type=int, default=8192)
+    ap.add_argument("--max-response-length", type=int,
+                    help="default 8192, or with --trajectory-tokens N the first multiple of 1024 over 1.5 N - 1024")
     args = ap.parse_args()
+    # Turns of a generated trajectory: a first prompt of ~1024 tokens, then
+    # ~500 tokens (a 300-token action and a 200-token observation) per turn.
+    turns = "12..22"
+    if args.trajectory_tokens:
+        mid = max(2, round((args.trajectory_tokens - 1024) / 500))
+        turns = f"{max(1, mid - 4)}..{mid + 4}"
+    if args.max_response_length is None:
+        args.max_response_length = 8192
+        if args.trajectory_tokens:  # room for the long tail: rows cut are reported
+            args.max_response_length = -(-(args.trajectory_tokens * 3 // 2 - 1024) // 1024) * 1024
     bin_ = find_bin(args.bin)
     contenders = dict(CONTENDERS)
     bins = {}
@@ -259,7 +299,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
         run = lambda *a: subprocess.run([bin_, *a], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        run("gen", "--groups", str(args.groups), "--group-size", "16", "--turns", "12..22", "--resets", "0.02",
+        run("gen", "--groups", str(args.groups), "--group-size", "16", "--turns", turns, "--resets", "0.02",
             "--observation-len", "200", "--prompt-len", "1024", "--response-len", "300", "--out", str(work / "t.jsonl"), "--quiet")
         run("ingest", "--from", str(work / "t.jsonl"), "--to", str(work / "out"), "--group-size", "16", "--quiet")
 
@@ -283,9 +323,15 @@ def main():
         # The budget of step rows counts every step's whole prompt: scaled so
         # that the Python contenders get batches of as many trajectories.
         want = {}
-        merged_tokens = once(next(iter(contenders)), digests(want))[4]
+        first = once(next(iter(contenders)), digests(want))
+        cut = dict(CUT)  # rows to_padded cut in one pass over the data
+        merged_tokens = first.budget
+        trajectories = sum(first.trajectories)
+        per_trajectory = merged_tokens / trajectories
+        if args.batch_trajectories:
+            budget["trajectories"] = args.max_tokens = int(args.batch_trajectories * per_trajectory)
         budget["steps"] = args.max_tokens
-        step_tokens = once("steps")[4]
+        step_tokens = once("steps").budget
         budget["steps"] = int(args.max_tokens * step_tokens / merged_tokens)
         for name in list(contenders)[1:]:
             got = {}
@@ -293,6 +339,8 @@ def main():
             if got != want:
                 bad = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
                 sys.exit(f"{name}: {len(bad)} of {len(want)} rows differ from rllm-pipe's, e.g. {bad[:3]}")
+        print(f"data: {args.groups} groups of 16, turns {turns}: {trajectories} trajectories of {per_trajectory:,.0f} tokens "
+              f"on average ({first.rows} merged rows; {first.budget:,} tokens)")
         print(f"budgets: {budget} (step rows hold {step_tokens / merged_tokens:.1f}x the tokens of merged rows)")
         print(f"checked: the {len(contenders)} contenders' tensors are equal on all {len(want)} rows "
               f"({', '.join(CHECKED)})")
@@ -302,20 +350,26 @@ def main():
             names = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
             for name in names:
                 results[name].append(once(name))
-        print(f"{args.rounds} rounds, alternating; median (min-max); P={P} R={R}")
+        print(f"{args.rounds} rounds, alternating; median (min-max); P={P} R={R}; truncation: {cut}")
         for name, rs in results.items():
-            rows, tokens = rs[0][0], rs[0][1]
-            secs = [r[2] for r in rs]
-            busy = [r[3] for r in rs]
-            print(f"{name:34s} {rows} rows {tokens} tokens ({tokens / rows:,.0f}/row): "
-                  f"{spread([rows / s for s in secs], '{:,.0f}')} rows/s, {spread([tokens / s / 1e6 for s in secs], '{:.2f}')} M tokens/s, "
+            r0 = rs[0]
+            rows, tokens, batches = r0.rows, r0.tokens, r0.batches
+            secs = [r.secs for r in rs]
+            busy = [r.busy for r in rs]
+            tpb = r0.trajectories
+            print(f"{name:34s} {rows} rows {tokens} tokens ({tokens / rows:,.0f}/row) in {batches} batches of "
+                  f"{statistics.mean(tpb):.0f} ({min(tpb)}-{max(tpb)}) trajectories:\n    "
+                  f"{spread([rows / s for s in secs], '{:,.0f}')} rows/s, {spread([trajectories / s for s in secs], '{:,.0f}')} trajectories/s, "
+                  f"{spread([tokens / s / 1e6 for s in secs], '{:.2f}')} M tokens/s, "
+                  f"{spread([s / batches * 1e3 for s in secs], '{:,.0f}')} ms per batch, "
                   f"{spread([s / rows * 512 * 1e3 for s in secs], '{:,.0f}')} ms per 512 rows "
-                  f"(padding {spread([b / rows * 512 * 1e3 for b in busy], '{:,.0f}')} ms)")
+                  f"(padding {spread([b / batches * 1e3 for b in busy], '{:,.0f}')} ms per batch)")
         ours = results[next(iter(contenders))]
         for name in list(contenders)[1:]:
-            ratios = [theirs[2] / mine[2] for theirs, mine in zip(results[name], ours)]
-            client = [theirs[3] / mine[3] for theirs, mine in zip(results[name], ours)]
-            print(f"speed-up over {name}: {spread(ratios, '{:.1f}')}x end to end, {spread(client, '{:.1f}')}x in the client's padding")
+            ratios = [theirs.secs / mine.secs for theirs, mine in zip(results[name], ours)]
+            client = [theirs.busy / mine.busy for theirs, mine in zip(results[name], ours)]
+            print(f"speed-up over {name}: {spread(ratios, '{:.1f}')}x end to end (lowest {min(ratios):.1f}x), "
+                  f"{spread(client, '{:.1f}')}x in the client's padding")
 
 
 if __name__ == "__main__":
