@@ -18,8 +18,10 @@ Each optimizer step makes new weights, so an acknowledgement advances
 ``policy_version`` by ``versions_per_step`` (1) and reports the advanced
 version: the version of the weights that will train on the next batch,
 which ``serve`` forms against it, so ``--max-staleness`` bounds the
-staleness of every batch as trained on. Reporting the version from before
-the step would let the next batch be one version staler than the bound.
+staleness of every batch as trained on (with ``serve --max-inflight 1``;
+with more, the batches formed ahead were judged against the version
+current when they were formed). Reporting the version from before the step
+would let the next batch be one version staler than the bound.
 A trainer that numbers its versions otherwise (weights published every k
 steps) passes ``versions_per_step=0`` and sets ``policy_version`` (or calls
 ``step.ack(policy_version=v)``) itself.
