@@ -524,3 +524,45 @@ func TestIntegrationStopStdinDuringS3Outage(t *testing.T) {
 		}
 	}
 }
+
+// TestBurstOfVersionsDefaultFlags is the issue's input: 5,000 distinct
+// policy versions in about 1.5 MiB, ingested with the default flags (and
+// with two encoders, as on a two-core machine, where MaxOpenShards is 8,
+// below the default --max-partitions): a few shards and folders, not one
+// per version.
+func TestBurstOfVersionsDefaultFlags(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	var b bytes.Buffer
+	for v := range 5000 {
+		fmt.Fprintf(&b, `{"type":"step","step_id":"s%d","task_id":"t%d","trajectory_id":"tr%d","step_index":0,"policy_version":%d,"prompt_ids":[1,2,3],"response_ids":[4,5],"response_logprobs":[-0.5,-0.25]}`+"\n", v, v, v, v)
+		fmt.Fprintf(&b, `{"type":"trajectory","trajectory_id":"tr%d","task_id":"t%d","reward":%d,"num_steps":1,"group_size":1}`+"\n", v, v, v%2)
+	}
+	if err := os.WriteFile(in, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, extra := range map[string][]string{"defaults": nil, "encoders-2": {"--encoders", "2"}} {
+		t.Run(name, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "out")
+			var stderr bytes.Buffer
+			if code := run(context.Background(), append([]string{"ingest", "--from", in, "--to", out, "--quiet"}, extra...), io.Discard, &stderr); code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			entries, err := local.ReadManifest(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var shards, rows int64
+			for _, e := range entries {
+				if e.Path != "" {
+					shards++
+					rows += e.Rows
+				}
+			}
+			folders, _ := filepath.Glob(filepath.Join(out, schemas.PartitionKey+"=*"))
+			if rows != 5000 || shards > 32 || len(folders) > 16 {
+				t.Fatalf("%d rows in %d shards and %d partition folders for 5,000 versions; want 5000 rows, at most 32 shards and 16 folders", rows, shards, len(folders))
+			}
+		})
+	}
+}

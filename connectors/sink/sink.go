@@ -68,7 +68,8 @@ type Config struct {
 	// of the nearest version below its own (else the lowest open one), so
 	// that a burst of versions makes a few shards, not one per version.
 	// A shard then holds several versions; its entry's PolicyVersion is
-	// the smallest. Default DefaultMaxPartitions, at most MaxOpenShards.
+	// the smallest. Default DefaultMaxPartitions; always at most
+	// MaxOpenShards (4 × Lanes by default: 8 on two cores).
 	MaxPartitions int
 	// Lanes is the number of shards open at once for one partition, each
 	// encoded on its own goroutine; batches take them in turn. The lanes
@@ -224,9 +225,12 @@ func New(store Store, cfg Config) *Sink {
 		cfg.MaxOpenShards = 4 * cfg.Lanes
 	}
 	if cfg.MaxPartitions <= 0 {
-		// Beyond MaxOpenShards partitions, opening one commits another.
-		cfg.MaxPartitions = min(DefaultMaxPartitions, cfg.MaxOpenShards)
+		cfg.MaxPartitions = DefaultMaxPartitions
 	}
+	// Beyond MaxOpenShards partitions, opening one commits another (the
+	// oldest), so more partitions than that are never open at once and a
+	// version beyond them would never share one: a shard per version.
+	cfg.MaxPartitions = min(cfg.MaxPartitions, cfg.MaxOpenShards)
 	if cfg.RunID == "" {
 		cfg.RunID = "run"
 	}
@@ -282,13 +286,19 @@ func (s *Sink) Write(ctx context.Context, b transform.Batch, now time.Time) erro
 	ln := lane{part, s.turn[part] % n}
 	s.turn[part] = (ln.n + 1) % n
 	sh := s.open[ln]
-	if sh == nil {
-		if len(s.open) >= s.cfg.MaxOpenShards {
-			if err := s.commit(ctx, s.oldest()); err != nil {
+	if sh == nil && len(s.open) >= s.cfg.MaxOpenShards {
+		// No room for another shard. A partition that has one open takes
+		// it rather than have another partition's committed for a lane:
+		// that would close partitions one after the other and let every
+		// new version open one of its own (a shard per version).
+		if sh = s.anyLane(part); sh == nil {
+			if err := s.commit(ctx, s.evictable()); err != nil {
 				b.Record.Release()
 				return err
 			}
 		}
+	}
+	if sh == nil {
 		var err error
 		if sh, err = s.create(ctx, ln, now); err != nil {
 			b.Record.Release()
@@ -387,12 +397,36 @@ func (s *Sink) lanes(v int64) int {
 // being written, for sharing the lanes.
 const recentWrites = 32
 
-func (s *Sink) oldest() *shard {
+// anyLane returns an open shard of partition v (the lowest lane), or nil.
+func (s *Sink) anyLane(v int64) *shard {
 	var o *shard
-	for _, sh := range s.open {
+	for ln, sh := range s.open {
+		if ln.version == v && (o == nil || ln.n < o.lane.n) {
+			o = sh
+		}
+	}
+	return o
+}
+
+// evictable is the shard to commit to make room for another: the oldest
+// extra lane of a partition (one that has another lane open), else the
+// oldest shard.
+func (s *Sink) evictable() *shard {
+	lanes := map[int64]int{}
+	for ln := range s.open {
+		lanes[ln.version]++
+	}
+	var o, extra *shard
+	for ln, sh := range s.open {
 		if o == nil || sh.opened.Before(o.opened) {
 			o = sh
 		}
+		if lanes[ln.version] > 1 && (extra == nil || sh.opened.Before(extra.opened)) {
+			extra = sh
+		}
+	}
+	if extra != nil {
+		return extra
 	}
 	return o
 }

@@ -499,3 +499,29 @@ func TestSinkCommitsInFlight(t *testing.T) {
 		t.Fatalf("Close after a failed commit: %v", err)
 	}
 }
+
+// TestSinkBurstWithLanesAndDefaults: with two lanes and the default
+// limits (MaxOpenShards 8, below DefaultMaxPartitions), a burst of
+// versions still shares partitions: a lane wanted where no shard is free
+// shares one of its partition's instead of closing another partition.
+func TestSinkBurstWithLanesAndDefaults(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	st, sk := newSink(t, root, sink.Config{FlushInterval: time.Hour, RunID: "r", Lanes: 2})
+	now := time.Now()
+	for v := range 3000 {
+		for _, b := range batches(t, mem, v, 1) {
+			if err := sk.Write(ctx, b, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := sk.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(committed(t, st)); n > 8 {
+		t.Fatalf("%d shards for 3,000 versions, want at most 8 (MaxOpenShards)", n)
+	}
+}
