@@ -65,6 +65,16 @@ def test_replay_through_serve_is_byte_for_byte(runs):
                        check=True, capture_output=True, text=True)
     plan = json.loads(r.stdout)
     assert plan["batches"] == len(orig) and plan["groups"] == 30, plan
+    assert plan["layout"] == "trajectories" and plan["original"] == [{"layout": "trajectories", "include_filtered": False}], plan
+
+    # Served as other rows, the replay would not be the original's bytes: refused.
+    for rows in (["--layout", "steps"], ["--include-filtered"]):
+        with pytest.raises(Exception, match="the group replays orig with --layout trajectories --include-filtered=false"):
+            srv = Server(runs, "--follow=false", "--poll", "50ms", "--consumer-group", "again", *rows)
+            try:
+                drain(srv.location, [("wrong", None)], 9)
+            finally:
+                srv.stop()
 
     # Another budget and staleness bound, neither of which applies to a
     # replay; a member that stops after two batches (serve may have read a
