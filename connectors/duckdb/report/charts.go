@@ -9,7 +9,8 @@ import (
 )
 
 // Linker gives the link of a bucket to the trajectories behind it: the
-// filters as query parameters (version, reason, role). Nil: no links.
+// filters as query parameters (version, reason, role, staleness, shard,
+// estimator and adv_bin). Nil: no links.
 type Linker func(filters url.Values) string
 
 // Charts draws the charts of d, in page order.
@@ -24,7 +25,7 @@ func Charts(d *Data, link Linker) []*Chart {
 		}
 		return link(v)
 	}
-	version := func(x float64) string { return lk("version", fmtNum(x)) }
+	version := func(x float64, _ []any) string { return lk("version", fmtNum(x)) }
 	var out []*Chart
 
 	rv := d.Tables[duckdb.ReportRewardByVersion]
@@ -42,11 +43,11 @@ func Charts(d *Data, link Linker) []*Chart {
 
 	st := d.Tables[duckdb.ReportStaleness]
 	out = append(out, &Chart{ID: "staleness", Title: "Staleness of committed groups", XLabel: "staleness (versions behind the newest at commit)", YLabel: "groups", Kind: KindBar,
-		Series: barSeries(st, "staleness", []string{"groups"}, []string{"groups"}, nil)})
+		Series: barSeries(st, "staleness", []string{"groups"}, []string{"groups"}, func(cat string) string { return lk("staleness", cat) })})
 
 	ah := d.Tables[duckdb.ReportAdvantageHistogram]
 	out = append(out, &Chart{ID: "advantage", Title: "Advantage distribution", XLabel: "advantage (bin centre)", YLabel: "trajectories", Kind: KindLine,
-		Series: histSeries(ah)})
+		Series: histSeries(ah, lk)})
 
 	lv := d.Tables[duckdb.ReportLengthsByVersion]
 	out = append(out, &Chart{ID: "lengths", Title: "Prompt and response tokens per step by policy version", XLabel: "group_version", YLabel: "tokens per step", Kind: KindLine,
@@ -59,7 +60,9 @@ func Charts(d *Data, link Linker) []*Chart {
 
 	ft := d.Tables[duckdb.ReportFilteredOverTime]
 	out = append(out, &Chart{ID: "filtered-time", Title: "Groups filtered by reason over commit time", XLabel: "commit time (UTC)", YLabel: "groups filtered (cumulative)", Kind: KindLine, XTime: true, YZero: true,
-		Series: reasonSeries(ft, "committed_at", "filter_reason", "cumulative_groups", func(_ float64, reason string) string { return lk("reason", reason) }), Note: "no group was filtered"})
+		Series: reasonSeries(ft, "committed_at", "filter_reason", "cumulative_groups", func(_ float64, reason string, row []any) string {
+			return lk("reason", reason, "shard", Str(row[ft.Col("seq")]))
+		}), Note: "no group was filtered"})
 
 	dl := d.Tables[duckdb.ReportDeadLetters]
 	out = append(out, &Chart{ID: "dead-letters", Title: "Dead letters by reason", XLabel: "reason", YLabel: "dead letters", Kind: KindBar,
@@ -70,7 +73,7 @@ func Charts(d *Data, link Linker) []*Chart {
 
 	tp := d.Tables[duckdb.ReportThroughput]
 	out = append(out, &Chart{ID: "throughput", Title: "Ingest: rows committed over commit time", XLabel: "commit time (UTC)", YLabel: "rows committed (cumulative)", Kind: KindLine, XTime: true, YZero: true,
-		Series: lineSeries(tp, "committed_at", []string{"cumulative_rows"}, []string{"rows"}, nil)})
+		Series: lineSeries(tp, "committed_at", []string{"cumulative_rows"}, []string{"rows"}, func(_ float64, row []any) string { return lk("shard", Str(row[tp.Col("seq")])) })})
 
 	ro := d.Tables[duckdb.ReportRoles]
 	if hasRoles(ro) {
@@ -81,7 +84,7 @@ func Charts(d *Data, link Linker) []*Chart {
 }
 
 // lineSeries makes one series per column of ys against column x.
-func lineSeries(t *Table, x string, ys, names []string, link func(float64) string) []Series {
+func lineSeries(t *Table, x string, ys, names []string, link func(x float64, row []any) string) []Series {
 	if t == nil {
 		return nil
 	}
@@ -101,7 +104,7 @@ func lineSeries(t *Table, x string, ys, names []string, link func(float64) strin
 			}
 			p := Point{X: xv, Y: yv}
 			if link != nil {
-				p.Link = link(xv)
+				p.Link = link(xv, r)
 			}
 			s.Points = append(s.Points, p)
 		}
@@ -142,13 +145,14 @@ func barSeries(t *Table, cat string, ys, names []string, link func(string) strin
 	return out
 }
 
-// histSeries: one series per estimator, x the bin centre.
-func histSeries(t *Table) []Series {
+// histSeries: one series per estimator, x the bin centre; each bin
+// links to its trajectories (estimator and bin).
+func histSeries(t *Table, lk func(...string) string) []Series {
 	if t == nil {
 		return nil
 	}
-	ei, lo, hi, n := t.Col("estimator"), t.Col("bin_lo"), t.Col("bin_hi"), t.Col("trajectories")
-	if ei < 0 || lo < 0 || hi < 0 || n < 0 {
+	ei, bi, lo, hi, n := t.Col("estimator"), t.Col("bin"), t.Col("bin_lo"), t.Col("bin_hi"), t.Col("trajectories")
+	if ei < 0 || bi < 0 || lo < 0 || hi < 0 || n < 0 {
 		return nil
 	}
 	idx := map[string]int{}
@@ -167,7 +171,7 @@ func histSeries(t *Table) []Series {
 			idx[e] = i
 			out = append(out, Series{Name: e})
 		}
-		out[i].Points = append(out[i].Points, Point{X: (a + b) / 2, Y: c, Label: fmtNum(a) + " to " + fmtNum(b)})
+		out[i].Points = append(out[i].Points, Point{X: (a + b) / 2, Y: c, Label: fmtNum(a) + " to " + fmtNum(b), Link: lk("estimator", e, "adv_bin", Str(r[bi]))})
 	}
 	return out
 }
@@ -175,12 +179,12 @@ func histSeries(t *Table) []Series {
 // filteredSeries: one series per filter reason (not "(kept)"), x the
 // group_version.
 func filteredSeries(t *Table, lk func(...string) string) []Series {
-	return reasonSeries(t, "group_version", "filter_reason", "groups", func(v float64, reason string) string { return lk("version", fmtNum(v), "reason", reason) })
+	return reasonSeries(t, "group_version", "filter_reason", "groups", func(v float64, reason string, _ []any) string { return lk("version", fmtNum(v), "reason", reason) })
 }
 
 // reasonSeries: one series per value of the reason column (not
 // "(kept)") of y against x, in reason order; link may be nil.
-func reasonSeries(t *Table, x, reasonCol, y string, link func(x float64, reason string) string) []Series {
+func reasonSeries(t *Table, x, reasonCol, y string, link func(x float64, reason string, row []any) string) []Series {
 	if t == nil {
 		return nil
 	}
@@ -201,7 +205,7 @@ func reasonSeries(t *Table, x, reasonCol, y string, link func(x float64, reason 
 		}
 		p := Point{X: xv, Y: yv}
 		if link != nil {
-			p.Link = link(xv, reason)
+			p.Link = link(xv, reason, r)
 		}
 		by[reason] = append(by[reason], p)
 	}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
 )
 
@@ -27,24 +28,41 @@ const maxTokensShown = 8192
 // again.
 const indexTable = "ui_trajectories"
 
+// indexSQL also keeps what the chart buckets link by: the group's
+// staleness, the shard's seq, and the estimator and bin of the advantage
+// histogram (the reports' own queries, so a bucket's link finds exactly
+// the rows it counts).
 const indexSQL = `CREATE TABLE ` + indexTable + ` AS
-SELECT group_id, group_version, trajectory_id, task_id, coalesce(role, '') AS role, reward, advantage, steps,
-  response_tokens, coalesce(filter_reason, '') AS filter_reason, pass
-FROM trajectories
-ORDER BY group_version, group_id, trajectory_id`
+WITH staleness AS (
+` + duckdb.GroupStalenessSQL + `
+), bins AS (
+` + duckdb.AdvantageBinsSQL + `
+)
+SELECT t.group_id, t.group_version, t.trajectory_id, t.task_id, coalesce(t.role, '') AS role, t.reward, t.advantage, t.steps,
+  t.response_tokens, coalesce(t.filter_reason, '') AS filter_reason, t.pass, st.staleness, s.seq AS shard_seq,
+  coalesce(t.estimator, '') AS estimator, b.bin AS adv_bin
+FROM trajectories t
+LEFT JOIN staleness st ON st.group_id = t.group_id AND st.group_version = t.group_version
+LEFT JOIN shards s ON s.path = t.shard
+LEFT JOIN bins b ON b.group_id = t.group_id AND b.group_version = t.group_version AND b.trajectory_id = t.trajectory_id
+ORDER BY t.group_version, t.group_id, t.trajectory_id`
 
 // pageSQL is one page of the index matching the filters (an empty filter
 // matches all; a reason matches a trajectory marked by that filter among
 // others, as the filtered reports count it, and "(kept)" one no filter
-// marked), by keyset: the rows after (or, for a previous page,
-// before) the key (group_version, group_id, trajectory_id) of the last
-// row shown, never an OFFSET, so a page deep in the run costs what the
-// first one does. cmp is ">" with ASC or "<" with DESC.
+// marked), by keyset: the rows after (or, for a previous page, before)
+// the key (group_version, group_id, trajectory_id) of the last row shown,
+// never an OFFSET, so a page deep in the run costs what the first one
+// does. cmp is ">" with ASC or "<" with DESC.
 func pageSQL(cmp, dir string) string {
-	return `SELECT group_id, group_version, trajectory_id, task_id, role, reward, advantage, steps, response_tokens, filter_reason, pass
+	return `SELECT group_id, group_version, trajectory_id, task_id, role, reward, advantage, steps, response_tokens, filter_reason, pass,
+  staleness, shard_seq AS shard
 FROM ` + indexTable + `
 WHERE ($1 = '' OR task_id = $1) AND ($2::BIGINT IS NULL OR group_version = $2::BIGINT) AND ($3 = '' OR role = $3)
-  AND ($4 = '' OR list_contains(string_split(filter_reason, ','), $4) OR ($4 = '(kept)' AND filter_reason = '')) AND ($5::DOUBLE IS NULL OR reward >= $5::DOUBLE) AND ($6::DOUBLE IS NULL OR reward <= $6::DOUBLE)
+  AND ($4 = '' OR list_contains(string_split(filter_reason, ','), $4) OR ($4 = '(kept)' AND filter_reason = ''))
+  AND ($5::DOUBLE IS NULL OR reward >= $5::DOUBLE) AND ($6::DOUBLE IS NULL OR reward <= $6::DOUBLE)
+  AND ($11::BIGINT IS NULL OR staleness = $11::BIGINT) AND ($12::BIGINT IS NULL OR shard_seq = $12::BIGINT)
+  AND ($13 = '' OR estimator = $13) AND ($14::BIGINT IS NULL OR adv_bin = $14::BIGINT)
   AND ($7::BIGINT IS NULL OR group_version ` + cmp + ` $7::BIGINT OR (group_version = $7::BIGINT AND (group_id ` + cmp + ` $8 OR (group_id = $8 AND trajectory_id ` + cmp + ` $9))))
 ORDER BY group_version ` + dir + `, group_id ` + dir + `, trajectory_id ` + dir + `
 LIMIT $10`
@@ -106,21 +124,34 @@ func rowKey(row []any) key {
 }
 
 // filterKeys are the browser's filters: query parameter and label.
-var filterKeys = [][2]string{{"task", "task"}, {"version", "policy version"}, {"role", "role"}, {"reason", "filter reason"}, {"min_reward", "reward ≥"}, {"max_reward", "reward ≤"}}
+var filterKeys = [][2]string{{"task", "task"}, {"version", "policy version"}, {"role", "role"}, {"reason", "filter reason"}, {"min_reward", "reward ≥"}, {"max_reward", "reward ≤"},
+	{"staleness", "staleness"}, {"shard", "shard seq"}, {"estimator", "estimator"}, {"adv_bin", "advantage bin"}}
+
+// optInt reads an integer filter ("" for none).
+func optInt(name, s string) (any, error) {
+	if s == "" {
+		return nil, nil
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not an integer", name)
+	}
+	return n, nil
+}
 
 func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	f := func(k string) string { return strings.TrimSpace(q.Get(k)) }
 	page, _ := strconv.Atoi(q.Get("page"))
 	page = max(page, 0)
-	var version any
-	if v := f("version"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
+	ints := map[string]any{}
+	for _, k := range []string{"version", "staleness", "shard", "adv_bin"} {
+		n, err := optInt(k, f(k))
 		if err != nil {
-			http.Error(w, "version: not an integer", http.StatusBadRequest)
+			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		version = n
+		ints[k] = n
 	}
 	lo, err1 := optNum(f("min_reward"))
 	hi, err2 := optNum(f("max_reward"))
@@ -150,7 +181,7 @@ func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 		kv, kg, kt = at.version, at.group, at.traj
 	}
 	t, err := report.RunTable(r.Context(), s.db, "trajectories", text,
-		f("task"), version, f("role"), f("reason"), lo, hi, kv, kg, kt, n+1)
+		f("task"), ints["version"], f("role"), f("reason"), lo, hi, kv, kg, kt, n+1, ints["staleness"], ints["shard"], f("estimator"), ints["adv_bin"])
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
@@ -169,6 +200,9 @@ func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 	var b strings.Builder
 	b.WriteString(`<p class="meta"><a href="/">charts</a></p><form id="filters" method="get" action="/trajectories">`)
 	for _, k := range filterKeys {
+		if (k[0] == "estimator" || k[0] == "adv_bin") && f(k[0]) == "" {
+			continue // set by the advantage histogram's links only
+		}
 		fmt.Fprintf(&b, `<label>%s <input name="%s" value="%s" size="10"></label> `, k[1], k[0], html.EscapeString(f(k[0])))
 	}
 	b.WriteString(`<button type="submit">filter</button></form>`)
