@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -69,11 +70,11 @@ trajectory_id); --dedupe drops repeated conversations. The output type
 follows the file's extension (.parquet, .jsonl).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := firstErr(floatIn("min-reward", minReward, -math.MaxFloat64, math.MaxFloat64), intIn("best-of-n", cfg.BestOfN, 0, 1<<30)); err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("min-reward") {
 				cfg.MinReward = &minReward
-			}
-			if cfg.BestOfN < 0 {
-				return usageErrorf("--best-of-n: want 0 (all) or more")
 			}
 			if cfg.Format != export.FormatMessages && cfg.Format != export.FormatPromptCompletion {
 				return usageErrorf("--format: %s or %s", export.FormatMessages, export.FormatPromptCompletion)
@@ -152,6 +153,12 @@ teacher_logprobs): a teacher server fills teacher_logprobs, one per response
 token, and the file goes back through ingest into a new output.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The ranges of ingest's --kl-* flags: a NaN or infinite λ
+			// would write NaN advantages.
+			if err := firstErr(floatIn("kl-coef", cfg.Distill.Coef, -1e6, 1e6), floatIn("kl-clip", cfg.Distill.Clip, 0, math.MaxFloat64),
+				floatIn("kl-discount", cfg.Distill.Discount, 0, 1)); err != nil {
+				return err
+			}
 			if strings.ToLower(filepath.Ext(o.to)) != ".parquet" {
 				return usageErrorf("--to %q: name a .parquet file", o.to)
 			}

@@ -522,3 +522,42 @@ func TestExportRefusesStoreOutputs(t *testing.T) {
 		t.Errorf("the store no longer reads: exit %d\n%s", r.code, r.stderr)
 	}
 }
+
+// TestExportNumericFlagsRefused: export's numbers are range-checked as
+// ingest's are: a NaN or infinite λ, a discount above 1, a negative clip
+// or a NaN reward floor is a usage error naming the flag (exit 2), never
+// a dataset of NaN advantages.
+func TestExportNumericFlagsRefused(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	gen := filepath.Join(work, "gen.jsonl")
+	out := filepath.Join(work, "out")
+	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "4", "--group-size", "2", "--seed", "1", "--quiet"); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	if r := e2eRun(t, bin, work, "ingest", "--from", gen, "--to", out, "--group-size", "2", "--quiet"); r.code != 0 {
+		t.Fatalf("ingest: %s", r.stderr)
+	}
+	for _, c := range []struct {
+		cmd, flag string
+		values    []string
+	}{
+		{"distill", "kl-coef", []string{"NaN", "Inf", "-Inf", "1e308"}},
+		{"distill", "kl-clip", []string{"NaN", "-1", "Inf"}},
+		{"distill", "kl-discount", []string{"NaN", "5", "-0.1"}},
+		{"sft", "min-reward", []string{"NaN", "Inf", "-Inf"}},
+		{"sft", "best-of-n", []string{"-1", "99999999999"}},
+	} {
+		for _, v := range c.values {
+			dst := filepath.Join(work, "x."+map[string]string{"distill": "parquet", "sft": "jsonl"}[c.cmd])
+			r := e2eRun(t, bin, work, "export", c.cmd, "--from", out, "--to", dst, "--quiet", "--"+c.flag+"="+v)
+			if r.code != exitUsage || !strings.Contains(r.stderr, c.flag) {
+				t.Errorf("export %s --%s=%s: exit %d, want %d naming the flag; stderr: %s", c.cmd, c.flag, v, r.code, exitUsage, e2eClip(r.stderr, 300))
+			}
+			if _, err := os.Stat(dst); err == nil {
+				t.Errorf("export %s --%s=%s wrote %s", c.cmd, c.flag, v, dst)
+				os.Remove(dst)
+			}
+		}
+	}
+}
