@@ -70,6 +70,24 @@ func TestEveryFixtureRecorded(t *testing.T) {
 				if x.NullLogprobPositions != nil && fmt.Sprint(meta["null_logprob_positions"]) != fmt.Sprint(toAny(x.NullLogprobPositions)) {
 					t.Errorf("null positions %v, want %v", meta["null_logprob_positions"], x.NullLogprobPositions)
 				}
+				if x.NullLogprobPositions != nil {
+					// Nulls in place: one entry per response token, the
+					// others as the upstream gave them.
+					lps, _ := s.raw["response_logprobs"].([]any)
+					var nulls []int
+					var rest []float64
+					for i, v := range lps {
+						if v == nil {
+							nulls = append(nulls, i)
+						} else {
+							rest = append(rest, v.(float64))
+						}
+					}
+					if len(lps) != len(ints(s.raw["response_ids"])) || fmt.Sprint(nulls) != fmt.Sprint(x.NullLogprobPositions) ||
+						(x.ResponseLogprobs != nil && !reflect.DeepEqual(rest, x.ResponseLogprobs)) {
+						t.Errorf("response_logprobs %v: want nulls at %v in place", lps, x.NullLogprobPositions)
+					}
+				}
 			} else {
 				if s.reason != "" {
 					t.Fatalf("ingest rejects the step: %s: %s", s.reason, mustJSON(s.raw))

@@ -52,9 +52,11 @@
 //     (rllm_gateway_choices_unrecorded_total) and the step's metadata says n.
 //   - One logprob per response token: a null entry or a count mismatch is
 //     not repaired. The call is proxied unchanged and its Step record is
-//     written with the non-null logprobs only and
-//     metadata.gateway_reject = null_logprob | logprob_count, so that ingest
-//     dead-letters it as length_mismatch; a response with no token ids or
+//     written with the logprobs as the upstream gave them, a null in its
+//     place (ingest dead-letters it as wrong_type, as it does the same
+//     defect from `import rllm` or rllm_pipe.emit), or too few or too many
+//     (length_mismatch), and metadata.gateway_reject = null_logprob |
+//     logprob_count, the specific reason; a response with no token ids or
 //     an unreadable body is written without the missing fields
 //     (gateway_reject = missing_token_ids | unreadable_response) and ingest
 //     dead-letters it as missing_field. Both are counted here

@@ -243,7 +243,7 @@ func (p *pool) checkAll() {
 }
 
 func (p *pool) check(w *worker) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), min(p.interval, 2*time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), min(max(p.interval, time.Second), 2*time.Second)) // a short interval does not make a loaded worker unhealthy
 	defer cancel()
 	select {
 	case <-p.stopc:

@@ -14,7 +14,7 @@ import (
 // Reasons a step is written so that ingest dead-letters it
 // (metadata.gateway_reject; the ingest reason in parentheses).
 const (
-	rejectNullLogprob    = "null_logprob"        // a null logprob entry (length_mismatch)
+	rejectNullLogprob    = "null_logprob"        // a null logprob entry, written as null in place (wrong_type, as the same record from import rllm or rllm_pipe.emit)
 	rejectLogprobCount   = "logprob_count"       // not one logprob per response token (length_mismatch)
 	rejectMissingIDs     = "missing_token_ids"   // no prompt or response ids (missing_field)
 	rejectUnreadable     = "unreadable_response" // the body was not the JSON expected (missing_field)
@@ -54,7 +54,7 @@ type stepRecord struct {
 	ParentStepID     string          `json:"parent_step_id,omitempty"`
 	PromptDeltaIDs   *[]int64        `json:"prompt_delta_ids,omitempty"`
 	ResponseIDs      *[]int64        `json:"response_ids,omitempty"`
-	ResponseLogprobs *[]float64      `json:"response_logprobs,omitempty"`
+	ResponseLogprobs json.RawMessage `json:"response_logprobs,omitempty"`
 	Messages         json.RawMessage `json:"messages,omitempty"`
 	FinishReason     string          `json:"finish_reason,omitempty"`
 	Model            string          `json:"model,omitempty"`
@@ -90,6 +90,33 @@ func (c *capture) reject() string {
 		return rejectLogprobCount
 	}
 	return ""
+}
+
+// logprobsJSON is the response_logprobs array as the upstream gave it:
+// a null entry stays null in its place (ingest dead-letters the step as
+// wrong_type, as it does the same record imported or emitted from
+// Python), never dropped so that the rest shift.
+func (c *capture) logprobsJSON() json.RawMessage {
+	if len(c.nullAt) == 0 {
+		if c.logprobs == nil {
+			return json.RawMessage("[]")
+		}
+		return marshal(c.logprobs)
+	}
+	out := make([]*float64, 0, c.lpEntries)
+	k, n := 0, 0
+	for i := range c.lpEntries {
+		if n < len(c.nullAt) && c.nullAt[n] == i {
+			out = append(out, nil)
+			n++
+			continue
+		}
+		if k < len(c.logprobs) {
+			out = append(out, &c.logprobs[k])
+			k++
+		}
+	}
+	return marshal(out)
 }
 
 func stepID(trajID string, index int64) string {
@@ -137,11 +164,7 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 		rec.ResponseIDs = &c.responseIDs
 	}
 	if reject != rejectUnreadable && reject != rejectMissingIDs {
-		lp := c.logprobs
-		if lp == nil {
-			lp = []float64{}
-		}
-		rec.ResponseLogprobs = &lp
+		rec.ResponseLogprobs = c.logprobsJSON()
 	}
 	respMsg := c.message
 	if cl.endpoint == "chat" && cl.stream {

@@ -4,8 +4,9 @@ sessions by the openai SDK: what each recorded is compared field by field.
 Where they differ by design the difference is asserted, not skipped:
 
 - a null logprob entry: rLLM drops it silently and keeps the trace as
-  trainable; we write the same shortened list but mark the step
-  (metadata.gateway_reject) so that ingest dead-letters it length_mismatch;
+  trainable; we keep the null in its place and mark the step
+  (metadata.gateway_reject = null_logprob), so that ingest dead-letters it
+  wrong_type, as it does the same record from `import rllm` or emit.py;
 - /v1/completions: the released rLLM reads prompt ids and logprobs from the
   chat layout only, so it records none; we read vLLM's completions layout;
 - streamed tool calls and reasoning: rLLM keeps the raw tool-call deltas and
@@ -118,15 +119,16 @@ def test_recorded_calls_field_by_field(both, llm, tmp_path):
             # Released rLLM: no prompt ids, no logprobs from /v1/completions.
             assert s["prompt_ids"] == fx.expect["prompt_ids"], name
             assert t["prompt_token_ids"] == [] and not t["logprobs"], name
-        assert s["response_logprobs"] == pytest.approx(non_null), name
-
         if nulls:
-            # Same shortened list on both sides; only ours says it is short.
-            assert len(s["response_logprobs"]) < len(s["response_ids"]), name
+            # rLLM shortens the list; ours keeps the nulls in place and says so.
+            assert len(s["response_logprobs"]) == len(s["response_ids"]), name
+            assert [i for i, x in enumerate(s["response_logprobs"]) if x is None] == nulls, name
+            assert [x for x in s["response_logprobs"] if x is not None] == pytest.approx(non_null), name
             assert s["metadata"]["gateway_reject"] == "null_logprob", name
             assert "gateway_reject" not in (t.get("metadata") or {}), name
             rejected[s["step_id"]] = name
         else:
+            assert s["response_logprobs"] == pytest.approx(non_null), name
             assert s["response_logprobs"] == pytest.approx(fx.expect["response_logprobs"]), name
             assert "gateway_reject" not in (s.get("metadata") or {}), name
 
@@ -149,7 +151,7 @@ def test_recorded_calls_field_by_field(both, llm, tmp_path):
                     assert theirs["reasoning_content"] == want["reasoning_content"], name
 
     # Our record log through ingest: the marked steps are dead letters with
-    # length_mismatch; every other call is in a committed shard once.
+    # wrong_type; every other call is in a committed shard once.
     out = tmp_path / "shards"
     subprocess.run([BIN, "ingest", "--from", str(ours.log), "--to", str(out), "--group-size", "1", "--quiet"],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -161,7 +163,7 @@ def test_recorded_calls_field_by_field(both, llm, tmp_path):
             rec = json.loads(rec) if isinstance(rec, str) else rec
             if isinstance(rec, dict) and rec.get("type") == "step":
                 dead[rec["step_id"]] = d["reason"]
-    assert dead == {sid: "length_mismatch" for sid in rejected}
+    assert dead == {sid: "wrong_type" for sid in rejected}
     with open(out / "_manifest" / "shards.jsonl") as f:
         paths = [json.loads(line)["path"] for line in f if json.loads(line).get("path")]
     rows = []
