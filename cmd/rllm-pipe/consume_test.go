@@ -1007,3 +1007,59 @@ func TestIntegrationConsumeS3KillOneMember(t *testing.T) {
 		return p
 	})
 }
+
+// TestOutputFlagsRefusedInStore: no file-writing flag of any command may
+// write into a store's reserved folders, its root or a shard, whether the
+// store is the one the command reads or writes or another one, through a
+// relative path or a link: each is a usage error naming the flag (exit 2)
+// and the manifest is left as it was.
+func TestOutputFlagsRefusedInStore(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, append(bytes.Join(stopRecords(4), []byte("\n")), '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st := filepath.Join(dir, "st")
+	if code := run(context.Background(), []string{"ingest", "--from", in, "--to", st, "--quiet"}, io.Discard, io.Discard); code != 0 {
+		t.Fatalf("ingest: exit %d", code)
+	}
+	manifest := filepath.Join(st, "_manifest", "shards.jsonl")
+	before, err := os.ReadFile(manifest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(st, "_manifest"), filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "other")
+	for _, c := range []struct {
+		flag string
+		args []string
+	}{
+		{"stats-json", []string{"ingest", "--from", in, "--to", other, "--stats-json", manifest}},
+		{"stats-json", []string{"ingest", "--from", in, "--to", st, "--stats-json", filepath.Join(st, "_manifest", "stats.json")}},
+		{"cpuprofile", []string{"ingest", "--from", in, "--to", other, "--cpuprofile", manifest}},
+		{"dlq", []string{"ingest", "--from", in, "--to", other, "--dlq", manifest}},
+		{"out", []string{"consume", "--from", st, "--out", manifest}},
+		{"out", []string{"consume", "--from", st, "--out", filepath.Join(dir, "link", "shards.jsonl")}},
+		{"out", []string{"consume", "--from", st, "--out", st}},
+		{"stats-json", []string{"consume", "--from", st, "--stats-json", manifest}},
+		{"cpuprofile", []string{"consume", "--from", other, "--cpuprofile", manifest}},
+		{"ready-file", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--ready-file", manifest}},
+		{"download-dir", []string{"sql", "--from", st, "--download-dir", filepath.Join(st, "_manifest"), "SELECT 1"}},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), c.args, io.Discard, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), "--"+c.flag) {
+			t.Errorf("%v: exit %d, want %d naming --%s; stderr: %s", c.args, code, exitUsage, c.flag, e2eClip(stderr.String(), 300))
+		}
+		if after, _ := os.ReadFile(manifest); !bytes.Equal(after, before) {
+			t.Fatalf("%v changed the manifest", c.args)
+		}
+	}
+	// Outputs beside the store, or in its root but outside the reserved
+	// folders, are fine.
+	if code := run(context.Background(), []string{"consume", "--from", st, "--out", filepath.Join(dir, "batches.jsonl"), "--stats-json", filepath.Join(st, "stats.json")}, io.Discard, io.Discard); code != 0 {
+		t.Fatalf("consume to a file beside the store: exit %d", code)
+	}
+}

@@ -178,6 +178,19 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	if err != nil {
 		return err
 	}
+	if o.from == "-" {
+		p.cfg.Spill = o.spill
+		if p.cfg.Spill == "" {
+			p.cfg.Spill = "rllm-pipe-unwritten-" + p.runID + ".jsonl"
+		}
+	}
+	dlqFile := o.dlq
+	if strings.HasPrefix(dlqFile, "kafka://") {
+		dlqFile = ""
+	}
+	if err := checkOutputFiles(ctx, []string{o.to, o.from}, "stats-json", o.statsJSON, "dlq", dlqFile, "cpuprofile", o.cpuProfile, "spill", p.cfg.Spill); err != nil {
+		return err
+	}
 	if o.memoryLimit != "off" && os.Getenv("GOMEMLIMIT") == "" {
 		limit, err := parseBytes(o.memoryLimit)
 		if err != nil {
@@ -221,12 +234,6 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 		defer stop()
 	}
 
-	if o.from == "-" {
-		p.cfg.Spill = o.spill
-		if p.cfg.Spill == "" {
-			p.cfg.Spill = "rllm-pipe-unwritten-" + p.runID + ".jsonl"
-		}
-	}
 	stats := ingestStats{RunID: p.runID, Output: st.Name(), Estimator: p.label, DeadLetters: map[string]int64{}, Stdin: o.from == "-"}
 	pl := pipeline.New(p.cfg, st, dl)
 	var runErr error

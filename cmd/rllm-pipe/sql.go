@@ -127,6 +127,9 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 		return usageErrorf("--views-sql over S3 needs --download-dir: the views name local copies, which are removed on exit otherwise")
 	}
 
+	if err := checkOutputFiles(ctx, []string{o.from}, "download-dir", o.downloadDir); err != nil {
+		return err
+	}
 	db, err := openSQL(ctx, o)
 	if err != nil {
 		return err

@@ -274,6 +274,9 @@ open after --shutdown-grace; a second closes them at once.`,
 			if err != nil {
 				return err
 			}
+			if err := checkOutputFiles(cmd.Context(), []string{o.from}, "ready-file", so.ready, "cpuprofile", o.cpuProfile); err != nil {
+				return err
+			}
 			stopProfile, err := startCPUProfile(o.cpuProfile)
 			if err != nil {
 				return err
@@ -359,6 +362,10 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 					return usageErrorf("--no-ack needs --max-batches")
 				}
 				o.maxInflight = max(o.maxInflight, maxBatches)
+			}
+			// Before anything is opened: --out is truncated when created.
+			if err := checkOutputFiles(cmd.Context(), []string{o.from}, "out", out, "stats-json", statsJSON, "cpuprofile", o.cpuProfile); err != nil {
+				return err
 			}
 			if o.name == "" {
 				o.name = defaultMemberName()
