@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 }
 
 // writeManifest writes entries as root's local manifest.
-func writeManifest(t *testing.T, root string, entries []schemas.ShardEntry) {
+func writeManifest(t testing.TB, root string, entries []schemas.ShardEntry) {
 	t.Helper()
 	var buf bytes.Buffer
 	for _, e := range entries {
@@ -452,9 +452,9 @@ func synthetic(t *testing.T, d *DB, cols string, steps []string, shards []string
 	ctx := context.Background()
 	for _, q := range []string{
 		"CREATE TABLE steps_t AS SELECT * FROM stored_steps",
-		"CREATE TABLE shards_t AS SELECT * FROM shards",
-		"DROP VIEW steps", "DROP VIEW stored_steps", "DROP VIEW shards",
-		"ALTER TABLE steps_t RENAME TO stored_steps", "ALTER TABLE shards_t RENAME TO shards",
+		"DROP VIEW steps", "DROP VIEW stored_steps",
+		"ALTER TABLE steps_t RENAME TO stored_steps", // shards is a table already
+		"DELETE FROM shards",
 		"CREATE VIEW steps AS SELECT * EXCLUDE (prompt_tokens, response_tokens) FROM stored_steps",
 		"INSERT INTO stored_steps (" + cols + ") VALUES " + strings.Join(steps, ", "),
 		"UPDATE stored_steps SET prompt_tokens = len(prompt_ids), response_tokens = len(response_ids)",

@@ -62,6 +62,7 @@ type DB struct {
 	views    []View
 	shards   int
 	dlqFiles int
+	layout   *layout // what the views read
 	warnings []string
 	work     string // temporary folder removed by Close
 	open     bool   // Options.AllowHostFiles: no sandbox
@@ -166,6 +167,9 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		if l.consumed, err = d.writeConsumed(ctx, r, dir); err != nil {
 			return err
 		}
+	}
+	if err := l.writeShards(dir); err != nil {
+		return fmt.Errorf("duckdb: %w", err)
 	}
 	return d.define(ctx, l)
 }
@@ -582,6 +586,9 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	if l.consumed, err = d.writeConsumed(ctx, st, dir); err != nil {
 		return err
 	}
+	if err := l.writeShards(dir); err != nil {
+		return fmt.Errorf("duckdb: %w", err)
+	}
 	return d.define(ctx, l)
 }
 
@@ -610,8 +617,8 @@ func newDB(from string, o Options) (*DB, error) {
 		// Spill to our folder, not to the working directory (which may be
 		// the output root).
 		"SET temp_directory = " + sqlString(filepath.Join(work, "spill")),
-		// Every query over steps binds the view again, reading each
-		// shard's footer (union_by_name): keep them in memory.
+		// Every query over steps binds the view again, reading shard
+		// footers: keep them in memory.
 		"SET parquet_metadata_cache = true",
 	} {
 		if _, err := db.Exec(set); err != nil {
@@ -651,7 +658,7 @@ func (d *DB) define(ctx context.Context, l *layout) error {
 			return fmt.Errorf("duckdb: create view %s: %w", v.Name, err)
 		}
 	}
-	d.views, d.shards, d.dlqFiles = views, len(l.shards), len(l.dlq)
+	d.views, d.shards, d.dlqFiles, d.layout = views, len(l.shards), len(l.dlq), l
 	if d.open {
 		return nil
 	}
@@ -672,7 +679,12 @@ func (d *DB) ViewsSQL() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- rllm-pipe sql: views over the committed data of %s (%d shards, %d dead-letter files)\n", d.from, d.shards, d.dlqFiles)
 	for _, v := range d.views {
-		fmt.Fprintf(&b, "\n-- %s: %s\n%s", v.Name, v.Doc, v.SQL)
+		q := v.SQL
+		if v.Name == ViewShards {
+			// The same rows, naming no temporary file of ours.
+			q = d.layout.shardsValuesSQL()
+		}
+		fmt.Fprintf(&b, "\n-- %s: %s\n%s", v.Name, v.Doc, q)
 	}
 	return b.String()
 }

@@ -1,0 +1,67 @@
+package duckdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// BenchmarkOpenViews times what every `sql` call does before its query
+// reads data: read the manifest, define the views over n committed
+// shards, list the shards and bind the steps view (the shards are hard
+// links to one small file; a query that reads every shard adds DuckDB's
+// cost of opening each file, which this leaves out).
+func BenchmarkOpenViews(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 30_000} {
+		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+			root := b.TempDir()
+			src := filepath.Join(b.TempDir(), "one.parquet")
+			writeStepFile(b, src, []string{"s1", "s2"})
+			entries := make([]schemas.ShardEntry, n)
+			at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+			for i := range entries {
+				rel := fmt.Sprintf("policy=%d/part-w-%07d.parquet", i%8, i)
+				file := filepath.Join(root, filepath.FromSlash(rel))
+				if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+					b.Fatal(err)
+				}
+				if err := os.Link(src, file); err != nil {
+					b.Fatal(err)
+				}
+				entries[i] = schemas.ShardEntry{Writer: "w", Path: rel, Rows: 2, Groups: 1, PolicyVersion: int64(i % 8),
+					GroupKeys: []string{fmt.Sprintf("task-%d", i)}, RunID: "w", SchemaVersion: schemas.SchemaVersion, CommittedAt: at.Add(time.Duration(i) * time.Second)}
+			}
+			writeManifest(b, root, entries)
+			ctx := context.Background()
+			b.ResetTimer()
+			for b.Loop() {
+				d, err := OpenLocal(ctx, root, Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for _, q := range []string{"SELECT count(*) FROM shards", "SELECT step_id FROM steps LIMIT 0"} {
+					rows, err := d.Query(ctx, q)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for rows.Next() {
+					}
+					if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := d.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/open")
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/float64(n), "µs/shard")
+		})
+	}
+}

@@ -1,0 +1,103 @@
+package duckdb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// writeStepFile writes a Parquet file of StepSchema's columns (but
+// without drop) holding one step per id, with DuckDB outside any sandbox.
+func writeStepFile(t testing.TB, file string, ids []string, drop ...string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("duckdb", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var cols []string
+	for _, f := range schemas.StepSchema.Fields() {
+		if strings.Contains(" "+strings.Join(drop, " ")+" ", " "+f.Name+" ") {
+			continue
+		}
+		typ, err := duckType(f.Type)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := "NULL"
+		switch f.Name {
+		case "step_id", "trajectory_id", "group_id":
+			v = "id"
+		case "step_index", "group_version", "policy_version":
+			v = "0"
+		case "prompt_ids", "response_ids":
+			v = "[1, 2, 3]"
+		case "prompt_prefix_len":
+			v = "0"
+		case "prompt_delta_ids":
+			v = "[]"
+		}
+		cols = append(cols, fmt.Sprintf("%s::%s AS %s", v, typ, f.Name))
+	}
+	var values []string
+	for _, id := range ids {
+		values = append(values, "("+sqlString(id)+")")
+	}
+	q := fmt.Sprintf("COPY (SELECT %s FROM (VALUES %s) AS t(id)) TO %s (FORMAT parquet)",
+		strings.Join(cols, ", "), strings.Join(values, ", "), sqlString(file))
+	if _, err := db.Exec(q); err != nil {
+		t.Fatalf("%s: %v", clip(q, 300), err)
+	}
+}
+
+// TestViewsReadEverySchemaVersion: shards of the current schema version
+// are read with one binding, and shards of an older version, missing the
+// newer columns, beside them by name. Reading them all as one version
+// fails ("column not found"), so the grouping is what makes this pass.
+func TestViewsReadEverySchemaVersion(t *testing.T) {
+	root := t.TempDir()
+	old := []string{"prompt_prefix_len", "prompt_delta_ids", "messages_delta"}
+	files := []struct {
+		path, version string
+		ids           []string
+		drop          []string
+	}{
+		{"policy=0/a.parquet", schemas.SchemaVersion, []string{"a1", "a2"}, nil},
+		{"policy=0/b.parquet", "3", []string{"b1"}, old},
+		{"policy=0/c.parquet", schemas.SchemaVersion, []string{"c1"}, nil},
+		{"policy=0/d.parquet", "", []string{"d1"}, old},
+	}
+	var entries []schemas.ShardEntry
+	for _, f := range files {
+		writeStepFile(t, filepath.Join(root, filepath.FromSlash(f.path)), f.ids, f.drop...)
+		entries = append(entries, schemas.ShardEntry{Path: f.path, Rows: int64(len(f.ids)), SchemaVersion: f.version, RunID: "r"})
+	}
+	writeManifest(t, root, entries)
+	d, err := OpenLocal(context.Background(), root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	got := strings.Join(queryStrings(t, d, "SELECT step_id || ':' || len(prompt_ids) || ':' || shard FROM steps ORDER BY step_id"), " ")
+	want := "a1:3:policy=0/a.parquet a2:3:policy=0/a.parquet b1:3:policy=0/b.parquet c1:3:policy=0/c.parquet d1:3:policy=0/d.parquet"
+	if got != want {
+		t.Fatalf("steps: %s, want %s", got, want)
+	}
+	got = strings.Join(queryStrings(t, d, "SELECT step_id || ':' || coalesce(prompt_prefix_len::VARCHAR, 'null') FROM stored_steps ORDER BY step_id"), " ")
+	if want := "a1:0 a2:0 b1:null c1:0 d1:null"; got != want {
+		t.Fatalf("stored_steps prompt_prefix_len: %s, want %s", got, want)
+	}
+	got = strings.Join(queryStrings(t, d, "SELECT seq || ':' || path || ':' || coalesce(schema_version, 'null') FROM shards"), " ")
+	if want := "0:policy=0/a.parquet:4 1:policy=0/b.parquet:3 2:policy=0/c.parquet:4 3:policy=0/d.parquet:null"; got != want {
+		t.Fatalf("shards: %s, want %s", got, want)
+	}
+}
