@@ -7,10 +7,10 @@ rows (serve --layout steps), in the same run on the same data.
 
 --trajectory-tokens N generates trajectories of about N tokens each (merged:
 the first prompt, then every action and observation), and
---batch-trajectories M sets the batch budget to M times the tokens per
+--batch-trajectories M sets the batch budget to M + 8 times the tokens per
 trajectory measured on the data, so that batches hold about M trajectories
-(whole groups of 16, so a few more or fewer); the figure a trainer step
-needs is then the ms per batch.
+(whole groups of 16, so a group more or fewer); the figure a trainer step
+needs is then the ms per batch (and per M trajectories).
 
 The Python contenders do what rLLM's verl transform does
 (rllm/trainer/verl/transform.py), per trajectory: a step whose prompt starts
@@ -32,7 +32,8 @@ rllm-pipe's (keyed by trajectory and first step). Then the contenders run
 serve; the time of a round runs from opening the stream to the last batch
 padded and acknowledged. Printed: the median and the spread (min-max) of
 rows/s, trajectories/s, tokens/s (tokens kept after truncation), ms per
-batch (the round's time over its batches) and per 512 rows, the time the
+batch (the round's time over its batches), per 512 trajectories and per
+512 rows, the time the
 client spent padding (the rest is waiting for the server), and the speed-up
 over each Python contender (median of the per-round ratios, with its
 spread).
@@ -328,8 +329,8 @@ def main():
         merged_tokens = first.budget
         trajectories = sum(first.trajectories)
         per_trajectory = merged_tokens / trajectories
-        if args.batch_trajectories:
-            budget["trajectories"] = args.max_tokens = int(args.batch_trajectories * per_trajectory)
+        if args.batch_trajectories:  # half a group of slack: batches of M trajectories, give or take a group
+            budget["trajectories"] = args.max_tokens = int((args.batch_trajectories + 8) * per_trajectory)
         budget["steps"] = args.max_tokens
         step_tokens = once("steps").budget
         budget["steps"] = int(args.max_tokens * step_tokens / merged_tokens)
@@ -362,6 +363,7 @@ def main():
                   f"{spread([rows / s for s in secs], '{:,.0f}')} rows/s, {spread([trajectories / s for s in secs], '{:,.0f}')} trajectories/s, "
                   f"{spread([tokens / s / 1e6 for s in secs], '{:.2f}')} M tokens/s, "
                   f"{spread([s / batches * 1e3 for s in secs], '{:,.0f}')} ms per batch, "
+                  f"{spread([s / trajectories * 512 * 1e3 for s in secs], '{:,.0f}')} ms per 512 trajectories, "
                   f"{spread([s / rows * 512 * 1e3 for s in secs], '{:,.0f}')} ms per 512 rows "
                   f"(padding {spread([b / batches * 1e3 for b in busy], '{:,.0f}')} ms per batch)")
         ours = results[next(iter(contenders))]
