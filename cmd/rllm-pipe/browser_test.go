@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
@@ -140,4 +142,15 @@ func (p *page) do(t *testing.T, what string, steps ...chromedp.Action[chromedp.V
 	if err := chromedp.Do(p.ctx, steps...); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// colourScheme makes the page see prefers-color-scheme: scheme ("dark"
+// or "light").
+func (p *page) colourScheme(t *testing.T, scheme string) {
+	t.Helper()
+	p.do(t, "emulate "+scheme, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
+			Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: scheme}}})
+		return err
+	}))
 }

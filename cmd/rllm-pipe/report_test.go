@@ -225,6 +225,15 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 		t.Errorf("browser: %d charts, %d series, %d points; want %d, 15 (=%d), %d", charts, series, points, len(wantIDs), wantSeries, wantPoints)
 	}
 	p.screenshot(t, "report.png")
+	// Dark: the theme follows the system's, the charts with it.
+	p.colourScheme(t, "dark")
+	if bg := eval[string](t, p, `getComputedStyle(document.body).backgroundColor`); bg != "rgb(13, 17, 23)" {
+		t.Errorf("dark mode: the page's background is %s", bg)
+	}
+	if fg := eval[string](t, p, `getComputedStyle(document.querySelector('#reward text')).fill`); fg != "rgb(230, 237, 243)" {
+		t.Errorf("dark mode: chart text drawn in %s", fg)
+	}
+	p.screenshot(t, "report-dark.png")
 	errs, reqs := p.seen()
 	if len(errs) > 0 {
 		t.Errorf("console errors: %q", errs)

@@ -29,7 +29,7 @@ func Charts(d *Data, link Linker) []*Chart {
 	var out []*Chart
 
 	rv := d.Tables[duckdb.ReportRewardByVersion]
-	out = append(out, &Chart{ID: "reward", Title: "Mean reward by policy version", XLabel: "group_version", YLabel: "mean reward", Kind: KindLine,
+	out = append(out, &Chart{ID: "reward", Title: "Mean reward by policy version", XLabel: "policy version", YLabel: "mean reward", Kind: KindLine,
 		Series: lineSeries(rv, "group_version", []string{"mean_reward"}, []string{"mean reward"}, version)})
 	pk := d.Tables[duckdb.ReportPassAtKByVersion]
 	pass := lineSeries(rv, "group_version", []string{"pass_rate"}, []string{"pass rate"}, version)
@@ -39,23 +39,25 @@ func Charts(d *Data, link Linker) []*Chart {
 		names = append(names, fmt.Sprintf("pass@%d", k))
 	}
 	pass = append(pass, lineSeries(pk, "group_version", cols, names, version)...)
-	out = append(out, &Chart{ID: "pass", Title: "Pass rate and pass@k by policy version", XLabel: "group_version", YLabel: "share of trajectories / pass@k", Kind: KindLine, Series: pass})
+	out = append(out, &Chart{ID: "pass", Title: "Pass rate and pass@k by policy version", XLabel: "policy version", YLabel: "share of trajectories / pass@k", Kind: KindLine, Series: pass})
 
+	// Staleness on a numeric axis: a version no group was behind by
+	// keeps its place, empty.
 	st := d.Tables[duckdb.ReportStaleness]
-	out = append(out, &Chart{ID: "staleness", Title: "Staleness of committed groups", XLabel: "staleness (versions behind the newest at commit)", YLabel: "groups", Kind: KindBar,
-		Series: barSeries(st, "staleness", []string{"groups"}, []string{"groups"}, func(cat string) string { return lk("staleness", cat) })})
+	out = append(out, &Chart{ID: "staleness", Title: "Staleness of committed groups", XLabel: "staleness (policy versions behind the newest at commit)", YLabel: "groups", Kind: KindColumns,
+		Series: lineSeries(st, "staleness", []string{"groups"}, []string{"groups"}, func(x float64, _ []any) string { return lk("staleness", fmtNum(x)) })})
 
 	ah := d.Tables[duckdb.ReportAdvantageHistogram]
-	out = append(out, &Chart{ID: "advantage", Title: "Advantage distribution", XLabel: "advantage (bin centre)", YLabel: "trajectories", Kind: KindLine,
+	out = append(out, &Chart{ID: "advantage", Title: "Advantage distribution", XLabel: "advantage (30 equal bins)", YLabel: "trajectories", Kind: KindColumns,
 		Series: histSeries(ah, lk)})
 
 	lv := d.Tables[duckdb.ReportLengthsByVersion]
-	out = append(out, &Chart{ID: "lengths", Title: "Prompt and response tokens per step by policy version", XLabel: "group_version", YLabel: "tokens per step", Kind: KindLine,
+	out = append(out, &Chart{ID: "lengths", Title: "Prompt and response tokens per step by policy version", XLabel: "policy version", YLabel: "tokens per step", Kind: KindLine,
 		Series: lineSeries(lv, "group_version", []string{"prompt_mean", "prompt_p90", "response_mean", "response_p90"},
 			[]string{"prompt mean", "prompt p90", "response mean", "response p90"}, version)})
 
 	fv := d.Tables[duckdb.ReportFilteredByVersion]
-	out = append(out, &Chart{ID: "filtered", Title: "Groups filtered by reason, by policy version", XLabel: "group_version", YLabel: "groups", Kind: KindLine,
+	out = append(out, &Chart{ID: "filtered", Title: "Groups filtered by reason, by policy version", XLabel: "policy version", YLabel: "groups", Kind: KindLine,
 		Series: filteredSeries(fv, lk), Note: "no group was filtered"})
 
 	ft := d.Tables[duckdb.ReportFilteredOverTime]
@@ -171,7 +173,7 @@ func histSeries(t *Table, lk func(...string) string) []Series {
 			idx[e] = i
 			out = append(out, Series{Name: e})
 		}
-		out[i].Points = append(out[i].Points, Point{X: (a + b) / 2, Y: c, Label: fmtNum(a) + " to " + fmtNum(b), Link: lk("estimator", e, "adv_bin", Str(r[bi]))})
+		out[i].Points = append(out[i].Points, Point{X: (a + b) / 2, W: b - a, Y: c, Label: fmtNum(a) + " to " + fmtNum(b), Link: lk("estimator", e, "adv_bin", Str(r[bi]))})
 	}
 	return out
 }

@@ -21,7 +21,7 @@ a{color:var(--link)} h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:16px}
 figure{background:var(--card);border-radius:8px;margin:0;padding:12px} figcaption{font-weight:600;margin-bottom:4px}
 svg.chart{width:100%;height:auto;display:block} svg text{fill:var(--fg);font-size:11px} svg .label{fill:var(--muted);font-size:12px}
-svg .note{fill:var(--muted);font-size:14px} svg .grid,svg .base{stroke:var(--grid);stroke-width:1}
+svg .note{fill:var(--muted);font-size:14px} svg .grid,svg .base,svg .tick{stroke:var(--grid);stroke-width:1}
 svg .line{fill:none;stroke-width:2} svg .pt{stroke:var(--bg);stroke-width:1}
 ` + seriesCSS + `
 table{border-collapse:collapse;margin:4px 0 12px;font-variant-numeric:tabular-nums} th,td{padding:3px 10px;border-bottom:1px solid var(--grid);text-align:right}

@@ -15,6 +15,10 @@ import (
 const (
 	KindLine = "line" // numeric x, one polyline with points per series
 	KindBar  = "bar"  // categorical x, grouped bars per series
+	// KindColumns: numeric x, a bar per point spanning X ± W/2 (a
+	// histogram's bins, or one bar per integer with the missing ones
+	// left as gaps); the series of a bucket share its width.
+	KindColumns = "columns"
 )
 
 // Point is one bucket of a chart. Label names a category (bars) or
@@ -25,6 +29,15 @@ type Point struct {
 	Label string
 	Y     float64
 	Link  string
+	// W is a column's width in x units (KindColumns; 0 means 1).
+	W float64
+}
+
+func (p Point) width() float64 {
+	if p.W > 0 {
+		return p.W
+	}
+	return 1
 }
 
 // Series is one named line or set of bars.
@@ -68,11 +81,11 @@ func (c *Chart) Points() int {
 }
 
 const (
-	svgW, svgH                 = 640, 300
-	padL, padR, padT, padB     = 64, 16, 16, 48
-	maxPointsDrawn             = 2000
-	legendLine, legendInterval = 14, 130
-	legendTop                  = padT
+	svgW, svgH             = 640, 300
+	padL, padR, padT, padB = 64, 16, 16, 48
+	maxPointsDrawn         = 2000
+	legendLine             = 14
+	legendTop              = padT
 )
 
 // fmtNum prints a figure for a label or tooltip: 4 significant digits.
@@ -144,22 +157,27 @@ func (c *Chart) SVG() string {
 	for _, s := range c.Series {
 		for _, p := range s.Points {
 			ylo, yhi = math.Min(ylo, p.Y), math.Max(yhi, p.Y)
-			xlo, xhi = math.Min(xlo, p.X), math.Max(xhi, p.X)
+			if c.Kind == KindColumns {
+				xlo, xhi = math.Min(xlo, p.X-p.width()/2), math.Max(xhi, p.X+p.width()/2)
+			} else {
+				xlo, xhi = math.Min(xlo, p.X), math.Max(xhi, p.X)
+			}
 			if _, ok := catIdx[p.Label]; !ok {
 				catIdx[p.Label] = len(cats)
 				cats = append(cats, p.Label)
 			}
 		}
 	}
-	if c.Kind == KindBar || c.YZero || ylo > 0 && ylo < yhi/3 {
+	if c.Kind == KindBar || c.Kind == KindColumns || c.YZero || ylo > 0 && ylo < yhi/3 {
 		ylo = math.Min(ylo, 0)
 	}
 	yt := niceTicks(ylo, yhi, 5)
 	ylo, yhi = yt[0], yt[len(yt)-1]
 	// The legend gets rows of its own above the plot, never over it.
 	padT := padT
+	perRow, clipAt := legendLayout(c.Series)
 	if len(c.Series) > 1 {
-		padT += ((len(c.Series) + 3) / 4) * legendLine
+		padT += ((len(c.Series) + perRow - 1) / perRow) * legendLine
 	}
 	pw, ph := float64(svgW-padL-padR), float64(svgH-padT-padB)
 	ymap := func(v float64) float64 { return float64(padT) + ph - (v-ylo)/(yhi-ylo)*ph }
@@ -186,39 +204,60 @@ func (c *Chart) SVG() string {
 		}
 	default:
 		var xt []float64
+		x0, x1 := xlo, xhi // the x domain
 		switch {
+		case c.XTime:
+			if xlo == xhi {
+				x0, x1 = xlo-30, xlo+30
+			}
+			xt = timeTicks(x0, x1, 5)
+		case c.Kind == KindColumns:
+			// The bars' edges bound the axis; ticks inside it only.
+			if c.integralX() && xhi-xlo <= 13 {
+				for v := math.Ceil(xlo); v <= xhi; v++ {
+					xt = append(xt, v)
+				}
+			} else {
+				for _, v := range niceTicks(xlo, xhi, 8) {
+					if v >= xlo-1e-9*math.Abs(xhi-xlo) && v <= xhi+1e-9*math.Abs(xhi-xlo) {
+						xt = append(xt, v)
+					}
+				}
+			}
 		case xlo == xhi:
 			xt = []float64{xlo - 1, xlo, xlo + 1}
-		case c.integralX() && xhi-xlo <= 6:
-			// Policy versions and the like: no tick between two integers.
+		case c.integralX() && xhi-xlo <= 12:
+			// Policy versions and the like: a tick per integer, none
+			// between two.
 			for v := xlo; v <= xhi; v++ {
 				xt = append(xt, v)
 			}
 		default:
 			xt = niceTicks(xlo, xhi, 6)
 		}
-		if c.XTime {
-			xt = []float64{xlo, (xlo + xhi) / 2, xhi}
-			if xlo == xhi {
-				xt = []float64{xlo - 30, xlo, xlo + 30}
-			}
+		if !c.XTime && c.Kind != KindColumns {
+			x0, x1 = xt[0], xt[len(xt)-1]
 		}
-		x0, x1 := xt[0], xt[len(xt)-1]
+		if x0 == x1 {
+			x0, x1 = x0-0.5, x1+0.5
+		}
 		xmap = func(p Point) float64 { return float64(padL) + (p.X-x0)/(x1-x0)*pw }
 		layout := timeLayout(x1 - x0)
-		for i, t := range xt {
+		for _, t := range xt {
 			lbl, anchor := fmtNum(t), "middle"
+			x := xmap(Point{X: t})
 			if c.XTime {
 				sec, frac := math.Modf(t)
-				lbl = time.Unix(int64(sec), int64(frac*1e9)).UTC().Format(layout)
-				// The end labels stay inside the chart.
-				if i == 0 {
+				lbl = time.Unix(int64(sec), int64(math.Round(frac*1e3))*1e6).UTC().Format(layout)
+				// Labels near the ends stay inside the chart.
+				if x < float64(padL)+30 {
 					anchor = "start"
-				} else if i == len(xt)-1 {
+				} else if x > float64(svgW-padR)-30 {
 					anchor = "end"
 				}
 			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="%s">%s</text>`, xmap(Point{X: t}), padT+int(ph)+16, anchor, lbl)
+			fmt.Fprintf(&b, `<line class="tick" x1="%.1f" x2="%.1f" y1="%d" y2="%d"/><text x="%.1f" y="%d" text-anchor="%s">%s</text>`,
+				x, x, padT+int(ph), padT+int(ph)+4, x, padT+int(ph)+16, anchor, lbl)
 		}
 	}
 	fmt.Fprintf(&b, `<text class="label" x="%d" y="%d" text-anchor="middle">%s</text></g>`, padL+int(pw/2), svgH-8, esc(c.XLabel))
@@ -228,6 +267,22 @@ func (c *Chart) SVG() string {
 		pts := s.Points
 		stride := max(1, len(pts)/maxPointsDrawn)
 		switch c.Kind {
+		case KindColumns:
+			n := float64(len(c.Series))
+			for _, p := range pts {
+				w := p.width() * 0.9 / n
+				left := p.X - p.width()*0.45 + w*float64(si)
+				xa, xb := xmap(Point{X: left}), xmap(Point{X: left + w})
+				y0, y1 := ymap(math.Max(0, ylo)), ymap(p.Y)
+				top, h := math.Min(y0, y1), math.Abs(y0-y1)
+				xl := p.Label
+				if xl == "" {
+					xl = fmtNum(p.X)
+				}
+				open, close := link(p.Link)
+				fmt.Fprintf(&b, `%s<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" data-x="%s" data-y="%s"><title>%s at %s: %s</title></rect>%s`,
+					open, xa, top, math.Max(xb-xa, 1), math.Max(h, 0.5), exact(p.X), exact(p.Y), esc(s.Name), esc(xl), fmtNum(p.Y), close)
+			}
 		case KindBar:
 			slot := pw / float64(len(cats))
 			bw := slot * 0.8 / float64(len(c.Series))
@@ -270,15 +325,59 @@ func (c *Chart) SVG() string {
 	// Legend, top right, when there is more than one series.
 	if len(c.Series) > 1 {
 		b.WriteString(`<g class="legend">`)
+		interval := (svgW - padL - padR - 8) / perRow
 		for si, s := range c.Series {
-			x := padL + 8 + (si%4)*legendInterval
-			y := legendTop + 6 + (si/4)*legendLine
-			fmt.Fprintf(&b, `<rect class="key s%d" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text>`, si%8, x, y, x+14, y+9, esc(clip(s.Name, 16)))
+			x := padL + 8 + (si%perRow)*interval
+			y := legendTop + 6 + (si/perRow)*legendLine
+			// The whole name in a tooltip, when the text is cut or not.
+			fmt.Fprintf(&b, `<g class="entry"><title>%s</title><rect class="key s%d" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text></g>`,
+				esc(s.Name), si%8, x, y, x+14, y+9, esc(clip(s.Name, clipAt)))
 		}
 		b.WriteString(`</g>`)
 	}
 	b.WriteString(`</svg>`)
 	return b.String()
+}
+
+// legendLayout is the legend's entries per row and the characters a
+// name keeps: 4 of 16, or fewer, wider entries when names are longer.
+func legendLayout(series []Series) (perRow, clipAt int) {
+	longest := 0
+	for _, s := range series {
+		longest = max(longest, len([]rune(s.Name)))
+	}
+	switch {
+	case longest <= 16:
+		return 4, 16
+	case longest <= 24:
+		return 3, 24
+	}
+	return 2, 40
+}
+
+// timeSteps are the spacings of time ticks, in seconds.
+var timeSteps = []float64{0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800,
+	3600, 7200, 10800, 21600, 43200, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 28 * 86400}
+
+// timeTicks returns about n round clock times (whole seconds, minutes,
+// hours, days in UTC) within [lo, hi]; at least lo and hi when no round
+// time fits twice.
+func timeTicks(lo, hi float64, n int) []float64 {
+	step := timeSteps[len(timeSteps)-1]
+	for _, s := range timeSteps {
+		if s >= (hi-lo)/float64(n) {
+			step = s
+			break
+		}
+	}
+	var out []float64
+	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9 && len(out) <= 2*n; v += step {
+		out = append(out, math.Round(v/step)*step)
+	}
+	if len(out) < 2 {
+		return []float64{lo, hi}
+	}
+	return out
 }
 
 // timeLayout formats clock times on an axis spanning span seconds: to

@@ -1,10 +1,13 @@
 package report
 
 import (
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // xTicks are the labels under the x axis of a line chart's SVG.
@@ -39,6 +42,110 @@ func TestIntegralXTicks(t *testing.T) {
 		c.Series = []Series{s}
 		if got := xTicks(t, c.SVG()); !slices.Equal(got, tc.want) {
 			t.Errorf("x %v: ticks %q, want %q", tc.xs, got, tc.want)
+		}
+	}
+}
+
+// TestVersionTicksUpToTwelve: a tick per policy version up to 12
+// versions (8 versions had ticks at 0, 2, 4, 6 only).
+func TestVersionTicksUpToTwelve(t *testing.T) {
+	for _, n := range []int{8, 12} {
+		c := Chart{ID: "c", Title: "t", Kind: KindLine}
+		s := Series{Name: "s"}
+		var want []string
+		for v := 0; v <= n; v++ {
+			s.Points = append(s.Points, Point{X: float64(v), Y: 1})
+			want = append(want, strconv.Itoa(v))
+		}
+		c.Series = []Series{s}
+		if got := xTicks(t, c.SVG()); !slices.Equal(got, want) {
+			t.Errorf("versions 0..%d: ticks %q, want %q", n, got, want)
+		}
+	}
+}
+
+var barRe = regexp.MustCompile(`<rect class="bar" x="([0-9.]+)" y="[0-9.]+" width="([0-9.]+)" height="[0-9.]+" data-x="([^"]*)"`)
+
+// TestColumnsKeepGaps: staleness 0, 2, 4, 5 on a numeric axis: the
+// missing 1 and 3 keep their places (bars evenly spaced by value, ticks
+// at every integer), not closed up as categories.
+func TestColumnsKeepGaps(t *testing.T) {
+	c := Chart{ID: "c", Title: "t", Kind: KindColumns, Series: []Series{{Name: "groups", Points: []Point{{X: 0, Y: 5}, {X: 2, Y: 3}, {X: 4, Y: 1}, {X: 5, Y: 1}}}}}
+	svg := c.SVG()
+	if got, want := xTicks(t, svg), []string{"0", "1", "2", "3", "4", "5"}; !slices.Equal(got, want) {
+		t.Errorf("ticks %q, want %q", got, want)
+	}
+	bars := barRe.FindAllStringSubmatch(svg, -1)
+	if len(bars) != 4 {
+		t.Fatalf("%d bars, want 4", len(bars))
+	}
+	left := func(i int) float64 { v, _ := strconv.ParseFloat(bars[i][1], 64); return v }
+	unit := left(3) - left(2) // 4 → 5
+	for i, x := range []float64{0, 2, 4} {
+		if d := left(i+1) - left(i); math.Abs(d-unit*([]float64{2, 2, 1}[i])) > 0.2 {
+			t.Errorf("bar at %v to the next: %.1f px, want %.1f (spacing by value)", x, d, unit*([]float64{2, 2, 1}[i]))
+		}
+	}
+}
+
+// TestHistogramAsBars: bins are bars as wide as the bin (less a gap),
+// touching the axis range at both ends.
+func TestHistogramAsBars(t *testing.T) {
+	var pts []Point
+	for i := range 30 {
+		lo := -1 + float64(i)*2.0/30
+		pts = append(pts, Point{X: lo + 1.0/30, W: 2.0 / 30, Y: float64(i % 7)})
+	}
+	c := Chart{ID: "c", Title: "t", Kind: KindColumns, Series: []Series{{Name: "grpo", Points: pts}}}
+	bars := barRe.FindAllStringSubmatch(c.SVG(), -1)
+	if len(bars) != 30 {
+		t.Fatalf("%d bars, want 30", len(bars))
+	}
+	pw := float64(svgW - padL - padR)
+	for _, b := range bars {
+		if w, _ := strconv.ParseFloat(b[2], 64); math.Abs(w-pw/30*0.9) > 0.2 {
+			t.Errorf("bin %s: %v px wide, want %.1f", b[3], w, pw/30*0.9)
+		}
+	}
+	if x, _ := strconv.ParseFloat(bars[0][1], 64); math.Abs(x-(padL+pw/30*0.05)) > 0.2 {
+		t.Errorf("first bin starts at %v px, want %.1f", x, padL+pw/30*0.05)
+	}
+}
+
+// TestLegendNamesWhole: a name too long for the legend is cut on the
+// chart and whole in the entry's tooltip; names up to 24 characters are
+// not cut at all (three entries a row).
+func TestLegendNamesWhole(t *testing.T) {
+	long := "termination=a-rather-long-reason-name-indeed"
+	c := Chart{ID: "c", Title: "t", Kind: KindLine, Series: []Series{
+		{Name: "zero_variance", Points: []Point{{X: 0, Y: 1}}},
+		{Name: "termination=TIMEOUT_ERR", Points: []Point{{X: 1, Y: 2}}},
+		{Name: long, Points: []Point{{X: 1, Y: 2}}},
+	}}
+	svg := c.SVG()
+	if !strings.Contains(svg, "<title>"+long+"</title>") {
+		t.Errorf("no tooltip with the whole name %q", long)
+	}
+	c.Series = c.Series[:2]
+	if svg := c.SVG(); !strings.Contains(svg, ">termination=TIMEOUT_ERR</text>") {
+		t.Errorf("a 23-character name cut in the legend")
+	}
+}
+
+// TestTimeTicks: clock-time ticks fall on round times, several of them.
+func TestTimeTicks(t *testing.T) {
+	lo := float64(time.Date(2026, 1, 2, 3, 4, 7, 0, time.UTC).Unix())
+	for _, tc := range []struct {
+		span, step float64
+	}{{600, 120}, {40, 10}, {2.5, 0.5}, {3 * 3600, 3600}} {
+		ts := timeTicks(lo, lo+tc.span, 5)
+		if len(ts) < 3 {
+			t.Errorf("span %vs: ticks %v, want at least 3", tc.span, ts)
+		}
+		for _, v := range ts {
+			if r := math.Mod(v, tc.step); math.Abs(r) > 1e-6 && math.Abs(r-tc.step) > 1e-6 || v < lo || v > lo+tc.span {
+				t.Errorf("span %vs: tick %v not a multiple of %vs within the span", tc.span, v, tc.step)
+			}
 		}
 	}
 }
