@@ -156,6 +156,7 @@ type serveOpts struct {
 	tokenFile, adminFile          string
 	tlsCert, tlsKey               string
 	maxStreams, maxStreamsPerConn int
+	maxStreamsPerHost             int
 	maxStreamBytes                string
 	sendTimeout                   time.Duration
 	ackTimeout                    time.Duration
@@ -171,6 +172,7 @@ func (o *serveOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.IntVar(&o.maxStreams, "max-streams", 64, "streams (members) served at once; more are refused")
 	f.IntVar(&o.maxStreamsPerConn, "max-streams-per-conn", 4, "streams one client connection may hold at once (a consumer name streams once at a time)")
+	f.IntVar(&o.maxStreamsPerHost, "max-streams-per-host", 16, "streams the connections of one client host (IP address) may hold at once; when the server or a host is full, a new stream evicts one that has acknowledged nothing for --send-timeout")
 	f.StringVar(&o.maxStreamBytes, "max-stream-bytes", "256MiB", "bytes of batches a stream may have unacknowledged before it waits")
 	f.DurationVar(&o.sendTimeout, "send-timeout", 30*time.Second, "drop a stream whose client does not take a batch within this")
 	f.DurationVar(&o.ackTimeout, "ack-timeout", 5*time.Minute, "drop a stream with batches in flight and no acknowledgement for this long (0: never)")
@@ -221,7 +223,10 @@ func (o *serveOpts) options() (trainflight.Options, error) {
 	if o.maxStreamsPerConn < 1 || o.maxStreamsPerConn > o.maxStreams {
 		return opts, usageErrorf("--max-streams-per-conn: %d out of range [1, --max-streams]", o.maxStreamsPerConn)
 	}
-	opts.MaxStreams, opts.MaxStreamsPerConn = o.maxStreams, o.maxStreamsPerConn
+	if err := intIn("max-streams-per-host", o.maxStreamsPerHost, 1, 1<<16); err != nil {
+		return opts, err
+	}
+	opts.MaxStreams, opts.MaxStreamsPerConn, opts.MaxStreamsPerHost = o.maxStreams, o.maxStreamsPerConn, o.maxStreamsPerHost
 	if opts.MaxStreamBytes, err = parseBytes(o.maxStreamBytes); err != nil {
 		return opts, usageErrorf("--max-stream-bytes: %v", err)
 	}

@@ -673,3 +673,93 @@ func TestRejoinWhileTheOldStreamEnds(t *testing.T) {
 		})
 	}
 }
+
+// dialFrom is a Flight client of addr whose connections come from the
+// local address ip (another loopback address: another client host).
+func dialFrom(t *testing.T, addr, ip string) flight.Client {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	cli, err := flight.NewClientWithMiddleware(addr, nil, nil,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// TestOneHostCannotTakeEverySlot, with the default limits and timeouts:
+// a client host opening 20 connections of 4 streams that never read gets
+// MaxStreamsPerHost (16) of them; a trainer on another host gets in at
+// once, and one on the hog's own host evicts, once SendTimeout (30 s)
+// has passed, a stream that acknowledged nothing.
+func TestOneHostCannotTakeEverySlot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out the default send timeout")
+	}
+	root := t.TempDir()
+	writeShards(t, root, 60, 1, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 2), Options{})
+	var hog []flight.FlightService_DoGetClient
+	refused := 0
+	for c := range 20 {
+		cli := dial(t, r.addr, "", nil)
+		for i := range 4 {
+			s, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(fmt.Sprintf(`{"consumer":"hog-%d-%d"}`, c, i))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if md, err := s.Header(); err == nil && md != nil {
+				hog = append(hog, s)
+				continue
+			}
+			if _, err := s.Recv(); status.Code(err) == codes.ResourceExhausted {
+				refused++
+			}
+		}
+	}
+	if len(hog) != 16 || refused != 64 {
+		t.Fatalf("one host: %d streams accepted, %d refused; want 16 and 64", len(hog), refused)
+	}
+	// Another host is not locked out.
+	open(ctx, t, dialFrom(t, r.addr, "127.0.0.2"), `{"consumer":"remote","key":"key-0123456789abcdef"}`)
+	// The hog's host is full: a trainer there waits for an eviction.
+	start := time.Now()
+	local := dial(t, r.addr, "", nil)
+	for {
+		s, err := local.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"trainer","key":"key-0123456789abcdef"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd, err := flight.NewRecordReader(s)
+		if status.Code(err) == codes.ResourceExhausted && ctx.Err() == nil {
+			time.Sleep(time.Second)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("trainer on the full host: %v", err)
+		}
+		rd.Release()
+		break
+	}
+	waited := time.Since(start)
+	t.Logf("the trainer on the hog's host got in after %s", waited)
+	if waited > 45*time.Second {
+		t.Errorf("the trainer waited %s, want about the send timeout (30 s)", waited)
+	}
+	r.srv.mu.Lock()
+	onHost, trainer := 0, false
+	for name, m := range r.srv.members {
+		if m != nil && m.host == "127.0.0.1" {
+			onHost++
+			trainer = trainer || name == "trainer"
+		}
+	}
+	r.srv.mu.Unlock()
+	if onHost != 16 || !trainer {
+		t.Errorf("%d streams of the hog's host after the eviction (trainer among them: %v), want 16: 15 of the hog and the trainer", onHost, trainer)
+	}
+}

@@ -104,6 +104,14 @@ type Options struct {
 	// MaxStreamsPerConn is how many of them one client connection may
 	// hold (default 4), so that one client cannot take every slot.
 	MaxStreamsPerConn int
+	// MaxStreamsPerHost is how many of them the connections of one client
+	// host (peer IP address) may hold together (default 16): a client
+	// opening many connections still gets no more. When the server or a
+	// host is full, a new stream evicts the oldest stream that has been
+	// open for SendTimeout without acknowledging a batch (of the host
+	// with the most streams, or of the full host), instead of being
+	// refused: streams that never read cannot lock a trainer out.
+	MaxStreamsPerHost int
 	// MaxStreamBytes is how many bytes of batches a stream may have sent
 	// and not acknowledged before it waits (default 256 MiB; a batch alone
 	// over it still goes).
@@ -131,6 +139,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxStreamsPerConn <= 0 {
 		o.MaxStreamsPerConn = 4
+	}
+	if o.MaxStreamsPerHost <= 0 {
+		o.MaxStreamsPerHost = 16
 	}
 	if o.MaxStreamBytes <= 0 {
 		o.MaxStreamBytes = 256 << 20
@@ -169,6 +180,7 @@ type Server struct {
 	members map[string]*member // nil: name reserved, joining
 	freed   chan struct{}      // closed (and replaced) when a name is freed
 	conns   map[string]int     // streams per client connection (peer address)
+	hosts   map[string]int     // streams per client host (peer IP)
 	left    map[string]leftMember
 }
 
@@ -176,6 +188,12 @@ type Server struct {
 type member struct {
 	name string
 	conn string            // the client connection's peer address
+	host string            // its IP address
+	// joined is when the stream began; acks counts the batches it
+	// acknowledged; evict ends it (a newcomer needs its slot).
+	joined time.Time
+	acks   atomic.Int64
+	evict  func()
 	id   string            // the consumer's member id, name/incarnation
 	key  [sha256.Size]byte // digest of the stream's secret
 	c    *train.Consumer
@@ -204,7 +222,7 @@ func NewServer(group Group, opts Options) *Server {
 	aborting, cancelAborting := context.WithCancel(context.Background())
 	return &Server{
 		group: group, opts: opts.withDefaults(), auth: newAuth(opts.Token, opts.AdminToken),
-		members: map[string]*member{}, freed: make(chan struct{}), conns: map[string]int{}, left: map[string]leftMember{},
+		members: map[string]*member{}, freed: make(chan struct{}), conns: map[string]int{}, hosts: map[string]int{}, left: map[string]leftMember{},
 		closing: closing, close: cancelClosing, aborting: aborting, abort: cancelAborting,
 		aborted: make(chan struct{}),
 	}
@@ -248,26 +266,51 @@ func checkVersion(what string, v *int64) error {
 }
 
 // join reserves name for a new stream of connection conn (refused at
-// MaxStreams, MaxStreamsPerConn) and joins the group.
-func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn string) (*member, error) {
+// MaxStreams, MaxStreamsPerConn, MaxStreamsPerHost unless a stream can be
+// evicted: see Options.MaxStreamsPerHost) and joins the group. evict ends
+// the new stream if it is evicted in turn.
+func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn string, evict func()) (*member, error) {
+	host := hostOf(conn)
 	s.mu.Lock()
 	if err := s.awaitFree(ctx, t.Consumer); err != nil {
 		s.mu.Unlock()
 		return nil, err
 	}
-	switch _, busy := s.members[t.Consumer]; {
-	case busy:
-		s.mu.Unlock()
-		return nil, status.Errorf(codes.AlreadyExists, "consumer %q is already streaming", t.Consumer)
-	case len(s.members) >= s.opts.MaxStreams:
-		s.mu.Unlock()
-		return nil, status.Errorf(codes.ResourceExhausted, "this server has %d streams, its limit (--max-streams)", s.opts.MaxStreams)
-	case s.conns[conn] >= s.opts.MaxStreamsPerConn:
-		s.mu.Unlock()
-		return nil, status.Errorf(codes.ResourceExhausted, "this connection has %d streams, its limit (--max-streams-per-conn)", s.opts.MaxStreamsPerConn)
+	for evictions := 0; ; evictions++ {
+		if _, busy := s.members[t.Consumer]; busy {
+			s.mu.Unlock()
+			return nil, status.Errorf(codes.AlreadyExists, "consumer %q is already streaming", t.Consumer)
+		}
+		if s.conns[conn] >= s.opts.MaxStreamsPerConn {
+			s.mu.Unlock()
+			return nil, status.Errorf(codes.ResourceExhausted, "this connection has %d streams, its limit (--max-streams-per-conn)", s.opts.MaxStreamsPerConn)
+		}
+		serverFull, hostFull := len(s.members) >= s.opts.MaxStreams, s.hosts[host] >= s.opts.MaxStreamsPerHost
+		if !serverFull && !hostFull {
+			break
+		}
+		var victim *member
+		if evictions < 4 {
+			victim = s.evictable(host, hostFull)
+		}
+		if victim == nil {
+			s.mu.Unlock()
+			if hostFull {
+				return nil, status.Errorf(codes.ResourceExhausted, "this client host has %d streams, its limit (--max-streams-per-host)", s.opts.MaxStreamsPerHost)
+			}
+			return nil, status.Errorf(codes.ResourceExhausted, "this server has %d streams, its limit (--max-streams)", s.opts.MaxStreams)
+		}
+		slog.Warn("flight: evicting a stream that acknowledged nothing, for a new one (the server or its host is full)",
+			"consumer", victim.name, "host", victim.host, "open_for", time.Since(victim.joined).Round(time.Second), "new_consumer", t.Consumer)
+		victim.evict()
+		if err := s.awaitLeft(ctx, victim); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
 	}
 	s.members[t.Consumer] = nil // reserve the name
 	s.conns[conn]++
+	s.hosts[host]++
 	s.mu.Unlock()
 	c, err := s.group.Join(ctx, t.Consumer, t.PolicyVersion)
 	if err != nil {
@@ -277,11 +320,60 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.Unavailable, "join: %v", err)
 	}
-	m := &member{name: t.Consumer, conn: conn, id: c.Stats().Member, key: key, c: c, sent: map[uint64]int64{}, acked: make(chan struct{}, 1)}
+	m := &member{name: t.Consumer, conn: conn, host: host, joined: time.Now(), evict: evict, id: c.Stats().Member, key: key, c: c, sent: map[uint64]int64{}, acked: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.members[t.Consumer] = m
 	s.mu.Unlock()
 	return m, nil
+}
+
+// hostOf is the host of a peer address (the address itself when it has
+// no port).
+func hostOf(addr string) string {
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		return h
+	}
+	return addr
+}
+
+// evictable is the stream to evict for a newcomer from host: one open for
+// at least SendTimeout that acknowledged no batch, of host when onlyHost,
+// else of the host with the most streams; the oldest of those. nil when
+// there is none. s.mu held.
+func (s *Server) evictable(host string, onlyHost bool) *member {
+	now := time.Now()
+	var v *member
+	for _, m := range s.members {
+		if m == nil || m.acks.Load() > 0 || now.Sub(m.joined) < s.opts.SendTimeout || (onlyHost && m.host != host) {
+			continue
+		}
+		if v == nil || s.hosts[m.host] > s.hosts[v.host] || (s.hosts[m.host] == s.hosts[v.host] && m.joined.Before(v.joined)) {
+			v = m
+		}
+	}
+	return v
+}
+
+// awaitLeft waits (up to ShutdownGrace) for m's stream to end and free its
+// slot; s.mu held (released while waiting).
+func (s *Server) awaitLeft(ctx context.Context, m *member) error {
+	timer := time.NewTimer(s.opts.ShutdownGrace)
+	defer timer.Stop()
+	for s.members[m.name] == m {
+		freed := s.freed
+		s.mu.Unlock()
+		select {
+		case <-freed:
+			s.mu.Lock()
+		case <-timer.C:
+			s.mu.Lock()
+			return status.Errorf(codes.ResourceExhausted, "the server is full (--max-streams, --max-streams-per-host) and the evicted stream has not ended yet")
+		case <-ctx.Done():
+			s.mu.Lock()
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	return nil
 }
 
 // awaitFree waits up to RejoinWait for name's stream to end; s.mu held
@@ -323,6 +415,10 @@ func (s *Server) freeName(name string) {
 func (s *Server) release(conn string) {
 	if s.conns[conn]--; s.conns[conn] <= 0 {
 		delete(s.conns, conn)
+	}
+	host := hostOf(conn)
+	if s.hosts[host]--; s.hosts[host] <= 0 {
+		delete(s.hosts, host)
 	}
 }
 
@@ -368,6 +464,7 @@ var (
 	errAckTimeout  = errors.New("no acknowledgement within the ack timeout")
 	errSendTimeout = errors.New("the client did not take a batch within the send timeout")
 	errShutdown    = errors.New("the server is shutting down")
+	errEvicted     = errors.New("evicted: the server or this client host is full and this stream acknowledged no batch")
 )
 
 // DoGet streams batches to one member; see the package comment.
@@ -403,7 +500,7 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		conn = p.Addr.String()
 	}
-	m, err := s.join(ctx, t, keyDigest(t.Key), conn)
+	m, err := s.join(ctx, t, keyDigest(t.Key), conn, func() { cancel(errEvicted) })
 	if err != nil {
 		return err
 	}
@@ -465,6 +562,8 @@ func endStatus(ctx context.Context, err error) error {
 		return status.Errorf(codes.DeadlineExceeded, "%v: stream dropped, its batches go back to the group", cause)
 	case errors.Is(cause, errShutdown):
 		return status.Error(codes.Unavailable, cause.Error())
+	case errors.Is(cause, errEvicted):
+		return status.Error(codes.ResourceExhausted, cause.Error())
 	}
 	return status.FromContextError(ctx.Err()).Err()
 }
@@ -534,6 +633,7 @@ func (m *member) ackedBatches(ids []uint64) {
 		if n, ok := m.sent[id]; ok {
 			delete(m.sent, id)
 			m.bytes -= n
+			m.acks.Add(1)
 		}
 	}
 	m.progress = time.Now()
