@@ -187,16 +187,16 @@ type Server struct {
 // member is one stream: a member of the group.
 type member struct {
 	name string
-	conn string            // the client connection's peer address
-	host string            // its IP address
+	conn string // the client connection's peer address
+	host string // its IP address
 	// joined is when the stream began; acks counts the batches it
 	// acknowledged; evict ends it (a newcomer needs its slot).
 	joined time.Time
 	acks   atomic.Int64
 	evict  func()
-	id   string            // the consumer's member id, name/incarnation
-	key  [sha256.Size]byte // digest of the stream's secret
-	c    *train.Consumer
+	id     string            // the consumer's member id, name/incarnation
+	key    [sha256.Size]byte // digest of the stream's secret
+	c      *train.Consumer
 
 	mu       sync.Mutex
 	sent     map[uint64]int64 // bytes of batches sent, not acknowledged
