@@ -8,9 +8,11 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -42,6 +44,22 @@ func newS3Target(t *testing.T, name string) s3Target {
 	cfg.Endpoint = endpoint
 	cleanupS3(t, cfg)
 	return tg
+}
+
+// cleanupTopics deletes a test's topics when it ends and passed (kept, as
+// cleanupS3 keeps objects, for a failed test or with RLLM_KEEP_TEST_DATA);
+// a topic that was never created is skipped.
+func cleanupTopics(t *testing.T, brokers string, topics ...string) {
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("RLLM_KEEP_TEST_DATA") != "" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := kafka.DeleteTopics(ctx, kafka.Config{Brokers: strings.Split(brokers, ",")}, topics...); err != nil {
+			t.Logf("cleanup of topics %v: %v", topics, err)
+		}
+	})
 }
 
 // cleanupS3 deletes a test's prefix when it ends and passed (a failed

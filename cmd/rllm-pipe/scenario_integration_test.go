@@ -53,6 +53,7 @@ func newScenario(t *testing.T, name string, genArgs ...string) *scenario {
 	cfg.Endpoint = endpoint
 	s.cfg = cfg
 	cleanupS3(t, cfg)
+	cleanupTopics(t, brokers, s.topic, s.topic+".dlq")
 	return s
 }
 

@@ -85,23 +85,11 @@ func (p *Producer) Close() error { return p.w.Close() }
 // EnsureTopic creates cfg.Topic with the given partitions if it does not
 // exist (replication factor 1 unless replicas > 1).
 func EnsureTopic(ctx context.Context, cfg Config, partitions, replicas int) error {
-	d, err := cfg.dialer()
+	conn, cc, err := dialController(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	conn, err := d.DialContext(ctx, "tcp", cfg.Brokers[0])
-	if err != nil {
-		return fmt.Errorf("kafka: dial %s: %w", cfg.Brokers[0], err)
-	}
 	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("kafka: controller: %w", err)
-	}
-	cc, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return fmt.Errorf("kafka: dial controller: %w", err)
-	}
 	defer cc.Close()
 	err = cc.CreateTopics(kgo.TopicConfig{Topic: cfg.Topic, NumPartitions: partitions, ReplicationFactor: max(replicas, 1)})
 	if err != nil && !errors.Is(err, kgo.TopicAlreadyExists) {
@@ -123,4 +111,43 @@ func EnsureTopic(ctx context.Context, cfg Config, partitions, replicas int) erro
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// DeleteTopics deletes topics (for tests and benchmarks that clean up
+// after themselves; a topic that does not exist is not an error).
+func DeleteTopics(ctx context.Context, cfg Config, topics ...string) error {
+	conn, cc, err := dialController(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	defer cc.Close()
+	if err := cc.DeleteTopics(topics...); err != nil && !errors.Is(err, kgo.UnknownTopicOrPartition) {
+		return fmt.Errorf("kafka: delete topics %v: %w", topics, err)
+	}
+	return nil
+}
+
+// dialController connects to the first broker and to the cluster's
+// controller (which creates and deletes topics).
+func dialController(ctx context.Context, cfg Config) (conn, ctrl *kgo.Conn, err error) {
+	d, err := cfg.dialer()
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err = d.DialContext(ctx, "tcp", cfg.Brokers[0])
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka: dial %s: %w", cfg.Brokers[0], err)
+	}
+	c, err := conn.Controller()
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("kafka: controller: %w", err)
+	}
+	ctrl, err = d.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
+	if err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("kafka: dial controller: %w", err)
+	}
+	return conn, ctrl, nil
 }
