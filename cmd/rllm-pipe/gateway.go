@@ -2,27 +2,23 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/rllm-pipe/rllm-pipe/connectors"
-	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
-	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/output"
 )
 
 // gatewayOpts are the gateway's own flags; the in-process pipeline's come
@@ -44,10 +40,18 @@ type gatewayOpts struct {
 // pipelineFlags are ingest's flags that shape the in-process pipeline of
 // a shard-root --to: the gateway borrows ingest's own definitions, so the
 // defaults and help stay in one place.
-var pipelineFlags = []string{
-	"group-size", "min-group-size", "group-timeout", "max-open-groups", "max-partitions",
-	"shard-size", "flush-interval", "estimator", "compat", "no-std", "kl-coef", "kl-clip", "kl-discount",
-	"filter", "decoders", "encoders", "max-record-bytes", "zstd-level", "compact", "log-format", "full-prompts",
+var pipelineFlags = slices.Sorted(maps.Keys(borrowed(&ingestOpts{})))
+
+// borrowed maps each borrowed flag to where ingestOptsFrom reads it back.
+func borrowed(o *ingestOpts) map[string]any {
+	return map[string]any{
+		"group-size": &o.groupSize, "min-group-size": &o.minGroupSize, "group-timeout": &o.groupTimeout,
+		"max-open-groups": &o.maxOpenGroups, "max-partitions": &o.maxPartitions, "shard-size": &o.shardSize,
+		"flush-interval": &o.flushInterval, "estimator": &o.estimator, "compat": &o.compat, "no-std": &o.noStd,
+		"kl-coef": &o.klCoef, "kl-clip": &o.klClip, "kl-discount": &o.klDisc, "filter": &o.filter,
+		"decoders": &o.decoders, "encoders": &o.encoders, "max-record-bytes": &o.maxRecord,
+		"zstd-level": &o.zstdLevel, "compact": &o.compact, "log-format": &o.logFormat, "full-prompts": &o.fullPrompts,
+	}
 }
 
 func newGatewayCmd(soft context.Context) *cobra.Command {
@@ -121,46 +125,22 @@ write-ahead log and resume on the next start); a second aborts.`,
 func ingestOptsFrom(fs *pflag.FlagSet) (ingestOpts, error) {
 	var o ingestOpts
 	var errs []error
-	str := func(name string, p *string) {
-		v, err := fs.GetString(name)
-		errs, *p = append(errs, err), v
+	for name, p := range borrowed(&o) {
+		var err error
+		switch p := p.(type) {
+		case *string:
+			*p, err = fs.GetString(name)
+		case *int:
+			*p, err = fs.GetInt(name)
+		case *float64:
+			*p, err = fs.GetFloat64(name)
+		case *time.Duration:
+			*p, err = fs.GetDuration(name)
+		case *bool:
+			*p, err = fs.GetBool(name)
+		}
+		errs = append(errs, err)
 	}
-	num := func(name string, p *int) {
-		v, err := fs.GetInt(name)
-		errs, *p = append(errs, err), v
-	}
-	flt := func(name string, p *float64) {
-		v, err := fs.GetFloat64(name)
-		errs, *p = append(errs, err), v
-	}
-	dur := func(name string, p *time.Duration) {
-		v, err := fs.GetDuration(name)
-		errs, *p = append(errs, err), v
-	}
-	boo := func(name string, p *bool) {
-		v, err := fs.GetBool(name)
-		errs, *p = append(errs, err), v
-	}
-	num("group-size", &o.groupSize)
-	num("min-group-size", &o.minGroupSize)
-	dur("group-timeout", &o.groupTimeout)
-	num("max-open-groups", &o.maxOpenGroups)
-	num("max-partitions", &o.maxPartitions)
-	str("shard-size", &o.shardSize)
-	dur("flush-interval", &o.flushInterval)
-	str("estimator", &o.estimator)
-	str("compat", &o.compat)
-	boo("no-std", &o.noStd)
-	flt("kl-coef", &o.klCoef)
-	flt("kl-clip", &o.klClip)
-	flt("kl-discount", &o.klDisc)
-	str("filter", &o.filter)
-	num("decoders", &o.decoders)
-	num("encoders", &o.encoders)
-	str("max-record-bytes", &o.maxRecord)
-	num("zstd-level", &o.zstdLevel)
-	boo("compact", &o.compact)
-	str("log-format", &o.logFormat)
 	if err := errors.Join(errs...); err != nil {
 		return o, fmt.Errorf("gateway: ingest's flags changed: %w", err)
 	}
@@ -298,176 +278,31 @@ func writeReady(path, addr string) error {
 	return os.Rename(tmp, path)
 }
 
-// gatewayOutput is a gateway.Output with what the command needs to stop
-// it and report on it.
-type gatewayOutput interface {
-	gateway.Output
-	String() string
-	// Failed is closed when the output can no longer take records (the
-	// in-process pipeline failed); Err says why.
-	Failed() <-chan struct{}
-	Err() error
-	Summary() string
-}
-
-// openGatewayOutput opens --to.
-func openGatewayOutput(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, log *slog.Logger) (gatewayOutput, error) {
-	switch {
-	case strings.HasPrefix(o.to, "kafka://"):
-		cfg, err := kafka.ParseURL(o.to)
-		if err != nil {
-			return nil, usageErrorf("--to: %v", err)
-		}
-		cfg = o.conn.kafka(cfg)
-		ectx, cancel := context.WithTimeout(ctx, o.conn.retryFor)
-		defer cancel()
-		if err := kafka.EnsureTopic(store.WithRetryStop(ectx, soft.Done()), cfg, o.kafkaPartitions, 1); err != nil {
-			return nil, err
-		}
-		out, err := kafka.NewOutput(cfg, kafka.OutputOptions{})
-		if err != nil {
-			return nil, err
-		}
-		return &kafkaOutput{out: out, name: cfg.String()}, nil
-	case strings.HasSuffix(o.to, ".jsonl") && !strings.HasPrefix(o.to, "s3://"):
-		path, err := localPath("to", o.to)
-		if err != nil {
-			return nil, err
-		}
-		maxRecord, err := bytesIn("max-record-bytes", ing.maxRecord, 1<<10, 1<<30)
-		if err != nil {
-			return nil, err
-		}
-		l, err := recordlog.Open(path, recordlog.Options{MaxRecordBytes: int(maxRecord)})
-		if err != nil {
-			return nil, err
-		}
-		return &logOutput{l: l}, nil
-	default:
-		return openFeed(ctx, soft, o, ing, log)
-	}
-}
-
-// openFeed opens a shard root with its write-ahead log and starts the
-// pipeline over it.
-func openFeed(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, log *slog.Logger) (gatewayOutput, error) {
-	ing.to = o.to
-	p, err := newPlan(ing)
+// openGatewayOutput opens --to; a shard root gets ingest's pipeline,
+// configured by ingest's flags.
+func openGatewayOutput(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, log *slog.Logger) (output.Output, error) {
+	opts := output.Options{Kafka: o.conn.kafka, KafkaPartitions: o.kafkaPartitions, RetryFor: o.conn.retryFor,
+		Stop: soft.Done(), Root: ing.conn.options(), WALDir: o.walDir}
+	maxRecord, err := bytesIn("max-record-bytes", ing.maxRecord, 1<<10, 1<<30)
 	if err != nil {
 		return nil, err
 	}
-	p.cfg.Log = log.With("run", p.runID)
-	walBytes, err := bytesIn("wal-file-bytes", o.walFileBytes, recordlog.HeaderSize+(1<<10), 64<<30)
-	if err != nil {
-		return nil, err
-	}
-	root, err := connectors.ParseRoot(o.to, ing.conn.options())
-	if err != nil {
-		return nil, usageErrorf("--to: %v", err)
-	}
-	var walDir string
-	switch {
-	case root.S3 == nil && o.walDir != "":
-		return nil, usageErrorf("--wal-dir: a local --to keeps its write-ahead log under <to>/_gateway/")
-	case root.S3 == nil:
-		walDir = filepath.Join(root.Path, "_gateway")
-	case o.walDir != "":
-		if walDir, err = localPath("wal-dir", o.walDir); err != nil {
+	opts.MaxRecordBytes = int(maxRecord)
+	if output.KindOf(o.to) == output.KindShardRoot {
+		ing.to = o.to
+		p, err := newPlan(ing)
+		if err != nil {
 			return nil, err
 		}
-	default:
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			return nil, usageErrorf("--wal-dir: no user cache folder (%v): name one", err)
+		p.cfg.Log = log.With("run", p.runID)
+		opts.Pipeline, opts.RunID = p.cfg, p.runID
+		if opts.WALFileBytes, err = bytesIn("wal-file-bytes", o.walFileBytes, recordlog.HeaderSize+(1<<10), 64<<30); err != nil {
+			return nil, err
 		}
-		sum := sha256.Sum256([]byte(o.to))
-		walDir = filepath.Join(cache, "rllm-pipe", "gateway", hex.EncodeToString(sum[:8]))
 	}
-	st, err := connectors.OpenStore(store.WithRetryStop(ctx, soft.Done()), root, p.runID)
-	if err != nil {
-		return nil, err
+	out, err := output.Open(ctx, o.to, opts)
+	if errors.Is(err, output.ErrUsage) {
+		return nil, usageErrorf("%v", strings.TrimPrefix(err.Error(), output.ErrUsage.Error()+": "))
 	}
-	l, err := recordlog.Open(filepath.Join(walDir, "wal.jsonl"), recordlog.Options{MaxFileBytes: walBytes, MaxRecordBytes: int(p.maxRecord)})
-	if err != nil {
-		st.Close()
-		return nil, err
-	}
-	dl := st.DeadLetters()
-	pl := pipeline.New(p.cfg, st, dl)
-	// The pipeline lives until Close or a second signal (ctx), not the
-	// first: Close stops it after the output is flushed.
-	feed, err := pl.Feed(ctx, l, pipeline.FeedOptions{})
-	if err != nil {
-		l.Close()
-		st.Close()
-		return nil, err
-	}
-	return &feedOutput{feed: feed, st: st, dl: dl, pl: pl, name: st.Name(), wal: walDir}, nil
-}
-
-// lines are the records' lines (the log and the pipeline key nothing:
-// the assembler groups).
-func lines(recs []gateway.Record) [][]byte {
-	out := make([][]byte, len(recs))
-	for i, r := range recs {
-		out[i] = r.Line
-	}
-	return out
-}
-
-type kafkaOutput struct {
-	out  *kafka.Output
-	name string
-}
-
-func (k *kafkaOutput) Write(ctx context.Context, recs []gateway.Record) error {
-	msgs := make([]kafka.Keyed, len(recs))
-	for i, r := range recs {
-		msgs[i] = kafka.Keyed{Key: r.Key, Line: r.Line}
-	}
-	return k.out.Write(ctx, msgs)
-}
-func (k *kafkaOutput) Close() error            { return k.out.Close() }
-func (k *kafkaOutput) String() string          { return k.name }
-func (k *kafkaOutput) Failed() <-chan struct{} { return nil }
-func (k *kafkaOutput) Err() error              { return nil }
-func (k *kafkaOutput) Summary() string         { return "records produced to " + k.name }
-
-type logOutput struct{ l *recordlog.Log }
-
-func (o *logOutput) Write(ctx context.Context, recs []gateway.Record) error {
-	return o.l.Write(ctx, lines(recs))
-}
-func (o *logOutput) Close() error            { return o.l.Close() }
-func (o *logOutput) String() string          { return o.l.Path() }
-func (o *logOutput) Failed() <-chan struct{} { return nil }
-func (o *logOutput) Err() error              { return nil }
-func (o *logOutput) Summary() string {
-	return fmt.Sprintf("record log %s (%d group commits)", o.l.Path(), o.l.Commits())
-}
-
-type feedOutput struct {
-	feed      *pipeline.Feed
-	st        store.Store
-	dl        store.DeadLetters
-	pl        *pipeline.Pipeline
-	name, wal string
-}
-
-func (o *feedOutput) Write(ctx context.Context, recs []gateway.Record) error {
-	return o.feed.Write(ctx, lines(recs))
-}
-
-// Close flushes the write-ahead log, stops the pipeline (complete groups
-// committed, open ones left in the log) and closes the store.
-func (o *feedOutput) Close() error {
-	err := o.feed.Close()
-	return errors.Join(err, o.dl.Close(), o.st.Close())
-}
-func (o *feedOutput) String() string          { return o.name + " (write-ahead log " + o.wal + ")" }
-func (o *feedOutput) Failed() <-chan struct{} { return o.feed.Done() }
-func (o *feedOutput) Err() error              { return o.feed.Err() }
-func (o *feedOutput) Summary() string {
-	r := o.pl.Result()
-	return fmt.Sprintf("%d groups, %d rows in %d shards (groups still open stay in the write-ahead log)", r.GroupsEmitted, r.Rows, r.Shards)
+	return out, err
 }

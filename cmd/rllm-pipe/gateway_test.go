@@ -37,6 +37,17 @@ func TestGatewayBorrowsIngestFlags(t *testing.T) {
 			t.Errorf("gateway has no --%s", name)
 		}
 	}
+	// Set on the gateway's command line, each reaches the pipeline.
+	if err := cmd.Flags().Parse([]string{"--full-prompts", "--shard-size", "1MiB", "--compact", "--group-size", "3"}); err != nil {
+		t.Fatal(err)
+	}
+	o, err = ingestOptsFrom(cmd.Flags())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.fullPrompts || o.shardSize != "1MiB" || !o.compact || o.groupSize != 3 {
+		t.Fatalf("gateway flags not read back: %+v", o)
+	}
 }
 
 func TestGatewayUsageErrors(t *testing.T) {

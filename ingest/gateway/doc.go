@@ -5,8 +5,8 @@
 // stamped with the weight version in force at dispatch, and every
 // POST /sessions/{id}/finish into the Trajectory record that closes it.
 //
-// Records go to an Output (Kafka, a record log, a shard root: implemented
-// elsewhere, cmd/rllm-pipe/gateway.go wires one in) through a bounded queue:
+// Records go to an Output (Kafka, a record log, a shard root: package
+// ingest/gateway/output opens one from a --to URL) through a bounded queue:
 // the agent's response never waits for the output, but beyond
 // Config.MaxBufferedBytes new calls are refused with 503, and finish and
 // POST /records answer 200 only once their records are durable (Output.Write
@@ -94,6 +94,6 @@
 //   - Step fields the wire format has no column for (latency_ms, tools, the
 //     session id, usage, n) ride in the step's metadata object.
 //
-// The package must not import connectors/ or transform/: outputs are
-// injected.
+// The package must not import connectors/ or the pipeline runtime:
+// outputs are injected (ingest/gateway/output is where they are built).
 package gateway
