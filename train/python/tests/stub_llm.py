@@ -19,9 +19,10 @@ that forgot to force them records nothing. Every call is kept (request,
 fixture, what was sent, whether the stream reached its end) for the tests
 to compare what each gateway recorded against what the backend returned.
 
-Knobs: chunk_delay (seconds between SSE events), fail_next(status) or the
-header X-Stub-Fail: STATUS (answer with that status), and the /health and
-/v1/models routes a gateway probes.
+Knobs: chunk_delay (seconds between SSE events), the header
+X-Stub-Delay-Ms: N (wait before answering, as a busy engine does),
+fail_next(status) or the header X-Stub-Fail: STATUS (answer with that
+status), and the /health and /v1/models routes a gateway probes.
 """
 
 from __future__ import annotations
@@ -298,6 +299,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in DEFAULTS:
             return self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
         hdrs = {k.lower(): v for k, v in self.headers.items()}
+        if (self.headers.get("X-Stub-Delay-Ms") or "").isdigit():
+            time.sleep(int(self.headers["X-Stub-Delay-Ms"]) / 1000)
         fail = self.stub._take_failure()
         if (self.headers.get("X-Stub-Fail") or "").isdigit():
             fail = int(self.headers["X-Stub-Fail"])

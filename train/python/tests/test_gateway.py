@@ -213,6 +213,29 @@ def test_multi_turn_sessions_in_parallel(gateway, llm):
     assert len(steps) == turns * agents == len({s["step_id"] for s in steps})
 
 
+def test_agent_gone_before_the_answer_is_recorded(gateway, llm):
+    """An agent that gives up on a call before the backend answers (the
+    openai SDK's timeout) still has the call recorded, whole, marked
+    cut_off = client_disconnect, with the backend's own finish reason: the
+    backend served it, so the data is not lost."""
+    gw = gateway()
+    sid = "task-gone:0"
+    c = openai.OpenAI(base_url=gw.session_url(sid), api_key="unused", max_retries=0, timeout=0.3)
+    with pytest.raises(openai.APITimeoutError):
+        c.chat.completions.create(model=MODEL, messages=QUESTION, extra_headers={**fx("vllm_chat"), "X-Stub-Delay-Ms": "1000"})
+    deadline = time.time() + 10
+    while httpx.get(f"{gw.url}/sessions/{sid}", timeout=5).json().get("trace_count", 0) < 1:
+        assert time.time() < deadline, "the call the agent left was not recorded"
+        time.sleep(0.05)
+    assert gw.finish(sid, reward=0.0)["num_steps"] == 1
+    (s,) = steps_of(gw, sid)
+    want = llm.fixtures["vllm_chat"].expect
+    assert s["metadata"]["cut_off"] == "client_disconnect"
+    assert s["finish_reason"] == want["finish_reason"]
+    assert s["response_ids"] == want["response_ids"] and s["prompt_ids"] == want["prompt_ids"]
+    assert s["response_logprobs"] == pytest.approx(want["response_logprobs"])
+
+
 def test_client_disconnect_mid_stream_is_recorded_cut_off(gateway, llm):
     gw = gateway()
     sid = "task-d:0"
