@@ -687,9 +687,15 @@ func (p *Pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
 		return fmt.Errorf("s3: shard %s: %w", p.rel, err)
 	}
 	key := p.s.key(p.rel)
-	// A shard key is unique to its writer: an object already there is our
-	// own earlier attempt.
-	if err := p.s.putIfAbsent(ctx, key, p.f, size, "application/vnd.apache.parquet"); err != nil && !errors.Is(err, errExists) {
+	// An object found at the key on a retry is our own earlier attempt,
+	// whose answer was lost (a shard key is unique to its writer's run and
+	// sequence). One found at the first attempt is not ours: a committed
+	// shard is never replaced, nor listed twice.
+	switch err := p.s.putIfAbsent(ctx, key, p.f, size, "application/vnd.apache.parquet"); {
+	case errors.Is(err, errMaybeOurs):
+	case errors.Is(err, errExists):
+		return fmt.Errorf("s3: shard %s: an object is already there: %w", p.rel, fs.ErrExist)
+	case err != nil:
 		return err
 	}
 	e.Path, e.Bytes = p.rel, size

@@ -46,6 +46,8 @@ func Run(t *testing.T, b Backend) {
 	}{
 		{"ShardInvisibleUntilCommit", testShardInvisibleUntilCommit},
 		{"CreateRejectsPathsOutsideData", testCreateRejectsPaths},
+		{"PublishNeverOverwrites", testPublishNeverOverwrites},
+		{"WritersAppendTogether", testWritersAppendTogether},
 		{"AppendsAreLinear", testAppendsAreLinear},
 		{"CreateOnlyObjects", testCreateOnlyObjects},
 		{"SecondWriterRefusedOrFenced", testSecondWriter},
@@ -191,6 +193,110 @@ func testCreateRejectsPaths(t *testing.T, b Backend) {
 		if p, err := st.Create(context.Background(), rel); err == nil {
 			p.Abort()
 			t.Errorf("Create(%q) accepted", rel)
+		}
+	}
+}
+
+// A committed shard is never replaced: a second Create of its path fails,
+// at Create or at Commit (an error wrapping fs.ErrExist), and the shard
+// keeps its bytes and its one entry.
+func testPublishNeverOverwrites(t *testing.T, b Backend) {
+	ctx := context.Background()
+	root := b.NewRoot(t)
+	st := open(t, b, root, "w1")
+	rel := shardName("w1", 1)
+	if err := commit(t, st, rel, []byte("first"), "f", 1); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := st.Create(ctx, rel); err == nil {
+		if _, err := p.Write([]byte("second")); err != nil {
+			t.Fatal(err)
+		}
+		err := p.Commit(ctx, entry("f", 2))
+		if err == nil {
+			t.Fatal("a committed shard's path was committed again")
+		}
+		if !errors.Is(err, fs.ErrExist) {
+			t.Errorf("committing over a shard: %v, want an error wrapping fs.ErrExist", err)
+		}
+	}
+	r := reader(t, b, root)
+	if got := committedPaths(t, r); strings.Join(got, ",") != rel {
+		t.Fatalf("committed %v, want %s once", got, rel)
+	}
+	if got, err := r.Get(ctx, rel); err != nil || string(got) != "first" {
+		t.Fatalf("the shard reads %q (%v), want its first bytes", got, err)
+	}
+	if st.Settled().Contains(schemas.Source{Stream: "f", Line: 2}) {
+		t.Fatal("the refused commit settled its positions")
+	}
+}
+
+// Writers of one root append together where the backend allows several
+// (S3: each its own streams); a backend that refuses a second writer
+// (local: ErrLocked) passes by refusing.
+func testWritersAppendTogether(t *testing.T, b Backend) {
+	ctx := context.Background()
+	root := b.NewRoot(t)
+	const writers, each = 3, 8
+	stores := make([]store.Store, writers)
+	for i := range stores {
+		st, err := b.Open(t, root, fmt.Sprintf("w%d", i))
+		if errors.Is(err, store.ErrLocked) && i > 0 {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		stores[i] = st
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, writers*each)
+	for i, st := range stores {
+		stream := fmt.Sprintf("s%d", i)
+		if err := st.Claim(ctx, []string{stream}, 0); err != nil {
+			t.Fatal(err)
+		}
+		for k := range each {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs <- commit(t, st, shardName(st.Writer(), k), []byte{byte(i), byte(k)}, stream, int64(k))
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	es, err := reader(t, b, root).Committed(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paths := map[string]bool{}
+	for i, e := range es {
+		if paths[e.Path] {
+			t.Fatalf("%s listed twice", e.Path)
+		}
+		paths[e.Path] = true
+		if i > 0 && e.Seq <= es[i-1].Seq {
+			t.Fatalf("entries out of order: seq %d after %d", e.Seq, es[i-1].Seq)
+		}
+	}
+	if len(paths) != writers*each {
+		t.Fatalf("%d shards listed, want %d", len(paths), writers*each)
+	}
+	// A late reader sees every writer's positions settled.
+	last := open(t, b, root, "wlast")
+	for i := range writers {
+		for k := range each {
+			if !last.Settled().Contains(schemas.Source{Stream: fmt.Sprintf("s%d", i), Line: int64(k)}) {
+				t.Fatalf("position %d of s%d not settled for a later writer", k, i)
+			}
 		}
 	}
 }
