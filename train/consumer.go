@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -48,7 +49,23 @@ type ConsumerConfig struct {
 	// Poll is how often the manifest and the group's log are re-read when
 	// there is nothing to deliver. Default 1s.
 	Poll time.Duration
+	// MaxVersionLead caps the policy version staleness is judged against
+	// at the newest group version committed (the largest policy version of
+	// the manifest's entries and of the groups this member read) plus this
+	// lead: a member reporting a version far ahead of the data (2^53, in
+	// range) cannot pass every group over as stale, which settles them
+	// for the whole consumer group unread; it can pass over only groups
+	// more than MaxStaleness - lead versions behind the newest. A trainer
+	// genuinely further ahead than the lead has its staleness judged from
+	// the cap (it may get groups that much staler than its bound). 0:
+	// DefaultMaxVersionLead; negative: no cap.
+	MaxVersionLead int64
 }
+
+// DefaultMaxVersionLead is the default ConsumerConfig.MaxVersionLead: a
+// trainer one version ahead of the newest rollouts, as when it waits for
+// the rollouts of the policy it just published.
+const DefaultMaxVersionLead = 1
 
 // Delivery is a batch handed to a trainer, to acknowledge by ID.
 type Delivery struct {
@@ -92,6 +109,10 @@ type Consumer struct {
 	coord  *coordinator
 	mem    memory.Allocator
 	policy atomic.Int64
+	newest atomic.Int64 // the newest group version committed (MinInt64: none seen)
+	// Stale skips not logged yet, and when they last were (noteStale).
+	staleUnlogged int64
+	staleLogged   time.Time
 
 	// replay, for a group created by CreateReplay, is the plan Next
 	// follows instead of the manifest (shards then lists its batches).
@@ -154,6 +175,9 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	if cfg.Poll <= 0 {
 		cfg.Poll = time.Second
 	}
+	if cfg.MaxVersionLead == 0 {
+		cfg.MaxVersionLead = DefaultMaxVersionLead
+	}
 	mem := cfg.Allocator
 	if mem == nil {
 		mem = memory.DefaultAllocator
@@ -174,6 +198,7 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	}
 	c.stats.Member = member
 	c.policy.Store(cfg.PolicyVersion)
+	c.newest.Store(math.MinInt64)
 	c.form = &former{cfg: &c.cfg.Config, mem: mem, counters: &c.stats.Counters}
 	if err := c.loadReplay(ctx, obj); err != nil {
 		return nil, err
@@ -183,8 +208,50 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 }
 
 // SetPolicyVersion sets the trainer's current policy version: staleness
-// is judged against it from the next group on.
+// is judged against it from the next group on (capped: see
+// ConsumerConfig.MaxVersionLead).
 func (c *Consumer) SetPolicyVersion(v int64) { c.policy.Store(v) }
+
+// judged is the policy version staleness is judged against: the trainer's,
+// at most MaxVersionLead ahead of the newest group version committed.
+func (c *Consumer) judged() int64 {
+	p, n := c.policy.Load(), c.newest.Load()
+	if c.cfg.MaxVersionLead < 0 || n == math.MinInt64 {
+		return p
+	}
+	limit := n + c.cfg.MaxVersionLead
+	if limit < n { // overflow
+		return p
+	}
+	return min(p, limit)
+}
+
+// sawVersion notes a committed group version.
+func (c *Consumer) sawVersion(v int64) {
+	for {
+		n := c.newest.Load()
+		if v <= n || c.newest.CompareAndSwap(n, v) {
+			return
+		}
+	}
+}
+
+// noteStale logs, at most every staleLogEvery, how many groups the member
+// passed over as stale since the last such line (they are settled for the
+// whole group unread, so they must not go unnoticed). c.mu held.
+func (c *Consumer) noteStale(n int64) {
+	c.staleUnlogged += n
+	if c.staleUnlogged == 0 || time.Since(c.staleLogged) < staleLogEvery {
+		return
+	}
+	slog.Warn("train: groups skipped as stale (settled for the whole group, unread)", "member", c.stats.Member,
+		"groups", c.staleUnlogged, "skipped_stale_total", c.stats.SkippedStale, "policy_version", c.policy.Load(),
+		"judged_at", c.judged(), "max_staleness", c.cfg.MaxStaleness)
+	c.staleUnlogged, c.staleLogged = 0, time.Now()
+}
+
+// staleLogEvery is how often a member logs its stale skips at most.
+const staleLogEvery = 10 * time.Second
 
 // Stats returns the consumer's tallies.
 func (c *Consumer) Stats() Stats {
@@ -228,9 +295,12 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			}
 			continue
 		}
+		c.sawVersion(g.version)
 		c.mu.Lock()
-		if c.form.passOver(g, c.policy.Load()) {
+		before := c.stats.SkippedStale
+		if c.form.passOver(g, c.judged()) {
 			c.skips[skipKey{g.shard, g.ordinal}] = true
+			c.noteStale(c.stats.SkippedStale - before)
 			c.mu.Unlock()
 			g.release()
 			continue
@@ -254,8 +324,9 @@ func (c *Consumer) deliver() (*Delivery, error) {
 	defer c.mu.Unlock()
 	// The bound holds at delivery: the trainer may have moved on since
 	// these groups were admitted.
-	for _, g := range c.form.dropStale(c.policy.Load()) {
+	for _, g := range c.form.dropStale(c.judged()) {
 		c.stats.SkippedStale++
+		c.noteStale(1)
 		c.skips[skipKey{g.shard, g.ordinal}] = true
 		g.release()
 	}
@@ -299,7 +370,7 @@ func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	}
 	var res AckResult
 	skips, totals := c.pendingMarks()
-	policy := c.policy.Load()
+	policy := c.policy.Load() // the trainer's own, as it reported it
 	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
 		res = AckResult{}
 		e.Ack = e.Ack[:0]
@@ -473,6 +544,11 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 			c.first = 0 // not the manifest read before (it only grows)
 		}
 		c.entries, c.lastPoll = entries, time.Now()
+		for _, e := range entries {
+			if e.Path != "" {
+				c.sawVersion(e.PolicyVersion)
+			}
+		}
 	}
 	var (
 		picked   *schemas.ShardEntry

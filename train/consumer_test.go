@@ -223,6 +223,7 @@ func TestConsumerStalenessFollowsPolicyVersion(t *testing.T) {
 	c, err := NewConsumer(context.Background(), sh, obj, ConsumerConfig{
 		Config: Config{PolicyVersion: 3, MaxStaleness: 1, MaxTokens: 8},
 		Name:   "t", Poll: 10 * time.Millisecond,
+		MaxVersionLead: 2, // the trainer runs 2 ahead of the newest data (3) below
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -297,4 +298,58 @@ func TestConsumerFollowsNewShards(t *testing.T) {
 		}
 	}
 	_ = c.Close(ctx)
+}
+
+// TestConsumerVersionFarAheadIsCapped: a member reporting a policy
+// version far ahead of the data (2^53, in range) with --max-staleness 3
+// would pass every group over as stale, settling them for the whole group
+// unread. Its version counts at most MaxVersionLead ahead of the newest
+// committed group version, so it gets the groups within the bound of
+// that; with no cap (negative) it gets none.
+func TestConsumerVersionFarAheadIsCapped(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		lead      int64
+		wantAcked int64
+	}{
+		{"default lead", 0, 60}, // versions 0..3, newest 3: judged at 3+1 = 4, only version 0 stale
+		{"lead 3", 3, 20},       // judged at 6: only version 3 within the bound
+		{"lead 5", 5, 0},        // judged at 8: the member opted out of the protection
+		{"no cap", -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			writeShardsTo(t, root, 0, 80) // versions g%4
+			sh, obj := openGroup(t, root, "g")
+			c, err := NewConsumer(context.Background(), sh, obj, ConsumerConfig{
+				Config: Config{PolicyVersion: MaxPolicyVersion, MaxStaleness: 3, MaxTokens: 8},
+				Name:   "t", Poll: 10 * time.Millisecond, MaxVersionLead: tc.lead,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for {
+				d, err := c.Next(ctx)
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				d.Record.Release()
+				if _, err := c.Ack(ctx, d.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := c.Stats()
+			if st.GroupsAcked+st.SkippedEmpty != tc.wantAcked {
+				t.Errorf("acked %d and empty %d (stale %d), want %d", st.GroupsAcked, st.SkippedEmpty, st.SkippedStale, tc.wantAcked)
+			}
+			if st.GroupsAcked+st.SkippedStale+st.SkippedEmpty != 80 {
+				t.Errorf("acked %d + stale %d + empty %d != 80", st.GroupsAcked, st.SkippedStale, st.SkippedEmpty)
+			}
+			_ = c.Close(ctx)
+		})
+	}
 }

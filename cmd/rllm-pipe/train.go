@@ -33,6 +33,7 @@ type trainOpts struct {
 	group, name     string
 	policyVersion   int64
 	maxStaleness    int64
+	maxVersionLead  int64
 	maxTokens       int64
 	includeFiltered bool
 	batchEstimator  string
@@ -51,6 +52,7 @@ func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
 	f.StringVar(&o.group, "consumer-group", "default", "consumer group: members share the shards, each group is delivered and acknowledged once per group")
 	f.Int64Var(&o.policyVersion, "policy-version", 0, "the trainer's current policy version (updatable through the API)")
 	f.Int64Var(&o.maxStaleness, "max-staleness", -1, "skip groups more than this many versions behind --policy-version (-1: no bound)")
+	f.Int64Var(&o.maxVersionLead, "max-version-lead", train.DefaultMaxVersionLead, "staleness is judged against the member's policy version capped at the newest committed group version plus this lead, so that a member far ahead (or lying) cannot pass the group's data over as stale (-1: no cap)")
 	f.Int64Var(&o.maxTokens, "max-tokens", 0, "token budget of a batch, prompt and response tokens (0: one group per batch)")
 	f.BoolVar(&o.includeFiltered, "include-filtered", false, "deliver rows a filter marked (filter_reason)")
 	f.StringVar(&o.batchEstimator, "batch-estimator", "", "recompute advantage over each batch: reinforce_plus_plus_baseline, prpo, batch_std")
@@ -72,7 +74,11 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	if o.maxStaleness < -1 || o.maxStaleness > train.MaxPolicyVersion {
 		return train.ConsumerConfig{}, usageErrorf("--max-staleness: %d out of range [-1, 2^53]", o.maxStaleness)
 	}
+	if o.maxVersionLead == 0 || o.maxVersionLead < -1 || o.maxVersionLead > train.MaxPolicyVersion {
+		return train.ConsumerConfig{}, usageErrorf("--max-version-lead: %d, want -1 (no cap) or 1 to 2^53", o.maxVersionLead)
+	}
 	cfg := train.ConsumerConfig{
+		MaxVersionLead: o.maxVersionLead,
 		Config: train.Config{
 			PolicyVersion: o.policyVersion, MaxStaleness: o.maxStaleness, MaxTokens: o.maxTokens,
 			IncludeFiltered: o.includeFiltered,
