@@ -223,3 +223,86 @@ func BenchmarkSessionMemory(b *testing.B) {
 		_ = gw.Close(context.Background())
 	}
 }
+
+// multiTurnBackend answers chat calls as vLLM does for a multi-turn agent
+// whose prompt is the whole conversation: turn k (the number of assistant
+// messages sent) has a prompt of 4,000 + 600k token ids and a 200-token
+// answer with logprobs.
+func multiTurnBackend() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		turn := strings.Count(string(body), `"assistant"`)
+		prompt := make([]int64, 4000+600*turn)
+		for i := range prompt {
+			prompt[i] = int64(100 + i%50000)
+		}
+		var sb strings.Builder
+		sb.WriteString(`{"id":"c","object":"chat.completion","model":"m","prompt_token_ids":`)
+		sb.WriteString(strings.ReplaceAll(fmt.Sprint(prompt), " ", ","))
+		sb.WriteString(`,"choices":[{"index":0,"message":{"role":"assistant","content":"`)
+		sb.WriteString(strings.Repeat("word ", 200))
+		sb.WriteString(`"},"logprobs":{"content":[`)
+		ids := make([]string, 200)
+		for i := range 200 {
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			fmt.Fprintf(&sb, `{"token":"w","logprob":-0.%d}`, i+1)
+			ids[i] = fmt.Sprint(1000 + i)
+		}
+		sb.WriteString(`]},"finish_reason":"stop","token_ids":[` + strings.Join(ids, ",") + `]}],"usage":{"prompt_tokens":1,"completion_tokens":200}}`)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, sb.String())
+	})
+}
+
+// BenchmarkMultiTurnSessionMemory: heap held per session of an 8-turn
+// agent with 4k-token prompts growing 600 tokens a turn (the traces hold
+// every call's prompt ids, what GET /sessions/{id}/traces returns), open
+// and then finished, and the heap once finished sessions exceed
+// MaxTraceBytes (16 MiB here): the bound, not the session count, sets it.
+func BenchmarkMultiTurnSessionMemory(b *testing.B) {
+	const sessions, turns = 80, 8
+	up := httptest.NewServer(multiTurnBackend())
+	defer up.Close()
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	for range b.N {
+		gw, err := New(Config{Upstreams: []string{up.URL}, HealthInterval: -1, MaxTraceBytes: 16 << 20}, &countOutput{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := gw.Handler()
+		before := heap()
+		for i := range sessions {
+			msgs := `{"role":"user","content":"task"}`
+			for range turns {
+				req := httptest.NewRequest("POST", fmt.Sprintf("/sessions/mt-%d:0/v1/chat/completions", i),
+					strings.NewReader(`{"model":"m","messages":[`+msgs+`]}`))
+				h.ServeHTTP(httptest.NewRecorder(), req)
+				msgs += `,{"role":"assistant","content":"a"},{"role":"user","content":"obs"}`
+			}
+			if i == sessions/2-1 {
+				_, held := gw.sessions.usage()
+				b.ReportMetric(float64(heap()-before)/float64(i+1), "bytes/open-session")
+				b.ReportMetric(float64(held)/float64(i+1), "trace-bytes/open-session")
+			}
+		}
+		for i := range sessions {
+			req := httptest.NewRequest("POST", fmt.Sprintf("/sessions/mt-%d:0/finish", i), strings.NewReader(`{"reward":1}`))
+			h.ServeHTTP(httptest.NewRecorder(), req)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_ = gw.queue.drain(ctx)
+		cancel()
+		_, held := gw.sessions.usage()
+		b.ReportMetric(float64(held)/(1<<20), "trace-MiB-held")
+		b.ReportMetric(float64(heap()-before)/(1<<20), "heap-MiB-after-finish")
+		runtime.KeepAlive(gw)
+		_ = gw.Close(context.Background())
+	}
+}
