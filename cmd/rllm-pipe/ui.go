@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -43,6 +44,13 @@ coloured by logprob, teacher logprob or token advantage, switched on the
 page, each with its legend). Chart buckets link to the trajectories
 behind them.
 
+The manifest is re-read every --poll; when it grew, the views are
+reopened, the trajectory index rebuilt and every chart recomputed, at most
+once per max(--poll, 4 x the last rebuild's duration), so the server
+spends at most a fifth of its time rebuilding however often shards
+commit. The health panel says how many entries are waiting and when the
+next rebuild comes.
+
 Read only: GET and HEAD only, over the sandboxed views of "sql". It listens
 on loopback by default; anywhere else it needs a bearer token (from
 --token-file or $RLLM_PIPE_UI_TOKEN, never a flag value), sent as
@@ -55,10 +63,10 @@ basic-authentication prompt.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
-	f.StringVar(&o.listen, "listen", "127.0.0.1:8817", "address to serve on (host:port; port 0 picks one); beyond loopback only with a token")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8817", "address to serve on (host:port; port 0 picks one; localhost counts as loopback when it resolves to loopback only); beyond loopback only with a token")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token (default: $RLLM_PIPE_UI_TOKEN; none: loopback only)")
 	f.StringVar(&o.ingestMetrics, "ingest-metrics", "", "metrics endpoint of an ingest process (http://host:port/metrics, from its --metrics-addr): chart its open-group backlog and commits per minute, scraped every --poll")
-	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often to re-read the manifest")
+	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often to re-read the manifest (charts are rebuilt when it grew, at most every max(poll, 4x the last rebuild's duration))")
 	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of pass@k")
 	o.conn.register(f)
 	return cmd
@@ -79,6 +87,33 @@ func groupMembers(ctx context.Context, obj store.Objects) ([]live.Member, error)
 	return out, err
 }
 
+// uiListenAddr is the address ui listens on and whether it is on
+// loopback: a loopback IP as given; "localhost" (any case) when every
+// address it resolves to is a loopback one, bound to the first of them, so
+// that what is checked is what is bound; anything else as given, not
+// loopback.
+func uiListenAddr(ctx context.Context, addr string) (string, bool) {
+	if loopbackAddr(addr) {
+		return addr, true
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || !strings.EqualFold(host, "localhost") {
+		return addr, false
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ips, err := net.DefaultResolver.LookupIPAddr(rctx, host)
+	if err != nil || len(ips) == 0 {
+		return addr, false
+	}
+	for _, ip := range ips {
+		if !ip.IP.IsLoopback() {
+			return addr, false
+		}
+	}
+	return net.JoinHostPort(ips[0].IP.String(), port), true
+}
+
 func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	if o.from == "" {
 		return usageErrorf("--from is required")
@@ -87,8 +122,9 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	if err != nil {
 		return err
 	}
-	if tok == "" && !loopbackAddr(o.listen) {
-		return usageErrorf("--listen %s is beyond loopback: ui refuses it without a token (--token-file or RLLM_PIPE_UI_TOKEN), or listen on 127.0.0.1", o.listen)
+	listen, loopback := uiListenAddr(ctx, o.listen)
+	if tok == "" && !loopback {
+		return usageErrorf("--listen %s is beyond loopback: ui refuses it without a token (--token-file or RLLM_PIPE_UI_TOKEN), or listen on 127.0.0.1 or localhost", o.listen)
 	}
 	if o.ingestMetrics != "" {
 		u, err := url.Parse(o.ingestMetrics)
@@ -105,7 +141,7 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	if err := srv.Refresh(ctx); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", o.listen)
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("ui: %w", err)
 	}

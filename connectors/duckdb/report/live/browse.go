@@ -507,6 +507,8 @@ async function tick(){
     const st=await (await fetch('/api/state')).json();
     let h='<p>'+st.shards+' shards · '+st.rows+' rows · '+st.groups+' groups · newest policy v'+st.newest_policy_version+
       ' · '+st.commits_per_minute.toFixed(1)+' commits/min (last 10 min)</p>';
+    if(st.pending_entries>0){h+='<p class="meta" id="pending">'+st.pending_entries+' manifest entries committed since the charts were drawn; they refresh in about '+
+      Math.ceil(st.rebuild_in_seconds)+' s (at most every '+st.rebuild_factor+'× the last rebuild, '+st.rebuild_seconds.toFixed(1)+' s)</p>';}
     if(st.consumers.length){h+='<table id="consumers"><tr><th>consumer group</th><th>acknowledged</th><th>skipped</th><th>lag (groups)</th><th>members (shards held · policy at last ack · staleness)</th></tr>';
       for(const c of st.consumers){h+='<tr><td>'+esc(c.group)+'</td><td>'+c.groups_acked+'</td><td>'+c.groups_skipped+'</td><td>'+c.lag_groups+'</td><td>'+
         (c.members||[]).map(m=>esc(m.name)+' ('+m.shards_leased+' · v'+m.policy_version+' · '+m.staleness+')').join(', ')+'</td></tr>';}

@@ -53,6 +53,14 @@ type Options struct {
 	Token string
 	// Poll is how often the manifest is re-read. Default 2s.
 	Poll time.Duration
+	// RebuildFactor spaces Run's rebuilds: when the manifest grew, Run
+	// reopens the views, rebuilds the trajectory index and reruns every
+	// report only once max(Poll, RebuildFactor × the last rebuild's
+	// duration) has passed since the last rebuild ended, so the server
+	// spends at most 1/(RebuildFactor+1) of its time rebuilding however
+	// often shards commit (a rebuild takes about 4 s at a million steps).
+	// Default 4.
+	RebuildFactor int
 	// K are the k of pass@k.
 	K []int
 	// Progress reads consumer groups' progress; nil: no consumer groups.
@@ -87,6 +95,11 @@ type Server struct {
 	entries []schemas.ShardEntry
 	gen     int
 	err     error
+	// The last rebuild: how long it took and when it ended; pending is
+	// the manifest entries committed since, not yet shown.
+	lastBuild time.Duration
+	builtAt   time.Time
+	pending   int
 }
 
 // New returns a server over r; Run follows the manifest.
@@ -96,6 +109,9 @@ func New(r store.Reader, o Options) *Server {
 	}
 	if o.PageSize <= 0 {
 		o.PageSize = 50
+	}
+	if o.RebuildFactor <= 0 {
+		o.RebuildFactor = 4
 	}
 	s := &Server{r: r, o: o}
 	s.open = func(ctx context.Context) (*duckdb.DB, error) {
@@ -108,7 +124,7 @@ func New(r store.Reader, o Options) *Server {
 }
 
 // Run re-reads the manifest every Poll and reopens the views when it
-// grew, and scrapes the ingest metrics (on a goroutine of its own, so a
+// grew (no sooner than Options.RebuildFactor allows), and scrapes the ingest metrics (on a goroutine of its own, so a
 // slow reopening does not leave gaps in their history), until ctx ends;
 // it closes the views on return.
 func (s *Server) Run(ctx context.Context) error {
@@ -124,7 +140,7 @@ func (s *Server) Run(ctx context.Context) error {
 	t := time.NewTicker(s.o.Poll)
 	defer t.Stop()
 	for {
-		if err := s.Refresh(ctx); err != nil && ctx.Err() == nil {
+		if err := s.refresh(ctx, true); err != nil && ctx.Err() == nil {
 			slog.Warn("ui: refresh", "err", err)
 		}
 		select {
@@ -191,19 +207,32 @@ func (s *Server) Close() error {
 }
 
 // Refresh reopens the views if the manifest has new entries, builds the
-// trajectory browser's index and runs the reports; the views in use until
-// then keep serving.
-func (s *Server) Refresh(ctx context.Context) error {
+// trajectory browser's index and runs the reports, at once (Run spaces
+// its rebuilds); the views in use until then keep serving.
+func (s *Server) Refresh(ctx context.Context) error { return s.refresh(ctx, false) }
+
+// rebuildDue reports whether Run may rebuild now: max(Poll,
+// RebuildFactor × the last rebuild's duration) after the last one ended.
+func (s *Server) rebuildDue(now time.Time) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	wait := max(s.o.Poll, time.Duration(s.o.RebuildFactor)*s.lastBuild)
+	return s.builtAt.IsZero() || now.Sub(s.builtAt) >= wait
+}
+
+func (s *Server) refresh(ctx context.Context, spaced bool) error {
 	entries, err := s.r.Entries(ctx)
 	if err != nil {
 		return fmt.Errorf("ui: manifest: %w", err)
 	}
-	s.mu.RLock()
+	s.mu.Lock()
 	same := s.db != nil && len(entries) == len(s.entries)
-	s.mu.RUnlock()
-	if same {
+	s.pending = max(0, len(entries)-len(s.entries))
+	s.mu.Unlock()
+	if same || spaced && !s.rebuildDue(time.Now()) {
 		return nil
 	}
+	start := time.Now()
 	db, err := s.open(ctx)
 	if err != nil {
 		s.mu.Lock()
@@ -225,6 +254,8 @@ func (s *Server) Refresh(ctx context.Context) error {
 	old := s.db
 	s.db, s.data, s.entries, s.err = db, d, entries, nil
 	s.gen++
+	s.builtAt = time.Now()
+	s.lastBuild, s.pending = s.builtAt.Sub(start), 0
 	s.mu.Unlock()
 	if old != nil {
 		// Handlers hold the read lock while they query: none uses old now.
@@ -354,12 +385,27 @@ type State struct {
 	Consumers        []Consumer `json:"consumers"`
 	// Ingest, with Options.IngestMetrics: the last scrape.
 	Ingest *IngestState `json:"ingest,omitempty"`
+	// PendingEntries are the manifest entries committed since the charts
+	// were drawn (the figures above count the drawn ones); the next
+	// rebuild comes RebuildInSeconds from now at the earliest, the last
+	// one took RebuildSeconds.
+	PendingEntries   int     `json:"pending_entries"`
+	RebuildSeconds   float64 `json:"rebuild_seconds"`
+	RebuildInSeconds float64 `json:"rebuild_in_seconds"`
+	RebuildFactor    int     `json:"rebuild_factor"`
 }
 
 func (s *Server) state(w http.ResponseWriter, r *http.Request) {
 	_, entries, gen, _ := s.snapshot()
 	st := State{Generation: gen, Consumers: []Consumer{}}
 	now := time.Now()
+	s.mu.RLock()
+	st.PendingEntries, st.RebuildSeconds, st.RebuildFactor = s.pending, s.lastBuild.Seconds(), s.o.RebuildFactor
+	if !s.builtAt.IsZero() {
+		wait := max(s.o.Poll, time.Duration(s.o.RebuildFactor)*s.lastBuild)
+		st.RebuildInSeconds = max(0, s.builtAt.Add(wait).Sub(now).Seconds())
+	}
+	s.mu.RUnlock()
 	recent := 0
 	for _, e := range entries {
 		if e.Path == "" {

@@ -1,0 +1,106 @@
+package live
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// growingManifest is a store whose manifest gains an entry at every
+// read, as under a steady stream of commits.
+type growingManifest struct {
+	store.Reader
+	mu      sync.Mutex
+	entries []schemas.ShardEntry
+	frozen  bool
+}
+
+func (g *growingManifest) Name() string { return "growing" }
+
+func (g *growingManifest) Entries(context.Context) ([]schemas.ShardEntry, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.frozen {
+		g.entries = append(g.entries, schemas.ShardEntry{Path: fmt.Sprintf("s%d", len(g.entries))})
+	}
+	return append([]schemas.ShardEntry(nil), g.entries...), nil
+}
+
+func (g *growingManifest) freeze() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.frozen = true
+	return len(g.entries)
+}
+
+// TestRunSpacesRebuilds: with a commit at every poll and a rebuild that
+// takes at least 100 ms, Run starts a rebuild no sooner than 4 of the
+// last one's durations after it ended (so 500 ms apart at least), not at
+// every poll; the state says what is pending meanwhile; once commits
+// stop it catches up.
+func TestRunSpacesRebuilds(t *testing.T) {
+	const build = 100 * time.Millisecond
+	m := &growingManifest{}
+	s := New(m, Options{Poll: 10 * time.Millisecond})
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var opened []time.Time
+	s.open = func(ctx context.Context) (*duckdb.DB, error) {
+		mu.Lock()
+		opened = append(opened, time.Now())
+		mu.Unlock()
+		time.Sleep(build)
+		return duckdb.OpenLocal(ctx, dir, duckdb.Options{})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(opened)
+		mu.Unlock()
+		if n >= 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rebuilds in 30 s", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	for i := 1; i < len(opened); i++ {
+		if gap := opened[i].Sub(opened[i-1]); gap < 5*build {
+			t.Errorf("rebuild %d started %s after the one before, want at least %s (a rebuild and 4 times its duration)", i, gap, 5*build)
+		}
+	}
+	mu.Unlock()
+	s.mu.RLock()
+	pending, last := s.pending, s.lastBuild
+	s.mu.RUnlock()
+	if pending == 0 || last < build {
+		t.Errorf("pending %d, last rebuild %s: want entries pending and the rebuild's duration", pending, last)
+	}
+	n := m.freeze()
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		_, entries, _, _ := s.snapshot()
+		if len(entries) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d entries shown 30 s after the commits stopped", len(entries), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
