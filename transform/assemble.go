@@ -337,8 +337,27 @@ func (a *Assembler) closedCheck(it *ingest.Item, key string, kind byte, id strin
 	if a.closed[key] == nil {
 		return false
 	}
-	a.reject(it, schemas.ReasonLate, "group %q was already closed when this record arrived", key)
+	msg := fmt.Sprintf("group %q was already closed when this record arrived", key)
+	if s := it.Rec.Step; it.Rec.Type == schemas.TypeStep && s != nil && s.ParentStepID != "" {
+		msg += fmt.Sprintf("; it is a prompt delta of parent_step_id %q", s.ParentStepID)
+	}
+	a.reject(it, schemas.ReasonLate, "%s", msg)
 	return true
+}
+
+// missingParent names the parent of s when s is a prompt delta whose
+// parent_step_id is not among t's steps: the step that never came (or
+// came too late) is what kept t incomplete.
+func missingParent(t *Trajectory, s *Step) string {
+	if s.ParentStepID == "" {
+		return ""
+	}
+	for _, o := range t.Steps {
+		if o.StepID == s.ParentStepID {
+			return ""
+		}
+	}
+	return fmt.Sprintf("; step %q is a prompt delta of parent_step_id %q, which never arrived", s.StepID, s.ParentStepID)
 }
 
 func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
@@ -602,7 +621,7 @@ func (a *Assembler) close(g *group, why string) {
 			a.deadLetter(reason, msg, t.Source, t.Raw, t.Ref)
 		}
 		for _, s := range t.Steps {
-			a.deadLetter(reason, msg, s.Source, s.Raw, s.Ref)
+			a.deadLetter(reason, msg+missingParent(t, s), s.Source, s.Raw, s.Ref)
 		}
 	}
 	a.order.Remove(g.elem)
