@@ -2,7 +2,9 @@
 
     python train/python/examples/train_tiny.py [--steps 6] [--bin PATH]
 
-It generates multi-turn traces with context resets (`rllm-pipe gen`), ingests
+It generates multi-turn traces with context resets over 12 policy versions
+(`rllm-pipe gen`; batches of a few groups, so the trainer, one version per
+step, runs ahead of the data and its staleness reaches the bound), ingests
 them into shards with GRPO advantages (`rllm-pipe ingest`), serves them with
 `rllm-pipe serve --layout trajectories` on loopback, and trains a unigram
 policy (one logit per token id, numpy only) with a policy-gradient loss on
@@ -48,7 +50,7 @@ def serve(bin_, out, work, max_staleness):
     ready = work / "ready"
     proc = subprocess.Popen(
         [bin_, "serve", "--from", str(out), "--listen", "127.0.0.1:0", "--ready-file", str(ready), "--follow=false",
-         "--layout", "trajectories", "--max-tokens", "16000", "--max-staleness", str(max_staleness), "--max-inflight", "1", "--poll", "50ms"],
+         "--layout", "trajectories", "--max-tokens", "4000", "--max-staleness", str(max_staleness), "--max-inflight", "1", "--poll", "50ms"],
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 30
@@ -72,7 +74,7 @@ def main():
         work = pathlib.Path(tmp)
         run = lambda *a: subprocess.run([bin_, *a], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         run("gen", "--groups", "96", "--group-size", "4", "--turns", "2..6", "--resets", "0.1", "--observation-len", "32",
-            "--prompt-len", "64", "--response-len", "32", "--vocab", str(VOCAB), "--policy-versions", "3", "--out", str(work / "t.jsonl"))
+            "--prompt-len", "64", "--response-len", "32", "--vocab", str(VOCAB), "--policy-versions", "12", "--out", str(work / "t.jsonl"))
         run("ingest", "--from", str(work / "t.jsonl"), "--to", str(work / "out"), "--group-size", "4", "--quiet")
         proc, location = serve(bin_, work / "out", work, args.max_staleness)
         try:

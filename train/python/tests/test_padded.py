@@ -177,7 +177,7 @@ def test_pad_rows_to_multiple_copies_real_rows_as_verl(serve_mt, multiple):
     row j mod n), neutralised as rLLM's trainer does (response_mask 0,
     is_pad_step True, is_valid False, is_last_step False), with advantages
     and rewards 0: every padding row attends to real tokens."""
-    srv = serve_mt("--consumer-group", f"multiple-{multiple}", "--layout", "trajectories")
+    srv = serve_mt("--consumer-group", f"multiple-{multiple}", "--layout", "trajectories", "--max-tokens", "6000")
     with Client(srv.location, consumer="t") as c:
         b = next(iter(c.batches()))
         n = b.num_rows
@@ -333,7 +333,7 @@ def test_example_staleness_stays_within_max_staleness(bound):
     from conftest import BIN, REPO
 
     ex = REPO / "train" / "python" / "examples" / "train_tiny.py"
-    out = subprocess.run([sys.executable, str(ex), "--bin", BIN, "--steps", "12", "--max-staleness", str(bound)],
+    out = subprocess.run([sys.executable, str(ex), "--bin", BIN, "--steps", "8", "--max-staleness", str(bound)],
                          check=True, capture_output=True, text=True, timeout=120).stdout
     steps = [re.search(r"policy_version=(\d+) staleness max=(\d+) .* acked_version=(\d+)", l) for l in out.splitlines() if l.startswith("step ")]
     assert len(steps) >= bound + 1 and all(steps), out
