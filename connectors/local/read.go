@@ -29,6 +29,7 @@ type Reader struct {
 	mu      sync.Mutex
 	offset  int64 // bytes of the manifest read so far
 	entries []schemas.ShardEntry
+	shards  []int // the entries that list a shard, by index
 }
 
 var _ store.Reader = (*Reader)(nil)
@@ -61,49 +62,73 @@ func (r *Reader) Close() error { return nil }
 // Entries returns the manifest's entries, reading what was appended since
 // the last call (an append in progress is read next time).
 func (r *Reader) Entries(ctx context.Context) ([]schemas.ShardEntry, error) {
-	if err := ctx.Err(); err != nil {
+	if err := r.follow(ctx); err != nil {
 		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]schemas.ShardEntry(nil), r.entries...), nil
+}
+
+// follow reads the entries appended to the manifest since the last call.
+func (r *Reader) follow(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	f, err := os.Open(filepath.Join(r.root, ManifestDir, ManifestFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return append([]schemas.ShardEntry(nil), r.entries...), nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("local: read manifest: %w", err)
+		return fmt.Errorf("local: read manifest: %w", err)
 	}
 	defer f.Close()
 	if _, err := f.Seek(r.offset, io.SeekStart); err != nil {
-		return nil, fmt.Errorf("local: read manifest: %w", err)
+		return fmt.Errorf("local: read manifest: %w", err)
 	}
 	data, err := io.ReadAll(f)
 	if err != nil {
-		return nil, fmt.Errorf("local: read manifest: %w", err)
+		return fmt.Errorf("local: read manifest: %w", err)
 	}
 	more, n, err := parseManifest(data, r.offset)
 	if err != nil {
+		return err
+	}
+	for _, e := range more {
+		if e.Path != "" {
+			r.shards = append(r.shards, len(r.entries))
+		}
+		r.entries = append(r.entries, e)
+	}
+	r.offset += n
+	return nil
+}
+
+// CommittedFrom is Committed without the first n shard entries, for a
+// follower that holds them: it reads what was appended since the last
+// call and copies only the entries asked for.
+func (r *Reader) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
+	if err := r.follow(ctx); err != nil {
 		return nil, err
 	}
-	r.entries = append(r.entries, more...)
-	r.offset += n
-	return append([]schemas.ShardEntry(nil), r.entries...), nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if n >= len(r.shards) {
+		return nil, nil
+	}
+	out := make([]schemas.ShardEntry, 0, len(r.shards)-max(n, 0))
+	for _, i := range r.shards[max(n, 0):] {
+		out = append(out, r.entries[i])
+	}
+	return out, nil
 }
 
 // Committed returns the shard entries committed so far, in manifest order
 // (checkpoints and claims, which list no shard, are left out).
 func (r *Reader) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
-	all, err := r.Entries(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := all[:0]
-	for _, e := range all {
-		if e.Path != "" {
-			out = append(out, e)
-		}
-	}
-	return out, nil
+	return r.CommittedFrom(ctx, 0)
 }
 
 // Get reads the file at rel under the root.

@@ -31,6 +31,18 @@ func (s *Store) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
 	return s.log.Committed(), nil
 }
 
+// CommittedFrom is Committed without the first n entries, for a follower
+// that holds them (the consumer polls the manifest every second: copying
+// every entry each time grew with the run).
+func (s *Store) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.log.CommittedFrom(n), nil
+}
+
 // ReadShard downloads a committed shard to a temporary file (removed when
 // the reader is closed) and opens it for reading the named columns.
 func (s *Store) ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error) {

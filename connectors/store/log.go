@@ -19,6 +19,7 @@ import (
 // Not safe for concurrent use: backends hold their own lock.
 type Log struct {
 	entries []schemas.ShardEntry
+	shards  []int // the entries that list a shard, by index
 	claims  map[string]claim
 	settled schemas.Settled
 	listed  map[string]bool // shard paths and dead-letter files listed
@@ -38,6 +39,9 @@ func NewLog() *Log {
 
 // Apply replays e, the next entry.
 func (l *Log) Apply(e schemas.ShardEntry) {
+	if e.Path != "" {
+		l.shards = append(l.shards, len(l.entries))
+	}
 	l.entries = append(l.entries, e)
 	for _, c := range e.Claims {
 		l.claims[c] = claim{e.Writer, e.Generation}
@@ -61,12 +65,19 @@ func (l *Log) Apply(e schemas.ShardEntry) {
 func (l *Log) Entries() []schemas.ShardEntry { return append([]schemas.ShardEntry(nil), l.entries...) }
 
 // Committed returns the entries that list a shard.
-func (l *Log) Committed() []schemas.ShardEntry {
-	var out []schemas.ShardEntry
-	for _, e := range l.entries {
-		if e.Path != "" {
-			out = append(out, e)
-		}
+func (l *Log) Committed() []schemas.ShardEntry { return l.CommittedFrom(0) }
+
+// CommittedFrom returns the entries that list a shard from the nth on
+// (copies): a follower that holds the first n asks only for the rest.
+// The shard entries of a log only ever grow at the end, also across a
+// snapshot (RestoreLog keeps them all, in order).
+func (l *Log) CommittedFrom(n int) []schemas.ShardEntry {
+	if n >= len(l.shards) {
+		return nil
+	}
+	out := make([]schemas.ShardEntry, 0, len(l.shards)-max(n, 0))
+	for _, i := range l.shards[max(n, 0):] {
+		out = append(out, l.entries[i])
 	}
 	return out
 }

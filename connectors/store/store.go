@@ -71,6 +71,9 @@ type Reader interface {
 	Entries(ctx context.Context) ([]schemas.ShardEntry, error)
 	// Committed is Entries without the entries that list no shard.
 	Committed(ctx context.Context) ([]schemas.ShardEntry, error)
+	// CommittedFrom is Committed without its first n entries: a follower
+	// that holds them reads only what is new (the list only grows).
+	CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error)
 	// ReadShard opens a committed shard for reading the named columns
 	// (all when none).
 	ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error)

@@ -48,6 +48,7 @@ func Run(t *testing.T, b Backend) {
 		{"CreateRejectsPathsOutsideData", testCreateRejectsPaths},
 		{"PublishNeverOverwrites", testPublishNeverOverwrites},
 		{"WritersAppendTogether", testWritersAppendTogether},
+		{"CommittedFromFollows", testCommittedFrom},
 		{"AppendsAreLinear", testAppendsAreLinear},
 		{"CreateOnlyObjects", testCreateOnlyObjects},
 		{"SecondWriterRefusedOrFenced", testSecondWriter},
@@ -298,6 +299,53 @@ func testWritersAppendTogether(t *testing.T, b Backend) {
 				t.Fatalf("position %d of s%d not settled for a later writer", k, i)
 			}
 		}
+	}
+}
+
+// A follower holding the first n shard entries reads only the rest, in
+// order, across checkpoints (and, on a backend that compacts, across
+// snapshots), and they equal Committed's.
+func testCommittedFrom(t *testing.T, b Backend) {
+	ctx := context.Background()
+	root := b.NewRoot(t)
+	st := open(t, b, root, "w1")
+	r := reader(t, b, root)
+	var held []schemas.ShardEntry
+	follow := func() {
+		t.Helper()
+		more, err := r.CommittedFrom(ctx, len(held))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, more...)
+	}
+	seq := 0
+	for round := range 4 {
+		for k := 0; k <= round; k++ {
+			seq++
+			if err := commit(t, st, shardName("w1", seq), []byte{byte(seq)}, "f", int64(seq)); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.Append(ctx, entry("f", int64(1000+seq))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		follow()
+		if len(held) != seq {
+			t.Fatalf("round %d: a follower holds %d shard entries, want %d", round, len(held), seq)
+		}
+	}
+	if more, err := r.CommittedFrom(ctx, len(held)); err != nil || len(more) != 0 {
+		t.Fatalf("at the end: %d more (%v), want none", len(more), err)
+	}
+	all := committedPaths(t, r)
+	for i, e := range held {
+		if e.Path != all[i] || e.Path != shardName("w1", i+1) {
+			t.Fatalf("entry %d: %s, Committed has %s, want %s", i, e.Path, all[i], shardName("w1", i+1))
+		}
+	}
+	if tail, err := r.CommittedFrom(ctx, 8); err != nil || len(tail) != 2 || tail[0].Path != shardName("w1", 9) {
+		t.Fatalf("CommittedFrom(8): %v %v", tail, err)
 	}
 }
 
