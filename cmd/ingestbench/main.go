@@ -115,6 +115,7 @@ const checkMode = "check"
 type shape struct {
 	args        []string
 	calibration int
+	groupSize   int // ingest's --group-size: gen's
 }
 
 // shapes: "steps" is the benchmark's shape since issue 7 (1-4 calls per
@@ -123,18 +124,18 @@ type shape struct {
 // tail, a few context resets and parallel tool calls, every prompt the
 // whole conversation so far.
 var shapes = map[string]shape{
-	"steps": {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}, 256},
+	"steps": {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256"}, 256, 8},
 	// The same steps without chat messages: issue 7's shape (token ids,
 	// logprobs and scalars only), a second yardstick of issue 19.
-	"steps-nomsg": {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256", "--messages=false"}, 256},
-	"agents":      {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1"}, 4},
+	"steps-nomsg": {[]string{"--group-size", "8", "--min-steps", "1", "--max-steps", "4", "--prompt-len", "512", "--response-len", "256", "--messages=false"}, 256, 8},
+	"agents":      {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1"}, 4, 8},
 	// The same agents with prompt deltas on the wire (gen --wire-deltas):
 	// DuckDB then stores the records as sent, deltas and all.
-	"agents-wire": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1", "--wire-deltas"}, 4},
+	"agents-wire": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1", "--wire-deltas"}, 4, 8},
 	// 100-turn agents (groups of 4, shorter observations), whole and with
 	// deltas on the wire.
-	"agents-100":      {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1"}, 1},
-	"agents-100-wire": {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1", "--wire-deltas"}, 1},
+	"agents-100":      {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1"}, 1, 4},
+	"agents-100-wire": {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1", "--wire-deltas"}, 1, 4},
 }
 
 type config struct {
@@ -154,6 +155,9 @@ type config struct {
 	duckProfile bool
 	duckPlan    string
 	duckOpts    string
+	python      string
+	pythonPath  string
+	reads       int
 }
 
 func parseFlags(args []string) (config, error) {
@@ -171,7 +175,10 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.pairs, "pairs", 3, "alternating (rllm-pipe, DuckDB) pairs to run")
 	fs.StringVar(&c.work, "work", filepath.Join(home, ".cache", "rllm-pipe", "bench"), "work folder: cached inputs, outputs, logs")
 	fs.Uint64Var(&c.seed, "seed", 1, "generator seed")
-	fs.StringVar(&c.shape, "shape", "steps", "trace shape: steps (1-4 calls per trajectory), steps-nomsg (the same without chat messages), agents (30-turn agents, long observations), agents-wire, agents-100, agents-100-wire")
+	fs.StringVar(&c.shape, "shape", "steps", "trace shape: steps (1-4 calls per trajectory), steps-nomsg (the same without chat messages), agents (30-turn agents, long observations), agents-100 (100 turns), agents-wire, agents-100-wire; agents and agents-100 (or both, comma-separated) run the multi-turn comparison (see multiturn.go)")
+	fs.StringVar(&c.python, "python", "", "multi-turn shapes: a Python with the rllm_pipe client's packages (e.g. the venv of scripts/pytest.sh) to time reading full prompts through the client; none: not timed")
+	fs.StringVar(&c.pythonPath, "python-path", "train/python", "PYTHONPATH of the client read-back (the folder holding rllm_pipe)")
+	fs.IntVar(&c.reads, "reads", 3, "multi-turn shapes: alternating read-back runs per layout through sql (and the client)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the numbers as JSON to this file")
 	fs.StringVar(&ingestArgs, "ingest-args", "", "extra flags for rllm-pipe ingest, space-separated (e.g. \"--decoders 2 --cpuprofile /tmp/cpu.out\")")
 	fs.IntVar(&c.sample, "sample", 2000, "step_ids sampled to compare the two outputs")
@@ -195,6 +202,9 @@ func parseFlags(args []string) (config, error) {
 	}
 	if c.pairs < 1 {
 		return c, errors.New("--pairs must be >= 1")
+	}
+	if c.reads < 1 {
+		return c, errors.New("--reads must be >= 1")
 	}
 	if c.sample < 1 {
 		return c, errors.New("--sample must be >= 1")
@@ -253,6 +263,7 @@ type inputInfo struct {
 
 type report struct {
 	Time         time.Time `json:"time"`
+	Shape        string    `json:"shape"`
 	Host         string    `json:"host"`
 	CPUs         int       `json:"cpus"`
 	Input        inputInfo `json:"input"`
@@ -295,19 +306,22 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("own executable: %w", err)
 	}
+	if multiTurn(c.shape) {
+		return runMultiTurn(ctx, c, self, stdout)
+	}
 	in, err := prepareInput(ctx, c, stdout)
 	if err != nil {
 		return err
 	}
 	host, _ := os.Hostname()
-	rep := report{Time: time.Now().UTC(), Host: host, CPUs: runtime.NumCPU(), Input: in, ChecksOK: true}
+	rep := report{Time: time.Now().UTC(), Shape: c.shape, Host: host, CPUs: runtime.NumCPU(), Input: in, ChecksOK: true}
 
 	outRoot := filepath.Join(c.work, "out")
 	rllmOut := filepath.Join(outRoot, "rllm-pipe")
 	duckDir := filepath.Join(outRoot, "duckdb")
 	duckOut := filepath.Join(duckDir, "steps.parquet")
 	ingestCmd := append([]string{c.bin, "ingest", "--from", "file://" + in.Path, "--to", "file://" + rllmOut,
-		"--group-size", "8", "--estimator", "grpo"}, c.ingestArgs...)
+		"--group-size", strconv.Itoa(groupSize(c.shape)), "--estimator", "grpo"}, c.ingestArgs...)
 	rep.IngestCmd = ingestCmd
 	rep.DuckDBSQL, _ = duckSQLPlan(c.duckPlan, in.Path, duckOut, c.duckOpts)
 	fmt.Fprintf(stdout, "rllm-pipe: %s\nduckdb:    %s %s --plan %s --in %s --out %s", strings.Join(ingestCmd, " "), self, duckMode, c.duckPlan, in.Path, duckOut)
@@ -552,8 +566,14 @@ func rllmOutput(root string, r *runResult) ([]string, error) {
 
 // compareInChild runs compare in a child process (see checkMode).
 func compareInChild(ctx context.Context, self string, rllmFiles []string, duckFile string, sample int, seed uint64) (check, error) {
+	return compareWithInChild(ctx, self, rllmFiles, []string{"--duckdb-out", duckFile}, sample, seed)
+}
+
+// compareWithInChild is compareInChild against the output other names:
+// --duckdb-out FILE or --against-root ROOT (another rllm-pipe output).
+func compareWithInChild(ctx context.Context, self string, rllmFiles, other []string, sample int, seed uint64) (check, error) {
 	var ck check
-	args := []string{checkMode, "--duckdb-out", duckFile, "--sample", strconv.Itoa(sample), "--seed", strconv.FormatUint(seed, 10), "--"}
+	args := append(append([]string{checkMode}, other...), "--sample", strconv.Itoa(sample), "--seed", strconv.FormatUint(seed, 10), "--")
 	cmd := exec.CommandContext(ctx, self, append(args, rllmFiles...)...)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -571,12 +591,22 @@ func compareInChild(ctx context.Context, self string, rllmFiles []string, duckFi
 func checkChild(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet(checkMode, flag.ContinueOnError)
 	duckFile := fs.String("duckdb-out", "", "DuckDB's output file")
+	against := fs.String("against-root", "", "compare with the shards of this rllm-pipe output root instead of DuckDB's file")
 	sample := fs.Int("sample", 2000, "step_ids sampled")
 	seed := fs.Uint64("seed", 0, "sample seed")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	ck, err := compare(ctx, fs.Args(), *duckFile, *sample, *seed)
+	other := fmt.Sprintf("read_parquet(%s, hive_partitioning=false)", sqlString(*duckFile))
+	if *against != "" {
+		var r runResult
+		files, err := rllmOutput(*against, &r)
+		if err != nil {
+			return err
+		}
+		other = wholeSource(files)
+	}
+	ck, err := compare(ctx, fs.Args(), other, *sample, *seed)
 	if err != nil {
 		return err
 	}
@@ -594,20 +624,14 @@ func checkChild(ctx context.Context, args []string, stdout io.Writer) error {
 // sample of DuckDB's step_ids the same row in rllm-pipe's shards with the
 // same trajectory, reward, advantage (within 1e-9), policy and group
 // versions, token ids, logprobs and messages.
-func compare(ctx context.Context, rllmFiles []string, duckFile string, sample int, seed uint64) (check, error) {
+func compare(ctx context.Context, rllmFiles []string, duckSrc string, sample int, seed uint64) (check, error) {
 	var ck check
 	db, err := sql.Open("duckdb", "")
 	if err != nil {
 		return ck, err
 	}
 	defer db.Close()
-	quoted := make([]string, len(rllmFiles))
-	for i, f := range rllmFiles {
-		quoted[i] = sqlString(f)
-	}
-	// Multi-turn prompts are stored as prefix deltas: compare whole ones.
-	rllmSrc := "(" + duckdb.WholePrompts(fmt.Sprintf("SELECT *, filename AS shard FROM read_parquet([%s], hive_partitioning=false, filename=true)", strings.Join(quoted, ", "))) + ")"
-	duckSrc := fmt.Sprintf("read_parquet(%s, hive_partitioning=false)", sqlString(duckFile))
+	rllmSrc := wholeSource(rllmFiles)
 	if err := db.QueryRowContext(ctx, "SELECT count(*) FROM "+rllmSrc).Scan(&ck.RowsRLLM); err != nil {
 		return ck, err
 	}
@@ -709,7 +733,13 @@ func printReport(w io.Writer, rep *report) {
 		fmt.Fprintf(w, "outputs: rllm-pipe %d rows in %d shards (%s), DuckDB %d rows in one file (%s); DuckDB's COPY alone %.2f s\n",
 			p.RLLM.Rows, p.RLLM.OutputFiles, human(p.RLLM.OutputBytes), p.DuckDB.Rows, human(p.DuckDB.OutputBytes), p.DuckDB.QuerySeconds)
 		if p.DuckDB.OutputBytes > 0 {
-			fmt.Fprintf(w, "shard size: rllm-pipe / DuckDB = %.3f (aim: at most 1.10)\n", float64(p.RLLM.OutputBytes)/float64(p.DuckDB.OutputBytes))
+			// Issue 7's aim holds for the 1-4-step shapes; the agent shapes'
+			// aims are issue 16's, printed by the multi-turn comparison.
+			aim := ""
+			if strings.HasPrefix(rep.Shape, "steps") {
+				aim = " (aim: at most 1.10)"
+			}
+			fmt.Fprintf(w, "shard size: rllm-pipe / DuckDB = %.3f%s\n", float64(p.RLLM.OutputBytes)/float64(p.DuckDB.OutputBytes), aim)
 		}
 		fmt.Fprintf(w, "check (last pair): rows %d = %d; %d of %d sampled step_ids matched, max |Δadvantage| %.3g, max |Δreward| %.3g\n",
 			p.Check.RowsRLLM, p.Check.RowsDuckDB, p.Check.Matched, p.Check.Sampled, p.Check.MaxAdvantageErr, p.Check.MaxRewardErr)
@@ -724,6 +754,16 @@ func printReport(w io.Writer, rep *report) {
 	if noisy {
 		fmt.Fprintf(w, "note: other processes used more than 0.2 core during some runs; the timings are noisy\n")
 	}
+}
+
+// wholeSource is a DuckDB relation of rllm-pipe shards with whole
+// prompts and messages (multi-turn prompts are stored as prefix deltas).
+func wholeSource(files []string) string {
+	quoted := make([]string, len(files))
+	for i, f := range files {
+		quoted[i] = sqlString(f)
+	}
+	return "(" + duckdb.WholePrompts(fmt.Sprintf("SELECT *, filename AS shard FROM read_parquet([%s], hive_partitioning=false, filename=true)", strings.Join(quoted, ", "))) + ")"
 }
 
 // spread is "min–max" of f over the pairs.
