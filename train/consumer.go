@@ -531,23 +531,46 @@ func (c *Consumer) closeCur() {
 	}
 }
 
+// follower is Shards that can return only the entries after those held
+// (store.Reader does).
+type follower interface {
+	CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error)
+}
+
+// follow re-reads the manifest: only its new entries when the shards can
+// say which (a poll stays flat in the length of the run), else all.
+func (c *Consumer) follow(ctx context.Context) error {
+	var more []schemas.ShardEntry
+	if f, ok := c.shards.(follower); ok {
+		var err error
+		if more, err = f.CommittedFrom(ctx, len(c.entries)); err != nil {
+			return err
+		}
+		c.entries = append(c.entries, more...)
+	} else {
+		entries, err := c.shards.Committed(ctx)
+		if err != nil {
+			return err
+		}
+		if len(entries) < c.first {
+			c.first = 0 // not the manifest read before (it only grows)
+		}
+		more, c.entries = entries, entries
+	}
+	c.lastPoll = time.Now()
+	for _, e := range more {
+		c.sawVersion(e.PolicyVersion)
+	}
+	return nil
+}
+
 // leaseNext re-reads the manifest (at most every Poll) and leases the
 // first shard the member may take; it returns the shard and its groups
 // already settled, or nil when none can be leased now.
 func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int32]bool, error) {
 	if time.Since(c.lastPoll) >= c.cfg.Poll || c.entries == nil {
-		entries, err := c.shards.Committed(ctx)
-		if err != nil {
+		if err := c.follow(ctx); err != nil {
 			return nil, nil, err
-		}
-		if len(entries) < c.first {
-			c.first = 0 // not the manifest read before (it only grows)
-		}
-		c.entries, c.lastPoll = entries, time.Now()
-		for _, e := range entries {
-			if e.Path != "" {
-				c.sawVersion(e.PolicyVersion)
-			}
 		}
 	}
 	var (
