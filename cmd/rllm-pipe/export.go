@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
 	"github.com/rllm-pipe/rllm-pipe/train/export"
 )
@@ -83,7 +84,7 @@ follows the file's extension (.parquet, .jsonl).`,
 			if ext != ".parquet" && ext != ".jsonl" {
 				return usageErrorf("--to %q: name a .parquet or .jsonl file", o.to)
 			}
-			src, err := openShardStore(cmd.Context(), o.from, o.conn)
+			src, err := openShardStore(store.WithRetryStop(cmd.Context(), soft.Done()), o.from, o.conn)
 			if err != nil {
 				return err
 			}
@@ -169,7 +170,7 @@ token, and the file goes back through ingest into a new output.`,
 			if noRequests {
 				requests = ""
 			}
-			src, err := openShardStore(cmd.Context(), o.from, o.conn)
+			src, err := openShardStore(store.WithRetryStop(cmd.Context(), soft.Done()), o.from, o.conn)
 			if err != nil {
 				return err
 			}

@@ -566,3 +566,45 @@ func TestBurstOfVersionsDefaultFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestReadersStopDuringS3Outage: export, consume and serve over an S3 store that
+// is unreachable end on the first signal, not after --retry-for.
+func TestReadersStopDuringS3Outage(t *testing.T) {
+	bin := e2eBinary(t)
+	dir := t.TempDir()
+	env := append(e2eEnv(), "AWS_ENDPOINT_URL=http://"+closedPort(t), "AWS_ACCESS_KEY_ID=k", "AWS_SECRET_ACCESS_KEY=secret-key-value")
+	for name, args := range map[string][]string{
+		"export sft":     {"export", "sft", "--from", "s3://bucket/run", "--to", filepath.Join(dir, "sft.jsonl")},
+		"export distill": {"export", "distill", "--from", "s3://bucket/run", "--to", filepath.Join(dir, "d.parquet")},
+		"consume":        {"consume", "--from", "s3://bucket/run", "--out", filepath.Join(dir, "c.jsonl")},
+		"serve":          {"serve", "--from", "s3://bucket/run", "--listen", "127.0.0.1:0"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(bin, args...)
+			cmd.Env = env
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(1500 * time.Millisecond) // retrying by now
+			start := time.Now()
+			cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				cmd.Process.Kill()
+				<-done
+				t.Fatalf("still retrying 20s after SIGTERM\n%s", e2eClip(stderr.String(), 2000))
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("stopped %s after the signal", took)
+			}
+			if code := cmd.ProcessState.ExitCode(); code == 0 {
+				t.Errorf("exit 0 with the store unreachable\n%s", e2eClip(stderr.String(), 2000))
+			}
+		})
+	}
+}

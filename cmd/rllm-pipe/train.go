@@ -293,7 +293,8 @@ open after --shutdown-grace; a second closes them at once.`,
 				return err
 			}
 			defer func() { err = errors.Join(err, stopProfile()) }()
-			st, err := o.openShards(cmd.Context())
+			// An unreachable store is not waited for past a first signal.
+			st, err := o.openShards(store.WithRetryStop(cmd.Context(), soft.Done()))
 			if err != nil {
 				return err
 			}
@@ -389,11 +390,12 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 				return err
 			}
 			defer func() { err = errors.Join(err, stopProfile()) }()
-			st, err := o.openShards(cmd.Context())
+			// An unreachable store is not waited for past a first signal.
+			st, err := o.openShards(store.WithRetryStop(cmd.Context(), soft.Done()))
 			if err != nil {
 				return err
 			}
-			c, err := o.join(cmd.Context(), st, o.name, nil)
+			c, err := o.join(store.WithRetryStop(cmd.Context(), soft.Done()), st, o.name, nil)
 			if err != nil {
 				return err
 			}
@@ -407,9 +409,11 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 				w = f
 			}
 			runErr := consumeLoop(soft, c, w, format, maxBatches, !noAck)
+			// Leaving releases the member's shards: retried while the store
+			// is out, but not past a signal.
 			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			closeErr := c.Close(cctx)
+			closeErr := c.Close(store.WithRetryStop(cctx, soft.Done()))
 			stats := c.Stats()
 			fmt.Fprintf(cmd.ErrOrStderr(), "consume: %d batches, %d groups acknowledged, %d lost, %d stale and %d empty skipped, %d filtered rows, %d oversized, %d shards taken over\n",
 				stats.Batches, stats.GroupsAcked, stats.GroupsLost, stats.SkippedStale, stats.SkippedEmpty, stats.SkippedFiltered, stats.Oversized, stats.Takeovers)

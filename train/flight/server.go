@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
 	"github.com/rllm-pipe/rllm-pipe/train/merge"
 )
@@ -434,9 +435,11 @@ func (s *Server) leave(m *member) {
 	// Release the member's shards even though the stream's context is
 	// gone: its unacknowledged batches go to the others at once. Abort
 	// cuts this short (the lease timeout releases them then).
+	// A shutdown ends the store's retries (an outage): the lease timeout
+	// releases the shards then.
 	cctx, cancel := context.WithTimeout(s.aborting, 30*time.Second)
 	defer cancel()
-	if err := m.c.Close(cctx); err != nil {
+	if err := m.c.Close(store.WithRetryStop(cctx, s.closing.Done())); err != nil {
 		slog.Warn("flight: releasing a consumer's shards", "consumer", m.name, "err", err)
 	}
 	m.acking.Lock() // acknowledgements in flight have their tallies in
