@@ -221,12 +221,19 @@ class Gateway:
                 out.extend(json.loads(line) for line in f if line.strip())
         return out
 
+    @staticmethod
+    def _of(record, trajectory_id):
+        """A record of trajectory_id, given as the trajectory id or as the
+        session id (the gateway names trajectories {session_id}@{run}.{n})."""
+        tid = record.get("trajectory_id", "")
+        return tid == trajectory_id or tid.rsplit("@", 1)[0] == trajectory_id
+
     def steps(self, trajectory_id):
-        got = [r for r in self.records() if r.get("type") == "step" and r.get("trajectory_id") == trajectory_id]
+        got = [r for r in self.records() if r.get("type") == "step" and self._of(r, trajectory_id)]
         return sorted(got, key=lambda r: r["step_index"])
 
     def trajectory(self, trajectory_id):
-        got = [r for r in self.records() if r.get("type") == "trajectory" and r.get("trajectory_id") == trajectory_id]
+        got = [r for r in self.records() if r.get("type") == "trajectory" and self._of(r, trajectory_id)]
         assert len(got) == 1, f"{len(got)} trajectory records for {trajectory_id}"
         return got[0]
 
