@@ -459,7 +459,10 @@ func timeReads(ctx context.Context, c config, outs map[string]string, rep *mtRep
 func clientRead(ctx context.Context, c config, root string, rep *mtReport) (float64, error) {
 	ready := filepath.Join(c.work, fmt.Sprintf("serve-ready-%d", time.Now().UnixNano()))
 	defer os.Remove(ready)
-	serve := exec.CommandContext(ctx, c.bin, "serve", "--from", root, "--listen", "127.0.0.1:0", "--ready-file", ready, "--follow=false", "--poll", "50ms")
+	serve := exec.CommandContext(ctx, c.bin, "serve", "--from", root, "--listen", "127.0.0.1:0", "--ready-file", ready, "--follow=false", "--poll", "50ms",
+		// A consumer group of its own: the group's acknowledgements live
+		// in the store, and a second read in the same group gets nothing.
+		"--consumer-group", fmt.Sprintf("bench-%d", time.Now().UnixNano()))
 	var serr bytes.Buffer
 	serve.Stderr = &serr
 	if err := serve.Start(); err != nil {
