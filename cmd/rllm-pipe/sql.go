@@ -140,7 +140,7 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 		}
 	}()
 	for _, w := range db.Warnings() {
-		fmt.Fprintf(stderr, "rllm-pipe sql: warning: %s\n", w)
+		fmt.Fprintf(stderr, "rllm-pipe sql: warning: %s\n", terminalSafe(w))
 	}
 
 	if o.viewsSQL {

@@ -1307,3 +1307,37 @@ func TestIntegrationSQLS3(t *testing.T) {
 		t.Errorf("the downloaded copies changed:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 }
+
+// TestSQLErrorsEscapeControls: a DuckDB error quoting a stored value (a
+// record id with ESC and BEL that would set the terminal's title) reaches
+// stderr escaped, as table output does.
+func TestSQLErrorsEscapeControls(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	hostile := `\u001b]0;pwned\u0007\u009b\u202e`
+	data := `{"type":"step","step_id":"s0","task_id":"` + hostile + `","trajectory_id":"t0","step_index":0,"policy_version":0,"prompt_ids":[1],"response_ids":[2],"response_logprobs":[-1]}
+{"type":"trajectory","trajectory_id":"t0","task_id":"` + hostile + `","reward":1,"num_steps":1,"group_size":1}
+`
+	if err := os.WriteFile(in, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "out")
+	if code := run(context.Background(), []string{"ingest", "--from", in, "--to", out, "--quiet"}, io.Discard, io.Discard); code != 0 {
+		t.Fatalf("ingest: exit %d", code)
+	}
+	for _, q := range []string{"SELECT CAST(task_id AS INT) FROM trajectories", "SELECT error(task_id) FROM steps"} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), []string{"sql", "--from", out, q}, io.Discard, &stderr)
+		if code == 0 {
+			t.Fatalf("%s: exit 0", q)
+		}
+		for _, bad := range []string{"\x1b", "\x07", "\u009b", "\u202e"} {
+			if strings.Contains(stderr.String(), bad) {
+				t.Errorf("%s: stderr holds a raw %q: %q", q, bad, stderr.String())
+			}
+		}
+		if !strings.Contains(stderr.String(), `\x1b]0;pwned\x07`) {
+			t.Errorf("%s: the id is not shown escaped: %q", q, stderr.String())
+		}
+	}
+}
