@@ -75,9 +75,14 @@ func writeManifest(b *testing.B, cfg Config, n int, compacted bool) {
 		for seq := 0; seq <= last; seq++ {
 			l.Apply(entry(seq))
 		}
-		snap, err := l.Snapshot(int64(last + 1))
+		snap, segs, err := l.Snapshot(int64(last+1), SegmentSize)
 		if err != nil {
 			b.Fatal(err)
+		}
+		for _, g := range segs {
+			if err := put(g.Name, g.Data); err != nil {
+				b.Fatal(err)
+			}
 		}
 		if err := put(store.SnapshotName(int64(last)), snap); err != nil {
 			b.Fatal(err)

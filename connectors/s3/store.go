@@ -42,7 +42,10 @@
 // The log is a store.Journal: every SnapshotEvery entries a snapshot of
 // the replayed log (snap-<seq>.json) is written, readers and writers open
 // from the newest one, and the entries before the second newest are
-// deleted; a writer that slept through that sees it and reloads.
+// deleted; a writer that slept through that sees it and reloads. A
+// snapshot holds the listed entries after its sealed segments
+// (seg-<first>-<count>.json, SegmentSize entries each, written once and
+// never deleted) and names those, so it stays small however long the run.
 //
 // Readers list committed shards from the log (Committed); at a quiet
 // point, when no writer is mid-commit, the shard objects are exactly
@@ -98,6 +101,9 @@ type Config struct {
 	// SnapshotEvery is how many manifest entries separate two snapshots
 	// (0: SnapshotEvery).
 	SnapshotEvery int
+	// SegmentSize is how many shard and dead-letter entries a sealed
+	// segment of the snapshots holds (0: SegmentSize).
+	SegmentSize int
 	// RetryFor bounds how long one operation is retried through an
 	// outage before it fails (0: DefaultRetryFor).
 	RetryFor time.Duration
@@ -113,6 +119,14 @@ const DefaultRetryFor = 15 * time.Minute
 // than this after it, and the entries before the second newest snapshot
 // are deleted (store.Journal).
 const SnapshotEvery = 256
+
+// SegmentSize is how many listed entries (shards, dead-letter files) a
+// sealed segment of the manifest's snapshots holds: a snapshot names the
+// segments, immutable objects _manifest/seg-<first>-<count>.json, and
+// holds only the entries after them, so writing one costs the same
+// however long the run (store.Log.Snapshot). 4,096 entries are ~1.5 MB of
+// JSON with a group key a shard; a million shards make ~250 segments.
+const SegmentSize = 4096
 
 // String describes the location without secrets.
 func (c Config) String() string {
@@ -161,7 +175,9 @@ type Store struct {
 	writer string
 
 	journal   *store.Journal // the manifest: _manifest/<seq>.json, snapshots snap-<seq>.json
+	manifest  *Objects       // the manifest's folder (the journal's, and the sealed segments)
 	snapEvery int64
+	segSize   int
 
 	mu     sync.Mutex
 	log    *store.Log
@@ -210,7 +226,12 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	if s.snapEvery <= 0 {
 		s.snapEvery = SnapshotEvery
 	}
-	s.journal = store.NewJournal(&Objects{s: s, dir: store.ManifestDir})
+	s.segSize = cfg.SegmentSize
+	if s.segSize <= 0 {
+		s.segSize = SegmentSize
+	}
+	s.manifest = &Objects{s: s, dir: store.ManifestDir}
+	s.journal = store.NewJournal(s.manifest)
 	var ok bool
 	if err := cfg.retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
@@ -280,7 +301,7 @@ func (s *Store) reload(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("s3: manifest entry %d is missing and no snapshot covers it", s.next)
 	}
-	l, next, err := store.RestoreLog(data)
+	l, next, err := store.RestoreLog(ctx, data, s.manifest.Get)
 	if err != nil {
 		return err
 	}
@@ -297,7 +318,7 @@ func (s *Store) load(ctx context.Context) error {
 	if err != nil || !ok {
 		return err
 	}
-	l, next, err := store.RestoreLog(data)
+	l, next, err := store.RestoreLog(ctx, data, s.manifest.Get)
 	if err != nil {
 		return err
 	}
@@ -462,17 +483,22 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 		switch {
 		case err == nil:
 			s.mu.Lock()
-			var snap []byte
+			var (
+				snap    []byte
+				segs    []store.Segment
+				snapped *store.Log
+			)
 			if e.Seq == s.next {
 				s.log.Apply(e)
 				s.next++
 				if e.Seq > 0 && e.Seq%s.snapEvery == 0 {
-					snap, err = s.log.Snapshot(s.next)
+					snapped = s.log
+					snap, segs, err = s.log.Snapshot(s.next, s.segSize)
 				}
 			}
 			s.mu.Unlock()
 			if err == nil && snap != nil {
-				err = s.journal.Snapshot(ctx, e.Seq, snap)
+				err = s.snapshot(ctx, e.Seq, snap, segs, snapped)
 			}
 			if err != nil {
 				slog.Warn("s3: manifest snapshot", "err", err) // costs readers time only
@@ -499,6 +525,27 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 			return err
 		}
 	}
+}
+
+// snapshot stores the snapshot after entry seq of log l: the segments it
+// seals first (each created once; one already there, from a writer that
+// sealed the same entries, holds the same bytes), then the snapshot, then
+// l remembers the segments as sealed.
+func (s *Store) snapshot(ctx context.Context, seq int64, snap []byte, segs []store.Segment, l *store.Log) error {
+	for _, g := range segs {
+		if err := s.manifest.Create(ctx, g.Name, g.Data); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("segment %s: %w", g.Name, err)
+		}
+	}
+	if err := s.journal.Snapshot(ctx, seq, snap); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.log == l {
+		l.Sealed(segs)
+	}
+	s.mu.Unlock()
+	return nil
 }
 
 // isOurs reports whether log entry seq carries nonce.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -288,8 +289,9 @@ func TestIntegrationLargeObjectCreateOnly(t *testing.T) {
 	}
 }
 
-// The suite runs twice: with snapshots every 4 entries, every test also
-// runs across compactions of the manifest.
+// The suite runs twice: with snapshots every 4 entries (and segments of 3
+// listed entries), every test also runs across compactions of the
+// manifest and snapshots made of sealed segments.
 func TestIntegrationConformance(t *testing.T) {
 	for _, every := range []int{0, 4} {
 		t.Run(fmt.Sprintf("snapshot-every-%d", every), func(t *testing.T) { conformance(t, every) })
@@ -299,6 +301,9 @@ func TestIntegrationConformance(t *testing.T) {
 func conformance(t *testing.T, every int) {
 	base := testConfig(t)
 	base.SnapshotEvery = every
+	if every > 0 {
+		base.SegmentSize = 3
+	}
 	cfgOf := func(root string) Config { c := base; c.Prefix = root; return c }
 	storetest.Run(t, storetest.Backend{
 		NewRoot: func(t *testing.T) string {
@@ -330,12 +335,15 @@ func conformance(t *testing.T, every int) {
 	})
 }
 
-// With snapshots every 8 entries, two writers and a writer that slept
-// through compactions append; readers opening from the newest snapshot
-// see every shard once, and the manifest folder stays small.
+// With snapshots every 8 entries and segments of 5 listed entries, two
+// writers and a writer that slept through compactions append; readers
+// opening from the newest snapshot see every shard once, the manifest
+// folder stays small but for the sealed segments, and the newest
+// snapshot holds fewer entries than a segment.
 func TestIntegrationManifestCompaction(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.SnapshotEvery = 8
+	cfg.SegmentSize = 5
 	ctx := context.Background()
 	sleeper := open(t, cfg, "sleeper")
 	if err := sleeper.Claim(ctx, []string{"s/sleeper"}, 0); err != nil {
@@ -401,8 +409,30 @@ func TestIntegrationManifestCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(names) > 2+2*8+1 {
-		t.Fatalf("%d objects in the manifest folder after compaction: %v", len(names), names)
+	var rest []string
+	segs := 0
+	for _, n := range names {
+		if strings.HasPrefix(n, "seg-") {
+			segs++
+		} else {
+			rest = append(rest, n)
+		}
+	}
+	if len(rest) > 2+2*8+1 {
+		t.Fatalf("%d objects in the manifest folder after compaction: %v", len(rest), rest)
+	}
+	if segs < len(want)/5-2 {
+		t.Fatalf("%d sealed segments for %d shards in segments of 5", segs, len(want))
+	}
+	data, _, _, err := store.NewJournal(&Objects{s: r, dir: store.ManifestDir}).Latest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var head struct {
+		Entries []json.RawMessage `json:"entries"`
+	}
+	if err := json.Unmarshal(data, &head); err != nil || len(head.Entries) >= 5+8 {
+		t.Fatalf("the newest snapshot holds %d entries (%v): its sealed part is not in segments", len(head.Entries), err)
 	}
 }
 

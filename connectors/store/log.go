@@ -1,12 +1,15 @@
 package store
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"path"
 	"regexp"
 	"sort"
 	"strings"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -20,6 +23,11 @@ import (
 type Log struct {
 	entries []schemas.ShardEntry
 	shards  []int // the entries that list a shard, by index
+	kept    []int // the entries a snapshot keeps (a shard or dead letters), by index
+	// segs are the sealed segments holding the first kept entries, as the
+	// snapshot this log was restored from listed them plus those its own
+	// snapshots sealed.
+	segs    []SegmentRef
 	claims  map[string]claim
 	settled schemas.Settled
 	listed  map[string]bool // shard paths and dead-letter files listed
@@ -41,6 +49,9 @@ func NewLog() *Log {
 func (l *Log) Apply(e schemas.ShardEntry) {
 	if e.Path != "" {
 		l.shards = append(l.shards, len(l.entries))
+	}
+	if e.Path != "" || e.DeadLetters != nil {
+		l.kept = append(l.kept, len(l.entries))
 	}
 	l.entries = append(l.entries, e)
 	for _, c := range e.Claims {
@@ -220,29 +231,76 @@ func CheckName(name string) bool {
 
 // logSnapshot is a Log as a journal snapshot stores it: the entries that
 // list a shard or a dead-letter file (readers list them), and what the
-// others contributed, folded: claims, settled positions, writers.
+// others contributed, folded: claims, settled positions, writers. The
+// kept entries are in sealed segments (immutable objects listed in
+// order, each written once before any snapshot names it) followed by the
+// tail in Entries, so a snapshot stays small however long the run: a new
+// one writes only what was sealed since, never the whole list again.
+// Snapshots without Segments (older ones) hold every kept entry in
+// Entries.
 type logSnapshot struct {
-	Next    int64                `json:"next"`
-	Entries []schemas.ShardEntry `json:"entries"`
-	Claims  map[string]claimJSON `json:"claims,omitempty"`
-	Settled schemas.Settled      `json:"settled,omitempty"`
-	Writers []string             `json:"writers,omitempty"`
+	Next     int64                `json:"next"`
+	Segments []SegmentRef         `json:"segments,omitempty"`
+	Entries  []schemas.ShardEntry `json:"entries"`
+	Claims   map[string]claimJSON `json:"claims,omitempty"`
+	Settled  schemas.Settled      `json:"settled,omitempty"`
+	Writers  []string             `json:"writers,omitempty"`
 }
+
+// SegmentRef names a sealed segment of a log's kept entries: Count of
+// them from the First (0 is the first kept entry of the log).
+type SegmentRef struct {
+	Name  string `json:"name"`
+	First int    `json:"first"`
+	Count int    `json:"count"`
+}
+
+// Segment is a segment to write before the snapshot that names it.
+type Segment struct {
+	SegmentRef
+	Data []byte
+}
+
+// SegmentName is the object name of the segment of count kept entries
+// from first: the same for every writer that seals them, and the same
+// bytes, since the log is linear.
+func SegmentName(first, count int) string { return fmt.Sprintf("seg-%020d-%08d.json", first, count) }
 
 type claimJSON struct {
 	Writer     string `json:"writer"`
 	Generation int64  `json:"generation,omitempty"`
 }
 
-// Snapshot encodes the log, whose next entry is next, for
-// RestoreLog. Entries that list neither a shard nor dead letters are
-// folded away.
-func (l *Log) Snapshot(next int64) ([]byte, error) {
-	s := logSnapshot{Next: next, Claims: map[string]claimJSON{}, Settled: l.settled}
-	for _, e := range l.entries {
-		if e.Path != "" || e.DeadLetters != nil {
-			s.Entries = append(s.Entries, e)
+// Snapshot encodes the log, whose next entry is next, for RestoreLog,
+// sealing every full run of segSize kept entries after the log's sealed
+// segments into a new segment (segSize <= 0: none; the snapshot then
+// holds the whole tail). The segments it returns must be created before
+// the snapshot (create-only; one that exists already holds the same
+// entries), and Sealed called once the snapshot is stored.
+func (l *Log) Snapshot(next int64, segSize int) ([]byte, []Segment, error) {
+	s := logSnapshot{Next: next, Segments: append([]SegmentRef(nil), l.segs...), Claims: map[string]claimJSON{}, Settled: l.settled}
+	sealed := 0
+	for _, g := range l.segs {
+		sealed += g.Count
+	}
+	var segs []Segment
+	for segSize > 0 && len(l.kept)-sealed >= segSize {
+		part := make([]schemas.ShardEntry, segSize)
+		for i, k := range l.kept[sealed : sealed+segSize] {
+			part[i] = l.entries[k]
 		}
+		data, err := json.Marshal(part)
+		if err != nil {
+			return nil, nil, fmt.Errorf("store: log segment: %w", err)
+		}
+		ref := SegmentRef{Name: SegmentName(sealed, segSize), First: sealed, Count: segSize}
+		segs = append(segs, Segment{ref, data})
+		s.Segments = append(s.Segments, ref)
+		sealed += segSize
+	}
+	s.Entries = make([]schemas.ShardEntry, 0, len(l.kept)-sealed)
+	for _, k := range l.kept[sealed:] {
+		s.Entries = append(s.Entries, l.entries[k])
 	}
 	for stream, c := range l.claims {
 		s.Claims[stream] = claimJSON{c.writer, c.generation}
@@ -251,19 +309,70 @@ func (l *Log) Snapshot(next int64) ([]byte, error) {
 		s.Writers = append(s.Writers, w)
 	}
 	sort.Strings(s.Writers)
-	return json.Marshal(s)
+	data, err := json.Marshal(s)
+	return data, segs, err
 }
 
-// RestoreLog decodes a Snapshot and returns the log and its next entry.
-func RestoreLog(data []byte) (*Log, int64, error) {
+// Sealed records segments a stored snapshot names, so that the next
+// snapshot names them too instead of sealing them again.
+func (l *Log) Sealed(segs []Segment) {
+	sealed := 0
+	for _, g := range l.segs {
+		sealed += g.Count
+	}
+	for _, g := range segs {
+		if g.First != sealed {
+			return // not this log's next segment (the log was replaced)
+		}
+		l.segs = append(l.segs, g.SegmentRef)
+		sealed += g.Count
+	}
+}
+
+// RestoreLog decodes a Snapshot and returns the log and its next entry;
+// load reads a segment the snapshot names (segments are read
+// concurrently, at most 8 at a time).
+func RestoreLog(ctx context.Context, data []byte, load func(ctx context.Context, name string) ([]byte, error)) (*Log, int64, error) {
 	var s logSnapshot
 	if err := json.Unmarshal(data, &s); err != nil {
 		return nil, 0, fmt.Errorf("store: log snapshot: %w", err)
 	}
+	parts := make([][]schemas.ShardEntry, len(s.Segments))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	first := 0
+	for i, ref := range s.Segments {
+		if ref.First != first || ref.Count <= 0 || !CheckName(ref.Name) {
+			return nil, 0, fmt.Errorf("store: log snapshot: segment %d (%+v) does not follow the one before", i, ref)
+		}
+		first += ref.Count
+		g.Go(func() error {
+			b, err := load(gctx, ref.Name)
+			if err != nil {
+				return fmt.Errorf("store: log segment %s: %w", ref.Name, err)
+			}
+			if err := json.Unmarshal(b, &parts[i]); err != nil {
+				return fmt.Errorf("store: log segment %s: %w", ref.Name, err)
+			}
+			if len(parts[i]) != ref.Count {
+				return fmt.Errorf("store: log segment %s holds %d entries, not %d", ref.Name, len(parts[i]), ref.Count)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, 0, err
+	}
 	l := NewLog()
+	for _, part := range parts {
+		for _, e := range part {
+			l.Apply(e)
+		}
+	}
 	for _, e := range s.Entries {
 		l.Apply(e)
 	}
+	l.segs = s.Segments
 	for stream, c := range s.Claims {
 		l.claims[stream] = claim{c.Writer, c.Generation}
 	}

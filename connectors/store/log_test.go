@@ -1,0 +1,175 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"reflect"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// logEntry is entry i of a test log: a shard, a checkpoint (no path) or
+// a dead-letter file, by i.
+func logEntry(i int) schemas.ShardEntry {
+	e := schemas.ShardEntry{Seq: int64(i), Writer: "w", RunID: "w", Settled: schemas.Settled{"s": {{int64(i), int64(i)}}}}
+	switch i % 5 {
+	case 1: // a checkpoint
+	case 3:
+		e.DeadLetters = &schemas.DeadLetterState{File: fmt.Sprintf("_dlq/w-%06d.jsonl", i)}
+	default:
+		e.Path = fmt.Sprintf("policy=0/part-w-%06d.parquet", i)
+		e.GroupKeys = []string{fmt.Sprintf("task-%d", i)}
+	}
+	if i == 0 {
+		e.Claims = []string{"s"}
+	}
+	return e
+}
+
+// segmentStore is the objects a snapshot's segments are written to.
+type segmentStore map[string][]byte
+
+func (m segmentStore) load(_ context.Context, name string) ([]byte, error) {
+	if b, ok := m[name]; ok {
+		return b, nil
+	}
+	return nil, fmt.Errorf("%s: %w", name, fs.ErrNotExist)
+}
+
+// write creates segs as a writer does before storing a snapshot: create
+// only, the same bytes when one exists.
+func (m segmentStore) write(t *testing.T, segs []Segment) {
+	t.Helper()
+	for _, g := range segs {
+		if old, ok := m[g.Name]; ok && string(old) != string(g.Data) {
+			t.Fatalf("segment %s sealed twice with other entries", g.Name)
+		}
+		m[g.Name] = g.Data
+	}
+}
+
+// sameLog fails unless got lists what want lists: the shard and
+// dead-letter entries in order, the settled positions, claims and writers.
+func sameLog(t *testing.T, got, want *Log) {
+	t.Helper()
+	if g, w := got.Committed(), want.Committed(); !reflect.DeepEqual(g, w) {
+		t.Fatalf("committed: %d entries, want %d", len(g), len(w))
+	}
+	kept := func(l *Log) (out []schemas.ShardEntry) {
+		for _, k := range l.kept {
+			out = append(out, l.entries[k])
+		}
+		return out
+	}
+	if g, w := kept(got), kept(want); !reflect.DeepEqual(g, w) {
+		t.Fatalf("listed entries: %d, want %d", len(g), len(w))
+	}
+	if !reflect.DeepEqual(got.Settled(), want.Settled()) || !reflect.DeepEqual(got.claims, want.claims) || !reflect.DeepEqual(got.writers, want.writers) {
+		t.Fatal("settled, claims or writers differ")
+	}
+}
+
+// TestSnapshotSegments: snapshots seal full segments of listed entries
+// once, name every sealed one, hold only the tail, and restore to the
+// log; a log restored from a snapshot seals on from where it left off.
+func TestSnapshotSegments(t *testing.T) {
+	ctx := context.Background()
+	objs := segmentStore{}
+	l := NewLog()
+	n := 0
+	var heads [][]byte
+	for _, upto := range []int{2, 9, 10, 31, 57} {
+		for ; n < upto; n++ {
+			l.Apply(logEntry(n))
+		}
+		head, segs, err := l.Snapshot(int64(n), 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs.write(t, segs)
+		l.Sealed(segs)
+		heads = append(heads, head)
+		r, next, err := RestoreLog(ctx, head, objs.load)
+		if err != nil || next != int64(n) {
+			t.Fatalf("after %d entries: restore: next %d, %v", n, next, err)
+		}
+		sameLog(t, r, l)
+		if tail := len(l.kept) - 3*len(r.segs); tail < 0 || tail >= 3 {
+			t.Fatalf("after %d entries: %d kept entries outside the segments", n, tail)
+		}
+	}
+	if len(objs) != len(l.kept)/3 {
+		t.Fatalf("%d segments written for %d listed entries", len(objs), len(l.kept))
+	}
+	// A writer restored from an older snapshot seals the same segments,
+	// with the same bytes (segmentStore.write checks), and its snapshot
+	// restores to the same log.
+	r, next, err := RestoreLog(ctx, heads[2], objs.load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := int(next); i < n; i++ {
+		r.Apply(logEntry(i))
+	}
+	head, segs, err := r.Snapshot(int64(n), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs.write(t, segs)
+	back, _, err := RestoreLog(ctx, head, objs.load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameLog(t, back, l)
+	// Without segments (segSize 0, as snapshots before them) the snapshot
+	// holds every listed entry and restores the same.
+	head, segs, err = l.Snapshot(int64(n), 0)
+	if err != nil || len(segs) != 0 {
+		t.Fatal(err, len(segs))
+	}
+	if back, _, err = RestoreLog(ctx, head, objs.load); err != nil {
+		t.Fatal(err)
+	}
+	sameLog(t, back, l)
+}
+
+// TestRestoreRefusesBadSegments: a segment that is missing, holds other
+// than its count, or does not follow the one before is an error, never a
+// shorter list.
+func TestRestoreRefusesBadSegments(t *testing.T) {
+	ctx := context.Background()
+	l := NewLog()
+	for i := range 20 {
+		l.Apply(logEntry(i))
+	}
+	head, segs, err := l.Snapshot(20, 4)
+	if err != nil || len(segs) < 2 {
+		t.Fatal(err, len(segs))
+	}
+	full := segmentStore{}
+	full.write(t, segs)
+	missing := segmentStore{}
+	missing.write(t, segs[1:])
+	short := segmentStore{}
+	short.write(t, segs)
+	short[segs[0].Name] = []byte("[]")
+	for name, objs := range map[string]segmentStore{"missing": missing, "short": short} {
+		if _, _, err := RestoreLog(ctx, head, objs.load); err == nil {
+			t.Errorf("%s segment: restored", name)
+		}
+	}
+	if _, _, err := RestoreLog(ctx, head, full.load); err != nil {
+		t.Fatal(err)
+	}
+	// A snapshot whose segments leave a gap.
+	l.segs = []SegmentRef{{Name: SegmentName(4, 4), First: 4, Count: 4}}
+	gap, _, err := l.Snapshot(20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := RestoreLog(ctx, gap, full.load); err == nil {
+		t.Error("a snapshot whose first segment starts at 4: restored")
+	}
+}
