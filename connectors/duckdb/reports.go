@@ -182,20 +182,27 @@ ORDER BY part, task_id`
 // maximum of group_version over the shards committed up to it (manifest
 // order); a group's staleness is that, at its shard, minus its own
 // group_version: how many versions behind the newest policy it was when
-// it landed. The staleness report counts its rows; the live view's
-// trajectory browser filters on it, so a bucket links to its groups.
-const GroupStalenessSQL = `WITH shard_version AS (
+// it landed. The staleness report counts its rows.
+var GroupStalenessSQL = GroupStalenessOver("groups")
+
+// GroupStalenessOver is GroupStalenessSQL over another relation of groups
+// (group_id, group_version, shard), as the live view's trajectory
+// browser runs it over the trajectories it has read once, so that a
+// staleness bucket links to its groups.
+func GroupStalenessOver(groups string) string {
+	return `WITH shard_version AS (
   SELECT s.seq, s.path, max(g.group_version) AS version
-  FROM shards s LEFT JOIN groups g ON g.shard = s.path
+  FROM shards s LEFT JOIN ` + groups + ` g ON g.shard = s.path
   GROUP BY s.seq, s.path
 ), newest AS (
   SELECT path, max(version) OVER (ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS newest
   FROM shard_version
 )
 SELECT g.group_id, g.group_version, n.newest - g.group_version AS staleness
-FROM groups g JOIN newest n ON n.path = g.shard`
+FROM ` + groups + ` g JOIN newest n ON n.path = g.shard`
+}
 
-const stalenessSQL = `WITH staleness AS (
+var stalenessSQL = `WITH staleness AS (
 ` + GroupStalenessSQL + `
 )
 SELECT staleness, count(*) AS groups, count(*) / sum(count(*)) OVER () AS share
@@ -284,18 +291,25 @@ ORDER BY group_version`
 // AdvantageBinsSQL is every trajectory with a finite advantage and its
 // bin of the advantage-histogram report (group_id, group_version,
 // trajectory_id, estimator, advantage, bin, and the range lo to hi the
-// 30 bins split): the report counts its rows; the live view's trajectory
-// browser filters on the bin, so a bar links to its trajectories.
-const AdvantageBinsSQL = `WITH a AS (
-  SELECT group_id, group_version, trajectory_id, estimator, advantage FROM trajectories WHERE isfinite(advantage)
+// 30 bins split): the report counts its rows.
+var AdvantageBinsSQL = AdvantageBinsOver("trajectories")
+
+// AdvantageBinsOver is AdvantageBinsSQL over another relation of
+// trajectories, as the live view's trajectory browser runs it over the
+// trajectories it has read once, so that a bin links to its
+// trajectories.
+func AdvantageBinsOver(trajectories string) string {
+	return `WITH a AS (
+  SELECT group_id, group_version, trajectory_id, estimator, advantage FROM ` + trajectories + ` WHERE isfinite(advantage)
 ), r AS (
   SELECT min(advantage) AS lo, max(advantage) AS hi FROM a
 )
 SELECT group_id, group_version, trajectory_id, estimator, advantage, CASE WHEN r.hi = r.lo THEN 0
     ELSE least(floor((advantage - r.lo) / (r.hi - r.lo) * 30), 29)::INTEGER END AS bin, r.lo, r.hi
 FROM a, r`
+}
 
-const advantageHistogramSQL = `WITH binned AS (
+var advantageHistogramSQL = `WITH binned AS (
 ` + AdvantageBinsSQL + `
 )
 SELECT estimator, bin,

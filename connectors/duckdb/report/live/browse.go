@@ -28,24 +28,35 @@ const maxTokensShown = 8192
 // again.
 const indexTable = "ui_trajectories"
 
-// indexSQL also keeps what the chart buckets link by: the group's
-// staleness, the shard's seq, and the estimator and bin of the advantage
-// histogram (the reports' own queries, so a bucket's link finds exactly
-// the rows it counts).
-const indexSQL = `CREATE TABLE ` + indexTable + ` AS
+// indexSQL builds the index in three statements: the trajectories view
+// folds every stored step, so it is read once into indexBase, and the
+// group staleness, shard seq, estimator and advantage bin the chart
+// buckets link by are computed over that copy with the reports' own
+// queries (duckdb.GroupStalenessOver, duckdb.AdvantageBinsOver), so a bucket's
+// link finds exactly the rows it counts.
+var indexSQL = []string{
+	`CREATE TABLE ` + indexBase + ` AS
+SELECT group_id, group_version, trajectory_id, task_id, role, reward, advantage, steps, response_tokens, filter_reason, pass, shard, estimator
+FROM trajectories`,
+	`CREATE TABLE ` + indexTable + ` AS
 WITH staleness AS (
-` + duckdb.GroupStalenessSQL + `
+` + duckdb.GroupStalenessOver(`(SELECT group_id, group_version, any_value(shard) AS shard FROM `+indexBase+` GROUP BY group_id, group_version)`) + `
 ), bins AS (
-` + duckdb.AdvantageBinsSQL + `
+` + duckdb.AdvantageBinsOver(indexBase) + `
 )
 SELECT t.group_id, t.group_version, t.trajectory_id, t.task_id, coalesce(t.role, '') AS role, t.reward, t.advantage, t.steps,
   t.response_tokens, coalesce(t.filter_reason, '') AS filter_reason, t.pass, st.staleness, s.seq AS shard_seq,
   coalesce(t.estimator, '') AS estimator, b.bin AS adv_bin
-FROM trajectories t
+FROM ` + indexBase + ` t
 LEFT JOIN staleness st ON st.group_id = t.group_id AND st.group_version = t.group_version
 LEFT JOIN shards s ON s.path = t.shard
 LEFT JOIN bins b ON b.group_id = t.group_id AND b.group_version = t.group_version AND b.trajectory_id = t.trajectory_id
-ORDER BY t.group_version, t.group_id, t.trajectory_id`
+ORDER BY t.group_version, t.group_id, t.trajectory_id`,
+	`DROP TABLE ` + indexBase,
+}
+
+// indexBase is the trajectories read once while the index is built.
+const indexBase = "ui_trajectories_base"
 
 // pageSQL is one page of the index matching the filters (an empty filter
 // matches all; a reason matches a trajectory marked by that filter among

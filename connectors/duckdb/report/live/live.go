@@ -240,9 +240,11 @@ func (s *Server) refresh(ctx context.Context, spaced bool) error {
 		s.mu.Unlock()
 		return err
 	}
-	if _, err := db.SQL().ExecContext(ctx, indexSQL); err != nil {
-		db.Close()
-		return fmt.Errorf("ui: trajectory index: %w", err)
+	for _, q := range indexSQL {
+		if _, err := db.SQL().ExecContext(ctx, q); err != nil {
+			db.Close()
+			return fmt.Errorf("ui: trajectory index: %w", err)
+		}
 	}
 	d, err := report.Collect(ctx, db, duckdb.ReportOptions{K: s.o.K})
 	if err != nil {
