@@ -63,6 +63,7 @@ bench:
 	$(GO) test -run '^$$' -bench 'GatewayLatency|SessionMemory' -benchtime 1x ./ingest/gateway/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
 	$(GO) test -run '^$$' -bench OpenViews -benchtime 3x ./connectors/duckdb/
+	$(GO) test -run '^$$' -bench Snapshot -benchtime 3x -count 3 ./connectors/store/
 	cd ingest/compare && $(GO) test -run '^$$' -bench . -count 1
 	$(GO) test -run '^$$' -bench 'UIBrowse|UIRefresh' -benchtime 1x -timeout 90m ./cmd/rllm-pipe/
 	train/python/examples/bench.sh --rounds 3
