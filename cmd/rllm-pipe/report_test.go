@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"html"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/http/httptest"
@@ -109,6 +110,31 @@ func jsonKey(v any) string {
 	return fmt.Sprint(v)
 }
 
+// orderedPoints reads chart id → series → points "x=y" in page order.
+func orderedPoints(html string) map[string]map[string][]string {
+	out := map[string]map[string][]string{}
+	for _, m := range svgRe.FindAllStringSubmatch(html, -1) {
+		out[m[1]] = map[string][]string{}
+		for _, s := range seriesRe.FindAllStringSubmatch(m[0], -1) {
+			for _, p := range pointRe.FindAllStringSubmatch(s[2], -1) {
+				out[m[1]][s[1]] = append(out[m[1]][s[1]], p[1]+"="+p[2])
+			}
+		}
+	}
+	return out
+}
+
+// epochKey is a committed_at of sql --report jsonl as the charts' x: Unix
+// seconds, exact.
+func epochKey(t *testing.T, v any) string {
+	t.Helper()
+	at, err := time.Parse(time.RFC3339Nano, strings.Replace(v.(string), " ", "T", 1))
+	if err != nil {
+		t.Fatalf("committed_at %v: %v", v, err)
+	}
+	return strconv.FormatFloat(float64(at.UnixNano())/1e9, 'g', -1, 64)
+}
+
 // sameFigures compares a chart series with a column of sql --report rows.
 func sameFigures(t *testing.T, what string, got map[string]float64, rows []map[string]any, xcol, ycol string) {
 	t.Helper()
@@ -182,6 +208,33 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 	}
 	if pageLast != last || last == 0 {
 		t.Errorf("throughput: last cumulative rows %v on the page, %v in sql --report", pageLast, last)
+	}
+	// Throughput, point for point in order: commit time, cumulative rows.
+	var wantTP []string
+	for _, r := range tp {
+		wantTP = append(wantTP, epochKey(t, r["committed_at"])+"="+jsonKey(r["cumulative_rows"]))
+	}
+	gotTP := orderedPoints(html)["throughput"]["rows"]
+	if strings.Join(gotTP, " ") != strings.Join(wantTP, " ") {
+		t.Errorf("throughput: page %v, sql --report %v", gotTP, wantTP)
+	}
+	// Advantage histogram, bin for bin: the bar's centre and count.
+	var wantBins []string
+	for _, r := range sqlReport(t, bin, work, from, "advantage-histogram") {
+		lo, hi := r["bin_lo"].(float64), r["bin_hi"].(float64)
+		wantBins = append(wantBins, r["estimator"].(string)+"@"+strconv.FormatFloat((lo+hi)/2, 'g', 10, 64)+"="+jsonKey(r["trajectories"]))
+	}
+	var gotBins []string
+	hist := orderedPoints(html)["advantage"]
+	for _, est := range slices.Sorted(maps.Keys(hist)) {
+		for _, p := range hist[est] {
+			x, y, _ := strings.Cut(p, "=")
+			xf, _ := strconv.ParseFloat(x, 64)
+			gotBins = append(gotBins, est+"@"+strconv.FormatFloat(xf, 'g', 10, 64)+"="+y)
+		}
+	}
+	if strings.Join(gotBins, " ") != strings.Join(wantBins, " ") {
+		t.Errorf("advantage histogram: page %v, sql --report %v", gotBins, wantBins)
 	}
 	// Advantage histogram: per estimator, the counts add up to the
 	// trajectories of the advantage report.

@@ -170,6 +170,8 @@ func TestReportDeadLettersOverTime(t *testing.T) {
 		}
 	})
 	totals := sqlReport(t, bin, work, from, "dead-letters")
+	// The bar chart of dead letters by reason: a bar per reason, its count.
+	sameFigures(t, "dead letters by reason", pagePoints(t, string(data))["dead-letters"]["dead letters"], totals, "reason", "dead_letters")
 	if len(totals) != len(want) {
 		t.Errorf("dead-letters has %d reasons, over time %d", len(totals), len(want))
 	}
