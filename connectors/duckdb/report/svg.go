@@ -314,6 +314,10 @@ func (c *Chart) SVG() string {
 				xl := p.Label
 				if xl == "" {
 					xl = fmtNum(p.X)
+					if c.XTime {
+						sec, frac := math.Modf(p.X)
+						xl = time.Unix(int64(sec), int64(math.Round(frac*1e3))*1e6).UTC().Format("2006-01-02 15:04:05.000 UTC")
+					}
 				}
 				open, close := link(p.Link)
 				fmt.Fprintf(&b, `%s<circle class="pt" cx="%.1f" cy="%.1f" r="3" data-x="%s" data-y="%s"><title>%s at %s: %s</title></circle>%s`,

@@ -149,3 +149,13 @@ func TestTimeTicks(t *testing.T) {
 		}
 	}
 }
+
+// TestTimeTooltips: a point on a time axis names its clock time, not
+// its Unix seconds.
+func TestTimeTooltips(t *testing.T) {
+	at := float64(time.Date(2026, 1, 2, 3, 4, 5, 250e6, time.UTC).UnixNano()) / 1e9
+	c := Chart{ID: "c", Title: "t", Kind: KindLine, XTime: true, Series: []Series{{Name: "rows", Points: []Point{{X: at, Y: 7}}}}}
+	if svg := c.SVG(); !strings.Contains(svg, "<title>rows at 2026-01-02 03:04:05.250 UTC: 7</title>") {
+		t.Errorf("tooltip of a time point: %s", regexp.MustCompile(`<title>rows at [^<]*</title>`).FindString(svg))
+	}
+}

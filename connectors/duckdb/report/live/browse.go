@@ -32,8 +32,8 @@ const indexTable = "ui_trajectories"
 // folds every stored step, so it is read once into indexBase, and the
 // group staleness, shard seq, estimator and advantage bin the chart
 // buckets link by are computed over that copy with the reports' own
-// queries (duckdb.GroupStalenessOver, duckdb.AdvantageBinsOver), so a bucket's
-// link finds exactly the rows it counts.
+// queries (duckdb.GroupStalenessOver, duckdb.AdvantageBinsOver), so a
+// bucket's link finds exactly the rows it counts.
 var indexSQL = []string{
 	`CREATE TABLE ` + indexBase + ` AS
 SELECT group_id, group_version, trajectory_id, task_id, role, reward, advantage, steps, response_tokens, filter_reason, pass, shard, estimator
