@@ -200,7 +200,12 @@ func (c *Chart) SVG() string {
 			if i%every != 0 {
 				continue
 			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`, float64(padL)+slot*(float64(i)+0.5), padT+int(ph)+16, esc(clip(cat, 18)))
+			// A category cut short keeps its whole name as a tooltip.
+			tip := ""
+			if clip(cat, 18) != cat {
+				tip = `<title>` + esc(cat) + `</title>`
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s%s</text>`, float64(padL)+slot*(float64(i)+0.5), padT+int(ph)+16, esc(clip(cat, 18)), tip)
 		}
 	default:
 		var xt []float64

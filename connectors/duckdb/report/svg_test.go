@@ -130,6 +130,11 @@ func TestLegendNamesWhole(t *testing.T) {
 	if svg := c.SVG(); !strings.Contains(svg, ">termination=TIMEOUT_ERR</text>") {
 		t.Errorf("a 23-character name cut in the legend")
 	}
+	// A bar chart's category cut under its bar keeps a tooltip too.
+	bars := Chart{ID: "b", Title: "t", Kind: KindBar, Series: []Series{{Name: "dead letters", Points: []Point{{Label: "a_very_long_reason_code", Y: 3}}}}}
+	if svg := bars.SVG(); !strings.Contains(svg, "a_very_long_reaso…<title>a_very_long_reason_code</title></text>") {
+		t.Errorf("a cut category without its whole name as a tooltip")
+	}
 }
 
 // TestTimeTicks: clock-time ticks fall on round times, several of them.
