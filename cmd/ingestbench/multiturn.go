@@ -517,7 +517,8 @@ func clientRead(ctx context.Context, c config, root string, rep *mtReport) (floa
 
 // memoryFlat compares, for each rllm-pipe layout, the peak RSS at the
 // most turns with that at the fewest (same input size): flat when within
-// 1.25x for every layout.
+// 1.25x for the layouts of issue 16 (deltas from whole records, wire
+// deltas); --full-prompts is shown beside them.
 func memoryFlat(reps []*mtReport) *aimResult {
 	if len(reps) < 2 {
 		return nil
@@ -535,10 +536,12 @@ func memoryFlat(reps []*mtReport) *aimResult {
 	var notes []string
 	for _, n := range []string{"full", "deltas", "wire"} {
 		q := ratio(hi.layout(n).RSSMax, lo.layout(n).RSSMax)
-		worst = max(worst, q)
+		if n != "full" {
+			worst = max(worst, q)
+		}
 		notes = append(notes, fmt.Sprintf("%s %s -> %s (%.2fx)", n, mib(lo.layout(n).RSSMax), mib(hi.layout(n).RSSMax), q))
 	}
-	return &aimResult{Aim: fmt.Sprintf("memory flat in turns: peak RSS at %d turns within 1.25x of %d turns, every layout", hi.Turns, lo.Turns),
+	return &aimResult{Aim: fmt.Sprintf("memory flat in turns: peak RSS at %d turns within 1.25x of %d turns (deltas and wire; max RSS of the rounds)", hi.Turns, lo.Turns),
 		Value: worst, Want: 1.25, Met: worst <= 1.25, Note: strings.Join(notes, "; ")}
 }
 
