@@ -292,7 +292,13 @@ func runFile(ctx, soft context.Context, pl *pipeline.Pipeline, from string, maxR
 	if err != nil {
 		return err
 	}
-	src, err := ingest.OpenFile(path, int(maxRecord))
+	var src *ingest.LineSource
+	stopStdin := func() {}
+	if path == "-" {
+		src, stopStdin, err = openStdin(int(maxRecord))
+	} else {
+		src, err = ingest.OpenFile(path, int(maxRecord))
+	}
 	if err != nil {
 		return err
 	}
@@ -305,8 +311,19 @@ func runFile(ctx, soft context.Context, pl *pipeline.Pipeline, from string, maxR
 	}
 	stop := bar(total).follow(src.Consumed)
 	defer stop()
+	if path == "-" {
+		return pl.Run(ctx, soft, stoppable{src, stopStdin}, src.Stream())
+	}
 	return pl.Run(ctx, soft, src, src.Stream())
 }
+
+// stoppable is a source whose stop is stop.
+type stoppable struct {
+	*ingest.LineSource
+	stop func()
+}
+
+func (s stoppable) Stop() { s.stop() }
 
 // openOutput opens --to for this run, with the dead-letter output --dlq
 // names (the store's own by default).
