@@ -191,12 +191,15 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	if err := checkOutputFiles(ctx, []string{o.to, o.from}, "stats-json", o.statsJSON, "dlq", dlqFile, "cpuprofile", o.cpuProfile, "spill", p.cfg.Spill); err != nil {
 		return err
 	}
-	if o.memoryLimit != "off" && os.Getenv("GOMEMLIMIT") == "" {
-		limit, err := parseBytes(o.memoryLimit)
+	if o.memoryLimit != "off" {
+		// Below 64 MiB the GC would run without pause for nothing.
+		limit, err := bytesIn("memory-limit", o.memoryLimit, 64<<20, 1<<40)
 		if err != nil {
-			return usageErrorf("--memory-limit: %v", err)
+			return err
 		}
-		debug.SetMemoryLimit(limit)
+		if os.Getenv("GOMEMLIMIT") == "" {
+			debug.SetMemoryLimit(limit)
+		}
 	}
 	stopProfile, err := startCPUProfile(o.cpuProfile)
 	if err != nil {

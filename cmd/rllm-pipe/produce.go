@@ -27,6 +27,9 @@ func newProduceCmd() *cobra.Command {
 		Short: "Send wire-format lines to a Kafka topic, keyed by group so a group never straddles partitions",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := firstErr(intIn("batch", batch, 1, 1<<20), intIn("partitions", partitions, 1, 1<<14)); err != nil {
+				return err
+			}
 			if !strings.HasPrefix(to, "kafka://") {
 				return usageErrorf("--to must be kafka://host:port/topic")
 			}

@@ -608,3 +608,41 @@ func TestReadersStopDuringS3Outage(t *testing.T) {
 		})
 	}
 }
+
+// TestMoreNumericFlagsRefused: consume's, serve's, produce's and
+// ingest's remaining numbers are range-checked too (they were replaced by
+// the defaults, or consume --max-batches -1 consumed nothing and exited
+// 0).
+func TestMoreNumericFlagsRefused(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.jsonl")
+	if err := os.WriteFile(in, append(bytes.Join(stopRecords(2), []byte("\n")), '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	st := filepath.Join(dir, "st")
+	for _, c := range []struct {
+		flag string
+		args []string
+	}{
+		{"max-batches", []string{"consume", "--from", st, "--max-batches", "-1"}},
+		{"max-tokens", []string{"consume", "--from", st, "--max-tokens", "-5"}},
+		{"max-inflight", []string{"consume", "--from", st, "--max-inflight", "0"}},
+		{"max-inflight", []string{"consume", "--from", st, "--max-inflight", "-3"}},
+		{"lease-timeout", []string{"consume", "--from", st, "--lease-timeout", "-1s"}},
+		{"poll", []string{"consume", "--from", st, "--poll", "0s"}},
+		{"max-version-lead", []string{"consume", "--from", st, "--max-version-lead", "-7"}},
+		{"max-tokens", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--max-tokens", "-5"}},
+		{"poll", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--poll", "-1s"}},
+		{"max-streams-per-host", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--max-streams-per-host", "0"}},
+		{"batch", []string{"produce", "--to", "kafka://127.0.0.1:1/t", "--batch", "0", in}},
+		{"partitions", []string{"produce", "--to", "kafka://127.0.0.1:1/t", "--partitions", "-4", in}},
+		{"memory-limit", []string{"ingest", "--from", in, "--to", st, "--memory-limit", "1B"}},
+		{"memory-limit", []string{"ingest", "--from", in, "--to", st, "--memory-limit", "9999999999GiB"}},
+	} {
+		var stderr bytes.Buffer
+		code := run(context.Background(), c.args, io.Discard, &stderr)
+		if code != exitUsage || !strings.Contains(stderr.String(), c.flag) {
+			t.Errorf("%v: exit %d, want %d naming --%s; stderr: %s", c.args, code, exitUsage, c.flag, e2eClip(stderr.String(), 300))
+		}
+	}
+}

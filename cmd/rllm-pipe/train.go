@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -73,6 +74,13 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	}
 	if o.maxStaleness < -1 || o.maxStaleness > train.MaxPolicyVersion {
 		return train.ConsumerConfig{}, usageErrorf("--max-staleness: %d out of range [-1, 2^53]", o.maxStaleness)
+	}
+	// Out-of-range values were replaced by the defaults before, silently.
+	if err := firstErr(
+		int64In("max-tokens", o.maxTokens, 0, 1<<40), intIn("max-inflight", o.maxInflight, 1, 1<<16),
+		durationIn("lease-timeout", o.leaseTimeout, time.Second, 24*time.Hour), durationIn("poll", o.poll, time.Millisecond, time.Hour),
+	); err != nil {
+		return train.ConsumerConfig{}, err
 	}
 	if o.maxVersionLead == 0 || o.maxVersionLead < -1 || o.maxVersionLead > train.MaxPolicyVersion {
 		return train.ConsumerConfig{}, usageErrorf("--max-version-lead: %d, want -1 (no cap) or 1 to 2^53", o.maxVersionLead)
@@ -366,6 +374,12 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if format != "jsonl" && format != "arrow" {
 				return usageErrorf("--format: jsonl or arrow")
+			}
+			if err := intIn("max-batches", maxBatches, 0, math.MaxInt32); err != nil {
+				return err
+			}
+			if _, err := o.config("x"); err != nil {
+				return err
 			}
 			if noAck {
 				// Peeking: nothing is acknowledged, so every batch stays in

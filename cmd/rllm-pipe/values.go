@@ -16,6 +16,13 @@ func intIn(flag string, v, lo, hi int) error {
 	return nil
 }
 
+func int64In(flag string, v, lo, hi int64) error {
+	if v < lo || v > hi {
+		return usageErrorf("--%s: %d is outside [%d, %d]", flag, v, lo, hi)
+	}
+	return nil
+}
+
 func floatIn(flag string, v, lo, hi float64) error {
 	if math.IsNaN(v) || math.IsInf(v, 0) || v < lo || v > hi {
 		return usageErrorf("--%s: %v is outside [%v, %v]", flag, v, lo, hi)
