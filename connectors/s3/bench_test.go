@@ -24,17 +24,29 @@ import (
 // it reads grows with the shards listed (every reader lists them all).
 func BenchmarkIntegrationOpenManifest(b *testing.B) {
 	for _, n := range []int{2_000, 10_000, 100_000, 1_000_000} {
-		for _, layout := range []string{"compacted", "uncompacted"} {
+		for _, layout := range []string{"compacted", "compacted-writer", "uncompacted"} {
 			if layout == "uncompacted" && n > 10_000 {
 				continue
 			}
 			b.Run(fmt.Sprintf("%s/commits=%d", layout, n), func(b *testing.B) {
 				cfg := testConfig(b)
-				writeManifest(b, cfg, n, layout == "compacted")
+				writeManifest(b, cfg, n, layout != "uncompacted")
 				ctx := context.Background()
 				b.ResetTimer()
 				start := time.Now()
 				for range b.N {
+					if layout == "compacted-writer" {
+						// A writer (ingest) opens without reading the
+						// sealed segments.
+						w, err := Open(ctx, cfg, "bench")
+						if err != nil {
+							b.Fatal(err)
+						}
+						if got := w.Settled()["topic/0"].Len(); got != int64(n)*2048 {
+							b.Fatalf("%d positions settled, want %d", got, n*2048)
+						}
+						continue
+					}
 					r, err := OpenReader(ctx, cfg, "bench")
 					if err != nil {
 						b.Fatal(err)

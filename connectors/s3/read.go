@@ -28,6 +28,9 @@ func (s *Store) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.loaded(ctx); err != nil {
+		return nil, err
+	}
 	return s.log.Committed(), nil
 }
 
@@ -40,6 +43,9 @@ func (s *Store) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.loaded(ctx); err != nil {
+		return nil, err
+	}
 	return s.log.CommittedFrom(n), nil
 }
 

@@ -178,6 +178,9 @@ type Store struct {
 	manifest  *Objects       // the manifest's folder (the journal's, and the sealed segments)
 	snapEvery int64
 	segSize   int
+	// lazy: the store opened as a writer reads the manifest's sealed
+	// segments only when it needs a listed path (store.RestoreHead).
+	lazy bool
 
 	mu     sync.Mutex
 	log    *store.Log
@@ -222,7 +225,7 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	if err != nil {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
-	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery)}
+	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery), lazy: create}
 	if s.snapEvery <= 0 {
 		s.snapEvery = SnapshotEvery
 	}
@@ -301,7 +304,7 @@ func (s *Store) reload(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("s3: manifest entry %d is missing and no snapshot covers it", s.next)
 	}
-	l, next, err := store.RestoreLog(ctx, data, s.manifest.Get)
+	l, next, err := s.restore(ctx, data)
 	if err != nil {
 		return err
 	}
@@ -312,13 +315,34 @@ func (s *Store) reload(ctx context.Context) error {
 	return nil
 }
 
+// restore decodes a snapshot: a writer's without reading the sealed
+// segments (read when a listed path is needed: loaded), a reader's whole.
+func (s *Store) restore(ctx context.Context, data []byte) (*store.Log, int64, error) {
+	if s.lazy {
+		return store.RestoreHead(data, s.manifest.Get)
+	}
+	return store.RestoreLog(ctx, data, s.manifest.Get)
+}
+
+// loaded reads the sealed segments of a log a writer opened lazily, for
+// the calls that need every entry. Callers hold mu.
+func (s *Store) loaded(ctx context.Context) error {
+	if s.log.Loaded() {
+		return nil
+	}
+	if err := s.log.Load(ctx); err != nil {
+		return fmt.Errorf("s3: manifest: %w", err)
+	}
+	return nil
+}
+
 // load starts from the newest snapshot, if any. Callers hold no lock.
 func (s *Store) load(ctx context.Context) error {
 	data, _, ok, err := s.journal.Latest(ctx)
 	if err != nil || !ok {
 		return err
 	}
-	l, next, err := store.RestoreLog(ctx, data, s.manifest.Get)
+	l, next, err := s.restore(ctx, data)
 	if err != nil {
 		return err
 	}
@@ -509,6 +533,9 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 			// that landed in time is in the snapshot.
 			s.mu.Lock()
 			err := s.reload(ctx)
+			if err == nil {
+				err = s.loaded(ctx) // the entry may have been sealed since
+			}
 			landed := (e.Path != "" && s.log.Listed(e.Path)) || (e.DeadLetters != nil && s.log.Listed(e.DeadLetters.File))
 			s.mu.Unlock()
 			if err != nil || landed {
@@ -553,6 +580,9 @@ func (s *Store) isOurs(seq int64, nonce string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.log.Last(seq)
+	if !ok && !s.log.Loaded() && s.loaded(context.Background()) == nil {
+		e, ok = s.log.Last(seq)
+	}
 	return ok && e.Nonce == nonce
 }
 
@@ -587,6 +617,9 @@ func (s *Store) Entries(ctx context.Context) ([]schemas.ShardEntry, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.loaded(ctx); err != nil {
+		return nil, err
+	}
 	return s.log.Entries(), nil
 }
 
@@ -662,7 +695,18 @@ func (s *Store) removeUnlisted(ctx context.Context, doomed func(writer string, l
 			w = dlqWriter(rel)
 		}
 		// Only what the store created: named after a writer the log knows.
-		if w != "" && s.log.Known(w) && !s.log.Listed(rel) && doomed(w, live) {
+		if w == "" || !s.log.Known(w) || !doomed(w, live) {
+			continue
+		}
+		if !s.log.Listed(rel) {
+			// A candidate: whether an old entry lists it is in the
+			// sealed segments a writer has not read yet.
+			if err := s.loaded(ctx); err != nil {
+				s.mu.Unlock()
+				return nil, err
+			}
+		}
+		if !s.log.Listed(rel) {
 			doomedKeys = append(doomedKeys, obj.Key)
 		}
 	}

@@ -481,3 +481,56 @@ func TestIntegrationDeleteAll(t *testing.T) {
 		t.Errorf("the manifest still lists %d shards (%v)", len(entries), err)
 	}
 }
+
+// TestIntegrationLazyWriterKeepsSealedShards: a writer opens without
+// reading the manifest's sealed segments, takes over a dead writer's
+// stream and removes that writer's unlisted shard, but none of its
+// committed shards, whose entries are only in segments it had not read.
+func TestIntegrationLazyWriterKeepsSealedShards(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.SnapshotEvery, cfg.SegmentSize = 4, 3
+	ctx := context.Background()
+	dead := open(t, cfg, "wdead")
+	if err := dead.Claim(ctx, []string{"s"}, 1); err != nil {
+		t.Fatal(err)
+	}
+	var committed []string
+	for i := range 20 {
+		rel := fmt.Sprintf("policy=0/part-wdead-%06d.parquet", i)
+		p, err := dead.Create(ctx, rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Write([]byte("x"))
+		if err := p.Commit(ctx, schemas.ShardEntry{Rows: 1, Settled: schemas.Settled{"s": {{int64(i), int64(i)}}}}); err != nil {
+			t.Fatal(err)
+		}
+		committed = append(committed, rel)
+	}
+	orphan := "policy=0/part-wdead-000099.parquet"
+	if _, err := dead.cli.PutObject(ctx, cfg.Bucket, dead.key(orphan), bytes.NewReader([]byte("never listed")), 12, minio.PutObjectOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next := open(t, cfg, "wnext")
+	if next.log.Loaded() {
+		t.Fatal("the writer read the sealed segments at open")
+	}
+	if err := next.Claim(ctx, []string{"s"}, 2); err != nil {
+		t.Fatal(err)
+	}
+	exists := func(rel string) bool {
+		_, err := next.cli.StatObject(ctx, cfg.Bucket, next.key(rel), minio.StatObjectOptions{})
+		return err == nil
+	}
+	if exists(orphan) {
+		t.Error("the dead writer's unlisted shard survived the takeover")
+	}
+	for _, rel := range committed {
+		if !exists(rel) {
+			t.Fatalf("committed shard %s was removed", rel)
+		}
+	}
+	if got, err := next.Committed(ctx); err != nil || len(got) != len(committed) {
+		t.Fatalf("%d shards listed (%v), want %d", len(got), err, len(committed))
+	}
+}

@@ -27,11 +27,15 @@ type Log struct {
 	// segs are the sealed segments holding the first kept entries, as the
 	// snapshot this log was restored from listed them plus those its own
 	// snapshots sealed.
-	segs    []SegmentRef
-	claims  map[string]claim
-	settled schemas.Settled
-	listed  map[string]bool // shard paths and dead-letter files listed
-	writers map[string]bool // writers and runs that appended an entry
+	segs []SegmentRef
+	// unloaded counts the kept entries of the first segments, which a log
+	// restored with RestoreHead has not read yet (Load reads them).
+	unloaded int
+	load     func(ctx context.Context, name string) ([]byte, error)
+	claims   map[string]claim
+	settled  schemas.Settled
+	listed   map[string]bool // shard paths and dead-letter files listed
+	writers  map[string]bool // writers and runs that appended an entry
 }
 
 // claim is who last claimed a stream, in which Kafka generation.
@@ -284,9 +288,9 @@ func (l *Log) Snapshot(next int64, segSize int) ([]byte, []Segment, error) {
 		sealed += g.Count
 	}
 	var segs []Segment
-	for segSize > 0 && len(l.kept)-sealed >= segSize {
+	for segSize > 0 && l.unloaded+len(l.kept)-sealed >= segSize {
 		part := make([]schemas.ShardEntry, segSize)
-		for i, k := range l.kept[sealed : sealed+segSize] {
+		for i, k := range l.kept[sealed-l.unloaded : sealed-l.unloaded+segSize] {
 			part[i] = l.entries[k]
 		}
 		data, err := json.Marshal(part)
@@ -298,8 +302,8 @@ func (l *Log) Snapshot(next int64, segSize int) ([]byte, []Segment, error) {
 		s.Segments = append(s.Segments, ref)
 		sealed += segSize
 	}
-	s.Entries = make([]schemas.ShardEntry, 0, len(l.kept)-sealed)
-	for _, k := range l.kept[sealed:] {
+	s.Entries = make([]schemas.ShardEntry, 0, l.unloaded+len(l.kept)-sealed)
+	for _, k := range l.kept[sealed-l.unloaded:] {
 		s.Entries = append(s.Entries, l.entries[k])
 	}
 	for stream, c := range l.claims {
@@ -333,21 +337,75 @@ func (l *Log) Sealed(segs []Segment) {
 // load reads a segment the snapshot names (segments are read
 // concurrently, at most 8 at a time).
 func RestoreLog(ctx context.Context, data []byte, load func(ctx context.Context, name string) ([]byte, error)) (*Log, int64, error) {
+	l, next, err := RestoreHead(data, load)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := l.Load(ctx); err != nil {
+		return nil, 0, err
+	}
+	return l, next, nil
+}
+
+// RestoreHead is RestoreLog without reading the segments: the log knows
+// its claims, settled positions and writers, and can append and
+// snapshot, but its entries, Listed and Last see only the snapshot's
+// tail and what came after it until Load reads the segments (a writer
+// needs them only to recognise orphans). A writer's open no longer
+// grows with the run.
+func RestoreHead(data []byte, load func(ctx context.Context, name string) ([]byte, error)) (*Log, int64, error) {
 	var s logSnapshot
 	if err := json.Unmarshal(data, &s); err != nil {
 		return nil, 0, fmt.Errorf("store: log snapshot: %w", err)
 	}
-	parts := make([][]schemas.ShardEntry, len(s.Segments))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
 	first := 0
 	for i, ref := range s.Segments {
 		if ref.First != first || ref.Count <= 0 || !CheckName(ref.Name) {
 			return nil, 0, fmt.Errorf("store: log snapshot: segment %d (%+v) does not follow the one before", i, ref)
 		}
 		first += ref.Count
+	}
+	l := NewLog()
+	for _, e := range s.Entries {
+		l.Apply(e)
+	}
+	l.segs, l.unloaded, l.load = s.Segments, first, load
+	for stream, c := range s.Claims {
+		l.claims[stream] = claim{c.Writer, c.Generation}
+	}
+	l.settled.Union(s.Settled)
+	for _, w := range s.Writers {
+		l.writers[w] = true
+	}
+	return l, s.Next, nil
+}
+
+// Loaded reports whether every entry of the log is in memory.
+func (l *Log) Loaded() bool { return l.unloaded == 0 }
+
+// Load reads the segments a log restored with RestoreHead has not read,
+// concurrently (at most 8 at a time), and puts their entries before the
+// others. Claims, settled positions and writers are the snapshot's
+// already (it folded the segments' in).
+func (l *Log) Load(ctx context.Context) error {
+	if l.unloaded == 0 {
+		return nil
+	}
+	var refs []SegmentRef
+	n := 0
+	for _, ref := range l.segs {
+		if n >= l.unloaded {
+			break
+		}
+		refs = append(refs, ref)
+		n += ref.Count
+	}
+	parts := make([][]schemas.ShardEntry, len(refs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(8)
+	for i, ref := range refs {
 		g.Go(func() error {
-			b, err := load(gctx, ref.Name)
+			b, err := l.load(gctx, ref.Name)
 			if err != nil {
 				return fmt.Errorf("store: log segment %s: %w", ref.Name, err)
 			}
@@ -361,24 +419,30 @@ func RestoreLog(ctx context.Context, data []byte, load func(ctx context.Context,
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, 0, err
+		return err
 	}
-	l := NewLog()
+	var entries []schemas.ShardEntry
+	var kept, shards []int
 	for _, part := range parts {
 		for _, e := range part {
-			l.Apply(e)
+			if e.Path != "" {
+				shards = append(shards, len(entries))
+				l.listed[e.Path] = true
+			}
+			if e.DeadLetters != nil {
+				l.listed[e.DeadLetters.File] = true
+			}
+			kept = append(kept, len(entries))
+			entries = append(entries, e)
 		}
 	}
-	for _, e := range s.Entries {
-		l.Apply(e)
+	off := len(entries)
+	for _, k := range l.kept {
+		kept = append(kept, k+off)
 	}
-	l.segs = s.Segments
-	for stream, c := range s.Claims {
-		l.claims[stream] = claim{c.Writer, c.Generation}
+	for _, k := range l.shards {
+		shards = append(shards, k+off)
 	}
-	l.settled.Union(s.Settled)
-	for _, w := range s.Writers {
-		l.writers[w] = true
-	}
-	return l, s.Next, nil
+	l.entries, l.kept, l.shards, l.unloaded = append(entries, l.entries...), kept, shards, 0
+	return nil
 }

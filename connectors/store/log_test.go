@@ -123,6 +123,42 @@ func TestSnapshotSegments(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameLog(t, back, l)
+	// A writer that opens from the head only (RestoreHead) appends and
+	// snapshots as well without reading a segment, and reads them when
+	// asked (Load).
+	for i, h := range heads {
+		lazy, next, err := RestoreHead(h, func(context.Context, string) ([]byte, error) {
+			return nil, fmt.Errorf("a segment was read before Load")
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for j := int(next); j < n; j++ {
+			lazy.Apply(logEntry(j))
+		}
+		head, segs, err := lazy.Snapshot(int64(n), 3)
+		if err != nil {
+			t.Fatalf("head %d: %v", i, err)
+		}
+		objs.write(t, segs)
+		lazy.Sealed(segs)
+		back, _, err := RestoreLog(ctx, head, objs.load)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameLog(t, back, l)
+		if i > 0 && lazy.Loaded() {
+			t.Fatalf("head %d (with segments): loaded before Load", i)
+		}
+		lazy.load = objs.load
+		if err := lazy.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sameLog(t, lazy, l)
+		if !lazy.Listed(logEntry(0).Path) {
+			t.Fatalf("head %d: a shard of the first segment is not listed after Load", i)
+		}
+	}
 	// Without segments (segSize 0, as snapshots before them) the snapshot
 	// holds every listed entry and restores the same.
 	head, segs, err = l.Snapshot(int64(n), 0)
