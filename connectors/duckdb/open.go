@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	duckdbdrv "github.com/duckdb/duckdb-go/v2"
@@ -52,6 +53,10 @@ type Options struct {
 	// statement: it may read and write whatever the process may, and
 	// install extensions over the network.
 	AllowHostFiles bool
+	// Progress, when set, is told the bytes of S3 shards downloaded so
+	// far, out of those to download, as each shard lands (for a progress
+	// bar: a first query over a large S3 output waits on this).
+	Progress func(done, total int64)
 }
 
 // DB is an in-memory DuckDB with the views over one output root's
@@ -524,6 +529,8 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(par)
+	var fetch []shardFile
+	var total int64
 	for _, s := range l.shards {
 		// Shards are immutable: a copy already in the download folder
 		// with the size the manifest records is the shard (a folder kept
@@ -531,6 +538,14 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 		if info, err := os.Stat(s.file); err == nil && s.entry.Bytes > 0 && info.Size() == s.entry.Bytes {
 			continue
 		}
+		fetch = append(fetch, s)
+		total += s.entry.Bytes
+	}
+	var done atomic.Int64
+	if o.Progress != nil {
+		o.Progress(0, total)
+	}
+	for _, s := range fetch {
 		g.Go(func() error {
 			data, err := getObject(gctx, st, s.entry.Path)
 			if err != nil {
@@ -538,6 +553,9 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 			}
 			if err := writeFile(s.file, bytes.NewReader(data)); err != nil {
 				return fmt.Errorf("duckdb: save shard %s: %w", s.entry.Path, err)
+			}
+			if o.Progress != nil {
+				o.Progress(done.Add(int64(len(data))), total)
 			}
 			return nil
 		})

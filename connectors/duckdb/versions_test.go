@@ -7,8 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -99,5 +102,56 @@ func TestViewsReadEverySchemaVersion(t *testing.T) {
 	got = strings.Join(queryStrings(t, d, "SELECT seq || ':' || path || ':' || coalesce(schema_version, 'null') FROM shards"), " ")
 	if want := "0:policy=0/a.parquet:4 1:policy=0/b.parquet:3 2:policy=0/c.parquet:4 3:policy=0/d.parquet:null"; got != want {
 		t.Fatalf("shards: %s, want %s", got, want)
+	}
+}
+
+// remoteOnly hides a local reader's root, so Open downloads its shards as
+// from S3.
+type remoteOnly struct{ store.Reader }
+
+// TestOpenRemoteProgress: opening a remote output reports the bytes of
+// shards downloaded out of those to download, ending at the total, and
+// nothing to download when the copies are already there.
+func TestOpenRemoteProgress(t *testing.T) {
+	root := t.TempDir()
+	var entries []schemas.ShardEntry
+	var total int64
+	for i, ids := range [][]string{{"a1", "a2"}, {"b1"}, {"c1", "c2", "c3"}} {
+		rel := fmt.Sprintf("policy=0/part-w-%06d.parquet", i)
+		file := filepath.Join(root, filepath.FromSlash(rel))
+		writeStepFile(t, file, ids)
+		info, err := os.Stat(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += info.Size()
+		entries = append(entries, schemas.ShardEntry{Path: rel, Rows: int64(len(ids)), Bytes: info.Size(), SchemaVersion: schemas.SchemaVersion, RunID: "w"})
+	}
+	writeManifest(t, root, entries)
+	r, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep := t.TempDir()
+	for round, want := range []int64{total, 0} {
+		var mu sync.Mutex
+		var calls, last, of int64
+		d, err := OpenRemote(context.Background(), remoteOnly{r}, Options{DownloadDir: keep, Progress: func(done, total int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			calls++
+			last, of = max(last, done), total
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := queryStrings(t, d, "SELECT count(*)::VARCHAR FROM steps")
+		d.Close()
+		if got[0] != "6" {
+			t.Fatalf("round %d: %v steps, want 6", round, got)
+		}
+		if last != want || of != want || calls == 0 {
+			t.Fatalf("round %d: progress %d of %d in %d calls, want %d of %d", round, last, of, calls, want, want)
+		}
 	}
 }
