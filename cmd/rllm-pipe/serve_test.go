@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -349,5 +350,28 @@ func TestServeStopWithStuckReader(t *testing.T) {
 				t.Errorf("serve exited %v after the signal", d)
 			}
 		})
+	}
+}
+
+// TestServeShortTokenBeyondLoopback: beyond loopback a token shorter than
+// 16 bytes is refused (exit 2, naming the flag); on loopback it is not
+// this check's business.
+func TestServeShortTokenBeyondLoopback(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "short")
+	if err := os.WriteFile(short, []byte("x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"serve", "--from", dir, "--listen", "0.0.0.0:0", "--token-file", short},
+		{"serve", "--from", dir, "--listen", ":0", "--admin-token-file", short},
+	} {
+		var stderr bytes.Buffer
+		flag := args[len(args)-2]
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a serve that started
+		defer cancel()
+		if code := run(ctx, args, io.Discard, &stderr); code != exitUsage || !strings.Contains(stderr.String(), flag) || !strings.Contains(stderr.String(), "at least 16") {
+			t.Errorf("%v: exit %d, want %d naming %s; stderr: %s", args, code, exitUsage, flag, stderr.String())
+		}
 	}
 }

@@ -256,6 +256,10 @@ func TestStopDuringS3Outage(t *testing.T) {
 		if code := cmd.ProcessState.ExitCode(); code != exitFailure || !strings.Contains(stderr.String(), "unreachable for 2s") {
 			t.Fatalf("exit code %d, want %d with the reason\n%s", code, exitFailure, e2eClip(stderr.String(), 2000))
 		}
+		// The error names the flag that sets the bound, as it is spelled.
+		if !strings.Contains(stderr.String(), "--retry-for)") || strings.Contains(stderr.String(), "--s3-retry-for") {
+			t.Fatalf("the give-up error does not name --retry-for\n%s", e2eClip(stderr.String(), 2000))
+		}
 	})
 }
 

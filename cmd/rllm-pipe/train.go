@@ -193,6 +193,9 @@ func (o *serveOpts) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "on the first signal, close connections still open after this (a second signal: at once)")
 }
 
+// minTokenLen is the shortest token serve accepts beyond loopback.
+const minTokenLen = 16
+
 // token is the token in file, or else in the environment variable env;
 // "" when neither is set. Tokens never come from a flag value (visible in
 // ps) and are never printed.
@@ -220,6 +223,15 @@ func (o *serveOpts) options() (trainflight.Options, error) {
 	}
 	if opts.AdminToken, err = token("admin-token-file", o.adminFile, "RLLM_PIPE_ADMIN_TOKEN"); err != nil {
 		return opts, err
+	}
+	// Beyond loopback a token is all that guards the data: a short one
+	// is guessed.
+	if host, _, _ := net.SplitHostPort(o.listen); host != "localhost" && !loopbackAddr(o.listen) {
+		for _, t := range []struct{ flag, env, tok string }{{"token-file", "RLLM_PIPE_TOKEN", opts.Token}, {"admin-token-file", "RLLM_PIPE_ADMIN_TOKEN", opts.AdminToken}} {
+			if t.tok != "" && len(t.tok) < minTokenLen {
+				return opts, usageErrorf("--%s (or $%s): a token of %d bytes to listen beyond loopback (%s); want at least %d", t.flag, t.env, len(t.tok), o.listen, minTokenLen)
+			}
+		}
 	}
 	switch {
 	case (o.tlsCert == "") != (o.tlsKey == ""):

@@ -432,7 +432,7 @@ func (c Config) retry(ctx context.Context, op func(attempt int) error) error {
 		case <-store.RetryStop(ctx):
 			return fmt.Errorf("%w: stopping while %s is unreachable (%d attempts): %w", ErrGaveUp, c.Endpoint, attempt+1, err)
 		case <-giveUp:
-			return fmt.Errorf("%w: %s unreachable for %s (%d attempts; --s3-retry-for): %w", ErrGaveUp, c.Endpoint, limit, attempt+1, err)
+			return fmt.Errorf("%w: %s unreachable for %s (%d attempts; --retry-for): %w", ErrGaveUp, c.Endpoint, limit, attempt+1, err)
 		case <-time.After(delay):
 		}
 		delay = min(delay*2, 5*time.Second)

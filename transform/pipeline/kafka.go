@@ -92,6 +92,11 @@ func (k *kafkaGeneration) Commit(settled schemas.Settled) error {
 	return k.g.CommitOffsets(k.g.Resume(settled, k.firsts))
 }
 
+// ErrStoppedInOutage is RunKafka's error when a soft stop came while the
+// broker was unreachable: nothing is lost (what was committed is whole),
+// but the run stopped before finishing.
+var ErrStoppedInOutage = errors.New("kafka: stopped while the broker was unreachable")
+
 // RunKafka consumes generation after generation of the consumer group
 // that join joins, until a soft stop. Each generation claims its
 // partitions in the manifest (fencing their previous owners), starts every
@@ -128,12 +133,22 @@ func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error
 		backoff = min(2*backoff, 30*time.Second)
 		return nil
 	}
+	// stopped is the end of a soft stop: clean, unless it came while the
+	// broker was away (the run did not finish what it had: exit 3).
+	var lastErr error
+	stopped := func() error {
+		if failing.IsZero() {
+			return nil
+		}
+		return fmt.Errorf("%w (%s): %w", ErrStoppedInOutage, time.Since(failing).Round(time.Second), lastErr)
+	}
 	for soft.Err() == nil {
 		gen, err := group.Next(soft)
 		if err != nil {
 			if soft.Err() != nil {
-				return nil
+				return stopped()
 			}
+			lastErr = err
 			if err := pause(err); err != nil { // the broker is away: wait for it
 				return err
 			}
@@ -156,18 +171,19 @@ func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error
 			// and heartbeats keep it alive), then resume from the
 			// manifest.
 			group.Close()
+			lastErr = err
 			if err := pause(err); err != nil {
 				return err
 			}
 			if soft.Err() != nil {
-				return nil
+				return stopped()
 			}
 			if group, err = join(); err != nil {
 				return err
 			}
 		}
 	}
-	return nil
+	return stopped()
 }
 
 // generation claims the generation's partitions, runs the stages from the
