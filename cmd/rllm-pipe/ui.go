@@ -38,18 +38,20 @@ commit; the pipeline's health (shards, rows, commits per minute, consumer
 groups with their members, acknowledged groups and lag; with
 --ingest-metrics, the URL of an ingest process's --metrics-addr endpoint,
 its open-group backlog and commits per minute over time); and a
-trajectory browser (filters by task, policy version, role, filter reason and reward; pages;
-a trajectory's steps with their messages and tool calls, response tokens
-coloured by logprob, teacher logprob or token advantage, switched on the
-page, each with its legend). Chart buckets link to the trajectories
-behind them.
+trajectory browser (filters by task, policy version, role, filter
+reason, reward, staleness and shard; pages; a trajectory's steps with
+their messages and tool calls, response tokens coloured by logprob,
+teacher logprob or token advantage, switched on the page, each with its
+legend). Chart buckets link to the trajectories behind them.
 
 The manifest is re-read every --poll; when it grew, the views are
-reopened, the trajectory index rebuilt and every chart recomputed, at most
-once per max(--poll, 4 x the last rebuild's duration), so the server
-spends at most a fifth of its time rebuilding however often shards
-commit. The health panel says how many entries are waiting and when the
-next rebuild comes.
+reopened, the trajectory index rebuilt and every chart recomputed, no
+sooner than max(--poll, 4 x the last rebuild's duration) after the last
+rebuild ended, so the server spends at most a fifth of its time
+rebuilding however often shards commit (a rebuild took about 10 s at a
+million steps and 100 s at ten million on two loaded cores). Pages are
+served from the previous build meanwhile; the health panel says how many
+manifest entries are waiting and when the next rebuild comes.
 
 Read only: GET and HEAD only, over the sandboxed views of "sql". It listens
 on loopback by default; anywhere else it needs a bearer token (from
