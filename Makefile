@@ -54,7 +54,8 @@ test-short:
 # Python against the same work in Python (bench_padded.py); then the service-backed ones: opening a
 # long S3 manifest, the produce→commit delay at 1,000 steps/s, Kafka→MinIO
 # against a bare drain and the file path (bench-kafka); last, file ingest
-# side by side with DuckDB (bench-ingest) on three shapes.
+# side by side with DuckDB (bench-ingest) on two shapes, and issue 16's
+# multi-turn comparison at 30 and 100 turns (bench-multiturn).
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/ ./ingest/synth/ ./train/merge/
 	$(GO) test -run '^$$' -bench Extends -count 3 ./transform/
@@ -73,7 +74,7 @@ bench:
 	$(MAKE) bench-kafka
 	$(MAKE) bench-ingest
 	$(MAKE) bench-ingest SHAPE=steps-nomsg
-	$(MAKE) bench-ingest SHAPE=agents
+	$(MAKE) bench-multiturn
 
 # bench-kafka: Kafka→MinIO ingest next to a bare kafka-go drain and the
 # file→directory ingest of the same input (cmd/kafkabench): a warm-up
@@ -86,7 +87,7 @@ bench-kafka: build
 
 # bench-ingest: `rllm-pipe ingest` (GRPO, zstd Parquet) against DuckDB doing
 # the same job on the same generated input of SIZE (cached in WORK), PAIRS
-# alternating runs, traces of SHAPE (steps: 1-4 calls; agents: 30-turn agents);
+# alternating runs, traces of SHAPE (steps: 1-4 calls; steps-nomsg; agents, agents-100 or agents,agents-100: the multi-turn comparison, see bench-multiturn);
 # prints wall times, the ratio DuckDB / rllm-pipe and peak
 # RSS (cmd/ingestbench; BENCH_FLAGS adds flags, e.g. --json FILE).
 SIZE  ?= 1GB
@@ -97,6 +98,20 @@ BENCH_FLAGS ?=
 .PHONY: bench-ingest
 bench-ingest: build
 	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(WORK) --shape $(SHAPE) $(BENCH_FLAGS)
+
+# bench-multiturn: issue 16's comparison in one run (cmd/ingestbench/multiturn.go):
+# 30- and 100-turn agent traces of MT_SIZE each, the same trajectories ingested
+# as whole records with --full-prompts (the layout before issue 16), as whole
+# records with prefix deltas (default), as wire deltas, and by DuckDB; PAIRS
+# rotated rounds; bytes per distinct token, size ratios, wire/whole ingest time,
+# peak RSS (flat in turns?), read-back of full prompts through sql and, when
+# MT_PYTHON is set (default: the virtualenv of scripts/pytest.sh, if built),
+# through the Python client against serve; prints issue 16's aims met / NOT MET.
+MT_SIZE   ?= 500MB
+MT_PYTHON ?= $(firstword $(wildcard $(HOME)/.cache/rllm-pipe/venv-*/bin/python))
+.PHONY: bench-multiturn
+bench-multiturn: build
+	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(MT_SIZE) --pairs $(PAIRS) --reads $(PAIRS) --work $(WORK) --shape agents,agents-100 $(if $(MT_PYTHON),--python $(MT_PYTHON)) $(BENCH_FLAGS)
 
 # bench-scale: issue 19's scaling figures (scripts/bench-scale.sh, ~8-15 min):
 # the manifest's commit rate and consumer-group acknowledgements with 1, 4
