@@ -6,6 +6,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -29,73 +30,103 @@ func TestUIConsumerPanel(t *testing.T) {
 	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", from, "--group-size", "4", "--quiet"); r.code != 0 {
 		t.Fatalf("ingest: %s", r.stderr)
 	}
-	// One group per batch, policy 3, groups more than 2 versions behind
-	// skipped, 6 batches: some groups left (a lag).
-	stats := filepath.Join(work, "stats.json")
-	r := e2eRun(t, bin, work, "consume", "--from", from, "--consumer-group", "trainers", "--name", "alpha",
-		"--max-batches", "6", "--policy-version", "3", "--max-staleness", "2", "--stats-json", stats)
-	if r.code != 0 {
-		t.Fatalf("consume: %s", r.stderr)
+	// Independent figure: the committed groups.
+	q := e2eRun(t, bin, work, "sql", "--from", from, "--format", "csv", "SELECT count(*) AS n FROM groups")
+	if q.code != 0 {
+		t.Fatalf("sql: %s", q.stderr)
 	}
-	var st struct {
+	committed, _ := strconv.ParseInt(strings.Split(strings.TrimSpace(q.stdout), "\n")[1], 10, 64)
+	groupVersion := func(group string) int64 {
+		q := e2eRun(t, bin, work, "sql", "--from", from, "--format", "csv", "SELECT max(group_version) AS v FROM groups WHERE group_id = '"+group+"'")
+		if q.code != 0 {
+			t.Fatalf("sql: %s", q.stderr)
+		}
+		v, _ := strconv.ParseInt(strings.Split(strings.TrimSpace(q.stdout), "\n")[1], 10, 64)
+		return v
+	}
+	type consumed struct {
 		Groups       int64 `json:"groups_acked"`
 		Batches      int64 `json:"batches"`
 		SkippedStale int64 `json:"groups_skipped_stale"`
 		SkippedEmpty int64 `json:"groups_skipped_empty"`
+		lastVersion  int64
 	}
-	data, err := os.ReadFile(stats)
-	if err != nil {
-		t.Fatal(err)
+	// consume runs one member of a consumer group at policy 3, one group
+	// per batch.
+	consume := func(group, member string, extra ...string) consumed {
+		t.Helper()
+		stats := filepath.Join(work, group+".json")
+		args := append([]string{"consume", "--from", from, "--consumer-group", group, "--name", member, "--policy-version", "3", "--stats-json", stats}, extra...)
+		r := e2eRun(t, bin, work, args...)
+		if r.code != 0 {
+			t.Fatalf("consume: %s", r.stderr)
+		}
+		var st consumed
+		data, err := os.ReadFile(stats)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(data, &st); err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		var last struct {
+			Groups []string `json:"groups"`
+		}
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || len(last.Groups) != 1 {
+			t.Fatalf("consume's last batch %q: %v", lines[len(lines)-1], err)
+		}
+		st.lastVersion = groupVersion(last.Groups[0])
+		t.Logf("consume %s: %d groups acknowledged in %d batches, %d skipped as stale, %d empty; %d committed", group, st.Groups, st.Batches, st.SkippedStale, st.SkippedEmpty, committed)
+		return st
 	}
-	if err := json.Unmarshal(data, &st); err != nil {
-		t.Fatal(err)
+	// "trainers" stops after 6 batches: a lag. "fresh" reads everything
+	// with no staleness allowed: groups behind policy 3 are skipped.
+	runs := map[string]consumed{
+		"fresh":    consume("fresh", "beta", "--max-staleness", "0"),
+		"trainers": consume("trainers", "alpha", "--max-batches", "6"),
 	}
-	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	var last struct {
-		Groups []string `json:"groups"`
+	if runs["fresh"].SkippedStale == 0 || runs["trainers"].Groups != 6 || committed <= 6 {
+		t.Fatalf("the test needs groups skipped as stale in fresh and a lag in trainers")
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || len(last.Groups) != 1 {
-		t.Fatalf("consume's last batch %q: %v", lines[len(lines)-1], err)
-	}
-	// Independent figures: committed groups, and the last batch's
-	// group version.
-	q := e2eRun(t, bin, work, "sql", "--from", from, "--format", "csv",
-		"SELECT (SELECT count(*) FROM groups) AS n, (SELECT max(group_version) FROM groups WHERE group_id = '"+last.Groups[0]+"') AS v")
-	if q.code != 0 {
-		t.Fatalf("sql: %s", q.stderr)
-	}
-	f := strings.Split(strings.Split(strings.TrimSpace(q.stdout), "\n")[1], ",")
-	committed, _ := strconv.ParseInt(f[0], 10, 64)
-	lastVersion, _ := strconv.ParseInt(f[1], 10, 64)
 
-	t.Logf("consume: %d groups acknowledged in %d batches, %d skipped as stale, %d empty; %d committed", st.Groups, st.Batches, st.SkippedStale, st.SkippedEmpty, committed)
-	if st.SkippedStale == 0 || st.Groups == 0 || committed-st.Groups-st.SkippedStale <= 0 {
-		t.Fatalf("the test needs groups acknowledged, groups skipped as stale and a lag")
-	}
 	hs := liveServer(t, from, live.Options{Progress: groupProgress, Members: groupMembers})
 	var state live.State
 	if err := json.Unmarshal([]byte(httpBody(t, hs.URL+"/api/state")), &state); err != nil {
 		t.Fatal(err)
 	}
-	if len(state.Consumers) != 1 {
-		t.Fatalf("consumers %+v, want the one group", state.Consumers)
+	if len(state.Consumers) != 2 {
+		t.Fatalf("consumers %+v, want fresh and trainers", state.Consumers)
 	}
-	c := state.Consumers[0]
-	skipped := st.SkippedStale + st.SkippedEmpty
-	if c.Group != "trainers" || c.Acked != st.Groups || c.Skipped != skipped || c.Lag != committed-st.Groups-skipped {
-		t.Errorf("consumer %+v; consume acknowledged %d groups and skipped %d of %d committed", c, st.Groups, skipped, committed)
-	}
-	if len(c.Members) != 1 || c.Members[0].Name != "alpha" || c.Members[0].Batches != st.Batches || c.Members[0].PolicyVersion != 3 ||
-		c.Members[0].Staleness != 3-lastVersion {
-		t.Errorf("members %+v; want alpha, %d batches, policy 3, staleness %d (its last group's version %d)", c.Members, st.Batches, 3-lastVersion, lastVersion)
+	member := map[string]string{"fresh": "beta", "trainers": "alpha"}
+	for _, c := range state.Consumers {
+		st, ok := runs[c.Group]
+		if !ok {
+			t.Errorf("consumer group %q, not one the test ran", c.Group)
+			continue
+		}
+		skipped := st.SkippedStale + st.SkippedEmpty
+		if c.Acked != st.Groups || c.Skipped != skipped || c.Lag != committed-st.Groups-skipped {
+			t.Errorf("consumer %+v; consume acknowledged %d groups and skipped %d of %d committed", c, st.Groups, skipped, committed)
+		}
+		if len(c.Members) != 1 || c.Members[0].Name != member[c.Group] || c.Members[0].Batches != st.Batches || c.Members[0].PolicyVersion != 3 ||
+			c.Members[0].Staleness != 3-st.lastVersion {
+			t.Errorf("%s: members %+v; want %s, %d batches, policy 3, staleness %d (its last group's version %d)",
+				c.Group, c.Members, member[c.Group], st.Batches, 3-st.lastVersion, st.lastVersion)
+		}
 	}
 
 	p := newPage(t)
 	p.do(t, "open the live view", chromedp.Navigate(hs.URL+"/"), chromedp.WaitVisible(chromedp.CSS(`#consumers`)))
-	cells := eval[[]string](t, p, `[...document.querySelectorAll('#consumers tr:nth-child(2) td')].map(td => td.textContent)`)
-	want := []string{"trainers", strconv.FormatInt(st.Groups, 10), strconv.FormatInt(skipped, 10), strconv.FormatInt(committed-st.Groups-skipped, 10)}
-	if len(cells) != 5 || strings.Join(cells[:4], "|") != strings.Join(want, "|") || !strings.HasPrefix(cells[4], "alpha (") {
-		t.Errorf("consumer panel %q, want %q and alpha", cells, want)
+	rows := eval[[]string](t, p, `[...document.querySelectorAll('#consumers tr')].slice(1).map(tr => [...tr.children].map(td => td.textContent).join('|'))`)
+	var want []string
+	for _, g := range []string{"fresh", "trainers"} {
+		st := runs[g]
+		skipped := st.SkippedStale + st.SkippedEmpty
+		want = append(want, fmt.Sprintf("%s|%d|%d|%d|%s (", g, st.Groups, skipped, committed-st.Groups-skipped, member[g]))
+	}
+	if len(rows) != 2 || !strings.HasPrefix(rows[0], want[0]) || !strings.HasPrefix(rows[1], want[1]) {
+		t.Errorf("consumer panel %q, want rows starting %q", rows, want)
 	}
 	p.screenshot(t, "ui-health.png")
 	if errs, _ := p.seen(); len(errs) > 0 {
