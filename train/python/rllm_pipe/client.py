@@ -23,7 +23,18 @@ import pyarrow.flight as flight
 
 # pyarrow's complaint about a stream that ended cleanly before its first
 # batch (no schema either): for the client, a stream with nothing in it.
-_EMPTY_STREAM = "never sent a data message"
+# A stream the server ended with an error before its first batch raises
+# the same complaint with the server's status in it ("Flight returned
+# internal error, with message: ... Detail: Internal"): that one is an
+# error, never an empty stream.
+_EMPTY_STREAM = "Server never sent a data message"
+
+
+def _ended_empty(e: Exception) -> bool:
+    """Whether e is pyarrow's report of a stream that ended cleanly with
+    nothing in it (and not of one the server ended with an error)."""
+    msg = str(e).strip()
+    return msg.startswith(_EMPTY_STREAM) and "Detail:" not in msg and "Flight returned" not in msg
 
 
 @dataclass(frozen=True)
@@ -187,7 +198,7 @@ class Client:
         try:
             self._reader = self._flight.do_get(flight.Ticket(json.dumps(ticket).encode()), self._options)
         except flight.FlightInternalError as e:
-            if _EMPTY_STREAM in str(e):
+            if _ended_empty(e):
                 return  # the stream ended without a batch: nothing left
             raise
         try:
