@@ -30,7 +30,8 @@ func newReportCmd(soft context.Context) *cobra.Command {
 s3://bucket/prefix) as sql does (read only, the same views) and writes one
 HTML file with charts: mean reward, pass rate and pass@k by policy version;
 staleness and advantage distributions; prompt and response tokens by
-version; filtered groups and dead letters by reason; rows committed over
+version; filtered groups and dead letters by reason (a trajectory several
+filters marked counts under each of its reasons); rows committed over
 commit time; reward by role when roles exist. Every figure is a named
 report of "rllm-pipe sql --report" (the same query).
 
