@@ -42,6 +42,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -457,22 +458,63 @@ func readManifest(p string) ([]schemas.ShardEntry, int64, error) {
 // parseManifest decodes the complete lines of data, which starts at byte
 // offset of the manifest, and returns how many bytes they take.
 func parseManifest(data []byte, offset int64) ([]schemas.ShardEntry, int64, error) {
+	end := bytes.LastIndexByte(data, '\n') + 1 // whole lines: a torn or unfinished last one waits
+	// A long manifest (a reader opening a run of many commits) is decoded
+	// in chunks of whole lines on every core.
+	n := min(runtime.GOMAXPROCS(0), 8, end/manifestChunk+1)
+	bounds := []int{0}
+	for k := 1; k < n; k++ {
+		at := max(end*k/n, bounds[len(bounds)-1])
+		j := bytes.IndexByte(data[at:end], '\n')
+		if j < 0 || at+j+1 >= end {
+			break
+		}
+		bounds = append(bounds, at+j+1)
+	}
+	bounds = append(bounds, end)
+	parts := make([][]schemas.ShardEntry, len(bounds)-1)
+	errs := make([]error, len(parts))
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() { parts[i], errs[i] = parseLines(data[bounds[i]:bounds[i+1]], offset+int64(bounds[i])) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, err := range errs {
+			if err != nil {
+				return nil, 0, err // the first by position
+			}
+		}
+	}
+	total := 0
+	for _, p := range parts {
+		total += len(p)
+	}
+	out := make([]schemas.ShardEntry, 0, total)
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out, int64(end), nil
+}
+
+// manifestChunk is the least manifest bytes decoded on a core of its own.
+const manifestChunk = 1 << 20
+
+// parseLines decodes whole manifest lines, the first at offset.
+func parseLines(data []byte, offset int64) ([]schemas.ShardEntry, error) {
 	var out []schemas.ShardEntry
-	var valid int64
+	var at int64
 	for len(data) > 0 {
 		i := bytes.IndexByte(data, '\n')
-		if i < 0 {
-			break // torn, or an append in progress: no newline yet
-		}
 		var e schemas.ShardEntry
 		if err := json.Unmarshal(data[:i], &e); err != nil {
-			return nil, 0, fmt.Errorf("local: manifest line at byte %d: %w", offset+valid, err)
+			return nil, fmt.Errorf("local: manifest line at byte %d: %w", offset+at, err)
 		}
 		out = append(out, e)
-		valid += int64(i + 1)
+		at += int64(i + 1)
 		data = data[i+1:]
 	}
-	return out, valid, nil
+	return out, nil
 }
 
 // ReadManifest returns the manifest entries under root: committed shards,
