@@ -1047,6 +1047,9 @@ func TestOutputFlagsRefusedInStore(t *testing.T) {
 		{"cpuprofile", []string{"consume", "--from", other, "--cpuprofile", manifest}},
 		{"ready-file", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--ready-file", manifest}},
 		{"download-dir", []string{"sql", "--from", st, "--download-dir", filepath.Join(st, "_manifest"), "SELECT 1"}},
+		{"out", []string{"report", "--from", st, "--out", manifest}},
+		{"out", []string{"report", "--from", other, "--out", filepath.Join(dir, "link", "shards.jsonl")}},
+		{"download-dir", []string{"report", "--from", st, "--download-dir", filepath.Join(st, "_dlq"), "--out", filepath.Join(dir, "r.html")}},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), c.args, io.Discard, &stderr)

@@ -60,7 +60,10 @@ func runReport(ctx context.Context, o reportOpts, cmd *cobra.Command) (err error
 	if o.out == "" {
 		return usageErrorf("--out is required")
 	}
-	db, err := openSQL(ctx, sqlOpts{from: o.from, downloadDir: o.downloadDir, conn: o.conn})
+	if err := checkOutputFiles(ctx, []string{o.from}, "out", o.out, "download-dir", o.downloadDir); err != nil {
+		return err
+	}
+	db, err := openSQL(ctx, sqlOpts{from: o.from, downloadDir: o.downloadDir, conn: o.conn, progress: cmd.ErrOrStderr()})
 	if err != nil {
 		return err
 	}

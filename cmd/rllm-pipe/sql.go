@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 
 	"github.com/spf13/cobra"
 
@@ -23,6 +24,9 @@ type sqlOpts struct {
 	downloadDir string
 	hostFiles   bool
 	conn        connFlags
+	// progress, when set (stderr), shows the download of S3 shards on a
+	// terminal.
+	progress io.Writer
 }
 
 func newSQLCmd(soft context.Context) *cobra.Command {
@@ -130,6 +134,7 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 	if err := checkOutputFiles(ctx, []string{o.from}, "download-dir", o.downloadDir); err != nil {
 		return err
 	}
+	o.progress = stderr
 	db, err := openSQL(ctx, o)
 	if err != nil {
 		return err
@@ -201,7 +206,32 @@ func openSQL(ctx context.Context, o sqlOpts) (*duckdb.DB, error) {
 		return nil, err
 	}
 	defer r.Close()
-	return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: o.downloadDir, AllowHostFiles: o.hostFiles})
+	opts := duckdb.Options{DownloadDir: o.downloadDir, AllowHostFiles: o.hostFiles}
+	if o.progress != nil {
+		var (
+			mu   sync.Mutex
+			bar  *progress
+			most int64
+		)
+		opts.Progress = func(done, total int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			if bar == nil {
+				if total == 0 {
+					return // nothing to download
+				}
+				bar = newProgress(o.progress, "download", total, true, false)
+			}
+			most = max(most, done) // shards land in any order
+			bar.update(most, total)
+		}
+		defer func() {
+			if bar != nil {
+				bar.finish()
+			}
+		}()
+	}
+	return duckdb.Open(ctx, r, opts)
 }
 
 // listViews prints the views with their columns, then the reports: a

@@ -642,6 +642,7 @@ func TestMoreNumericFlagsRefused(t *testing.T) {
 		{"partitions", []string{"produce", "--to", "kafka://127.0.0.1:1/t", "--partitions", "-4", in}},
 		{"memory-limit", []string{"ingest", "--from", in, "--to", st, "--memory-limit", "1B"}},
 		{"memory-limit", []string{"ingest", "--from", in, "--to", st, "--memory-limit", "9999999999GiB"}},
+		{"poll", []string{"ui", "--from", st, "--listen", "127.0.0.1:0", "--poll", "0s"}},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), c.args, io.Discard, &stderr)

@@ -120,6 +120,9 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	if o.from == "" {
 		return usageErrorf("--from is required")
 	}
+	if err := durationIn("poll", o.poll, 10*time.Millisecond, time.Hour); err != nil {
+		return err
+	}
 	tok, err := token("token-file", o.tokenFile, "RLLM_PIPE_UI_TOKEN")
 	if err != nil {
 		return err
