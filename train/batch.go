@@ -10,6 +10,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/train/merge"
 )
 
@@ -106,9 +107,9 @@ type former struct {
 }
 
 // MaxPolicyVersion is the largest policy version a trainer may report
-// (2^53, exact in a float64 as JSON clients hold numbers). Versions come
-// from clients and flags; CheckPolicyVersion keeps them in [0, 2^53].
-const MaxPolicyVersion = 1 << 53
+// (schemas.MaxPolicyVersion, 2^53). Versions come from clients and flags;
+// CheckPolicyVersion keeps them in [0, 2^53].
+const MaxPolicyVersion = schemas.MaxPolicyVersion
 
 // CheckPolicyVersion reports whether v is a policy version a trainer may
 // report: 0 ≤ v ≤ MaxPolicyVersion.

@@ -19,6 +19,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/output"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // gatewayOpts are the gateway's own flags; the in-process pipeline's come
@@ -245,8 +246,8 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 		intIn("kafka-partitions", o.kafkaPartitions, 1, 1<<14)); err != nil {
 		return c, err
 	}
-	if o.weightVersion < 0 {
-		return c, usageErrorf("--weight-version: %d, want >= 0", o.weightVersion)
+	if err := int64In("weight-version", o.weightVersion, 0, schemas.MaxPolicyVersion); err != nil {
+		return c, err
 	}
 	c.WeightVersion = o.weightVersion
 	c.WholePrompts = o.wholePrompts

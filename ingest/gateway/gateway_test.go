@@ -226,9 +226,10 @@ func TestWeightVersionMidSession(t *testing.T) {
 	if traj.raw["type"] != "trajectory" || traj.raw["num_steps"] != 2.0 || traj.raw["is_correct"] != true {
 		t.Fatalf("trajectory %s", mustJSON(traj.raw))
 	}
-	code, _ := e.do("POST", "/admin/weight_version", `{"weight_version":-1}`)
-	if code != 400 {
-		t.Fatalf("negative version: %d", code)
+	for _, v := range []string{"-1", "9007199254740993", "9223372036854775807"} {
+		if code, _ := e.do("POST", "/admin/weight_version", `{"weight_version":`+v+`}`); code != 400 {
+			t.Fatalf("version %s: %d, want 400", v, code)
+		}
 	}
 }
 

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // Handler returns the handler of every route (package doc).
@@ -457,8 +459,8 @@ func (s *Server) weightVersion(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		v, err := body.WeightVersion.Int64()
-		if err != nil || v < 0 {
-			writeError(w, http.StatusBadRequest, "weight_version must be an integer >= 0")
+		if err != nil || v < 0 || v > schemas.MaxPolicyVersion {
+			writeError(w, http.StatusBadRequest, "weight_version must be an integer in [0, 2^53]")
 			return
 		}
 		s.weight.Store(v)
