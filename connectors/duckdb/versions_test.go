@@ -155,3 +155,48 @@ func TestOpenRemoteProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestTrajectoriesDeterministicOnCollidingKeys: two shards holding the same
+// trajectory key with other values (two runs with overlapping ids in one
+// root) give the same answer every time: the values of the first shard.
+func TestTrajectoriesDeterministicOnCollidingKeys(t *testing.T) {
+	root := t.TempDir()
+	var entries []schemas.ShardEntry
+	for i, rel := range []string{"policy=0/b.parquet", "policy=0/a.parquet", "policy=0/c.parquet"} {
+		file := filepath.Join(root, filepath.FromSlash(rel))
+		writeStepFile(t, file, []string{"t1", "t2"})
+		// Give each file its own reward and task for the same keys.
+		db, err := sql.Open("duckdb", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmp := file + ".tmp.parquet"
+		q := fmt.Sprintf("COPY (SELECT * REPLACE (%d::DOUBLE AS reward, 'task-%d' AS task_id) FROM read_parquet(%s)) TO %s (FORMAT parquet)",
+			i+1, i, sqlString(file), sqlString(tmp))
+		if _, err := db.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		if err := os.Rename(tmp, file); err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, schemas.ShardEntry{Path: rel, Rows: 2, SchemaVersion: schemas.SchemaVersion, RunID: "w"})
+	}
+	writeManifest(t, root, entries)
+	for range 5 {
+		d, err := OpenLocal(context.Background(), root, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(queryStrings(t, d, "SELECT trajectory_id || ':' || task_id || ':' || reward || ':' || shard FROM trajectories ORDER BY trajectory_id"), " ")
+		g := strings.Join(queryStrings(t, d, "SELECT group_id || ':' || task_id || ':' || shard FROM groups ORDER BY group_id"), " ")
+		d.Close()
+		// a.parquet (reward 2, task-1) sorts first.
+		if want := "t1:task-1:2.0:policy=0/a.parquet t2:task-1:2.0:policy=0/a.parquet"; got != want {
+			t.Fatalf("trajectories: %s, want %s", got, want)
+		}
+		if want := "t1:task-1:policy=0/a.parquet t2:task-1:policy=0/a.parquet"; g != want {
+			t.Fatalf("groups: %s, want %s", g, want)
+		}
+	}
+}

@@ -385,38 +385,41 @@ func duckType(t arrow.DataType) (string, error) {
 
 // trajectoriesSQL folds the steps of a trajectory (as stored: it needs
 // their token counts, never the tokens). Trajectory and group
-// values are repeated on every step row, so any_value (which skips nulls)
-// reads them; advantage is the first step's (ingest broadcasts one value
-// per trajectory; token-level advantages stay in steps).
+// values are repeated on every step row, so arg_min(x, shard) (which
+// skips nulls) reads them: any row's value, and the first shard's when
+// two shards hold the same key (two runs with overlapping ids ingested
+// into one root), so every query gives the same answer; advantage is the
+// first step's (ingest broadcasts one value per trajectory; token-level
+// advantages stay in steps).
 const trajectoriesSQL = `CREATE OR REPLACE VIEW trajectories AS
 SELECT group_id, group_version, trajectory_id,
-  any_value(task_id) AS task_id,
-  any_value(role) AS role,
-  any_value(reward) AS reward,
-  any_value(num_steps) AS num_steps,
+  arg_min(task_id, shard) AS task_id,
+  arg_min(role, shard) AS role,
+  arg_min(reward, shard) AS reward,
+  arg_min(num_steps, shard) AS num_steps,
   count(*) AS steps,
   sum(prompt_tokens)::BIGINT AS prompt_tokens,
   sum(response_tokens)::BIGINT AS response_tokens,
   min(policy_version) AS min_policy_version,
   max(policy_version) AS max_policy_version,
-  any_value(is_correct) AS is_correct,
-  any_value(termination_reason) AS termination_reason,
+  arg_min(is_correct, shard) AS is_correct,
+  arg_min(termination_reason, shard) AS termination_reason,
   bool_or(partial) AS partial,
-  any_value(filter_reason) AS filter_reason,
+  arg_min(filter_reason, shard) AS filter_reason,
   arg_min(advantage, step_index) AS advantage,
-  any_value(estimator) AS estimator,
-  any_value(group_size) AS group_size,
-  any_value(expected_group_size) AS expected_group_size,
-  any_value(shard) AS shard,
-  coalesce(any_value(is_correct), any_value(reward) > 0) AS pass
+  arg_min(estimator, shard) AS estimator,
+  arg_min(group_size, shard) AS group_size,
+  arg_min(expected_group_size, shard) AS expected_group_size,
+  min(shard) AS shard,
+  coalesce(arg_min(is_correct, shard), arg_min(reward, shard) > 0) AS pass
 FROM stored_steps
 GROUP BY group_id, group_version, trajectory_id;
 `
 
 const groupsSQL = `CREATE OR REPLACE VIEW groups AS
 SELECT group_id, group_version,
-  any_value(task_id) AS task_id,
-  any_value(role) AS role,
+  arg_min(task_id, shard) AS task_id,
+  arg_min(role, shard) AS role,
   count(*) AS trajectories,
   sum(steps)::BIGINT AS steps,
   avg(reward) AS reward_mean,
@@ -425,9 +428,9 @@ SELECT group_id, group_version,
   max(reward) AS reward_max,
   count(*) FILTER (WHERE pass) AS passes,
   bool_or(partial) AS partial,
-  any_value(group_size) AS group_size,
-  any_value(expected_group_size) AS expected_group_size,
-  any_value(shard) AS shard
+  arg_min(group_size, shard) AS group_size,
+  arg_min(expected_group_size, shard) AS expected_group_size,
+  min(shard) AS shard
 FROM trajectories
 GROUP BY group_id, group_version;
 `
