@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/ipc"
+	"github.com/spf13/cobra"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/train"
+	"github.com/rllm-pipe/rllm-pipe/train/merge"
+)
+
+// consumeLine is one batch in consume's JSON-lines output.
+type consumeLine struct {
+	BatchID   uint64   `json:"batch_id"`
+	Groups    []string `json:"groups"`
+	Rows      int64    `json:"rows"`
+	Tokens    int64    `json:"tokens"`
+	Oversized bool     `json:"oversized"`
+	// With --layout trajectories: the merge's tallies.
+	Layout string       `json:"layout,omitempty"`
+	Merge  *merge.Stats `json:"merge,omitempty"`
+}
+
+func newConsumeCmd(soft context.Context) *cobra.Command {
+	var (
+		o          trainOpts
+		format     string
+		out        string
+		maxBatches int
+		noAck      bool
+		statsJSON  string
+	)
+	cmd := &cobra.Command{
+		Use:   "consume --from URL",
+		Short: "Print a consumer group's batches (JSON lines or an Arrow IPC stream) and acknowledge them",
+		Long: `consume is one member of --consumer-group for shell use: it prints each
+batch (--format jsonl: one summary line per batch; --format arrow: the
+batches as an Arrow IPC stream) and acknowledges it once written. Without
+--follow it stops when every committed shard is done.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if format != "jsonl" && format != "arrow" {
+				return usageErrorf("--format: jsonl or arrow")
+			}
+			if err := intIn("max-batches", maxBatches, 0, math.MaxInt32); err != nil {
+				return err
+			}
+			if _, err := o.config("x"); err != nil {
+				return err
+			}
+			if noAck {
+				// Peeking: nothing is acknowledged, so every batch stays in
+				// flight; the member must be allowed them all.
+				if maxBatches <= 0 {
+					return usageErrorf("--no-ack needs --max-batches")
+				}
+				o.maxInflight = max(o.maxInflight, maxBatches)
+			}
+			// Before anything is opened: --out is truncated when created.
+			if err := checkOutputFiles(cmd.Context(), []string{o.from}, "out", out, "stats-json", statsJSON, "cpuprofile", o.cpuProfile); err != nil {
+				return err
+			}
+			if o.name == "" {
+				o.name = defaultMemberName()
+			}
+			if err := train.CheckName("--name", o.name); err != nil {
+				return usageErrorf("%v", err)
+			}
+			stopProfile, err := startCPUProfile(o.cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, stopProfile()) }()
+			// An unreachable store is not waited for past a first signal.
+			st, err := o.openShards(store.WithRetryStop(cmd.Context(), soft.Done()))
+			if err != nil {
+				return err
+			}
+			c, err := o.join(store.WithRetryStop(cmd.Context(), soft.Done()), st, o.name, nil)
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			if out != "" && out != "-" {
+				f, err := os.Create(out)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				w = f
+			}
+			runErr := consumeLoop(soft, c, w, format, maxBatches, !noAck)
+			// Leaving releases the member's shards: retried while the store
+			// is out, but not past a signal.
+			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			closeErr := c.Close(store.WithRetryStop(cctx, soft.Done()))
+			stats := c.Stats()
+			fmt.Fprintf(cmd.ErrOrStderr(), "consume: %d batches, %d groups acknowledged, %d lost, %d stale and %d empty skipped, %d filtered rows, %d oversized, %d shards taken over\n",
+				stats.Batches, stats.GroupsAcked, stats.GroupsLost, stats.SkippedStale, stats.SkippedEmpty, stats.SkippedFiltered, stats.Oversized, stats.Takeovers)
+			if statsJSON != "" {
+				data, _ := json.MarshalIndent(stats, "", "  ")
+				if err := os.WriteFile(statsJSON, append(data, '\n'), 0o644); err != nil {
+					return err
+				}
+			}
+			if errors.Is(runErr, context.Canceled) && soft.Err() != nil {
+				runErr = nil // stopped by a signal: a clean stop
+			}
+			return errors.Join(runErr, closeErr)
+		},
+	}
+	f := cmd.Flags()
+	o.register(f, false)
+	f.StringVar(&o.name, "name", "", "this member's stable name in the group (default host-pid); a restart under the same name resumes its shards at once")
+	f.StringVar(&format, "format", "jsonl", "output: jsonl (a line per batch) or arrow (Arrow IPC stream)")
+	f.StringVar(&out, "out", "-", "write to this file instead of stdout")
+	f.IntVar(&maxBatches, "max-batches", 0, "stop after this many batches (0: no limit)")
+	f.BoolVar(&noAck, "no-ack", false, "do not acknowledge (peek; with --max-batches)")
+	f.StringVar(&statsJSON, "stats-json", "", "write the member's tallies as JSON to this file at the end")
+	return cmd
+}
+
+// consumeLoop writes batches to w and acknowledges each once written and
+// flushed.
+func consumeLoop(ctx context.Context, c *train.Consumer, w io.Writer, format string, maxBatches int, ack bool) error {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	var iw *ipc.Writer
+	defer func() {
+		if iw != nil {
+			iw.Close()
+		}
+		bw.Flush()
+	}()
+	enc := json.NewEncoder(bw)
+	for n := 0; maxBatches == 0 || n < maxBatches; n++ {
+		d, err := c.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		line := consumeLine{BatchID: d.ID, Groups: d.Groups, Rows: d.Record.NumRows(), Tokens: d.Tokens, Oversized: d.Oversized, Merge: d.Merge}
+		if d.Merge != nil {
+			line.Layout = "trajectories"
+		}
+		if format == "arrow" {
+			if iw == nil {
+				iw = ipc.NewWriter(bw, ipc.WithSchema(d.Record.Schema()))
+			}
+			err = iw.Write(d.Record)
+		} else {
+			err = enc.Encode(line)
+		}
+		d.Record.Release()
+		if err == nil {
+			err = bw.Flush()
+		}
+		if err != nil {
+			return err
+		}
+		if !ack {
+			continue
+		}
+		// Written and flushed before it is acknowledged: a crash between the
+		// two delivers the batch again, never loses it.
+		if _, err := c.Ack(ctx, d.ID); err != nil {
+			if !errors.Is(err, train.ErrLeaseLost) {
+				return err
+			}
+			slog.Warn("consume: acknowledgement refused; the batch goes to another member", "batch_id", d.ID, "err", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/train"
+	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
+)
+
+// serveGroup joins members for the Flight server.
+type serveGroup struct {
+	o  *trainOpts
+	st store.Reader
+}
+
+func (g serveGroup) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {
+	return g.o.join(ctx, g.st, name, pv)
+}
+
+// serveOpts are serve's own flags: security and limits of the endpoint.
+type serveOpts struct {
+	listen, ready                 string
+	tokenFile, adminFile          string
+	tlsCert, tlsKey               string
+	maxStreams, maxStreamsPerConn int
+	maxStreamsPerHost             int
+	maxStreamBytes                string
+	sendTimeout                   time.Duration
+	ackTimeout                    time.Duration
+	shutdownGrace                 time.Duration
+}
+
+func (o *serveOpts) register(f *pflag.FlagSet) {
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8815", "address to serve Arrow Flight on (host:port; port 0 picks one); beyond loopback only with a token")
+	f.StringVar(&o.ready, "ready-file", "", "write the bound address to this file once listening")
+	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token every client must send (default: $RLLM_PIPE_TOKEN; none: loopback only)")
+	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the admin token, also the only one that reads other members' stats (default: $RLLM_PIPE_ADMIN_TOKEN)")
+	f.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this PEM certificate (with --tls-key)")
+	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	f.IntVar(&o.maxStreams, "max-streams", 64, "streams (members) served at once; more are refused")
+	f.IntVar(&o.maxStreamsPerConn, "max-streams-per-conn", 4, "streams one client connection may hold at once (a consumer name streams once at a time)")
+	f.IntVar(&o.maxStreamsPerHost, "max-streams-per-host", 16, "streams the connections of one client host (IP address) may hold at once; when the server or a host is full, a new stream evicts one that has acknowledged nothing for --send-timeout")
+	f.StringVar(&o.maxStreamBytes, "max-stream-bytes", "256MiB", "bytes of batches a stream may have unacknowledged before it waits")
+	f.DurationVar(&o.sendTimeout, "send-timeout", 30*time.Second, "drop a stream whose client does not take a batch within this")
+	f.DurationVar(&o.ackTimeout, "ack-timeout", 5*time.Minute, "drop a stream with batches in flight and no acknowledgement for this long (0: never)")
+	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "on the first signal, close connections still open after this (a second signal: at once)")
+}
+
+// minTokenLen is the shortest token serve accepts beyond loopback.
+const minTokenLen = 16
+
+// token is the token in file, or else in the environment variable env;
+// "" when neither is set. Tokens never come from a flag value (visible in
+// ps) and are never printed.
+func token(flag, file, env string) (string, error) {
+	if file == "" {
+		return strings.TrimSpace(os.Getenv(env)), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", usageErrorf("--%s: %v", flag, err)
+	}
+	tok := strings.TrimSpace(string(data))
+	if tok == "" {
+		return "", usageErrorf("--%s: %s is empty", flag, file)
+	}
+	return tok, nil
+}
+
+// options are the Flight server's options from the flags.
+func (o *serveOpts) options() (trainflight.Options, error) {
+	var opts trainflight.Options
+	var err error
+	if opts.Token, err = token("token-file", o.tokenFile, "RLLM_PIPE_TOKEN"); err != nil {
+		return opts, err
+	}
+	if opts.AdminToken, err = token("admin-token-file", o.adminFile, "RLLM_PIPE_ADMIN_TOKEN"); err != nil {
+		return opts, err
+	}
+	// Beyond loopback a token is all that guards the data: a short one
+	// is guessed.
+	if host, _, _ := net.SplitHostPort(o.listen); host != "localhost" && !loopbackAddr(o.listen) {
+		for _, t := range []struct{ flag, env, tok string }{{"token-file", "RLLM_PIPE_TOKEN", opts.Token}, {"admin-token-file", "RLLM_PIPE_ADMIN_TOKEN", opts.AdminToken}} {
+			if t.tok != "" && len(t.tok) < minTokenLen {
+				return opts, usageErrorf("--%s (or $%s): a token of %d bytes to listen beyond loopback (%s); want at least %d", t.flag, t.env, len(t.tok), o.listen, minTokenLen)
+			}
+		}
+	}
+	switch {
+	case (o.tlsCert == "") != (o.tlsKey == ""):
+		return opts, usageErrorf("--tls-cert and --tls-key go together")
+	case o.tlsCert != "":
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return opts, usageErrorf("--tls-cert/--tls-key: %v", err)
+		}
+		opts.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	if o.maxStreams < 1 || o.maxStreams > 1<<16 {
+		return opts, usageErrorf("--max-streams: %d out of range [1, 65536]", o.maxStreams)
+	}
+	if o.maxStreamsPerConn < 1 || o.maxStreamsPerConn > o.maxStreams {
+		return opts, usageErrorf("--max-streams-per-conn: %d out of range [1, --max-streams]", o.maxStreamsPerConn)
+	}
+	if err := intIn("max-streams-per-host", o.maxStreamsPerHost, 1, 1<<16); err != nil {
+		return opts, err
+	}
+	opts.MaxStreams, opts.MaxStreamsPerConn, opts.MaxStreamsPerHost = o.maxStreams, o.maxStreamsPerConn, o.maxStreamsPerHost
+	if opts.MaxStreamBytes, err = parseBytes(o.maxStreamBytes); err != nil {
+		return opts, usageErrorf("--max-stream-bytes: %v", err)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		zero bool
+	}{{"send-timeout", o.sendTimeout, false}, {"ack-timeout", o.ackTimeout, true}, {"shutdown-grace", o.shutdownGrace, false}} {
+		if d.v < 0 || (d.v == 0 && !d.zero) {
+			return opts, usageErrorf("--%s: %v, want a positive duration", d.name, d.v)
+		}
+	}
+	opts.SendTimeout, opts.AckTimeout, opts.ShutdownGrace = o.sendTimeout, o.ackTimeout, o.shutdownGrace
+	if opts.AckTimeout == 0 {
+		opts.AckTimeout = -1 // never
+	}
+	return opts, nil
+}
+
+func newServeCmd(soft context.Context) *cobra.Command {
+	var (
+		o  trainOpts
+		so serveOpts
+	)
+	cmd := &cobra.Command{
+		Use:   "serve --from URL",
+		Short: "Stream token-budget batches of a consumer group to trainers over Arrow Flight, taking acknowledgements",
+		Long: `serve is the trainer-facing endpoint: every DoGet stream is a member of
+--consumer-group, receiving whole groups in batches of at most --max-tokens,
+skipping groups staler than --max-staleness; trainers acknowledge batches
+and report their policy version through Flight actions (ack,
+set_policy_version, stats), each for their own stream only. Several serve
+processes, or several streams of one, share the shards without overlap;
+the group's position lives in the store, so a restart resumes after the
+last acknowledgement. The Python client is train/python (package rllm_pipe).
+
+Security: with a token (--token-file or $RLLM_PIPE_TOKEN) every call must
+carry "authorization: Bearer TOKEN"; without one serve listens on loopback
+only. --tls-cert/--tls-key serve TLS. Streams are bounded (--max-streams,
+--max-stream-bytes) and a client that stops reading or acknowledging is
+dropped (--send-timeout, --ack-timeout), its batches going back to the
+group. The first signal ends every stream and closes connections still
+open after --shutdown-grace; a second closes them at once.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			if _, err := o.config("x"); err != nil {
+				return err
+			}
+			opts, err := so.options()
+			if err != nil {
+				return err
+			}
+			if err := checkOutputFiles(cmd.Context(), []string{o.from}, "ready-file", so.ready, "cpuprofile", o.cpuProfile); err != nil {
+				return err
+			}
+			stopProfile, err := startCPUProfile(o.cpuProfile)
+			if err != nil {
+				return err
+			}
+			defer func() { err = errors.Join(err, stopProfile()) }()
+			// An unreachable store is not waited for past a first signal.
+			st, err := o.openShards(store.WithRetryStop(cmd.Context(), soft.Done()))
+			if err != nil {
+				return err
+			}
+			srv := trainflight.NewServer(serveGroup{o: &o, st: st}, opts)
+			// The command's context ends at the second signal: abort.
+			stop := context.AfterFunc(cmd.Context(), srv.Abort)
+			defer stop()
+			err = trainflight.Serve(soft, so.listen, srv, func(addr string) {
+				slog.Info("serve: listening", "addr", addr, "from", o.from, "consumer_group", o.group,
+					"auth", opts.Token != "" || opts.AdminToken != "", "tls", opts.TLS != nil)
+				if opts.TLS == nil && (opts.Token != "" || opts.AdminToken != "") && !loopbackAddr(addr) {
+					slog.Warn("serve: tokens cross the network in clear text without --tls-cert")
+				}
+				if so.ready != "" {
+					_ = os.WriteFile(so.ready, []byte(addr+"\n"), 0o644)
+				}
+			})
+			if errors.Is(err, trainflight.ErrNeedToken) {
+				return usageErrorf("--listen %s is beyond loopback: serve refuses it without a token (--token-file or RLLM_PIPE_TOKEN), or listen on 127.0.0.1", so.listen)
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	o.register(f, true)
+	so.register(f)
+	return cmd
+}
+
+// loopbackAddr reports whether host:port is on a loopback address.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
