@@ -352,9 +352,6 @@ func (d *Decoder) value(f field) error {
 		case fStepIndex:
 			d.step.StepIndex = v
 		case fPolicyVersion:
-			if v > schemas.MaxPolicyVersion {
-				return d.reject(f, start, schemas.ReasonInvalidValue, "policy_version is %d, above 2^53", v)
-			}
 			d.step.PolicyVersion = v
 		case fNumSteps:
 			d.traj.NumSteps = v

@@ -77,7 +77,7 @@ input skips groups already committed.`,
 	f.IntVar(&o.minGroupSize, "min-group-size", 2, "least complete trajectories to emit a group partial at timeout or end of input")
 	f.DurationVar(&o.groupTimeout, "group-timeout", 10*time.Minute, "close a group this long after its first record (0: never)")
 	f.IntVar(&o.maxOpenGroups, "max-open-groups", 65536, "groups held in memory at most; one more closes the oldest")
-	f.IntVar(&o.maxPartitions, "max-partitions", sink.DefaultMaxPartitions, "policy versions written to shards of their own at once, at most 4 x --encoders (the shards open at once); beyond it a version shares the shard of the nearest version below (a burst of versions makes a few shards, not one each)")
+	f.IntVar(&o.maxPartitions, "max-partitions", sink.DefaultMaxPartitions, "policy versions written to shards of their own at once (each keeps a shard open); beyond it a version shares the shard of the nearest version below (a burst of versions makes a few shards, not one each)")
 	f.StringVar(&o.shardSize, "shard-size", "256MiB", "cut a shard at about this size")
 	f.DurationVar(&o.flushInterval, "flush-interval", 30*time.Second, "commit a shard at most this long after its first row")
 	f.StringVar(&o.estimator, "estimator", "grpo", "advantage estimator: "+strings.Join(advantage.Names(), ", "))

@@ -61,15 +61,15 @@ type Config struct {
 	// small. Default 30 s.
 	FlushInterval time.Duration
 	// MaxOpenShards bounds the shards open at once; opening one more
-	// commits the oldest. Default 4 × Lanes.
+	// commits the oldest. Default 4 × Lanes, and at least MaxPartitions.
 	MaxOpenShards int
 	// MaxPartitions bounds the partitions (policy versions) open at once:
 	// beyond it, a batch of a version not open joins the open partition
 	// of the nearest version below its own (else the lowest open one), so
 	// that a burst of versions makes a few shards, not one per version.
 	// A shard then holds several versions; its entry's PolicyVersion is
-	// the smallest. Default DefaultMaxPartitions; always at most
-	// MaxOpenShards (4 × Lanes by default: 8 on two cores).
+	// the smallest. Default DefaultMaxPartitions; MaxOpenShards is raised
+	// to it when lower, so that every partition can have a shard open.
 	MaxPartitions int
 	// Lanes is the number of shards open at once for one partition, each
 	// encoded on its own goroutine; batches take them in turn. The lanes
@@ -227,10 +227,12 @@ func New(store Store, cfg Config) *Sink {
 	if cfg.MaxPartitions <= 0 {
 		cfg.MaxPartitions = DefaultMaxPartitions
 	}
-	// Beyond MaxOpenShards partitions, opening one commits another (the
-	// oldest), so more partitions than that are never open at once and a
-	// version beyond them would never share one: a shard per version.
-	cfg.MaxPartitions = min(cfg.MaxPartitions, cfg.MaxOpenShards)
+	// Room for a shard of every partition: with fewer open shards than
+	// partitions, opening one commits another (the oldest), so the
+	// partitions are never all open at once and a version beyond them
+	// would never share one (a shard per version). A partition's further
+	// lanes share the rest.
+	cfg.MaxOpenShards = max(cfg.MaxOpenShards, cfg.MaxPartitions)
 	if cfg.RunID == "" {
 		cfg.RunID = "run"
 	}

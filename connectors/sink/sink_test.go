@@ -521,7 +521,7 @@ func TestSinkBurstWithLanesAndDefaults(t *testing.T) {
 	if err := sk.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(committed(t, st)); n > 8 {
-		t.Fatalf("%d shards for 3,000 versions, want at most 8 (MaxOpenShards)", n)
+	if n := len(committed(t, st)); n > sink.DefaultMaxPartitions {
+		t.Fatalf("%d shards for 3,000 versions, want at most %d (a shard per partition)", n, sink.DefaultMaxPartitions)
 	}
 }
