@@ -107,6 +107,10 @@ type Config struct {
 	// RetryFor bounds how long one operation is retried through an
 	// outage before it fails (0: DefaultRetryFor).
 	RetryFor time.Duration
+	// Transport carries the client's HTTP requests (nil: minio-go's
+	// default), e.g. through a proxy; a test can stop the process at a
+	// chosen request with it.
+	Transport http.RoundTripper
 }
 
 // DefaultRetryFor is how long an operation is retried through an outage
@@ -221,7 +225,7 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	// TrailingHeaders: an upload carries a CRC32C of its body in a trailer
 	// (see putIfAbsent).
 	cli, err := minio.New(ep.Host, &minio.Options{Creds: creds, Secure: ep.Scheme == "https", Region: cfg.Region, BucketLookup: minio.BucketLookupPath, MaxRetries: 1,
-		TrailingHeaders: true})
+		TrailingHeaders: true, Transport: cfg.Transport})
 	if err != nil {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
