@@ -147,6 +147,9 @@ func (d *DeadLetterFile) flush() error {
 	if d.f == nil {
 		return nil
 	}
+	if d.w.Buffered() > 0 {
+		step("write dead letters")
+	}
 	if err := d.w.Flush(); err != nil {
 		return fmt.Errorf("flush dead letters: %w", err)
 	}

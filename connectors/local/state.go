@@ -28,10 +28,12 @@ import (
 // the registration of the oldest dead writer not yet cleaned up, removes
 // their orphans, and records them as cleaned.
 
-const (
-	StateFile  = "state.json"
-	stateEvery = 4096
-)
+// StateFile is the writer state's name in _manifest.
+const StateFile = "state.json"
+
+// stateEvery is how many appends separate two writes of the state (a
+// variable for tests).
+var stateEvery = 4096
 
 // writerState is state.json.
 type writerState struct {
@@ -70,9 +72,11 @@ func (s *Store) writeState() error {
 	}
 	dir := filepath.Join(s.root, ManifestDir)
 	tmp := filepath.Join(dir, StateFile+".tmp")
+	step("write state")
 	if err := writeSynced(tmp, data); err != nil {
 		return fmt.Errorf("local: write writer state: %w", err)
 	}
+	step("replace state")
 	if err := os.Rename(tmp, filepath.Join(dir, StateFile)); err != nil {
 		return fmt.Errorf("local: write writer state: %w", err)
 	}
@@ -149,6 +153,7 @@ func (s *Store) appendWriters(lines ...writerLine) error {
 	if err != nil {
 		return fmt.Errorf("local: writers: %w", err)
 	}
+	step("append writers")
 	_, err = f.Write(buf.Bytes())
 	if err == nil {
 		err = f.Sync()

@@ -298,6 +298,7 @@ func (s *Store) append(e schemas.ShardEntry) error {
 	if err != nil {
 		return fmt.Errorf("local: encode manifest entry: %w", err)
 	}
+	step("append manifest")
 	_, err = s.man.Write(append(line, '\n'))
 	if err == nil {
 		err = s.man.Sync()
@@ -338,6 +339,7 @@ func (s *Store) clearTemporary() error {
 		if !de.Type().IsRegular() || !tmpName.MatchString(de.Name()) {
 			continue
 		}
+		step("remove temporary")
 		if err := os.Remove(filepath.Join(dir, de.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("local: remove stale %s: %w", de.Name(), err)
 		}
@@ -373,6 +375,7 @@ func (s *Store) removeOrphans(doomed func(writer string) bool) error {
 			if !orphan {
 				continue
 			}
+			step("remove orphan")
 			if err := os.Remove(filepath.Join(s.root, filepath.FromSlash(rel))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("local: remove unlisted shard %s: %w", rel, err)
 			}
@@ -419,6 +422,7 @@ func (s *Store) cutDeadLetters() error {
 			continue
 		}
 		p := filepath.Join(dir, de.Name())
+		step("cut dead letters")
 		if keep == 0 {
 			err = os.Remove(p)
 		} else {
@@ -600,6 +604,7 @@ func (p *pending) Commit(ctx context.Context, e schemas.ShardEntry) error {
 			return fail(err)
 		}
 	}
+	step("publish shard")
 	if err := os.Rename(p.tmp, final); err != nil {
 		return fail(fmt.Errorf("local: publish shard %s: %w", p.rel, err))
 	}
@@ -621,6 +626,16 @@ func (p *pending) Abort() error {
 		return fmt.Errorf("local: remove temporary shard: %w", err)
 	}
 	return nil
+}
+
+// crashPoint, set only by tests, runs before each step that changes the
+// root, by name: a test kills the process there (kill_test.go).
+var crashPoint func(name string)
+
+func step(name string) {
+	if crashPoint != nil {
+		crashPoint(name)
+	}
 }
 
 func syncDir(dir string) error {
