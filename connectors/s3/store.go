@@ -595,9 +595,19 @@ func (s *Store) isOurs(seq int64, nonce string) bool {
 // claim older than a stream's latest is refused with ErrFenced. It then
 // removes the orphans of writers that hold no claim any more.
 //
-// A claim of no stream (stdin) only names the writer in the log: from then
-// on the objects named after it are the store's to remove.
+// A claim of no stream (stdin, a gateway before its first segment, a Kafka
+// worker given no partition) claims the writer's own stream
+// (store.WriterStream), which nobody else claims: the writer names itself
+// in the log, so that the objects named after it are the store's, and it
+// holds a claim while it runs, so that no other writer takes an upload
+// whose entry is about to be appended for an orphan. Its first claim of
+// real streams gives its own stream up; a writer that only ever claimed
+// its own stream and died leaves its orphans (nothing lists them: they
+// are not data) for its own run id, which is never reused.
 func (s *Store) Claim(ctx context.Context, streams []string, generation int64) error {
+	if len(streams) == 0 {
+		streams = []string{store.WriterStream(s.writer)}
+	}
 	if err := s.Append(ctx, schemas.ShardEntry{Claims: streams, Generation: generation, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}); err != nil {
 		return err
 	}

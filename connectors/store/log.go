@@ -61,6 +61,9 @@ func (l *Log) Apply(e schemas.ShardEntry) {
 	for _, c := range e.Claims {
 		l.claims[c] = claim{e.Writer, e.Generation}
 	}
+	if own := WriterStream(e.Writer); len(e.Claims) > 0 && e.Claims[0] != own {
+		delete(l.claims, own) // real streams now: it holds a claim while it holds those
+	}
 	l.settled.Union(e.Settled)
 	if e.Path != "" {
 		l.listed[e.Path] = true
@@ -118,6 +121,11 @@ func (l *Log) Listed(rel string) bool { return l.listed[rel] }
 // Known reports whether writer appended an entry (it is a writer of this
 // store, so the objects named after it are the store's).
 func (l *Log) Known(writer string) bool { return l.writers[writer] }
+
+// WriterStream is the stream a writer claims when it claims no input
+// stream (s3.Store.Claim): its own, which no other writer claims. It
+// settles no position.
+func WriterStream(writer string) string { return "_writer/" + writer }
 
 // Holders returns the writers that hold a claim.
 func (l *Log) Holders() map[string]bool {
