@@ -67,6 +67,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path"
 	"sort"
 	"strconv"
 	"strings"
@@ -186,11 +187,18 @@ type Store struct {
 	// segments only when it needs a listed path (store.RestoreHead).
 	lazy bool
 
-	mu     sync.Mutex
-	log    *store.Log
-	next   int64        // the next sequence number to try
-	dlqSeq atomic.Int64 // numbers this writer's dead-letter objects
-	dl     *DeadLetters
+	mu   sync.Mutex
+	log  *store.Log
+	next int64 // the next sequence number to try
+	// cleaned holds the writers whose orphans RemoveOrphans removed, with
+	// the log's next entry then: a writer that appended nothing since is
+	// not looked for again (forgotten when the log is reloaded).
+	cleaned map[string]int64
+	// touched holds the partition folders this writer created shards in
+	// since its last sweep: where its own orphans can be.
+	touched map[string]bool
+	dlqSeq  atomic.Int64 // numbers this writer's dead-letter objects
+	dl      *DeadLetters
 }
 
 var _ store.Store = (*Store)(nil)
@@ -229,7 +237,8 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	if err != nil {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
-	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery), lazy: create}
+	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery), lazy: create,
+		cleaned: map[string]int64{}, touched: map[string]bool{}}
 	if s.snapEvery <= 0 {
 		s.snapEvery = SnapshotEvery
 	}
@@ -316,6 +325,7 @@ func (s *Store) reload(ctx context.Context) error {
 		return fmt.Errorf("s3: manifest entry %d is missing below the newest snapshot (before %d)", s.next, next)
 	}
 	s.log, s.next = l, next
+	clear(s.cleaned) // the entries skipped may show activity
 	return nil
 }
 
@@ -665,30 +675,86 @@ func (s *Store) Refresh(ctx context.Context) error { return s.refresh(ctx) }
 
 // RemoveOrphans deletes shard and dead-letter objects that no entry lists
 // and whose writer holds no claim (it is dead or fenced everywhere). It
-// returns the keys removed.
+// returns the keys removed. It lists the objects under the prefix only
+// when there is a writer to look for: one that holds no claim and that
+// this store has not cleaned up since its latest entry.
 func (s *Store) RemoveOrphans(ctx context.Context) ([]string, error) {
-	return s.removeUnlisted(ctx, func(w string, live map[string]bool) bool { return w != "" && !live[w] })
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	live := s.log.Holders()
+	live[s.writer] = true
+	doomed := map[string]bool{}
+	for _, w := range s.log.Writers() {
+		if live[w] {
+			continue
+		}
+		if at, ok := s.cleaned[w]; ok {
+			if latest, seen := s.log.Latest(w); !seen || latest < at {
+				continue
+			}
+		}
+		doomed[w] = true
+	}
+	end := s.next
+	s.mu.Unlock()
+	if len(doomed) == 0 {
+		return nil, nil
+	}
+	removed, err := s.removeUnlisted(ctx, []string{s.key("")}, func(w string, live map[string]bool) bool { return doomed[w] && !live[w] })
+	if err == nil {
+		s.mu.Lock()
+		for w := range doomed {
+			s.cleaned[w] = end
+		}
+		s.mu.Unlock()
+	}
+	return removed, err
 }
 
 // RemoveOwnOrphans deletes this writer's objects that no entry lists: call
 // it when none of its commits is in flight (a generation ended, the run
-// ends), so that a glob over the prefix never sees them.
+// ends), so that a glob over the prefix never sees them. It lists only
+// where they can be: this writer's names in the partitions it created
+// shards in since its last sweep, and among the dead letters.
 func (s *Store) RemoveOwnOrphans(ctx context.Context) ([]string, error) {
-	return s.removeUnlisted(ctx, func(w string, _ map[string]bool) bool { return w == s.writer })
+	s.mu.Lock()
+	parts := make([]string, 0, len(s.touched))
+	for p := range s.touched {
+		parts = append(parts, p)
+	}
+	s.mu.Unlock()
+	sort.Strings(parts)
+	prefixes := []string{s.key(store.DeadLetterDir + "/" + s.writer + "-")}
+	for _, p := range parts {
+		prefixes = append(prefixes, s.key(strings.TrimPrefix(p+"/", "./")+"part-"+s.writer+"-"))
+	}
+	removed, err := s.removeUnlisted(ctx, prefixes, func(w string, _ map[string]bool) bool { return w == s.writer })
+	if err == nil {
+		s.mu.Lock()
+		for _, p := range parts {
+			delete(s.touched, p)
+		}
+		s.mu.Unlock()
+	}
+	return removed, err
 }
 
-// removeUnlisted lists the objects first and reads the log after, so that
-// an object committed between the two is seen as listed: a writer claims
-// before it uploads and uploads before it appends.
-func (s *Store) removeUnlisted(ctx context.Context, doomed func(writer string, live map[string]bool) bool) ([]string, error) {
+// removeUnlisted lists the objects under prefixes first and reads the log
+// after, so that an object committed between the two is seen as listed:
+// a writer claims before it uploads and uploads before it appends.
+func (s *Store) removeUnlisted(ctx context.Context, prefixes []string, doomed func(writer string, live map[string]bool) bool) ([]string, error) {
 	var objs []minio.ObjectInfo
 	err := s.cfg.retry(ctx, func(int) error {
 		objs = objs[:0]
-		for obj := range s.cli.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: s.key(""), Recursive: true}) {
-			if obj.Err != nil {
-				return obj.Err
+		for _, prefix := range prefixes {
+			for obj := range s.cli.ListObjects(ctx, s.cfg.Bucket, minio.ListObjectsOptions{Prefix: prefix, Recursive: true}) {
+				if obj.Err != nil {
+					return obj.Err
+				}
+				objs = append(objs, obj)
 			}
-			objs = append(objs, obj)
 		}
 		return nil
 	})
@@ -768,6 +834,9 @@ func (s *Store) Create(ctx context.Context, rel string) (store.Pending, error) {
 	if err != nil {
 		return nil, fmt.Errorf("s3: temporary shard: %w", err)
 	}
+	s.mu.Lock()
+	s.touched[path.Dir(rel)] = true
+	s.mu.Unlock()
 	return &Pending{s: s, rel: rel, f: f}, nil
 }
 

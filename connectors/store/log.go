@@ -36,6 +36,9 @@ type Log struct {
 	settled  schemas.Settled
 	listed   map[string]bool // shard paths and dead-letter files listed
 	writers  map[string]bool // writers and runs that appended an entry
+	// latest is the sequence number of each writer's latest entry among
+	// those applied (not the ones a snapshot folded in).
+	latest map[string]int64
 }
 
 // claim is who last claimed a stream, in which Kafka generation.
@@ -46,7 +49,7 @@ type claim struct {
 
 // NewLog returns an empty log.
 func NewLog() *Log {
-	return &Log{claims: map[string]claim{}, settled: schemas.Settled{}, listed: map[string]bool{}, writers: map[string]bool{}}
+	return &Log{claims: map[string]claim{}, settled: schemas.Settled{}, listed: map[string]bool{}, writers: map[string]bool{}, latest: map[string]int64{}}
 }
 
 // Apply replays e, the next entry.
@@ -73,6 +76,7 @@ func (l *Log) Apply(e schemas.ShardEntry) {
 	}
 	if e.Writer != "" {
 		l.writers[e.Writer] = true
+		l.latest[e.Writer] = max(l.latest[e.Writer], e.Seq)
 	}
 	if e.RunID != "" {
 		l.writers[e.RunID] = true
@@ -121,6 +125,23 @@ func (l *Log) Listed(rel string) bool { return l.listed[rel] }
 // Known reports whether writer appended an entry (it is a writer of this
 // store, so the objects named after it are the store's).
 func (l *Log) Known(writer string) bool { return l.writers[writer] }
+
+// Writers returns the writers and runs that appended an entry.
+func (l *Log) Writers() []string {
+	out := make([]string, 0, len(l.writers))
+	for w := range l.writers {
+		out = append(out, w)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Latest returns the sequence number of writer's latest entry applied to
+// this log (snapshots fold entries in without it); false if none was.
+func (l *Log) Latest(writer string) (int64, bool) {
+	seq, ok := l.latest[writer]
+	return seq, ok
+}
 
 // WriterStream is the stream a writer claims when it claims no input
 // stream (s3.Store.Claim): its own, which no other writer claims. It
