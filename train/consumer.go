@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -119,10 +120,14 @@ type Consumer struct {
 	replay *replayState
 
 	// Next's own state (one goroutine).
-	form     *former
-	cur      *shardReader
-	curDone  map[int32]bool // groups of cur settled before it was leased
+	form    *former
+	cur     *shardReader
+	curDone map[int32]bool // groups of cur settled before it was leased
+	// entries are the manifest's shards from the base-th on: from the
+	// group's low watermark when the member started (Shards that can
+	// follow; else from the first), less those dropped behind it since.
 	entries  []schemas.ShardEntry
+	base     int64
 	lastPoll time.Time
 	// first is the index in entries before which every shard is done: a
 	// lease scans from it, so consuming N shards costs O(N), not O(N²).
@@ -203,6 +208,11 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	if err := c.loadReplay(ctx, obj); err != nil {
 		return nil, err
 	}
+	coord.view(func(st *groupState) {
+		if st.Low > 0 {
+			c.sawVersion(st.LowVersion)
+		}
+	})
 	go c.renew()
 	return c, nil
 }
@@ -538,15 +548,24 @@ type follower interface {
 }
 
 // follow re-reads the manifest: only its new entries when the shards can
-// say which (a poll stays flat in the length of the run), else all.
+// say which (a poll stays flat in the length of the run; the first one
+// starts at the group's low watermark), else all.
 func (c *Consumer) follow(ctx context.Context) error {
 	var more []schemas.ShardEntry
 	if f, ok := c.shards.(follower); ok {
+		if c.entries == nil {
+			if err := c.followFromLow(ctx, f); err != nil {
+				return err
+			}
+		}
 		var err error
-		if more, err = f.CommittedFrom(ctx, len(c.entries)); err != nil {
+		if more, err = f.CommittedFrom(ctx, int(c.base)+len(c.entries)); err != nil {
 			return err
 		}
 		c.entries = append(c.entries, more...)
+		if c.entries == nil {
+			c.entries = []schemas.ShardEntry{} // read, and empty
+		}
 	} else {
 		entries, err := c.shards.Committed(ctx)
 		if err != nil {
@@ -562,6 +581,76 @@ func (c *Consumer) follow(ctx context.Context) error {
 		c.sawVersion(e.PolicyVersion)
 	}
 	return nil
+}
+
+// followFromLow starts a follower's manifest at the group's low
+// watermark, checking that the manifest's shard before it is the one the
+// group folded last.
+func (c *Consumer) followFromLow(ctx context.Context, f follower) error {
+	var low int64
+	var lowPath string
+	c.coord.view(func(st *groupState) { low, lowPath = st.Low, st.LowPath })
+	c.base = low
+	if low == 0 {
+		return nil
+	}
+	last, err := f.CommittedFrom(ctx, int(low)-1)
+	if err != nil {
+		return err
+	}
+	if len(last) == 0 || last[0].Path != lowPath {
+		return fmt.Errorf("train: the consumer group's log has folded %d shards up to %s, which the manifest does not list there: a group of another output root?", low, lowPath)
+	}
+	return nil
+}
+
+// foldEvery is how many done shards past the low watermark a member lets
+// pile up before it folds them (foldMax at most in one event); variables
+// for tests.
+var foldEvery, foldMax = 256, 4096
+
+// alignLow moves first past the shards the group folded, checking that
+// the last one folded is the manifest's shard there, and drops the folded
+// entries from memory when there are many. It returns the index the scan
+// starts from: entries below it are done.
+func (c *Consumer) alignLow(st *groupState) (int, error) {
+	low := st.Low - c.base
+	if low > 0 && low <= int64(len(c.entries)) && c.entries[low-1].Path != st.LowPath {
+		return 0, fmt.Errorf("train: the consumer group's log has folded shards up to %s, where the manifest lists %s", st.LowPath, c.entries[low-1].Path)
+	}
+	if low > int64(len(c.entries)) {
+		low = int64(len(c.entries)) // folded beyond what this member has read
+	}
+	low = max(low, 0)
+	c.first = max(c.first, int(low))
+	if _, ok := c.shards.(follower); ok && low >= int64(foldMax) {
+		// Folded shards are done for every member: forget them.
+		c.entries = slices.Clone(c.entries[low:])
+		c.base += low
+		c.first -= int(low)
+	}
+	return c.first, nil
+}
+
+// foldNext returns the fold this member may append: the shards from the
+// watermark to first, when at least foldEvery are done there.
+func (c *Consumer) foldNext(st *groupState) *foldEvent {
+	if c.replay != nil {
+		return nil
+	}
+	from := int(st.Low - c.base)
+	if from < 0 || c.first-from < foldEvery {
+		return nil
+	}
+	f := &foldEvent{From: st.Low}
+	for _, e := range c.entries[from:min(c.first, from+foldMax)] {
+		if s := st.Shards[e.Path]; s == nil || !s.Done {
+			return nil
+		}
+		f.Paths = append(f.Paths, e.Path)
+		f.Version = max(f.Version, e.PolicyVersion)
+	}
+	return f
 }
 
 // leaseNext re-reads the manifest (at most every Poll) and leases the
@@ -586,9 +675,15 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 		read[k] = true
 	}
 	c.mu.Unlock()
+	var lowErr error
 	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
-		picked, previous, e.Expect = nil, "", nil
-		for i := c.first; i < len(c.entries); i++ {
+		picked, previous, e.Expect, e.Fold = nil, "", nil, nil
+		start, err := c.alignLow(st)
+		if err != nil {
+			lowErr = err
+			return false
+		}
+		for i := start; i < len(c.entries); i++ {
 			p := c.entries[i].Path
 			s := st.Shards[p]
 			if i == c.first && s != nil && s.Done {
@@ -625,13 +720,17 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 				break
 			}
 		}
+		e.Fold = c.foldNext(st)
 		if picked == nil {
-			return false
+			return e.Fold != nil
 		}
 		e.Lease = []string{picked.Path}
 		e.Skip, e.Totals = skips, totals
 		return true
 	})
+	if err == nil {
+		err = lowErr
+	}
 	if err != nil || picked == nil {
 		return nil, nil, err
 	}

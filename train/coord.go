@@ -76,6 +76,18 @@ type event struct {
 	// the policy version at acknowledgement and the groups the Ack
 	// settles, in batch order (absent in logs written before it).
 	Batch *ackBatch `json:"batch,omitempty"`
+	// Fold drops the states of done shards at the front of the manifest
+	// (groupState.Low).
+	Fold *foldEvent `json:"fold,omitempty"`
+}
+
+// foldEvent names the manifest's shards From, From+1, ... (Paths, in
+// manifest order), every one done, to be folded into the low watermark;
+// Version is the newest policy version among them.
+type foldEvent struct {
+	From    int64    `json:"from"`
+	Paths   []string `json:"paths"`
+	Version int64    `json:"version"`
 }
 
 // ackBatch is the audit an acknowledgement carries.
@@ -139,6 +151,17 @@ func (s *shardState) leasable(member string, expect int64, ok bool) bool {
 type groupState struct {
 	Next   int64                  `json:"next"` // the next sequence number
 	Shards map[string]*shardState `json:"shards"`
+	// Low is the low watermark: the manifest's first Low shards are done
+	// and their states folded away (a month of shards would otherwise
+	// sit in every snapshot), and a member reads the manifest from there.
+	// LowPath is the last of them, which a member checks against the
+	// manifest it reads; LowVersion is their newest policy version, and
+	// LowAcked and LowSkipped count their groups.
+	Low        int64  `json:"low,omitempty"`
+	LowPath    string `json:"low_path,omitempty"`
+	LowVersion int64  `json:"low_version,omitempty"`
+	LowAcked   int64  `json:"low_acked,omitempty"`
+	LowSkipped int64  `json:"low_skipped,omitempty"`
 	// Members are the members seen, by stable name (a restart under the
 	// same name replaces the incarnation), so the map stays as small as
 	// the set of names.
@@ -189,8 +212,37 @@ func (st *groupState) shard(p string) *shardState {
 	return s
 }
 
-// apply replays e; the rules are those the appender checked.
+// fold applies f when it names the shards from the watermark on, each
+// once and each done; anything else is ignored (the appender checked
+// against the same state, so it never is).
+func (st *groupState) fold(f *foldEvent) {
+	if f == nil || f.From != st.Low || len(f.Paths) == 0 {
+		return
+	}
+	seen := make(map[string]bool, len(f.Paths))
+	for _, p := range f.Paths {
+		if s := st.Shards[p]; s == nil || !s.Done || seen[p] {
+			return
+		}
+		seen[p] = true
+	}
+	for _, p := range f.Paths {
+		s := st.Shards[p]
+		st.LowAcked += int64(s.NAcked)
+		st.LowSkipped += int64(s.NSkip)
+		delete(st.Shards, p)
+	}
+	st.Low += int64(len(f.Paths))
+	st.LowPath = f.Paths[len(f.Paths)-1]
+	st.LowVersion = max(st.LowVersion, f.Version)
+}
+
+// apply replays e; the rules are those the appender checked. Only a
+// lease makes a shard known: an acknowledgement, skip, total or release
+// of a shard without a state (folded, or never leased) is ignored, as
+// one by a member that does not hold the shard is.
 func (st *groupState) apply(e *event) {
+	st.fold(e.Fold)
 	for _, p := range e.Lease {
 		s := st.shard(p)
 		expect, ok := e.Expect[p]
@@ -200,8 +252,8 @@ func (st *groupState) apply(e *event) {
 	}
 	settle := func(ms []marks, acked bool) {
 		for _, m := range ms {
-			s := st.shard(m.Shard)
-			if s.Holder != e.Member || s.Done {
+			s := st.Shards[m.Shard]
+			if s == nil || s.Holder != e.Member || s.Done {
 				continue
 			}
 			for _, o := range m.Groups {
@@ -227,17 +279,19 @@ func (st *groupState) apply(e *event) {
 	settle(e.Ack, true)
 	settle(e.Skip, false)
 	for p, n := range e.Totals {
-		if s := st.shard(p); s.Holder == e.Member && !s.Done {
+		if s := st.Shards[p]; s != nil && s.Holder == e.Member && !s.Done {
 			s.Total, s.Counted = n, true
 		}
 	}
 	for _, p := range e.Release {
-		if s := st.shard(p); s.Holder == e.Member {
+		if s := st.Shards[p]; s != nil && s.Holder == e.Member {
 			s.Holder = ""
 		}
 	}
 	for _, p := range touched(e) {
-		st.shard(p).finish()
+		if s := st.Shards[p]; s != nil {
+			s.finish()
+		}
 	}
 	st.noteMember(e)
 	st.Next = e.Seq + 1
@@ -501,6 +555,8 @@ func GroupProgress(ctx context.Context, obj Objects) (Progress, error) {
 	var p Progress
 	c.view(func(st *groupState) {
 		p.Events = st.Next
+		p.Shards, p.Done = int(st.Low), int(st.Low)
+		p.GroupsAcked, p.GroupsSkip = st.LowAcked, st.LowSkipped
 		keys := make([]string, 0, len(st.Shards))
 		for k := range st.Shards {
 			keys = append(keys, k)

@@ -6,4 +6,9 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// Every consumer test of the package folds done shards into the low
+// watermark (see fold_test.go), far more often than a run does.
+func TestMain(m *testing.M) {
+	foldEvery, foldMax = 2, 5
+	goleak.VerifyTestMain(m)
+}
