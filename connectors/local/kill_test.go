@@ -273,6 +273,8 @@ func killedRootIsSound(t *testing.T, root, step string, acked []int) {
 	if a, b := settledOf(false), settledOf(true); !slices.Equal(a["f"], b["f"]) {
 		t.Fatalf("%s: settled from the writer state %v, from the whole manifest %v", step, a, b)
 	}
+	// Readers starting at the state's marks read what a whole read does.
+	committedFromEveryShard(t, root)
 	if err := writePositions(root, "w2", 1, killLast, func(int) {}); err != nil {
 		t.Fatalf("%s: resume: %v", step, err)
 	}

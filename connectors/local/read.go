@@ -30,6 +30,9 @@ type Reader struct {
 	offset  int64 // bytes of the manifest read so far
 	entries []schemas.ShardEntry
 	shards  []int // the entries that list a shard, by index
+	// from is the mark the entries start at (zero: the manifest's start):
+	// a follower that asked for the shards from the nth on first.
+	from mark
 }
 
 var _ store.Reader = (*Reader)(nil)
@@ -62,21 +65,41 @@ func (r *Reader) Close() error { return nil }
 // Entries returns the manifest's entries, reading what was appended since
 // the last call (an append in progress is read next time).
 func (r *Reader) Entries(ctx context.Context) ([]schemas.ShardEntry, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.startAt(0)
 	if err := r.follow(ctx); err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	return append([]schemas.ShardEntry(nil), r.entries...), nil
 }
 
+// startAt makes the reader hold the shard entries from the nth on: on a
+// reader that has read nothing yet, it starts at the writer state's last
+// mark at or before shard n; on one that started past n, it starts over.
+// Callers hold mu.
+func (r *Reader) startAt(n int) {
+	if int64(n) < r.from.Shards {
+		r.offset, r.entries, r.shards, r.from = 0, nil, nil, mark{}
+	}
+	if r.offset != 0 || n == 0 {
+		return
+	}
+	for _, m := range readMarks(r.root) {
+		if m.Shards > int64(n) || m.Offset <= 0 {
+			break
+		}
+		r.from = m
+	}
+	r.offset = r.from.Offset
+}
+
 // follow reads the entries appended to the manifest since the last call.
+// Callers hold mu.
 func (r *Reader) follow(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	f, err := os.Open(filepath.Join(r.root, ManifestDir, ManifestFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
@@ -93,6 +116,16 @@ func (r *Reader) follow(ctx context.Context) error {
 		return fmt.Errorf("local: read manifest: %w", err)
 	}
 	more, n, err := parseManifest(data, r.offset)
+	if r.from.Offset > 0 && r.offset == r.from.Offset && (err != nil || len(more) > 0 && more[0].Seq != r.from.Entries) {
+		// Not the start of the entry the mark names (a manifest
+		// rewritten by hand?): read it all.
+		r.offset, r.from = 0, mark{}
+		data, err = io.ReadAll(io.NewSectionReader(f, 0, 1<<62))
+		if err != nil {
+			return fmt.Errorf("local: read manifest: %w", err)
+		}
+		more, n, err = parseManifest(data, 0)
+	}
 	if err != nil {
 		return err
 	}
@@ -110,16 +143,19 @@ func (r *Reader) follow(ctx context.Context) error {
 // follower that holds them: it reads what was appended since the last
 // call and copies only the entries asked for.
 func (r *Reader) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
+	n = max(n, 0)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.startAt(n)
 	if err := r.follow(ctx); err != nil {
 		return nil, err
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if n >= len(r.shards) {
+	k := n - int(r.from.Shards) // the reader holds the shards from r.from on
+	if k >= len(r.shards) {
 		return nil, nil
 	}
-	out := make([]schemas.ShardEntry, 0, len(r.shards)-max(n, 0))
-	for _, i := range r.shards[max(n, 0):] {
+	out := make([]schemas.ShardEntry, 0, len(r.shards)-k)
+	for _, i := range r.shards[k:] {
 		out = append(out, r.entries[i])
 	}
 	return out, nil

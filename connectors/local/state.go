@@ -42,6 +42,33 @@ type writerState struct {
 	Settled     schemas.Settled  `json:"settled,omitempty"`
 	Writers     []string         `json:"writers,omitempty"`
 	DeadLetters map[string]int64 `json:"dead_letters,omitempty"` // durable lengths
+	// Marks are places in the manifest where a reader may start: a line's
+	// byte offset, with the entries and the shard entries before it. The
+	// last one is where the state ends. A consumer that needs the shards
+	// from the nth on starts at the last mark with at most n before it
+	// (Reader.CommittedFrom) instead of decoding the whole manifest.
+	Marks []mark `json:"marks,omitempty"`
+}
+
+// mark is a place in the manifest (writerState.Marks).
+type mark struct {
+	Offset  int64 `json:"offset"`
+	Entries int64 `json:"entries"`
+	Shards  int64 `json:"shards"`
+}
+
+// markGap is the least number of entries between two marks: a state
+// written sooner after the last mark (a short run's Close) moves it.
+const markGap = 1024
+
+// readMarks returns the marks of the state under root (none if it cannot
+// be read: start at the beginning).
+func readMarks(root string) []mark {
+	st, err := readState(root)
+	if err != nil {
+		return nil
+	}
+	return st.Marks
 }
 
 func readState(root string) (writerState, error) {
@@ -61,7 +88,15 @@ func readState(root string) (writerState, error) {
 
 // writeState replaces state.json. Callers hold mu.
 func (s *Store) writeState() error {
-	st := writerState{Offset: s.size, Entries: s.count, Settled: s.settled, DeadLetters: s.durable}
+	m := mark{Offset: s.size, Entries: s.count, Shards: s.shardCount}
+	if n := len(s.marks); n > 0 && s.marks[n-1].Offset == m.Offset {
+		// nothing appended since
+	} else if n > 1 && m.Entries-s.marks[n-2].Entries < markGap {
+		s.marks[n-1] = m
+	} else {
+		s.marks = append(s.marks, m)
+	}
+	st := writerState{Offset: s.size, Entries: s.count, Settled: s.settled, DeadLetters: s.durable, Marks: s.marks}
 	for w := range s.known {
 		st.Writers = append(st.Writers, w)
 	}

@@ -72,7 +72,9 @@ type Store struct {
 	man        *os.File
 	size       int64 // manifest bytes
 	count      int64 // manifest entries: the next Seq
-	sinceState int   // appends since state.json was written
+	shardCount int64 // of them, the entries that list a shard
+	marks      []mark
+	sinceState int // appends since state.json was written
 	settled    schemas.Settled
 	known      map[string]bool  // writers whose files are the store's
 	durable    map[string]int64 // dead-letter file → its durable length
@@ -139,8 +141,10 @@ func (s *Store) open() error {
 	if err != nil {
 		return fmt.Errorf("local: manifest: %w", err)
 	}
-	if st.Offset > info.Size() || st.Offset < 0 {
-		st = writerState{} // a manifest shorter than its state: read it all
+	if st.Offset > info.Size() || st.Offset < 0 || (st.Offset > 0 && (len(st.Marks) == 0 || st.Marks[len(st.Marks)-1].Offset != st.Offset)) {
+		// A manifest shorter than its state, or a state without marks
+		// (from before them): read it all.
+		st = writerState{}
 	}
 	// Read from the state on, and from the registration of every dead
 	// writer: its entries tell its orphans.
@@ -176,10 +180,19 @@ func (s *Store) open() error {
 		s.durable[file] = max(s.durable[file], n)
 	}
 	s.count = st.Entries
+	s.marks = st.Marks
+	if n := len(st.Marks); n > 0 {
+		s.shardCount = st.Marks[n-1].Shards
+	} else {
+		s.marks = markEvery(data[st.Offset-from:st.Offset-from+n2], st.Offset, after, stateEvery)
+	}
 	for _, e := range after {
 		s.note(e)
 		s.settled.Union(e.Settled)
 		s.count++
+		if e.Path != "" {
+			s.shardCount++
+		}
 	}
 	for _, w := range reg.all {
 		s.known[w] = true
@@ -224,6 +237,24 @@ func (s *Store) open() error {
 	}
 	s.ready = true
 	return nil
+}
+
+// markEvery returns marks every k entries of the manifest lines in data
+// (starting at byte offset, entries their decoded form), for a manifest
+// read whole because its state has none.
+func markEvery(data []byte, offset int64, entries []schemas.ShardEntry, k int) []mark {
+	var marks []mark
+	var at, shards int64
+	for i, e := range entries {
+		if i > 0 && i%k == 0 {
+			marks = append(marks, mark{Offset: offset + at, Entries: int64(i), Shards: shards})
+		}
+		if e.Path != "" {
+			shards++
+		}
+		at += int64(bytes.IndexByte(data[at:], '\n') + 1)
+	}
+	return marks
 }
 
 // note records what an entry lists and who wrote it. Callers hold mu or
@@ -313,6 +344,9 @@ func (s *Store) append(e schemas.ShardEntry) error {
 	}
 	s.size += int64(len(line) + 1)
 	s.count++
+	if e.Path != "" {
+		s.shardCount++
+	}
 	s.note(e)
 	s.settled.Union(e.Settled)
 	if s.sinceState++; s.sinceState >= stateEvery {
