@@ -20,11 +20,13 @@ import (
 // newest snapshots and fewer than SnapshotEvery entries after them) and
 // as it was kept before compaction (every entry an object, replayed from
 // 0; up to 10,000 entries, beyond which writing the log takes too long).
-// The compacted open makes the same few requests at any n; the snapshot
-// it reads grows with the shards listed (every reader lists them all).
+// The compacted open makes the same few requests at any n; a reader that
+// lists every shard reads every sealed segment, a follower that starts
+// late in the log (a consumer joining at its group's low watermark:
+// "compacted-follower", the last 8 shards) only the last ones.
 func BenchmarkIntegrationOpenManifest(b *testing.B) {
 	for _, n := range []int{2_000, 10_000, 100_000, 1_000_000} {
-		for _, layout := range []string{"compacted", "compacted-writer", "uncompacted"} {
+		for _, layout := range []string{"compacted", "compacted-writer", "compacted-follower", "uncompacted"} {
 			if layout == "uncompacted" && n > 10_000 {
 				continue
 			}
@@ -50,6 +52,12 @@ func BenchmarkIntegrationOpenManifest(b *testing.B) {
 					r, err := OpenReader(ctx, cfg, "bench")
 					if err != nil {
 						b.Fatal(err)
+					}
+					if layout == "compacted-follower" {
+						if es, err := r.CommittedFrom(ctx, n-8); len(es) != 8 || es[7].Seq != int64(n-1) {
+							b.Fatalf("the last shards: %d listed (%v)", len(es), err)
+						}
+						continue
 					}
 					if es, _ := r.Committed(ctx); len(es) != n {
 						b.Fatalf("%d shards listed, want %d", len(es), n)

@@ -43,8 +43,8 @@ func (s *Store) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry,
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.loaded(ctx); err != nil {
-		return nil, err
+	if err := s.log.LoadFrom(ctx, n); err != nil {
+		return nil, fmt.Errorf("s3: manifest: %w", err)
 	}
 	return s.log.CommittedFrom(n), nil
 }

@@ -183,13 +183,9 @@ type Store struct {
 	manifest  *Objects       // the manifest's folder (the journal's, and the sealed segments)
 	snapEvery int64
 	segSize   int
-	// lazy: the store opened as a writer reads the manifest's sealed
-	// segments only when it needs a listed path (store.RestoreHead).
-	lazy bool
-
-	mu   sync.Mutex
-	log  *store.Log
-	next int64 // the next sequence number to try
+	mu        sync.Mutex
+	log       *store.Log
+	next      int64 // the next sequence number to try
 	// cleaned holds the writers whose orphans RemoveOrphans removed, with
 	// the log's next entry then: a writer that appended nothing since is
 	// not looked for again (forgotten when the log is reloaded).
@@ -237,7 +233,7 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	if err != nil {
 		return nil, fmt.Errorf("s3: client for %s: %w", cfg, err)
 	}
-	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery), lazy: create,
+	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery),
 		cleaned: map[string]int64{}, touched: map[string]bool{}}
 	if s.snapEvery <= 0 {
 		s.snapEvery = SnapshotEvery
@@ -317,7 +313,7 @@ func (s *Store) reload(ctx context.Context) error {
 	if !ok {
 		return fmt.Errorf("s3: manifest entry %d is missing and no snapshot covers it", s.next)
 	}
-	l, next, err := s.restore(ctx, data)
+	l, next, err := s.restore(data)
 	if err != nil {
 		return err
 	}
@@ -329,17 +325,16 @@ func (s *Store) reload(ctx context.Context) error {
 	return nil
 }
 
-// restore decodes a snapshot: a writer's without reading the sealed
-// segments (read when a listed path is needed: loaded), a reader's whole.
-func (s *Store) restore(ctx context.Context, data []byte) (*store.Log, int64, error) {
-	if s.lazy {
-		return store.RestoreHead(data, s.manifest.Get)
-	}
-	return store.RestoreLog(ctx, data, s.manifest.Get)
+// restore decodes a snapshot without reading its sealed segments: a call
+// that needs them reads them (loaded: every one; Log.LoadFrom: those
+// holding the shards a follower asks for), so that a writer's open, and a
+// consumer's that starts late in the log, stay flat in its length.
+func (s *Store) restore(data []byte) (*store.Log, int64, error) {
+	return store.RestoreHead(data, s.manifest.Get)
 }
 
-// loaded reads the sealed segments of a log a writer opened lazily, for
-// the calls that need every entry. Callers hold mu.
+// loaded reads the sealed segments not read yet, for the calls that need
+// every entry. Callers hold mu.
 func (s *Store) loaded(ctx context.Context) error {
 	if s.log.Loaded() {
 		return nil
@@ -356,7 +351,7 @@ func (s *Store) load(ctx context.Context) error {
 	if err != nil || !ok {
 		return err
 	}
-	l, next, err := s.restore(ctx, data)
+	l, next, err := s.restore(data)
 	if err != nil {
 		return err
 	}

@@ -93,15 +93,48 @@ func (l *Log) Committed() []schemas.ShardEntry { return l.CommittedFrom(0) }
 // (copies): a follower that holds the first n asks only for the rest.
 // The shard entries of a log only ever grow at the end, also across a
 // snapshot (RestoreLog keeps them all, in order).
+//
+// A log restored with RestoreHead must have read the shards asked for
+// (LoadFrom(n) or Load).
 func (l *Log) CommittedFrom(n int) []schemas.ShardEntry {
-	if n >= len(l.shards) {
+	before, _ := l.unloadedShards()
+	k := max(n-before, 0) // the log holds the shards from the before-th on
+	if k >= len(l.shards) {
 		return nil
 	}
-	out := make([]schemas.ShardEntry, 0, len(l.shards)-max(n, 0))
-	for _, i := range l.shards[max(n, 0):] {
+	out := make([]schemas.ShardEntry, 0, len(l.shards)-k)
+	for _, i := range l.shards[k:] {
 		out = append(out, l.entries[i])
 	}
 	return out
+}
+
+// unloadedSegs returns the segments a log restored with RestoreHead has
+// not read: the first ones.
+func (l *Log) unloadedSegs() []SegmentRef {
+	var refs []SegmentRef
+	n := 0
+	for _, ref := range l.segs {
+		if n >= l.unloaded {
+			break
+		}
+		refs = append(refs, ref)
+		n += ref.Count
+	}
+	return refs
+}
+
+// unloadedShards returns how many shard entries the segments not read
+// hold; false if a segment does not say.
+func (l *Log) unloadedShards() (int, bool) {
+	total := 0
+	for _, ref := range l.unloadedSegs() {
+		if ref.Shards == nil {
+			return 0, false
+		}
+		total += *ref.Shards
+	}
+	return total, true
 }
 
 // Last returns the latest entry with sequence number seq, if any.
@@ -281,11 +314,13 @@ type logSnapshot struct {
 }
 
 // SegmentRef names a sealed segment of a log's kept entries: Count of
-// them from the First (0 is the first kept entry of the log).
+// them from the First (0 is the first kept entry of the log), of which
+// Shards list a shard (absent in segments sealed before it was counted).
 type SegmentRef struct {
-	Name  string `json:"name"`
-	First int    `json:"first"`
-	Count int    `json:"count"`
+	Name   string `json:"name"`
+	First  int    `json:"first"`
+	Count  int    `json:"count"`
+	Shards *int   `json:"shards,omitempty"`
 }
 
 // Segment is a segment to write before the snapshot that names it.
@@ -326,7 +361,13 @@ func (l *Log) Snapshot(next int64, segSize int) ([]byte, []Segment, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("store: log segment: %w", err)
 		}
-		ref := SegmentRef{Name: SegmentName(sealed, segSize), First: sealed, Count: segSize}
+		shards := 0
+		for _, e := range part {
+			if e.Path != "" {
+				shards++
+			}
+		}
+		ref := SegmentRef{Name: SegmentName(sealed, segSize), First: sealed, Count: segSize, Shards: &shards}
 		segs = append(segs, Segment{ref, data})
 		s.Segments = append(s.Segments, ref)
 		sealed += segSize
@@ -420,14 +461,39 @@ func (l *Log) Load(ctx context.Context) error {
 	if l.unloaded == 0 {
 		return nil
 	}
-	var refs []SegmentRef
-	n := 0
-	for _, ref := range l.segs {
-		if n >= l.unloaded {
-			break
-		}
-		refs = append(refs, ref)
-		n += ref.Count
+	return l.loadSegs(ctx, l.unloadedSegs())
+}
+
+// LoadFrom reads only the segments not read yet that hold the shard
+// entries from the nth on (all of them if a segment does not say how many
+// it holds): a follower that starts late in a long log reads the last
+// segments, not every one.
+func (l *Log) LoadFrom(ctx context.Context, n int) error {
+	refs := l.unloadedSegs()
+	if len(refs) == 0 {
+		return nil
+	}
+	before, ok := l.unloadedShards()
+	if !ok {
+		return l.loadSegs(ctx, refs)
+	}
+	if n >= before {
+		return nil // in what the log holds already
+	}
+	// Keep the segments from the one holding shard n.
+	k, cum := 0, 0
+	for k < len(refs) && cum+*refs[k].Shards <= n {
+		cum += *refs[k].Shards
+		k++
+	}
+	return l.loadSegs(ctx, refs[k:])
+}
+
+// loadSegs reads refs, the last of the segments not read yet, and puts
+// their entries before the others.
+func (l *Log) loadSegs(ctx context.Context, refs []SegmentRef) error {
+	if len(refs) == 0 {
+		return nil
 	}
 	parts := make([][]schemas.ShardEntry, len(refs))
 	g, gctx := errgroup.WithContext(ctx)
@@ -472,6 +538,6 @@ func (l *Log) Load(ctx context.Context) error {
 	for _, k := range l.shards {
 		shards = append(shards, k+off)
 	}
-	l.entries, l.kept, l.shards, l.unloaded = append(entries, l.entries...), kept, shards, 0
+	l.entries, l.kept, l.shards, l.unloaded = append(entries, l.entries...), kept, shards, refs[0].First
 	return nil
 }

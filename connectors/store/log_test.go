@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"reflect"
@@ -207,5 +208,79 @@ func TestRestoreRefusesBadSegments(t *testing.T) {
 	}
 	if _, _, err := RestoreLog(ctx, gap, full.load); err == nil {
 		t.Error("a snapshot whose first segment starts at 4: restored")
+	}
+}
+
+// A follower that asks a lazily restored log for the shards from the
+// nth on gets what the whole log lists, and the log reads only the
+// segments holding them; a later call that needs more reads more, and a
+// snapshot without shard counts (sealed before them) is read whole.
+func TestLoadFromReadsOnlyTheLastSegments(t *testing.T) {
+	ctx := context.Background()
+	objs := segmentStore{}
+	l := NewLog()
+	for i := range 200 {
+		l.Apply(logEntry(i))
+	}
+	head, segs, err := l.Snapshot(200, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs.write(t, segs)
+	all := l.Committed()
+	for _, n := range []int{0, 1, 50, len(all) - 9, len(all) - 1, len(all), len(all) + 5} {
+		read := map[string]bool{}
+		lazy, _, err := RestoreHead(head, func(ctx context.Context, name string) ([]byte, error) {
+			read[name] = true
+			return objs.load(ctx, name)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lazy.LoadFrom(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+		got := lazy.CommittedFrom(n)
+		if want := all[min(n, len(all)):]; len(got) != len(want) || len(got) > 0 && !reflect.DeepEqual(got, want) {
+			t.Fatalf("CommittedFrom(%d): %d entries, want %d", n, len(got), len(want))
+		}
+		// Each segment holds 7 kept entries, about 4 shards.
+		if need := (len(all)-n)/4 + 2; len(read) > need {
+			t.Fatalf("CommittedFrom(%d) read %d segments for %d shards", n, len(read), len(all)-n)
+		}
+		// Then from an earlier shard, and everything.
+		if err := lazy.LoadFrom(ctx, n/2); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := lazy.CommittedFrom(n/2), all[min(n/2, len(all)):]; len(got) != len(want) || len(got) > 0 && !reflect.DeepEqual(got, want) {
+			t.Fatalf("CommittedFrom(%d) after CommittedFrom(%d): %d entries", n/2, n, len(got))
+		}
+		if err := lazy.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		sameLog(t, lazy, l)
+	}
+	// Segments sealed before they counted their shards: read whole.
+	var snap logSnapshot
+	if err := json.Unmarshal(head, &snap); err != nil {
+		t.Fatal(err)
+	}
+	for i := range snap.Segments {
+		snap.Segments[i].Shards = nil
+	}
+	old, _ := json.Marshal(snap)
+	read := 0
+	lazy, _, err := RestoreHead(old, func(ctx context.Context, name string) ([]byte, error) {
+		read++
+		return objs.load(ctx, name)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lazy.LoadFrom(ctx, len(all)-1); err != nil || read != len(snap.Segments) || !lazy.Loaded() {
+		t.Fatalf("old segments: read %d of %d (%v)", read, len(snap.Segments), err)
+	}
+	if got := lazy.CommittedFrom(len(all) - 1); len(got) != 1 || got[0].Path != all[len(all)-1].Path {
+		t.Fatalf("old segments: CommittedFrom: %v", got)
 	}
 }
