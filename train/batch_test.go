@@ -14,6 +14,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/transform"
@@ -37,6 +38,17 @@ func writeShardsTo(t *testing.T, root string, first, n int) []string {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	var paths []string
+	for _, rel := range writeShardsInto(t, st, first, n) {
+		paths = append(paths, filepath.Join(root, rel))
+	}
+	return paths
+}
+
+// writeShardsInto commits groups first..first+n-1 (as writeShardsTo) into
+// st and returns the paths of every shard st lists.
+func writeShardsInto(t *testing.T, st store.Store, first, n int) []string {
+	t.Helper()
 	a := transform.NewAssembler(transform.Config{GroupSize: 2})
 	var d ingest.Decoder
 	line := int64(0)
@@ -83,7 +95,7 @@ func writeShardsTo(t *testing.T, root string, first, n int) []string {
 	var paths []string
 	for _, e := range committedEntries(t, st) {
 		if e.Path != "" {
-			paths = append(paths, filepath.Join(root, e.Path))
+			paths = append(paths, e.Path)
 		}
 	}
 	return paths
@@ -204,7 +216,7 @@ func TestReaderAppliesBatchEstimator(t *testing.T) {
 	}
 }
 
-func committedEntries(t testing.TB, st *local.Store) []schemas.ShardEntry {
+func committedEntries(t testing.TB, st store.Reader) []schemas.ShardEntry {
 	t.Helper()
 	e, err := st.Committed(context.Background())
 	if err != nil {
