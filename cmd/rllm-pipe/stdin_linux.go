@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 )
 
@@ -16,9 +18,13 @@ import (
 // wake a read blocked on a quiet pipe; Stop then reads what the pipe
 // already holds, without blocking, until it is empty, and releases the
 // pipe (a producer's later writes fail with EPIPE instead of succeeding
-// into a pipe nobody reads): every write that returned before the end is
-// read. The source ends as at the end of the input, so every line read is
-// handed out. Anything else (a regular file) is read by ingest.OpenFile.
+// into a pipe nobody reads): every write that returned before the stop
+// is read. A producer writing on through the stop can land writes in the
+// instant between the last read and the release, which a pipe cannot
+// refuse and nobody reads; the pipe is shrunk to one page before that
+// last read, so those are at most 4 KiB. The source ends as at the end of
+// the input, so every line read is handed out. Anything else (a regular
+// file) is read by ingest.OpenFile.
 func openStdin(maxRecord int) (*ingest.LineSource, func(), error) {
 	fi, err := os.Stdin.Stat()
 	if err != nil || fi.Mode().IsRegular() {
@@ -56,6 +62,8 @@ type stdinReader struct {
 	f        *os.File
 	fd       int
 	stopping atomic.Bool
+	shrunk   bool // the pipe was shrunk (or cannot be) for the last read
+	tries    int  // shrinks refused because the pipe held more
 	released bool
 }
 
@@ -84,6 +92,16 @@ func (r *stdinReader) Read(p []byte) (int, error) {
 		case errors.Is(err, syscall.EINTR):
 			continue
 		case err == nil || errors.Is(err, syscall.EAGAIN):
+			if !r.shrunk && r.tries < 100 {
+				// Empty: shrink the pipe to a page (refused while it holds
+				// more than that: read it, and try again), so that what a
+				// producer still writing can land before the release is
+				// at most a page; then read to empty once more.
+				r.tries++
+				_, err := unix.FcntlInt(uintptr(r.fd), unix.F_SETPIPE_SZ, os.Getpagesize())
+				r.shrunk = !errors.Is(err, unix.EBUSY)
+				continue
+			}
 			r.release()
 			return 0, io.EOF
 		default:
