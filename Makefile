@@ -59,7 +59,7 @@ test-short:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./advantage/ ./ingest/ ./ingest/synth/ ./train/merge/
 	$(GO) test -run '^$$' -bench Extends -count 3 ./transform/
-	$(GO) test -run '^$$' -bench 'OpenGroupLog|LeaseAfterDone' -benchtime 3x -count 3 ./train/
+	$(GO) test -run '^$$' -bench 'OpenGroupLog|LeaseAfterDone|ConsumerStart' -benchtime 3x -count 3 ./train/
 	$(GO) test -run '^$$' -bench ReadTrajectories -benchtime 5x -count 3 ./train/
 	$(GO) test -run '^$$' -bench 'GatewayLatency|SessionMemory' -benchtime 1x ./ingest/gateway/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
