@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -61,19 +60,6 @@ const auditPrefix = "audit-"
 
 func auditName(to int64) string { return fmt.Sprintf("%s%020d.json", auditPrefix, to) }
 
-func parseNumbered(name, prefix string) (int64, bool) {
-	s, ok := strings.CutPrefix(name, prefix)
-	if !ok {
-		return 0, false
-	}
-	s, ok = strings.CutSuffix(s, ".json")
-	if !ok || len(s) != 20 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil && n >= 0
-}
-
 // consumedOf is the audit e carries, if any.
 func consumedOf(e *event) (Consumed, bool) {
 	if e.Batch == nil || len(e.Batch.Groups) == 0 {
@@ -91,10 +77,10 @@ func listLog(ctx context.Context, obj Objects) (last int64, segs []int64, events
 	}
 	last = -1
 	for _, n := range names {
-		if to, ok := parseNumbered(n, auditPrefix); ok {
+		if to, ok := store.ParseNumbered(n, auditPrefix); ok {
 			segs = append(segs, to)
 			last = max(last, to)
-		} else if seq, ok := parseNumbered(n, ""); ok {
+		} else if seq, ok := store.ParseNumbered(n, ""); ok {
 			events = append(events, seq)
 		}
 	}

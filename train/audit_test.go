@@ -14,6 +14,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -316,7 +317,7 @@ func FuzzParseNumbered(f *testing.F) {
 	f.Add("00000000000000000007.json", "")
 	f.Add("audit-x.json", auditPrefix)
 	f.Fuzz(func(t *testing.T, name, prefix string) {
-		n, ok := parseNumbered(name, prefix)
+		n, ok := store.ParseNumbered(name, prefix)
 		if ok && (n < 0 || (prefix == auditPrefix && auditName(n) != name)) {
 			t.Fatalf("%q parsed as %d", name, n)
 		}

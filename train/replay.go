@@ -15,6 +15,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -140,7 +141,7 @@ func CreateReplay(ctx context.Context, obj Objects, plan ReplayPlan) error {
 		return fmt.Errorf("train: list the replay group: %w", err)
 	}
 	for _, n := range names {
-		if _, ok := parseNumbered(n, ""); ok {
+		if _, ok := store.ParseNumbered(n, ""); ok {
 			if has, _ := obj.Get(ctx, replayObject); !bytes.Equal(has, data) {
 				return fmt.Errorf("%w: it has a log (%s)", ErrReplayExists, n)
 			}

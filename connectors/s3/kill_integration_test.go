@@ -257,27 +257,13 @@ func checkAfterKill(t *testing.T, cfg Config, step string, acked []int, shards i
 	}
 	var snaps, records []int64
 	for _, n := range names {
-		if s, ok := parseSeqName(n, "snap-"); ok {
+		if s, ok := store.ParseNumbered(n, "snap-"); ok {
 			snaps = append(snaps, s)
-		} else if s, ok := parseSeqName(n, ""); ok {
+		} else if s, ok := store.ParseNumbered(n, ""); ok {
 			records = append(records, s)
 		}
 	}
 	if len(snaps) != 2 || len(records) == 0 || records[0] < snaps[0] {
 		t.Fatalf("%s: after the resume the manifest holds snapshots %v and records %v: want the two newest snapshots and no record below the older", step, snaps, records)
 	}
-}
-
-// parseSeqName reads the sequence number of a journal object name.
-func parseSeqName(name, prefix string) (int64, bool) {
-	s, ok := strings.CutPrefix(name, prefix)
-	if !ok {
-		return 0, false
-	}
-	s, ok = strings.CutSuffix(s, ".json")
-	if !ok || len(s) != 20 {
-		return 0, false
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	return n, err == nil
 }

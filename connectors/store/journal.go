@@ -49,7 +49,10 @@ func RecordName(seq int64) string { return fmt.Sprintf("%020d.json", seq) }
 // SnapshotName is the object name of the snapshot after record seq.
 func SnapshotName(seq int64) string { return fmt.Sprintf("snap-%020d.json", seq) }
 
-func parseSeq(name, prefix string) (int64, bool) {
+// ParseNumbered returns n of an object named <prefix><n>.json with n in
+// 20 digits (RecordName, SnapshotName and their kin); false for any other
+// name.
+func ParseNumbered(name, prefix string) (int64, bool) {
 	s, ok := strings.CutPrefix(name, prefix)
 	if !ok {
 		return 0, false
@@ -73,7 +76,7 @@ func (j *Journal) Latest(ctx context.Context) (data []byte, seq int64, ok bool, 
 		}
 		var newest string
 		for _, n := range names {
-			if s, ok := parseSeq(n, "snap-"); ok && (newest == "" || s > seq) {
+			if s, ok := ParseNumbered(n, "snap-"); ok && (newest == "" || s > seq) {
 				newest, seq = n, s
 			}
 		}
@@ -171,7 +174,7 @@ func (j *Journal) Compact(ctx context.Context) error {
 	}
 	var snaps []int64
 	for _, n := range names {
-		if s, ok := parseSeq(n, "snap-"); ok {
+		if s, ok := ParseNumbered(n, "snap-"); ok {
 			snaps = append(snaps, s)
 		}
 	}
@@ -181,7 +184,7 @@ func (j *Journal) Compact(ctx context.Context) error {
 	horizon := snaps[len(snaps)-2] // List is sorted, and so are the names
 	// Records first, ascending: the deleted records stay a prefix.
 	for _, n := range names {
-		if s, ok := parseSeq(n, ""); ok && s < horizon {
+		if s, ok := ParseNumbered(n, ""); ok && s < horizon {
 			if err := j.obj.Delete(ctx, n); err != nil {
 				return fmt.Errorf("journal: compact: %w", err)
 			}
