@@ -1,3 +1,5 @@
+//go:build unix
+
 package local
 
 import (
@@ -8,14 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -56,8 +57,7 @@ func runKillChild(spec string) error {
 		n++
 		say("step %d %s", n, name)
 		if n == c.At {
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
+			storetest.Die()
 		}
 	}
 	stateEvery = 3
@@ -123,32 +123,14 @@ func TestWriterKilledAtEveryStep(t *testing.T) {
 	run := func(root string, at int) (acked []int, steps []string, killed bool) {
 		t.Helper()
 		spec, _ := json.Marshal(killChildSpec{Root: root, At: at})
-		cmd := exec.Command(os.Args[0], "-test.run=^TestWriterKilledAtEveryStep$", "-test.count=1")
-		cmd.Env = append(os.Environ(), killChildEnv+"="+string(spec))
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			ws, ok := ee.Sys().(syscall.WaitStatus)
-			if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-				t.Fatalf("writer to be killed at step %d failed on its own: %v\n%s%s", at, err, stdout.String(), stderr.String())
-			}
-			killed = true
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(stdout.String(), "\n") {
-			if v, ok := strings.CutPrefix(line, "acked "); ok {
-				n, _ := strconv.Atoi(v)
-				acked = append(acked, n)
-			}
+		lines, killed := storetest.Reenter(t, "TestWriterKilledAtEveryStep", killChildEnv, string(spec))
+		for _, line := range lines {
 			if v, ok := strings.CutPrefix(line, "step "); ok {
 				_, name, _ := strings.Cut(v, " ")
 				steps = append(steps, name)
 			}
 		}
-		return acked, steps, killed
+		return storetest.Acked(lines), steps, killed
 	}
 	acked, steps, killed := run(deadWriterRoot(t), 0)
 	if killed || len(acked) != killLast-killFirst+1 {

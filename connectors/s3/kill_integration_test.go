@@ -1,26 +1,25 @@
+//go:build unix
+
 package s3
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/minio/minio-go/v7"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -56,18 +55,13 @@ func (k *killer) RoundTrip(r *http.Request) (*http.Response, error) {
 		step = k.n.Add(1)
 	}
 	if step > 0 && step == k.at && !k.after {
-		die()
+		storetest.Die()
 	}
 	resp, err := k.base.RoundTrip(r)
 	if step > 0 && step == k.at && k.after {
-		die() // the request landed (or failed); the writer never learns which
+		storetest.Die() // the request landed (or failed); the writer never learns which
 	}
 	return resp, err
-}
-
-func die() {
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {}
 }
 
 func runKillChild(spec string) error {
@@ -130,31 +124,13 @@ func TestIntegrationManifestKilledAtEveryStep(t *testing.T) {
 	run := func(at int64, after bool, prefix string) (acked []int, steps int64, killed bool) {
 		t.Helper()
 		spec, _ := json.Marshal(killChild{Endpoint: base.Endpoint, Bucket: base.Bucket, Prefix: prefix, Shards: shards, At: at, After: after})
-		cmd := exec.Command(os.Args[0], "-test.run=^TestIntegrationManifestKilledAtEveryStep$", "-test.count=1")
-		cmd.Env = append(os.Environ(), killChildEnv+"="+string(spec))
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
-				killed = true
-			} else {
-				t.Fatalf("writer killed at step %d (after %v) failed on its own: %v\n%s%s", at, after, err, stdout.String(), stderr.String())
-			}
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(stdout.String(), "\n") {
-			if v, ok := strings.CutPrefix(line, "acked "); ok {
-				n, _ := strconv.Atoi(v)
-				acked = append(acked, n)
-			}
+		lines, killed := storetest.Reenter(t, "TestIntegrationManifestKilledAtEveryStep", killChildEnv, string(spec))
+		for _, line := range lines {
 			if v, ok := strings.CutPrefix(line, "steps "); ok {
 				steps, _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
-		return acked, steps, killed
+		return storetest.Acked(lines), steps, killed
 	}
 	whole := base
 	whole.Prefix += "/whole"
