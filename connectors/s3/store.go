@@ -27,12 +27,16 @@
 // appended. What is durable when:
 //   - shard uploaded, entry not appended (crash, fenced, cut short): an
 //     orphan, invisible to readers of the manifest, deleted by the writer
-//     itself when its generation ends (RemoveOwnOrphans) or by the next
-//     writer that claims once its writer holds no claim (RemoveOrphans,
-//     which lists objects before re-reading the log, so an object
-//     committed meanwhile counts as listed); a shard is deleted at once
-//     only when its append was fenced, the one failure known not to have
-//     landed;
+//     itself when its generation ends (RemoveOwnOrphans, which lists only
+//     its own names in the partitions it wrote to) or by the next writer
+//     that claims once its writer holds no claim (RemoveOrphans, which
+//     lists objects before re-reading the log, so an object committed
+//     meanwhile counts as listed, and lists only when there is a writer
+//     it has not cleaned up after since that one's latest entry); a
+//     writer that claims no input stream claims one of its own
+//     (store.WriterStream), so it holds a claim while it runs; a shard is
+//     deleted at once only when its append was fenced, the one failure
+//     known not to have landed;
 //   - entry appended: the shard is committed, and the positions it settles
 //     are skipped by every later run (the resume point of a stream is its
 //     first unsettled position);
