@@ -9,6 +9,9 @@
 // create-only objects in the store itself (no server), and settles every
 // group exactly once by acknowledgement or skip, so a restart resumes
 // after the last acknowledgement and a crashed member's work moves on
-// after its lease times out. Package train/flight serves Consumers to
-// trainers over Arrow Flight.
+// after its lease times out. The done shards at the front of the
+// manifest are folded into the group's low watermark, where a member
+// starts reading the manifest, so a group's state and a member's start
+// stay small however long the run. Package train/flight serves Consumers
+// to trainers over Arrow Flight.
 package train
