@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"reflect"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -229,9 +231,12 @@ func TestLoadFromReadsOnlyTheLastSegments(t *testing.T) {
 	objs.write(t, segs)
 	all := l.Committed()
 	for _, n := range []int{0, 1, 50, len(all) - 9, len(all) - 1, len(all), len(all) + 5} {
+		var mu sync.Mutex // segments are read concurrently
 		read := map[string]bool{}
 		lazy, _, err := RestoreHead(head, func(ctx context.Context, name string) ([]byte, error) {
+			mu.Lock()
 			read[name] = true
+			mu.Unlock()
 			return objs.load(ctx, name)
 		})
 		if err != nil {
@@ -269,16 +274,16 @@ func TestLoadFromReadsOnlyTheLastSegments(t *testing.T) {
 		snap.Segments[i].Shards = nil
 	}
 	old, _ := json.Marshal(snap)
-	read := 0
+	var read atomic.Int64
 	lazy, _, err := RestoreHead(old, func(ctx context.Context, name string) ([]byte, error) {
-		read++
+		read.Add(1)
 		return objs.load(ctx, name)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lazy.LoadFrom(ctx, len(all)-1); err != nil || read != len(snap.Segments) || !lazy.Loaded() {
-		t.Fatalf("old segments: read %d of %d (%v)", read, len(snap.Segments), err)
+	if err := lazy.LoadFrom(ctx, len(all)-1); err != nil || read.Load() != int64(len(snap.Segments)) || !lazy.Loaded() {
+		t.Fatalf("old segments: read %d of %d (%v)", read.Load(), len(snap.Segments), err)
 	}
 	if got := lazy.CommittedFrom(len(all) - 1); len(got) != 1 || got[0].Path != all[len(all)-1].Path {
 		t.Fatalf("old segments: CommittedFrom: %v", got)

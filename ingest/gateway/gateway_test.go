@@ -410,7 +410,18 @@ func TestOutputFailingNothingLost(t *testing.T) {
 		t.Fatal("output errors not counted")
 	}
 	e.out.setFail(false)
-	e.mustJSON("POST", "/sessions/down:0/finish", `{"reward":1}`, 200, nil) // the same body: waits again, answers 200
+	// The same body waits again, and answers 200 once the output caught
+	// up: a client repeats it while it answers 503 (each wait is bounded
+	// by FinishTimeout, shorter than the output's retry on a busy machine).
+	for attempt := 0; ; attempt++ {
+		code, b := e.do("POST", "/sessions/down:0/finish", `{"reward":1}`)
+		if code == 200 {
+			break
+		}
+		if code != 503 || attempt == 50 {
+			t.Fatalf("finish after the output came back: status %d after %d attempts: %s", code, attempt+1, b)
+		}
+	}
 	ds := decodeAll(t, e.out.records())
 	st := steps(ds)
 	seen := map[string]bool{}
