@@ -187,9 +187,10 @@ type Store struct {
 	manifest  *Objects       // the manifest's folder (the journal's, and the sealed segments)
 	snapEvery int64
 	segSize   int
-	mu        sync.Mutex
-	log       *store.Log
-	next      int64 // the next sequence number to try
+
+	mu   sync.Mutex
+	log  *store.Log
+	next int64 // the next sequence number to try
 	// cleaned holds the writers whose orphans RemoveOrphans removed, with
 	// the log's next entry then: a writer that appended nothing since is
 	// not looked for again (forgotten when the log is reloaded).
