@@ -181,7 +181,10 @@ def test_pad_rows_to_multiple_copies_real_rows_as_verl(serve_mt, multiple):
     with Client(srv.location, consumer="t") as c:
         b = next(iter(c.batches()))
         n = b.num_rows
-        m = 8 if multiple == 8 else 2 * n + 3  # "wrap": more padding rows than real ones
+        # A data-parallel world size that does not divide n (8 unless the
+        # batch happens to hold a multiple of 8 rows), so that there are
+        # padding rows to check; "wrap": more padding rows than real ones.
+        m = next(k for k in (8, 7, 6, 5, 3) if n % k) if multiple == 8 else 2 * n + 3
         plain = b.to_padded(PAD, 512, 1024)
         got = b.to_padded(PAD, 512, 1024, pad_rows_to_multiple=m)
         assert got.num_rows % m == 0 and got.num_rows >= n and got.num_rows - n < m
