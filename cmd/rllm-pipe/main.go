@@ -15,10 +15,11 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 )
 
 // Exit codes: 0 also after a clean stop (the first signal: everything
@@ -87,7 +88,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	// An error may quote data (a record id in a DuckDB error, a path):
 	// control characters are escaped, so none reaches the terminal.
-	fmt.Fprintf(stderr, "rllm-pipe: %s\n", terminalSafe(err.Error()))
+	fmt.Fprintf(stderr, "rllm-pipe: %s\n", duckdb.TerminalSafe(err.Error()))
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code
@@ -140,47 +141,4 @@ func applyEnv(fs *pflag.FlagSet) error {
 		}
 	})
 	return err
-}
-
-// terminalSafe escapes what a terminal would act on in s: C0 controls but
-// newline and tab (\x1b), DEL and C1 controls, the bidirectional controls
-// (\u202e) and invalid UTF-8 bytes.
-func terminalSafe(s string) string {
-	clean := utf8.ValidString(s)
-	for _, r := range s {
-		if clean && terminalControl(r) {
-			clean = false
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r < 0x80 && terminalControl(r):
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case terminalControl(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
-}
-
-func terminalControl(r rune) bool {
-	switch {
-	case r == '\n', r == '\t':
-		return false
-	case r < 0x20, r >= 0x7f && r <= 0x9f:
-		return true
-	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x2028, r == 0x2029:
-		return true
-	}
-	return false
 }

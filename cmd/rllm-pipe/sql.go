@@ -145,7 +145,7 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 		}
 	}()
 	for _, w := range db.Warnings() {
-		fmt.Fprintf(stderr, "rllm-pipe sql: warning: %s\n", terminalSafe(w))
+		fmt.Fprintf(stderr, "rllm-pipe sql: warning: %s\n", duckdb.TerminalSafe(w))
 	}
 
 	if o.viewsSQL {

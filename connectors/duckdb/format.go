@@ -293,10 +293,16 @@ func needsJSONEscape(b []byte) bool {
 // separators (U+2028, U+2029) as \uNNNN; bytes that are not UTF-8 as
 // \xNN. Backslashes are kept as they are: the table is for reading, csv
 // and jsonl are exact.
-func printable(s string) string {
+func printable(s string) string { return escapeControls(s, false) }
+
+// TerminalSafe is printable for text meant to span lines, such as an
+// error message: newline and tab are kept as they are.
+func TerminalSafe(s string) string { return escapeControls(s, true) }
+
+func escapeControls(s string, keepLines bool) string {
 	clean := utf8.ValidString(s)
 	for _, r := range s {
-		if needsEscape(r) {
+		if needsEscape(r) && !(keepLines && (r == '\n' || r == '\t')) {
 			clean = false
 			break
 		}
@@ -310,6 +316,8 @@ func printable(s string) string {
 		switch {
 		case r == utf8.RuneError && n == 1:
 			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case keepLines && (r == '\n' || r == '\t'):
+			b.WriteRune(r)
 		case r == '\n':
 			b.WriteString(`\n`)
 		case r == '\r':

@@ -317,3 +317,18 @@ func TestPrintable(t *testing.T) {
 		}
 	}
 }
+
+// TerminalSafe (error messages) keeps newlines and tabs, and escapes the
+// rest as printable does.
+func TestTerminalSafeKeepsLines(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"plain", "plain"},
+		{"two\nlines\tand a tab", "two\nlines\tand a tab"},
+		{"red \x1b[31m\r", `red \x1b[31m\r`},
+		{"bidi \u202e x\xff", `bidi \u202e x\xff`},
+	} {
+		if got := TerminalSafe(c.in); got != c.want {
+			t.Errorf("TerminalSafe(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
