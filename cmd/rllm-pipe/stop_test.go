@@ -213,32 +213,11 @@ func TestStopDuringS3Outage(t *testing.T) {
 	env := append(e2eEnv(), "AWS_ENDPOINT_URL=http://"+closedPort(t), "AWS_ACCESS_KEY_ID=k", "AWS_SECRET_ACCESS_KEY=secret-key-value")
 
 	t.Run("signal", func(t *testing.T) {
-		cmd := exec.Command(bin, "ingest", "--from", in, "--to", "s3://bucket/run")
-		cmd.Env = env
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+		code, stderr := signalWhileRetrying(t, bin, env, "ingest", "--from", in, "--to", "s3://bucket/run")
+		if code != exitStopped {
+			t.Fatalf("exit code %d, want %d (stopped before finishing)\n%s", code, exitStopped, e2eClip(stderr, 2000))
 		}
-		time.Sleep(1500 * time.Millisecond) // retrying by now
-		start := time.Now()
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Fatalf("ingest went on retrying for 20s after SIGTERM\n%s", e2eClip(stderr.String(), 2000))
-		}
-		if code := cmd.ProcessState.ExitCode(); code != exitStopped {
-			t.Fatalf("exit code %d, want %d (stopped before finishing)\n%s", code, exitStopped, e2eClip(stderr.String(), 2000))
-		}
-		if took := time.Since(start); took > 10*time.Second {
-			t.Errorf("stopped %s after the signal", took)
-		}
-		if strings.Contains(stderr.String(), "secret-key-value") {
+		if strings.Contains(stderr, "secret-key-value") {
 			t.Errorf("the secret key was logged")
 		}
 	})
@@ -584,30 +563,8 @@ func TestReadersStopDuringS3Outage(t *testing.T) {
 		"serve":          {"serve", "--from", "s3://bucket/run", "--listen", "127.0.0.1:0"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			cmd := exec.Command(bin, args...)
-			cmd.Env = env
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(1500 * time.Millisecond) // retrying by now
-			start := time.Now()
-			cmd.Process.Signal(syscall.SIGTERM)
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			select {
-			case <-done:
-			case <-time.After(20 * time.Second):
-				cmd.Process.Kill()
-				<-done
-				t.Fatalf("still retrying 20s after SIGTERM\n%s", e2eClip(stderr.String(), 2000))
-			}
-			if took := time.Since(start); took > 10*time.Second {
-				t.Errorf("stopped %s after the signal", took)
-			}
-			if code := cmd.ProcessState.ExitCode(); code == 0 {
-				t.Errorf("exit 0 with the store unreachable\n%s", e2eClip(stderr.String(), 2000))
+			if code, stderr := signalWhileRetrying(t, bin, env, args...); code == 0 {
+				t.Errorf("exit 0 with the store unreachable\n%s", e2eClip(stderr, 2000))
 			}
 		})
 	}
@@ -650,4 +607,35 @@ func TestMoreNumericFlagsRefused(t *testing.T) {
 			t.Errorf("%v: exit %d, want %d naming --%s; stderr: %s", c.args, code, exitUsage, c.flag, e2eClip(stderr.String(), 300))
 		}
 	}
+}
+
+// signalWhileRetrying starts bin with args, sends SIGTERM once it is
+// retrying an unreachable store (1.5 s in), and returns its exit code and
+// stderr; the run fails t if the process goes on for 20 s after the
+// signal, and errs if it took more than 10 s to stop.
+func signalWhileRetrying(t *testing.T, bin string, env []string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // retrying by now
+	start := time.Now()
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("%s went on retrying for 20s after SIGTERM\n%s", args[0], e2eClip(stderr.String(), 2000))
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("stopped %s after the signal", took)
+	}
+	return cmd.ProcessState.ExitCode(), stderr.String()
 }
