@@ -473,14 +473,26 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 
 	genArgs := append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(groups))
 	fmt.Fprintf(stdout, "generating %s of traces: rllm-pipe %s --out %s\n", human(c.size), strings.Join(genArgs, " "), path)
+	start := time.Now()
+	info, err := runGen(ctx, c.bin, genArgs, path, metaPath)
+	if err != nil {
+		return inputInfo{}, err
+	}
+	fmt.Fprintf(stdout, "input: %s (%s in %.1f s; %s)\n", path, human(info.Bytes), time.Since(start).Seconds(), info.Summary)
+	return info, nil
+}
+
+// runGen runs `bin gen genArgs` into path (through a temporary file, so
+// an interrupted run leaves no input behind) and records what it made in
+// metaPath, for the next run to reuse.
+func runGen(ctx context.Context, bin string, genArgs []string, path, metaPath string) (inputInfo, error) {
 	tmp := path + ".tmp"
-	gen := exec.CommandContext(ctx, c.bin, append(slices.Clone(genArgs), "--out", tmp)...)
+	gen := exec.CommandContext(ctx, bin, append(slices.Clone(genArgs), "--out", tmp)...)
 	var genErr bytes.Buffer
 	gen.Stderr = &genErr
-	start := time.Now()
 	if err := gen.Run(); err != nil {
 		_ = os.Remove(tmp)
-		return inputInfo{}, fmt.Errorf("rllm-pipe gen: %w: %s", err, strings.TrimSpace(genErr.String()))
+		return inputInfo{}, fmt.Errorf("rllm-pipe %s: %w: %s", strings.Join(genArgs, " "), err, strings.TrimSpace(genErr.String()))
 	}
 	st, err := os.Stat(tmp)
 	if err != nil {
@@ -494,7 +506,6 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 	if err := os.WriteFile(metaPath, append(b, '\n'), 0o644); err != nil {
 		return inputInfo{}, err
 	}
-	fmt.Fprintf(stdout, "input: %s (%s in %.1f s; %s)\n", path, human(info.Bytes), time.Since(start).Seconds(), info.Summary)
 	return info, nil
 }
 

@@ -343,24 +343,8 @@ func prepareWire(ctx context.Context, c config, in inputInfo, stdout io.Writer) 
 		}
 	}
 	fmt.Fprintf(stdout, "generating the wire-delta twin: rllm-pipe %s --out %s\n", strings.Join(genArgs, " "), path)
-	tmp := path + ".tmp"
-	gen := exec.CommandContext(ctx, c.bin, append(slices.Clone(genArgs), "--out", tmp)...)
-	var genErr bytes.Buffer
-	gen.Stderr = &genErr
-	if err := gen.Run(); err != nil {
-		_ = os.Remove(tmp)
-		return inputInfo{}, fmt.Errorf("rllm-pipe gen --wire-deltas: %w: %s", err, strings.TrimSpace(genErr.String()))
-	}
-	st, err := os.Stat(tmp)
+	info, err := runGen(ctx, c.bin, genArgs, path, metaPath)
 	if err != nil {
-		return inputInfo{}, err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return inputInfo{}, err
-	}
-	info := inputInfo{Path: path, Bytes: st.Size(), Gen: genArgs, Summary: strings.TrimSpace(genErr.String())}
-	b, _ := json.MarshalIndent(info, "", "  ")
-	if err := os.WriteFile(metaPath, append(b, '\n'), 0o644); err != nil {
 		return inputInfo{}, err
 	}
 	fmt.Fprintf(stdout, "wire twin: %s (%s; %s)\n", path, human(info.Bytes), info.Summary)
