@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -71,6 +72,10 @@ type DB struct {
 	warnings []string
 	work     string // temporary folder removed by Close
 	open     bool   // Options.AllowHostFiles: no sandbox
+
+	// connInit runs on every new connection once set: the per-connection
+	// variables holding the shard files the views read (filesSQL).
+	connInit atomic.Pointer[string]
 
 	closeOnce sync.Once
 	closeErr  error
@@ -625,12 +630,21 @@ func newDB(from string, o Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("duckdb: temporary folder: %w", err)
 	}
-	db, err := sql.Open("duckdb", "")
+	d := &DB{from: from, work: work, open: o.AllowHostFiles}
+	c, err := duckdbdrv.NewConnector("", func(e driver.ExecerContext) error {
+		if q := d.connInit.Load(); q != nil {
+			if _, err := e.ExecContext(context.Background(), *q, nil); err != nil {
+				return fmt.Errorf("duckdb: connection set-up: %w", err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		os.RemoveAll(work)
 		return nil, fmt.Errorf("duckdb: open: %w", err)
 	}
-	d := &DB{db: db, from: from, work: work, open: o.AllowHostFiles}
+	db := sql.OpenDB(c)
+	d.db = db
 	for _, set := range []string{
 		// Spill to our folder, not to the working directory (which may be
 		// the output root).
@@ -671,8 +685,24 @@ func (d *DB) define(ctx context.Context, l *layout) error {
 	if err != nil {
 		return fmt.Errorf("duckdb: %w", err)
 	}
-	for _, v := range views {
-		if _, err := d.db.ExecContext(ctx, v.SQL); err != nil {
+	// The shards table first: the variables listing the files the views
+	// read are set from it on every connection, this one included.
+	if _, err := d.db.ExecContext(ctx, views[0].SQL); err != nil {
+		return fmt.Errorf("duckdb: create view %s: %w", views[0].Name, err)
+	}
+	if files := l.filesSQL(); files != "" {
+		d.connInit.Store(&files)
+	}
+	// Connections opened before lack the variables: close them.
+	d.db.SetMaxIdleConns(0)
+	d.db.SetMaxIdleConns(2)
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("duckdb: connection: %w", err)
+	}
+	defer conn.Close()
+	for _, v := range views[1:] {
+		if _, err := conn.ExecContext(ctx, v.SQL); err != nil {
 			return fmt.Errorf("duckdb: create view %s: %w", v.Name, err)
 		}
 	}
@@ -680,7 +710,7 @@ func (d *DB) define(ctx context.Context, l *layout) error {
 	if d.open {
 		return nil
 	}
-	return d.sandbox(ctx, l)
+	return d.sandbox(ctx, conn, l)
 }
 
 func (d *DB) warnf(format string, args ...any) {
@@ -703,6 +733,9 @@ func (d *DB) ViewsSQL() string {
 			q = d.layout.shardsValuesSQL()
 		}
 		fmt.Fprintf(&b, "\n-- %s: %s\n%s", v.Name, v.Doc, q)
+		if v.Name == ViewShards {
+			fmt.Fprintf(&b, "\n-- the shard files the views read, by schema version (variables of the session)\n%s", d.layout.filesSQL())
+		}
 	}
 	return b.String()
 }

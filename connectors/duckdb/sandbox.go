@@ -2,6 +2,7 @@ package duckdb
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -33,24 +34,26 @@ var ErrRefused = errors.New("refused")
 // with USE_TMP_FILE false succeeds), which is why Query also refuses
 // every statement that is not a query (readOnly). Spilling to
 // temp_directory is internal and keeps working.
-func (d *DB) sandbox(ctx context.Context, l *layout) error {
-	files := make([]string, 0, len(l.shards)+len(l.dlq))
-	for _, s := range l.shards {
-		files = append(files, sqlString(s.file))
-	}
+func (d *DB) sandbox(ctx context.Context, conn *sql.Conn, l *layout) error {
+	// allowed_paths is set from a variable of conn's, filled from the
+	// shards table: a literal list of every file costs DuckDB a parse
+	// that grows with the run.
+	dlq := make([]string, 0, len(l.dlq))
 	for _, f := range l.dlq {
-		files = append(files, sqlString(f.file))
+		dlq = append(dlq, sqlString(f.file))
 	}
 	for _, set := range []string{
+		"SET VARIABLE rllm_allowed_paths = coalesce((SELECT list(file) FROM shards), []::VARCHAR[]) || [" + strings.Join(dlq, ", ") + "]::VARCHAR[]",
 		"SET GLOBAL allowed_directories = []",
-		"SET GLOBAL allowed_paths = [" + strings.Join(files, ", ") + "]",
+		"SET GLOBAL allowed_paths = getvariable('rllm_allowed_paths')",
+		"RESET VARIABLE rllm_allowed_paths",
 		"SET GLOBAL enable_external_access = false",
 		"SET GLOBAL autoinstall_known_extensions = false",
 		"SET GLOBAL autoload_known_extensions = false",
 		"SET GLOBAL allow_community_extensions = false",
 		"SET GLOBAL lock_configuration = true",
 	} {
-		if _, err := d.db.ExecContext(ctx, set); err != nil {
+		if _, err := conn.ExecContext(ctx, set); err != nil {
 			return fmt.Errorf("duckdb: sandbox: %s: %w", clipSQL(set), err)
 		}
 	}

@@ -219,7 +219,7 @@ func (l *layout) deltas() bool {
 	return false
 }
 
-// storedStepsSQL reads the listed files, never a glob. Hive partitioning
+// storedStepsSQL reads the listed files (filesSQL), never a glob. Hive partitioning
 // is off (the policy=<N> folder is not a column); union_by_name lets
 // shards of older schema versions, missing newer columns, be read with
 // the others. prompt_tokens is the length of the whole prompt: a delta
@@ -259,18 +259,30 @@ func (l *layout) storedStepsSQL() (string, error) {
 		// define the views over 5k shards, 0.13 s without). Others are
 		// read by name, a version at a time.
 		byName := v.version != schemas.SchemaVersion
-		b.WriteString("SELECT * FROM read_parquet([\n")
-		for j, f := range v.files {
-			b.WriteString("  " + sqlString(f))
-			if j < len(v.files)-1 {
-				b.WriteString(",")
-			}
-			b.WriteString("\n")
-		}
-		fmt.Fprintf(&b, "], hive_partitioning = false, union_by_name = %t, filename = true)", byName)
+		fmt.Fprintf(&b, "SELECT * FROM read_parquet(getvariable('%s'), hive_partitioning = false, union_by_name = %t, filename = true)", filesVar(i), byName)
 	}
 	b.WriteString("));\n")
 	return b.String(), nil
+}
+
+// filesVar names the variable holding the files of the i-th schema
+// version of bySchema.
+func filesVar(i int) string { return fmt.Sprintf("rllm_shard_files_%d", i) }
+
+// filesSQL sets the variables the stored_steps view reads its files
+// from, one per schema version (bySchema), from the shards table, in
+// manifest order. Variables belong to a connection: DB runs this on each
+// one. The view names a variable rather than listing its files because
+// DuckDB parses and binds a literal list at a cost that grows with the
+// run (a run has millions of shards), where a list read from a table
+// costs a small part of that.
+func (l *layout) filesSQL() string {
+	var b strings.Builder
+	for i, v := range l.bySchema() {
+		fmt.Fprintf(&b, "SET VARIABLE %s = (SELECT list(file ORDER BY seq) FROM shards WHERE coalesce(schema_version, '') = %s);\n",
+			filesVar(i), sqlString(v.version))
+	}
+	return b.String()
 }
 
 // schemaFiles is the files of the shards of one schema version.
