@@ -105,6 +105,49 @@ func TestViewsReadEverySchemaVersion(t *testing.T) {
 	}
 }
 
+// TestViewsOnEveryConnection: the views read their files from variables
+// of each connection, so connections opened after the views, several at
+// once as the ui's requests hold them, read every shard too; the
+// sandbox still refuses a file beside the shards.
+func TestViewsOnEveryConnection(t *testing.T) {
+	root := t.TempDir()
+	var entries []schemas.ShardEntry
+	for i, v := range []string{schemas.SchemaVersion, "3", schemas.SchemaVersion} {
+		rel := fmt.Sprintf("policy=0/s%d.parquet", i)
+		var drop []string
+		if v == "3" {
+			drop = []string{"prompt_prefix_len", "prompt_delta_ids", "messages_delta"}
+		}
+		writeStepFile(t, filepath.Join(root, filepath.FromSlash(rel)), []string{fmt.Sprintf("s%d-a", i), fmt.Sprintf("s%d-b", i)}, drop...)
+		entries = append(entries, schemas.ShardEntry{Path: rel, Rows: 2, SchemaVersion: v, RunID: "r"})
+	}
+	writeStepFile(t, filepath.Join(root, "policy=0", "orphan.parquet"), []string{"o"})
+	writeManifest(t, root, entries)
+	ctx := context.Background()
+	d, err := OpenLocal(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	conns := make([]*sql.Conn, 4)
+	for i := range conns {
+		if conns[i], err = d.SQL().Conn(ctx); err != nil {
+			t.Fatal(err)
+		}
+		defer conns[i].Close()
+	}
+	for i, c := range conns {
+		var n int
+		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM steps").Scan(&n); err != nil || n != 6 {
+			t.Errorf("connection %d: %d steps (%v), want 6", i, n, err)
+		}
+		orphan := sqlString(filepath.Join(root, "policy=0", "orphan.parquet"))
+		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM read_parquet("+orphan+")").Scan(&n); err == nil {
+			t.Errorf("connection %d read a file the manifest does not list", i)
+		}
+	}
+}
+
 // remoteOnly hides a local reader's root, so Open downloads its shards as
 // from S3.
 type remoteOnly struct{ store.Reader }
