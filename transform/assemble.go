@@ -1,6 +1,7 @@
 package transform
 
 import (
+	"bytes"
 	"container/list"
 	"fmt"
 	"slices"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
 )
 
 // Config sets the assembler's rules. Zero values take the defaults noted.
@@ -94,6 +96,10 @@ type Step struct {
 	Ref    ingest.RawRef // where the record lies in its input file
 	Source schemas.Source
 	hash   uint64
+	// msgTail, when set, stands for the step's whole messages (then nil):
+	// its parent's messages without their closing bracket, then msgTail
+	// (deltaOnArrival).
+	msgTail []byte
 }
 
 // Trajectory is a trajectory of an emitted group: its record and its
@@ -109,6 +115,13 @@ type Trajectory struct {
 	taskID string // from its first record, for consistency checks
 	key    string
 	g      *group
+
+	// tip is the step of t that arrived last when it came whole (not as
+	// a wire delta), with its whole prompt and messages: the next whole
+	// step is kept as its delta if it extends them (deltaOnArrival).
+	tip       *Step
+	tipPrompt []int32
+	tipMsgs   []byte
 }
 
 func (t *Trajectory) complete() bool {
@@ -404,9 +417,44 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 		t = a.newTrajectory(s.TrajectoryID, s.TaskID, key, now)
 	}
 	st := &Step{Step: s, Raw: it.Raw, Ref: it.Ref, Source: it.Source, hash: h}
+	deltaOnArrival(t, st)
 	t.Steps = append(t.Steps, st)
 	a.steps[s.StepID] = st
 	a.progress(t)
+}
+
+// deltaOnArrival keeps a whole step that extends the step before it (the
+// previous step_index, the last to arrive, whole too) as a delta of it,
+// as a producer sending deltas would have sent it: its prompt as the
+// tokens after the predecessor's prompt and response (compared token by
+// token) with parent_step_id naming the predecessor, its messages as the
+// bytes after the predecessor's messages less their closing bracket. So
+// a trajectory waiting for its group holds one whole prompt, the last
+// one, and its other steps' new tokens only: memory follows the distinct
+// tokens, not the turns squared. The stored rows are those the Batcher
+// would have cut from the whole steps; a step that does not extend its
+// predecessor, or comes out of order, stays whole. A step sent as a wire
+// delta ends the chain: its parent is validated only once its trajectory
+// is complete.
+func deltaOnArrival(t *Trajectory, st *Step) {
+	s := st.Step
+	if s.ParentStepID != "" || s.PromptIDs == nil {
+		t.tip, t.tipPrompt, t.tipMsgs = nil, nil, nil
+		return
+	}
+	whole, msgs := s.PromptIDs, s.Messages
+	if tip := t.tip; tip != nil && tip.StepIndex == s.StepIndex-1 {
+		if p := prefix.Extends(whole, t.tipPrompt, tip.ResponseIDs); p > 0 {
+			d := make([]int32, len(whole)-p) // not nil: an empty delta is a list
+			copy(d, whole[p:])
+			s.PromptIDs, s.PromptDeltaIDs, s.ParentStepID = nil, d, tip.StepID
+		}
+		if msgs != nil && prefix.MessagesExtend(msgs, t.tipMsgs) {
+			st.msgTail = bytes.Clone(msgs[len(t.tipMsgs)-1:])
+			s.Messages, s.ParentStepID = nil, tip.StepID
+		}
+	}
+	t.tip, t.tipPrompt, t.tipMsgs = st, whole, msgs
 }
 
 func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {

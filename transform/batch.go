@@ -237,6 +237,13 @@ func (c *chain) promptLen(k int) int {
 // (once) when sent as messages_added.
 func (c *chain) messages(k int) []byte {
 	s := c.steps[k]
+	if s.Messages == nil && s.msgTail != nil {
+		if p := c.parentOf(k); p >= 0 {
+			pm := c.messages(p)
+			s.Messages = append(append(make([]byte, 0, len(pm)-1+len(s.msgTail)), pm[:len(pm)-1]...), s.msgTail...)
+		}
+		return s.Messages
+	}
 	if s.Messages != nil || s.MessagesAdded == nil {
 		return s.Messages
 	}
@@ -252,6 +259,10 @@ func (c *chain) messages(k int) []byte {
 // message, without building them.
 func (c *chain) hasMessages(k int) bool {
 	s := c.steps[k]
+	if s.msgTail != nil {
+		m := c.messages(k)
+		return len(m) >= 2 && len(bytes.TrimSpace(m[1:len(m)-1])) > 0
+	}
 	if s.Messages != nil || s.MessagesAdded == nil {
 		return len(s.Messages) >= 2 && len(bytes.TrimSpace(s.Messages[1:len(s.Messages)-1])) > 0
 	}
@@ -314,8 +325,12 @@ func (bt *Batcher) addPrompt(c *chain, k int, prefixLen *array.Int32Builder) {
 		prefixLen.Append(int32(p))
 	}
 	switch {
+	case prev >= 0 && s.Messages == nil && s.msgTail != nil && c.parentOf(k) == prev:
+		// Kept as the delta of its predecessor on arrival.
+		bt.messages.add(nil)
+		bt.msgDelta.add(s.msgTail)
 	case prev >= 0 && s.Messages == nil && s.MessagesAdded != nil && c.parentOf(k) == prev &&
-		(c.steps[prev].Messages != nil || c.steps[prev].MessagesAdded != nil):
+		(c.steps[prev].Messages != nil || c.steps[prev].MessagesAdded != nil || c.steps[prev].msgTail != nil):
 		// The predecessor's messages (minus "]"), then these.
 		inner := bytes.TrimSpace(s.MessagesAdded[1 : len(s.MessagesAdded)-1])
 		d := make([]byte, 0, len(inner)+2)

@@ -321,10 +321,17 @@ func wireRoundTrip(t *testing.T, seed uint64) {
 	h.add(t0, wireLines(r, want)...)
 	h.a.Flush()
 	h.take()
+	roundTrip(t, r, received(t, h, want), want)
+}
+
+// received returns the groups h emitted, ordered as want's and their
+// trajectories as want's (rows follow the input's order), after checking
+// that there is no dead letter and every group came whole.
+func received(t *testing.T, h *harness, want []*Group) []*Group {
+	t.Helper()
 	if len(h.dead) > 0 {
-		t.Fatalf("seed %d: dead letter %s: %s", seed, h.dead[0].Reason, h.dead[0].Error)
+		t.Fatalf("dead letter %s: %s", h.dead[0].Reason, h.dead[0].Error)
 	}
-	// The received groups, in the input's order (rows follow it).
 	byKey := map[string]*Group{}
 	for _, g := range h.groups {
 		byKey[g.Key] = g
@@ -333,7 +340,7 @@ func wireRoundTrip(t *testing.T, seed uint64) {
 	for _, g := range want {
 		rg := byKey[g.Key]
 		if rg == nil || len(rg.Trajectories) != len(g.Trajectories) {
-			t.Fatalf("seed %d: group %s not emitted whole", seed, g.Key)
+			t.Fatalf("group %s not emitted whole", g.Key)
 		}
 		order := map[string]int{}
 		for i, tr := range g.Trajectories {
@@ -342,7 +349,140 @@ func wireRoundTrip(t *testing.T, seed uint64) {
 		slices.SortFunc(rg.Trajectories, func(a, b *Trajectory) int { return order[a.TrajectoryID] - order[b.TrajectoryID] })
 		got = append(got, rg)
 	}
-	roundTrip(t, r, got, want)
+	return got
+}
+
+// wholeLines renders groups as whole records (every prompt and message
+// list whole), each trajectory's steps in order then its record; the
+// trajectories of all groups interleaved at random.
+func wholeLines(r *rand.Rand, groups []*Group) []string {
+	var queues [][]string
+	for _, g := range groups {
+		for _, tr := range g.Trajectories {
+			var q []string
+			for _, s := range tr.Steps {
+				rec := map[string]any{"type": "step", "step_id": s.StepID, "task_id": g.Key, "trajectory_id": s.TrajectoryID,
+					"step_index": s.StepIndex, "policy_version": 0, "prompt_ids": append([]int32{}, s.PromptIDs...),
+					"response_ids": s.ResponseIDs, "response_logprobs": s.ResponseLogprobs}
+				if s.Messages != nil {
+					rec["messages"] = json.RawMessage(s.Messages)
+				}
+				b, _ := json.Marshal(rec)
+				q = append(q, string(b))
+			}
+			b, _ := json.Marshal(map[string]any{"type": "trajectory", "trajectory_id": tr.TrajectoryID, "task_id": g.Key, "reward": 1, "num_steps": len(tr.Steps)})
+			queues = append(queues, append(q, string(b)))
+		}
+	}
+	var lines []string
+	for len(queues) > 0 {
+		i := r.IntN(len(queues))
+		lines = append(lines, queues[i][0])
+		if queues[i] = queues[i][1:]; len(queues[i]) == 0 {
+			queues = slices.Delete(queues, i, i+1)
+		}
+	}
+	return lines
+}
+
+// TestDeltasOnArrival: whole records of a trajectory arriving in order
+// are held, while their group waits, as deltas of their predecessors
+// wherever they extend them (so a trajectory holds one whole prompt, not
+// every turn's), and the rows built from them are those built from the
+// whole steps; read back, every prompt and message list is the input's.
+// Out of order (shuffled), the rows are the same.
+func TestDeltasOnArrival(t *testing.T) {
+	held := 0
+	for seed := range uint64(40) {
+		r := rand.New(rand.NewPCG(seed, 13))
+		want := chainGroups(r)
+		for _, shuffle := range []bool{false, true} {
+			lines := wholeLines(r, want)
+			if shuffle {
+				r.Shuffle(len(lines), func(i, j int) { lines[i], lines[j] = lines[j], lines[i] })
+			}
+			h := newHarness(t, Config{GroupSize: 1 << 10, MinGroupSize: 1})
+			h.add(t0, lines...)
+			if !shuffle {
+				held += checkHeld(t, h, want)
+			}
+			h.a.Flush()
+			h.take()
+			got := received(t, h, want)
+			sameRows(t, got, want)
+			roundTrip(t, r, got, want)
+		}
+	}
+	if held == 0 {
+		t.Fatal("no step was held as a delta")
+	}
+}
+
+// checkHeld checks how h holds the steps of want's trajectories (all
+// open, arrived in order): a step whose prompt extends its predecessor's
+// prompt and response holds only the tokens after them, naming its
+// predecessor; others hold their whole prompt. Messages alike. It returns
+// how many steps were held as deltas.
+func checkHeld(t *testing.T, h *harness, want []*Group) (deltas int) {
+	t.Helper()
+	for _, g := range want {
+		for _, wt := range g.Trajectories {
+			ht := h.a.trajs[wt.TrajectoryID]
+			if ht == nil || len(ht.Steps) != len(wt.Steps) {
+				t.Fatalf("trajectory %s not held whole", wt.TrajectoryID)
+			}
+			for k, ws := range wt.Steps {
+				hs := ht.Steps[k]
+				p := 0
+				var pm []byte
+				if k > 0 {
+					prev := wt.Steps[k-1]
+					p, pm = prefix.Extends(ws.PromptIDs, prev.PromptIDs, prev.ResponseIDs), prev.Messages
+				}
+				switch {
+				case p > 0:
+					if hs.PromptIDs != nil || !slices.Equal(hs.PromptDeltaIDs, ws.PromptIDs[p:]) || hs.PromptDeltaIDs == nil || hs.ParentStepID != wt.Steps[k-1].StepID {
+						t.Fatalf("%s: held prompt %v delta %v parent %q, want the delta %v of %s", ws.StepID, hs.PromptIDs, hs.PromptDeltaIDs, hs.ParentStepID, ws.PromptIDs[p:], wt.Steps[k-1].StepID)
+					}
+					deltas++
+				case !slices.Equal(hs.PromptIDs, ws.PromptIDs) || hs.PromptIDs == nil:
+					t.Fatalf("%s: held prompt %v, want it whole: %v", ws.StepID, hs.PromptIDs, ws.PromptIDs)
+				}
+				if ws.Messages != nil && prefix.MessagesExtend(ws.Messages, pm) {
+					if hs.Messages != nil || string(hs.msgTail) != string(ws.Messages[len(pm)-1:]) {
+						t.Fatalf("%s: held messages %q tail %q, want the tail %q", ws.StepID, hs.Messages, hs.msgTail, ws.Messages[len(pm)-1:])
+					}
+				} else if string(hs.Messages) != string(ws.Messages) || hs.msgTail != nil {
+					t.Fatalf("%s: held messages %q, want %q", ws.StepID, hs.Messages, ws.Messages)
+				}
+			}
+		}
+	}
+	return deltas
+}
+
+// sameRows checks that got and want build the same prompt and message
+// columns.
+func sameRows(t *testing.T, got, want []*Group) {
+	t.Helper()
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	var recs [2]arrow.RecordBatch
+	for i, groups := range [][]*Group{got, want} {
+		bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
+		batches, err := bt.Build(groups)
+		bt.Release()
+		if err != nil || len(batches) != 1 {
+			t.Fatalf("%d batches (%v), want 1", len(batches), err)
+		}
+		recs[i] = batches[0].Record
+		defer recs[i].Release()
+	}
+	for _, c := range []int{schemas.ColPromptIDs, schemas.ColPromptDeltaIDs, schemas.ColPromptPrefixLen, schemas.ColMessages, schemas.ColMessagesDelta} {
+		if !array.Equal(recs[0].Column(c), recs[1].Column(c)) {
+			t.Fatalf("column %s differs:\n got %v\nwant %v", recs[0].ColumnName(c), recs[0].Column(c), recs[1].Column(c))
+		}
+	}
 }
 
 // TestWireDeltaInvalidParent: a delta whose parent is not an earlier step
