@@ -98,7 +98,7 @@ def _messages(v):
     return out
 
 
-def episode_records(episode, policy_version=None, group_size=None):
+def episode_records(episode, policy_version=None, group_size=None, deltas=False):
     """Return the wire records (dicts) of one rLLM Episode.
 
     ``episode`` is an object with the attributes of rLLM's Episode,
@@ -113,6 +113,17 @@ def episode_records(episode, policy_version=None, group_size=None):
 
     ``policy_version`` is used for steps without a ``weight_version``;
     ``group_size`` is written on each trajectory record when given.
+
+    ``deltas=True`` sends multi-turn prompts as deltas (the wire format's
+    ``prompt_delta_ids`` + ``parent_step_id``): a step whose prompt begins
+    with the previous step's prompt and response, token for token, carries
+    only the tokens after them, and then its messages, when they begin
+    with the previous step's, only those added (``messages_added``). What
+    rllm-pipe stores is the same as for whole records; the bytes sent and
+    parsed shrink with the turns. Send a record's retries with the same
+    setting: a step sent once whole and once as a delta is two different
+    contents of one step_id (dead-lettered as ``duplicate_conflict``), and
+    ``rllm-pipe import rllm`` writes whole records.
 
     Raises InvalidEpisode for a step the pipeline would reject: a null
     logprob entry, logprobs not one per response token, no policy version,
@@ -130,8 +141,14 @@ def episode_records(episode, policy_version=None, group_size=None):
         name = _get(traj, "name") or ""
         role = name if name != _DEFAULT_TRAJ_NAME else ""
         steps = _list(_get(traj, "steps"))
+        prev = None
         for si, step in enumerate(steps):
-            records.append(_step_record(step, si, task, role, traj_id, policy_version))
+            rec = _step_record(step, si, task, role, traj_id, policy_version)
+            whole = (rec["prompt_ids"], rec["response_ids"], rec.get("messages"))
+            if deltas and prev is not None:
+                _as_delta(rec, prev)
+            records.append(rec)
+            prev = (rec["step_id"],) + whole
         reward = _finite("reward", _get(traj, "reward"), "trajectory %s" % traj_id)
         if reward is None:
             raise InvalidEpisode("missing_field", "trajectory %s has no reward" % traj_id)
@@ -201,6 +218,26 @@ def _step_record(step, index, task, role, traj_id, policy_version):
     if finish:
         rec["finish_reason"] = finish
     return rec
+
+
+def _as_delta(rec, prev):
+    """Rewrite step record rec as a delta of the step before it, prev
+    (step_id, whole prompt, response, messages), when its prompt begins
+    with prev's prompt and response (and they are not empty)."""
+    pid, pprompt, presp, pmsgs = prev
+    prompt = rec["prompt_ids"]
+    n = len(pprompt) + len(presp)
+    if n == 0 or len(prompt) < n or prompt[:len(pprompt)] != pprompt or prompt[len(pprompt):n] != presp:
+        return
+    del rec["prompt_ids"]
+    rec["parent_step_id"] = pid
+    rec["prompt_delta_ids"] = prompt[n:]
+    msgs = rec.get("messages")
+    # Compared as sent (key order counts), so the messages stored are the
+    # text the whole record would have carried.
+    if msgs is not None and pmsgs and len(msgs) >= len(pmsgs) and _line(msgs[:len(pmsgs)]) == _line(pmsgs):
+        del rec["messages"]
+        rec["messages_added"] = msgs[len(pmsgs):]
 
 
 def _line(rec):
