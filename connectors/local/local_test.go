@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -240,5 +241,52 @@ func TestWriterStateAndDeadWriter(t *testing.T) {
 	reg, _ := readWriters(root)
 	if len(reg.open) != 0 {
 		t.Fatalf("writers left open: %v", reg.open)
+	}
+}
+
+// TestObjectsRemoveDeadCreatorsTemps: a temporary file a creator killed
+// mid-Create left behind is removed by the next writer's first Create
+// once it is older than any live Create could be; a recent one (maybe a
+// live creator's) stays, and reading never removes anything.
+func TestObjectsRemoveDeadCreatorsTemps(t *testing.T) {
+	root := t.TempDir()
+	r, err := OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := r.Objects("_consumers/g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "_consumers", "g")
+	old, recent := filepath.Join(dir, ".tmp-123"), filepath.Join(dir, ".tmp-456")
+	for _, f := range []string{old, recent} {
+		if err := os.WriteFile(f, []byte("partial"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	past := time.Now().Add(-staleTemp - time.Minute)
+	if err := os.Chtimes(old, past, past); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := obj.List(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("a read removed a temporary file: %v", err)
+	}
+	if err := obj.Create(ctx, "0001", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the dead creator's temporary file is still there (%v)", err)
+	}
+	if _, err := os.Stat(recent); err != nil {
+		t.Errorf("a recent temporary file was removed: %v", err)
+	}
+	names, err := obj.List(ctx, "")
+	if err != nil || strings.Join(names, ",") != "0001" {
+		t.Errorf("objects %v (%v), want 0001", names, err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
 
@@ -208,13 +209,20 @@ func (r *Reader) Objects(dir string) (store.Objects, error) {
 // written to a temporary file, synced, then hard-linked under its name
 // (link fails if the name exists, so of two creators exactly one wins,
 // and a reader never sees a partial object).
-type Objects struct{ dir string }
+// The first Create of an Objects also removes the temporary files a
+// process killed while creating left (removeStaleTemps): only a writer
+// does, so that reading a folder never changes it.
+type Objects struct {
+	dir   string
+	swept sync.Once
+}
 
 // Create writes name with data unless it exists (fs.ErrExist).
 func (o *Objects) Create(ctx context.Context, name string, data []byte) error {
 	if err := checkName(name); err != nil {
 		return err
 	}
+	o.swept.Do(func() { removeStaleTemps(o.dir, time.Now().Add(-staleTemp)) })
 	tmp, err := os.CreateTemp(o.dir, ".tmp-*")
 	if err != nil {
 		return fmt.Errorf("create %s: %w", name, err)
@@ -238,6 +246,31 @@ func (o *Objects) Create(ctx context.Context, name string, data []byte) error {
 		return fmt.Errorf("publish %s: %w", name, err)
 	}
 	return syncDir(o.dir)
+}
+
+// staleTemp is the age past which a temporary file of Objects.Create is
+// the leftover of a process killed while creating (a live Create removes
+// its own within the time of one write and sync).
+const staleTemp = 15 * time.Minute
+
+// removeStaleTemps removes the temporary files of Objects.Create in dir
+// last modified before cutoff, as far as it can: only names Create makes
+// are touched, and what it cannot remove is left for the next writer.
+func removeStaleTemps(dir string, cutoff time.Time) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".tmp-") || !e.Type().IsRegular() {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || !info.ModTime().Before(cutoff) {
+			continue // gone meanwhile, or maybe a live Create's
+		}
+		_ = os.Remove(filepath.Join(dir, e.Name()))
+	}
 }
 
 // Get reads name (fs.ErrNotExist if absent).
