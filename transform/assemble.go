@@ -641,6 +641,7 @@ func (a *Assembler) close(g *group, why string) {
 	}
 	cg := &closedGroup{}
 	for _, t := range g.trajs {
+		t.tip, t.tipPrompt, t.tipMsgs = nil, nil, nil // the last whole prompt: no longer needed
 		delete(a.trajs, a.trajID(t))
 		for _, s := range t.Steps {
 			delete(a.steps, s.StepID)
