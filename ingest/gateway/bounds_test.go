@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -68,6 +69,20 @@ func TestTraceByteBound(t *testing.T) {
 		t.Fatalf("the oldest finished session is still held: %d", code)
 	}
 	call("a:0", 409) // evicted once finished: refused as after DELETE
+	// A repeat of its finish (a client that lost the answer) is answered
+	// as the first one was; a different body is a conflict; an id never
+	// seen is not found.
+	var fin struct {
+		TrajectoryID string `json:"trajectory_id"`
+		NumSteps     int64  `json:"num_steps"`
+		Durable      bool   `json:"durable"`
+	}
+	e.mustJSON("POST", "/sessions/a:0/finish", `{"reward": 1, "is_correct": true, "termination_reason": "env_done"}`, 200, &fin)
+	if !strings.HasPrefix(fin.TrajectoryID, "a:0@") || fin.NumSteps != 2 || !fin.Durable {
+		t.Fatalf("repeated finish of an evicted session: %+v", fin)
+	}
+	e.mustJSON("POST", "/sessions/a:0/finish", `{"reward":0,"is_correct":true,"termination_reason":"env_done"}`, 409, nil)
+	e.mustJSON("POST", "/sessions/never:0/finish", `{"reward":1}`, 404, nil)
 
 	// Open sessions only: their oldest traces go.
 	for range 8 {

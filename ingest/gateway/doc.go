@@ -89,7 +89,9 @@
 //     the step's and the trajectory's metadata.
 //   - A finished session refuses calls (409) until POST /sessions starts
 //     its id again, as a new incarnation; so does one deleted after it
-//     finished (Config.MaxRetiredSessions ids are remembered). A session
+//     finished (Config.MaxRetiredSessions ids are remembered). A repeat
+//     of its finish with the same body is answered as the first one was,
+//     also after it left the table; another body is a 409. A session
 //     deleted while open is forgotten: the next call starts a new one.
 //   - Step fields the wire format has no column for (latency_ms, tools, the
 //     session id, usage, n) ride in the step's metadata object.

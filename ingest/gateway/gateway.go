@@ -70,7 +70,8 @@ type Config struct {
 	// MaxRetiredSessions bounds the ids of finished sessions remembered
 	// after they leave the table (DELETE, eviction), so that a late call to
 	// one is refused (409) rather than starting a trajectory nobody will
-	// finish (default 100,000; about 100 bytes each).
+	// finish, and a repeat of its finish is answered as the first one was
+	// (default 100,000; about 200 bytes each).
 	MaxRetiredSessions int
 	// FinishTimeout bounds how long finish and POST /records wait for their
 	// records to be durable before answering 503 (default 60s).

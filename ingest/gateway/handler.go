@@ -483,7 +483,8 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 	s.inflight.add(1)
 	defer s.inflight.done(1)
 	sess := s.sessions.get(sid)
-	if sess == nil {
+	gone, retired := s.sessions.retiredFinish(sid)
+	if sess == nil && !retired {
 		writeError(w, http.StatusNotFound, "Session "+sid+" not found")
 		return
 	}
@@ -497,11 +498,29 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.cfg.FinishTimeout)
 	defer cancel()
+	if sess == nil {
+		// Finished, then evicted or deleted: a repeat of the same finish
+		// is answered as the first was.
+		if gone.sum != finishSum(&body) {
+			writeError(w, http.StatusConflict, "session "+sid+" was finished with a different body")
+			return
+		}
+		if gone.durable != nil {
+			if err := gone.durable.wait(ctx); err != nil {
+				s.metrics.errors.inc("finish_not_durable")
+				writeError(w, http.StatusServiceUnavailable, "the session's records are not durable yet (the output is behind or down); repeat the same finish to wait again")
+				return
+			}
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"session_id": sid, "trajectory_id": gone.trajID, "num_steps": gone.steps, "durable": true})
+		return
+	}
 
 	sess.mu.Lock()
 	prev := sess.finished
 	if prev == nil {
 		sess.finished = []byte{} // refuse new calls from now on
+		sess.finishSum = finishSum(&body)
 	}
 	sess.mu.Unlock()
 	if prev != nil && len(prev) == 0 {
@@ -528,7 +547,7 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 		return
 	}
 	if prev == nil {
-		s.queue.enqueue(&sess.durable, Record{Key: sess.key(), Line: line})
+		s.queue.enqueue(sess.durable, Record{Key: sess.key(), Line: line})
 		if n := s.sessions.markFinished(sess); n > 0 {
 			s.metrics.tracesEvicted.Add(int64(n))
 		}

@@ -434,7 +434,7 @@ func (s *Server) record(cl *call) {
 	}
 	sess.mu.Unlock()
 	line, tr, reject := buildStep(cl, index, parent)
-	s.queue.enqueue(&sess.durable, Record{Key: sess.key(), Line: line})
+	s.queue.enqueue(sess.durable, Record{Key: sess.key(), Line: line})
 	s.metrics.steps.Add(1)
 	if reject != "" {
 		s.metrics.rejected.inc(reject)

@@ -227,6 +227,14 @@ type finishBody struct {
 	Metadata          json.RawMessage `json:"metadata"`
 }
 
+// finishSum identifies a finish body, so that a repeat of a finish is
+// told from a different one once its session has left the table. The
+// body is encoded again: its raw objects compacted, fields in order.
+func finishSum(b *finishBody) [sha256.Size]byte {
+	data, _ := json.Marshal(b) // it decoded from JSON: it encodes
+	return sha256.Sum256(data)
+}
+
 type trajectoryRecord struct {
 	Type              string          `json:"type"`
 	TrajectoryID      string          `json:"trajectory_id"`

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
 	"strconv"
@@ -61,14 +62,17 @@ type session struct {
 	role      string
 	groupSize int
 
-	durable  tracker // this session's records not yet durable
-	inflight tracker // recorded calls running
+	durable  *tracker // this session's records not yet durable (its own allocation: a retired id keeps it)
+	inflight tracker  // recorded calls running
 
 	mu       sync.Mutex
 	steps    int64  // recorded calls: the next step_index
 	last     *prev  // the step before the next one, when it can be a parent
 	finished []byte // the trajectory line once finished
-	traces   []*trace
+	// finishSum identifies the finish body (finishSum), kept for a repeat
+	// of the finish once the session has left the table.
+	finishSum [sha256.Size]byte
+	traces    []*trace
 
 	// Under sessions.mu: counted among the finished sessions (finishedN,
 	// its bytes in sessions.bytes).
@@ -98,7 +102,7 @@ func newSession(id, incarnation string, now time.Time, metadata json.RawMessage,
 	if len(metadata) == 0 || string(metadata) == "null" {
 		metadata = json.RawMessage("{}")
 	}
-	s := &session{id: id, created: now, metadata: metadata, sampling: sampling,
+	s := &session{id: id, created: now, metadata: metadata, sampling: sampling, durable: &tracker{},
 		taskID: ident.TaskID, groupID: ident.GroupID, trajID: ident.TrajectoryID, role: ident.Role, groupSize: ident.GroupSize}
 	if s.taskID == "" {
 		s.taskID = id
@@ -167,7 +171,7 @@ type sessions struct {
 	fifo      []*trace            // traces held, oldest first, and gone ones not yet skipped
 	finishedQ []*session          // finished sessions, oldest first, and stale ones not yet skipped
 	finishedN int                 // finished sessions in m
-	retired   map[string]int64    // finished sessions' ids no longer in m → when retired (retiredN)
+	retired   map[string]*retired // finished sessions' ids no longer in m
 	retiredQ  []retiredID         // retired, oldest first
 	retiredN  int64
 }
@@ -177,12 +181,35 @@ func newSessions(perSession, total int, maxBytes int64, maxRetired int) *session
 	_, _ = rand.Read(b[:])
 	return &sessions{perSession: perSession, total: total, maxBytes: maxBytes, maxRetired: maxRetired,
 		run: strings.ToLower(base32.StdEncoding.EncodeToString(b[:])),
-		m:   map[string]*session{}, traces: map[string]*session{}, retired: map[string]int64{}}
+		m:   map[string]*session{}, traces: map[string]*session{}, retired: map[string]*retired{}}
 }
 
 type retiredID struct {
 	id string
 	n  int64
+}
+
+// retired is what a finished session that left the table leaves: enough
+// to answer a repeat of its finish (a client that lost the answer) as the
+// first one was answered.
+type retired struct {
+	n       int64 // when retired (retiredN)
+	trajID  string
+	steps   int64
+	sum     [sha256.Size]byte // the finish body's
+	durable *tracker          // nil once its records were durable
+}
+
+// retiredFinish returns what the retired session id left, if it is
+// remembered.
+func (t *sessions) retiredFinish(id string) (retired, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.retired[id]
+	if !ok {
+		return retired{}, false
+	}
+	return *r, true
 }
 
 // incarnation returns the next "{run}.{n}" trajectory id suffix.
@@ -222,10 +249,17 @@ func (t *sessions) retireLocked(s *session) {
 		return
 	}
 	t.retiredN++
-	t.retired[s.id] = t.retiredN
+	r := &retired{n: t.retiredN, trajID: s.trajID, durable: s.durable}
+	s.mu.Lock()
+	r.steps, r.sum = s.steps, s.finishSum
+	s.mu.Unlock()
+	if r.durable.count() == 0 {
+		r.durable = nil
+	}
+	t.retired[s.id] = r
 	t.retiredQ = append(t.retiredQ, retiredID{s.id, t.retiredN})
 	for len(t.retiredQ) > t.maxRetired {
-		if r := t.retiredQ[0]; t.retired[r.id] == r.n { // not taken back and retired again since
+		if r := t.retiredQ[0]; t.retired[r.id] != nil && t.retired[r.id].n == r.n { // not taken back and retired again since
 			delete(t.retired, r.id)
 		}
 		t.retiredQ[0] = retiredID{}
