@@ -266,12 +266,7 @@ func wireLines(r *rand.Rand, groups []*Group) []string {
 	for _, g := range groups {
 		for _, tr := range g.Trajectories {
 			for k, s := range tr.Steps {
-				rec := map[string]any{"type": "step", "step_id": s.StepID, "task_id": g.Key, "trajectory_id": s.TrajectoryID,
-					"step_index": s.StepIndex, "policy_version": 0, "response_ids": s.ResponseIDs, "response_logprobs": s.ResponseLogprobs}
-				if s.Messages != nil {
-					rec["messages"] = json.RawMessage(s.Messages)
-				}
-				rec["prompt_ids"] = append([]int32{}, s.PromptIDs...)
+				rec := wholeRecord(g.Key, s)
 				for j := k - 1; j >= 0 && r.IntN(4) != 0; j-- {
 					p := tr.Steps[j]
 					// Any prompt extends an empty parent's (no prompt, no
@@ -352,6 +347,17 @@ func received(t *testing.T, h *harness, want []*Group) []*Group {
 	return got
 }
 
+// wholeRecord is step s of task key as a whole record (before encoding).
+func wholeRecord(key string, s *Step) map[string]any {
+	rec := map[string]any{"type": "step", "step_id": s.StepID, "task_id": key, "trajectory_id": s.TrajectoryID,
+		"step_index": s.StepIndex, "policy_version": 0, "prompt_ids": append([]int32{}, s.PromptIDs...),
+		"response_ids": s.ResponseIDs, "response_logprobs": s.ResponseLogprobs}
+	if s.Messages != nil {
+		rec["messages"] = json.RawMessage(s.Messages)
+	}
+	return rec
+}
+
 // wholeLines renders groups as whole records (every prompt and message
 // list whole), each trajectory's steps in order then its record; the
 // trajectories of all groups interleaved at random.
@@ -361,13 +367,7 @@ func wholeLines(r *rand.Rand, groups []*Group) []string {
 		for _, tr := range g.Trajectories {
 			var q []string
 			for _, s := range tr.Steps {
-				rec := map[string]any{"type": "step", "step_id": s.StepID, "task_id": g.Key, "trajectory_id": s.TrajectoryID,
-					"step_index": s.StepIndex, "policy_version": 0, "prompt_ids": append([]int32{}, s.PromptIDs...),
-					"response_ids": s.ResponseIDs, "response_logprobs": s.ResponseLogprobs}
-				if s.Messages != nil {
-					rec["messages"] = json.RawMessage(s.Messages)
-				}
-				b, _ := json.Marshal(rec)
+				b, _ := json.Marshal(wholeRecord(g.Key, s))
 				q = append(q, string(b))
 			}
 			b, _ := json.Marshal(map[string]any{"type": "trajectory", "trajectory_id": tr.TrajectoryID, "task_id": g.Key, "reward": 1, "num_steps": len(tr.Steps)})
