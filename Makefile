@@ -1,9 +1,11 @@
 # rllm-pipe: the two commands a fresh machine needs are `make run` and
-# `make test`. Both only need Go (and a C compiler for the DuckDB checks);
-# modules come from the Go module proxy on first use.
+# `make test`. `make run` needs Go and a C compiler (DuckDB links through
+# cgo); `make test` also Java 17, Maven and Python 3.10+ (README: "Two
+# commands"). Modules and packages are fetched on first use.
 GO      ?= go
 BIN     := bin/rllm-pipe
 DATA    ?= data
+WORK    ?= .run
 GROUPS  ?= 2000
 
 .PHONY: all build run test test-python test-short bench fuzz lint fmt clean services-up services-down
@@ -14,16 +16,17 @@ build:
 	$(GO) build -o $(BIN) ./cmd/rllm-pipe
 
 # run: the main job on the embedded default (local files, no services):
-# generate traces, ingest them into ./data, print a summary.
+# generate traces into ./.run, ingest them into ./data (the store: no other
+# file goes there), print a summary.
 run: build
-	rm -rf $(DATA)
-	$(BIN) gen --groups $(GROUPS) --group-size 8 --duplicates 0.01 --out $(DATA)/_input/traces.jsonl
-	$(BIN) ingest --from $(DATA)/_input/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(DATA)/_stats/ingest.json
+	rm -rf $(DATA) $(WORK)
+	$(BIN) gen --groups $(GROUPS) --group-size 8 --duplicates 0.01 --out $(WORK)/traces.jsonl
+	$(BIN) ingest --from $(WORK)/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(WORK)/ingest-stats.json
 	$(BIN) summary --from $(DATA)
 
 # test: the whole suite, race detector on, nothing cached. It first
 # installs (once, cached) and starts a real Kafka broker and MinIO server
-# (scripts/services.sh; Java 17 and Go are all it needs) for the
+# (scripts/services.sh: Java 17 and Maven fetch the broker's jars) for the
 # TestIntegration* tier, which reads RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT.
 # Then the Python client's tests against a real `rllm-pipe serve`
 # (scripts/pytest.sh: a cached virtualenv with pyarrow and pytest from PyPI).
