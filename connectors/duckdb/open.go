@@ -648,10 +648,11 @@ func newDB(from string, o Options) (*DB, error) {
 	for _, set := range []string{
 		// Spill to our folder, not to the working directory (which may be
 		// the output root).
-		"SET temp_directory = " + sqlString(filepath.Join(work, "spill")),
+		"SET GLOBAL temp_directory = " + sqlString(filepath.Join(work, "spill")),
 		// Every query over steps binds the view again, reading shard
-		// footers: keep them in memory.
-		"SET parquet_metadata_cache = true",
+		// footers: keep them in memory, on every connection (GLOBAL: a
+		// plain SET of this option holds for one connection only).
+		"SET GLOBAL parquet_metadata_cache = true",
 	} {
 		if _, err := db.Exec(set); err != nil {
 			return nil, errors.Join(fmt.Errorf("duckdb: %s: %w", set, err), d.Close())

@@ -141,6 +141,12 @@ func TestViewsOnEveryConnection(t *testing.T) {
 		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM steps").Scan(&n); err != nil || n != 6 {
 			t.Errorf("connection %d: %d steps (%v), want 6", i, n, err)
 		}
+		// Every query binds the views again: the footers stay cached on
+		// every connection.
+		var cache string
+		if err := c.QueryRowContext(ctx, "SELECT current_setting('parquet_metadata_cache')::VARCHAR").Scan(&cache); err != nil || cache != "true" {
+			t.Errorf("connection %d: parquet_metadata_cache %q (%v), want true", i, cache, err)
+		}
 		orphan := sqlString(filepath.Join(root, "policy=0", "orphan.parquet"))
 		if err := c.QueryRowContext(ctx, "SELECT count(*) FROM read_parquet("+orphan+")").Scan(&n); err == nil {
 			t.Errorf("connection %d read a file the manifest does not list", i)
