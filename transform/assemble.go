@@ -100,6 +100,10 @@ type Step struct {
 	// its parent's messages without their closing bracket, then msgTail
 	// (deltaOnArrival).
 	msgTail []byte
+	// promptApart and msgsApart: deltaOnArrival compared the step's
+	// prompt (messages) with its predecessor's and found that they do not
+	// extend them.
+	promptApart, msgsApart bool
 }
 
 // Trajectory is a trajectory of an emitted group: its record and its
@@ -448,10 +452,14 @@ func deltaOnArrival(t *Trajectory, st *Step) {
 			d := make([]int32, len(whole)-p) // not nil: an empty delta is a list
 			copy(d, whole[p:])
 			s.PromptIDs, s.PromptDeltaIDs, s.ParentStepID = nil, d, tip.StepID
+		} else {
+			st.promptApart = true
 		}
 		if msgs != nil && prefix.MessagesExtend(msgs, t.tipMsgs) {
 			st.msgTail = bytes.Clone(msgs[len(t.tipMsgs)-1:])
 			s.Messages, s.ParentStepID = nil, tip.StepID
+		} else {
+			st.msgsApart = true
 		}
 	}
 	t.tip, t.tipPrompt, t.tipMsgs = st, whole, msgs

@@ -312,7 +312,9 @@ func (bt *Batcher) addPrompt(c *chain, k int, prefixLen *array.Int32Builder) {
 	default:
 		w := c.prompt(k)
 		p := 0
-		if prev >= 0 {
+		// A step found apart on arrival does not extend its predecessor
+		// (whose whole prompt need not be rebuilt to see it again).
+		if prev >= 0 && !s.promptApart {
 			p = prefix.Extends(w, c.prompt(prev), c.steps[prev].ResponseIDs)
 		}
 		if p > 0 {
@@ -341,7 +343,7 @@ func (bt *Batcher) addPrompt(c *chain, k int, prefixLen *array.Int32Builder) {
 		bt.msgDelta.add(append(append(d, inner...), ']'))
 	default:
 		m := c.messages(k)
-		if prev >= 0 && m != nil {
+		if prev >= 0 && m != nil && !s.msgsApart {
 			if pm := c.messages(prev); prefix.MessagesExtend(m, pm) {
 				bt.messages.add(nil)
 				bt.msgDelta.add(m[len(pm)-1:])
