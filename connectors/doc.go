@@ -16,5 +16,7 @@
 //   - kafka: the Kafka source (consumer-group generations resumed from the
 //     manifest), the producer and the dead-letter topic;
 //   - duckdb: an embedded DuckDB over committed shards, with views and
-//     named reports.
+//     named reports;
+//   - recordlog: an append-only log of wire-format records on local disk
+//     (the capture gateway's record-log output and write-ahead log).
 package connectors

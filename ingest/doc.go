@@ -5,7 +5,8 @@
 //
 // Data flows source → decode (this package) → group (transform) →
 // advantage → encode and sink (connectors). This package imports only
-// schemas and the standard library; it never touches Arrow or Parquet.
+// schemas, golang.org/x/sync and the standard library; it never touches
+// Arrow or Parquet.
 //
 // The decoder is hand-written: it parses straight into typed slices with no
 // reflection and no intermediate maps, accepts Python's NaN and Infinity

@@ -48,7 +48,7 @@ func (o *serveOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the admin token, also the only one that reads other members' stats (default: $RLLM_PIPE_ADMIN_TOKEN)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this PEM certificate (with --tls-key)")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
-	f.IntVar(&o.maxStreams, "max-streams", 64, "streams (members) served at once; more are refused")
+	f.IntVar(&o.maxStreams, "max-streams", 64, "streams (members) served at once; beyond it a new stream evicts one that has acknowledged nothing for --send-timeout, else it is refused")
 	f.IntVar(&o.maxStreamsPerConn, "max-streams-per-conn", 4, "streams one client connection may hold at once (a consumer name streams once at a time)")
 	f.IntVar(&o.maxStreamsPerHost, "max-streams-per-host", 16, "streams the connections of one client host (IP address) may hold at once; when the server or a host is full, a new stream evicts one that has acknowledged nothing for --send-timeout")
 	f.StringVar(&o.maxStreamBytes, "max-stream-bytes", "256MiB", "bytes of batches a stream may have unacknowledged before it waits")

@@ -81,6 +81,7 @@
 // is_correct flag when the reward function set one, else a positive
 // reward.
 //
-// This package imports schemas and the local and s3 connectors; nothing
-// in the pipeline imports it.
+// This package imports schemas, train (the consumer groups' logs) and the
+// store and local connectors (an S3 output comes as a store.Reader);
+// nothing in the pipeline imports it.
 package duckdb

@@ -153,7 +153,7 @@ const shardsColumns = `{seq: 'BIGINT', path: 'VARCHAR', "rows": 'BIGINT', bytes:
 // shardLine is one line of the shards file: a manifest entry as the
 // shards table shows it. The table is read from a file, not written as
 // a VALUES list, because DuckDB's parse of a long literal list grows
-// faster than its length (0.07 s at 1k shards, 0.6 s at 5k).
+// faster than its length (BENCHMARKS.md, "sql start-up").
 type shardLine struct {
 	Seq           int64      `json:"seq"`
 	Path          string     `json:"path"`
@@ -255,9 +255,9 @@ func (l *layout) storedStepsSQL() (string, error) {
 		}
 		// Shards of the current schema version share their columns: one
 		// footer binds them all (union_by_name reads every footer at
-		// each binding of the view, every query: 2.6 s of 7.6 s to
-		// define the views over 5k shards, 0.13 s without). Others are
-		// read by name, a version at a time.
+		// each binding of the view, every query: most of the time to
+		// define the views, measured in BENCHMARKS.md). Others are read
+		// by name, a version at a time.
 		byName := v.version != schemas.SchemaVersion
 		fmt.Fprintf(&b, "SELECT * FROM read_parquet(getvariable('%s'), hive_partitioning = false, union_by_name = %t, filename = true)", filesVar(i), byName)
 	}

@@ -1,7 +1,8 @@
 // Package flight serves a consumer group's batches to trainers over Arrow
 // Flight (gRPC), the endpoint the Python client rllm_pipe talks to. It
-// sits at the trainer edge: it imports train and the Flight and gRPC
-// libraries, and nothing of ingest, transform or the connectors.
+// sits at the trainer edge: it imports train, train/merge, the store
+// interface (connectors/store) and the Flight and gRPC libraries, and
+// nothing of ingest, transform or the other connectors.
 //
 // # Protocol
 //
@@ -65,9 +66,12 @@
 // # Limits
 //
 //   - Options.MaxStreams streams at once (default 64), at most
-//     Options.MaxStreamsPerConn (default 4) of one client connection; one
-//     more is refused (ResourceExhausted) before it joins the group. A
-//     consumer name streams once at a time (AlreadyExists).
+//     Options.MaxStreamsPerConn (default 4) of one client connection and
+//     Options.MaxStreamsPerHost (default 16) of one client host; when the
+//     server or a host is full, a new stream evicts one that has
+//     acknowledged nothing for Options.SendTimeout, else it is refused
+//     (ResourceExhausted) before it joins the group. A consumer name
+//     streams once at a time (AlreadyExists).
 //   - Options.MaxStreamBytes: a stream whose batches sent and not yet
 //     acknowledged reach this many bytes waits for acknowledgements before
 //     the next batch (one batch always goes).

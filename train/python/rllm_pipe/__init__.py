@@ -20,8 +20,8 @@ Workers that hold rLLM Episodes send them in with ``rllm_pipe.emit``
 Reading shard files directly: ``rllm_pipe.shards.read_shard`` gives multi-turn
 steps their whole prompts back (schema 4 stores them as prefix deltas).
 
-Only pyarrow is required; numpy comes with pyarrow's numpy conversions and
-torch is used when installed (``Batch.tensors``).
+pyarrow and numpy are required (recent pyarrow releases no longer bring
+numpy); torch is used when installed (``Batch.tensors``).
 """
 
 from . import emit, shards
