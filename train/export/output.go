@@ -46,7 +46,7 @@ func CheckOutput(ctx context.Context, src train.Shards, path string) error {
 		return nil // outside the root
 	}
 	refuse := func(what string) error {
-		return fmt.Errorf("%w: %s (%s) is %s of %s; write the export elsewhere", ErrOutputInStore, path, out, what, root)
+		return fmt.Errorf("%w: %s (%s) is %s of %s; write it elsewhere", ErrOutputInStore, path, out, what, root)
 	}
 	if rel == "." {
 		return refuse("the output root")
