@@ -729,14 +729,19 @@ func (d *DB) ViewsSQL() string {
 	fmt.Fprintf(&b, "-- rllm-pipe sql: views over the committed data of %s (%d shards, %d dead-letter files)\n", d.from, d.shards, d.dlqFiles)
 	for _, v := range d.views {
 		q := v.SQL
-		if v.Name == ViewShards {
+		switch v.Name {
+		case ViewShards:
 			// The same rows, naming no temporary file of ours.
 			q = d.layout.shardsValuesSQL()
+		case ViewStoredSteps:
+			// The files listed in the view, not in variables of a
+			// session, so that a database file keeps the view working.
+			var err error
+			if q, err = d.layout.storedStepsSQL(true); err != nil {
+				q = "-- " + err.Error() + "\n"
+			}
 		}
 		fmt.Fprintf(&b, "\n-- %s: %s\n%s", v.Name, v.Doc, q)
-		if v.Name == ViewShards {
-			fmt.Fprintf(&b, "\n-- the shard files the views read, by schema version (variables of the session)\n%s", d.layout.filesSQL())
-		}
 	}
 	return b.String()
 }

@@ -154,6 +154,50 @@ func TestViewsOnEveryConnection(t *testing.T) {
 	}
 }
 
+// TestViewsSQLInADatabaseFile: the statements ViewsSQL prints, run in a
+// DuckDB database file, keep working once it is closed and opened again
+// (no variable of the session they were made in), over shards of two
+// schema versions.
+func TestViewsSQLInADatabaseFile(t *testing.T) {
+	root := t.TempDir()
+	var entries []schemas.ShardEntry
+	for i, v := range []string{schemas.SchemaVersion, "3"} {
+		rel := fmt.Sprintf("policy=0/s%d.parquet", i)
+		var drop []string
+		if v == "3" {
+			drop = []string{"prompt_prefix_len", "prompt_delta_ids", "messages_delta"}
+		}
+		writeStepFile(t, filepath.Join(root, filepath.FromSlash(rel)), []string{fmt.Sprintf("s%d", i)}, drop...)
+		entries = append(entries, schemas.ShardEntry{Path: rel, Rows: 1, SchemaVersion: v, RunID: "r"})
+	}
+	writeManifest(t, root, entries)
+	d, err := OpenLocal(context.Background(), root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := d.ViewsSQL()
+	d.Close()
+	file := filepath.Join(t.TempDir(), "views.duckdb")
+	for round := range 2 {
+		db, err := sql.Open("duckdb", file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if round == 0 {
+			if _, err := db.Exec(script); err != nil {
+				db.Close()
+				t.Fatalf("running the printed views: %v", err)
+			}
+		}
+		var n int
+		err = db.QueryRow("SELECT count(*) FROM steps").Scan(&n)
+		db.Close()
+		if err != nil || n != 2 {
+			t.Fatalf("round %d: %d steps (%v), want 2", round, n, err)
+		}
+	}
+}
+
 // remoteOnly hides a local reader's root, so Open downloads its shards as
 // from S3.
 type remoteOnly struct{ store.Reader }

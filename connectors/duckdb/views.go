@@ -72,7 +72,7 @@ const (
 )
 
 func (l *layout) views() ([]View, error) {
-	stored, err := l.storedStepsSQL()
+	stored, err := l.storedStepsSQL(false)
 	if err != nil {
 		return nil, err
 	}
@@ -219,14 +219,17 @@ func (l *layout) deltas() bool {
 	return false
 }
 
-// storedStepsSQL reads the listed files (filesSQL), never a glob. Hive partitioning
+// storedStepsSQL reads the listed files, never a glob: named by the
+// variables filesSQL sets, or, literal, listed in the view's text (the
+// form --views-sql prints, which a DuckDB database file can keep: a
+// variable lasts a session). Hive partitioning
 // is off (the policy=<N> folder is not a column); union_by_name lets
 // shards of older schema versions, missing newer columns, be read with
 // the others. prompt_tokens is the length of the whole prompt: a delta
 // row's is its prefix length plus its delta's (schemas.ColPromptPrefixLen),
 // so counting tokens needs no window over the steps, which rebuilding the
 // prompts (steps) does.
-func (l *layout) storedStepsSQL() (string, error) {
+func (l *layout) storedStepsSQL(literal bool) (string, error) {
 	var b strings.Builder
 	b.WriteString("CREATE OR REPLACE VIEW stored_steps AS\n")
 	if len(l.shards) == 0 {
@@ -259,7 +262,15 @@ func (l *layout) storedStepsSQL() (string, error) {
 		// define the views, measured in BENCHMARKS.md). Others are read
 		// by name, a version at a time.
 		byName := v.version != schemas.SchemaVersion
-		fmt.Fprintf(&b, "SELECT * FROM read_parquet(getvariable('%s'), hive_partitioning = false, union_by_name = %t, filename = true)", filesVar(i), byName)
+		files := fmt.Sprintf("getvariable('%s')", filesVar(i))
+		if literal {
+			quoted := make([]string, len(v.files))
+			for j, f := range v.files {
+				quoted[j] = sqlString(f)
+			}
+			files = "[\n  " + strings.Join(quoted, ",\n  ") + "\n]"
+		}
+		fmt.Fprintf(&b, "SELECT * FROM read_parquet(%s, hive_partitioning = false, union_by_name = %t, filename = true)", files, byName)
 	}
 	b.WriteString("));\n")
 	return b.String(), nil
