@@ -119,8 +119,10 @@ def episode_records(episode, policy_version=None, group_size=None, deltas=False)
     with the previous step's prompt and response, token for token, carries
     only the tokens after them, and then its messages, when they begin
     with the previous step's, only those added (``messages_added``). What
-    rllm-pipe stores is the same as for whole records; the bytes sent and
-    parsed shrink with the turns. Send a record's retries with the same
+    rllm-pipe stores is the same as for whole records sent the same way
+    (``write_records`` and ``post_records`` write compact JSON; other
+    separators change only the whitespace of the stored messages text);
+    the bytes sent and parsed shrink with the turns. Send a record's retries with the same
     setting: a step sent once whole and once as a delta is two different
     contents of one step_id (dead-lettered as ``duplicate_conflict``), and
     ``rllm-pipe import rllm`` writes whole records.
