@@ -150,7 +150,23 @@ type Record struct {
 	Step       *schemas.Step
 	Trajectory *schemas.Trajectory
 	Repaired   int
+	// Spans are where a step's prompt_ids, response_ids and messages
+	// values lie in the line (from '[' to ']' inclusive; Span.Valid false
+	// when absent or null), for keeping a held record as its differences
+	// from the record before it.
+	Spans Spans
 }
+
+// Spans locates values in a decoded line.
+type Spans struct {
+	Prompt, Response, Messages Span
+}
+
+// Span is a byte range [Lo, Hi) of a line; the zero Span is absent.
+type Span struct{ Lo, Hi int32 }
+
+// Valid reports whether the span locates a value.
+func (s Span) Valid() bool { return s.Hi > s.Lo }
 
 // Decoder turns one JSON line into a Record. It is not safe for concurrent
 // use; give each goroutine its own. The records it returns own their
@@ -165,8 +181,9 @@ type Decoder struct {
 	int64s  []int64
 	signals []schemas.Signal
 
-	step schemas.Step
-	traj schemas.Trajectory
+	step  schemas.Step
+	traj  schemas.Trajectory
+	spans Spans
 }
 
 type fieldErr struct {
@@ -182,6 +199,7 @@ func (d *Decoder) Decode(line []byte) (Record, error) {
 	d.typ = d.typ[:0]
 	d.step = schemas.Step{}
 	d.traj = schemas.Trajectory{}
+	d.spans = Spans{}
 
 	if err := d.object(); err != nil {
 		if errors.Is(err, errNotObject) {
@@ -217,7 +235,7 @@ func (d *Decoder) Decode(line []byte) (Record, error) {
 			return Record{}, err
 		}
 		s := d.step
-		return Record{Type: rt, Step: &s, Repaired: d.lx.repaired}, nil
+		return Record{Type: rt, Step: &s, Repaired: d.lx.repaired, Spans: d.spans}, nil
 	}
 	if err := d.finishTraj(); err != nil {
 		return Record{}, err
@@ -391,7 +409,16 @@ func (d *Decoder) value(f field) error {
 		}
 		return err
 	case fPromptIDs, fResponseIDs, fPromptDeltaIDs:
-		return d.tokenList(f, start)
+		err := d.tokenList(f, start)
+		if err == nil {
+			switch f {
+			case fPromptIDs:
+				d.spans.Prompt = Span{int32(start), int32(d.lx.pos)}
+			case fResponseIDs:
+				d.spans.Response = Span{int32(start), int32(d.lx.pos)}
+			}
+		}
+		return err
 	case fResponseLogprobs, fTeacherLogprobs:
 		return d.floatList(f, start)
 	case fTokenVersions:
@@ -424,6 +451,7 @@ func (d *Decoder) value(f field) error {
 		switch f {
 		case fMessages:
 			d.step.Messages = raw
+			d.spans.Messages = Span{int32(start), int32(d.lx.pos)}
 		case fMessagesAdded:
 			d.step.MessagesAdded = raw
 		default:

@@ -546,3 +546,37 @@ func readLines(path string) ([][]byte, error) {
 		}
 	}
 }
+
+// TestDecodeSpans: a step's prompt_ids, response_ids and messages values
+// are located in the line as written (whitespace and all); absent or null
+// ones are not.
+func TestDecodeSpans(t *testing.T) {
+	var d Decoder
+	line := []byte(`{"type":"step", "step_id":"s","task_id":"t","trajectory_id":"x","step_index":0,"policy_version":0,` +
+		`"messages" : [ {"role":"user","content":"]"} ] ,"prompt_ids":[ 1, 2 ],"response_ids":[3],"response_logprobs":[-0.5]}`)
+	rec, err := d.Decode(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		s    Span
+		want string
+	}{
+		{"prompt_ids", rec.Spans.Prompt, `[ 1, 2 ]`},
+		{"response_ids", rec.Spans.Response, `[3]`},
+		{"messages", rec.Spans.Messages, `[ {"role":"user","content":"]"} ]`},
+	} {
+		if !c.s.Valid() || string(line[c.s.Lo:c.s.Hi]) != c.want {
+			t.Errorf("%s: span %+v, want %s", c.name, c.s, c.want)
+		}
+	}
+	rec, err = d.Decode([]byte(`{"type":"step","step_id":"s","task_id":"t","trajectory_id":"x","step_index":1,"policy_version":0,` +
+		`"parent_step_id":"p","prompt_delta_ids":[4],"messages":null,"response_ids":[3],"response_logprobs":[-0.5]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Spans.Prompt.Valid() || rec.Spans.Messages.Valid() || !rec.Spans.Response.Valid() {
+		t.Errorf("spans of a delta without messages: %+v", rec.Spans)
+	}
+}

@@ -102,8 +102,17 @@ type Step struct {
 	msgTail []byte
 	// promptApart and msgsApart: deltaOnArrival compared the step's
 	// prompt (messages) with its predecessor's and found that they do not
-	// extend them.
+	// extend them. prev is the predecessor it is held as a delta of; wire,
+	// that it arrived as a wire delta (never linked by deltaOnArrival).
 	promptApart, msgsApart bool
+	prev                   *Step
+	wire                   bool
+	// spans locate the prompt, response and messages values in Raw;
+	// pieces, when set, stand for Raw (then nil): see keepRawAsDelta.
+	spans   ingest.Spans
+	pieces  []rawPiece
+	rawFrom *Step
+	rawLen  int
 }
 
 // Trajectory is a trajectory of an emitted group: its record and its
@@ -121,11 +130,13 @@ type Trajectory struct {
 	g      *group
 
 	// tip is the step of t that arrived last when it came whole (not as
-	// a wire delta), with its whole prompt and messages: the next whole
-	// step is kept as its delta if it extends them (deltaOnArrival).
+	// a wire delta), with its whole prompt, messages and record: the step
+	// after it, arriving next, is compared with them without rebuilding
+	// them (deltaOnArrival).
 	tip       *Step
 	tipPrompt []int32
 	tipMsgs   []byte
+	tipRaw    []byte // the tip's record as received (nil: read from its input file)
 }
 
 func (t *Trajectory) complete() bool {
@@ -153,7 +164,7 @@ func (g *Group) rawBytes() int {
 	n := 0
 	for _, t := range g.Trajectories {
 		for _, s := range t.Steps {
-			n += len(s.Raw) + s.Ref.Len
+			n += len(s.Raw) + s.rawLen + s.Ref.Len
 		}
 	}
 	return n
@@ -420,49 +431,123 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 		}
 		t = a.newTrajectory(s.TrajectoryID, s.TaskID, key, now)
 	}
-	st := &Step{Step: s, Raw: it.Raw, Ref: it.Ref, Source: it.Source, hash: h}
+	st := &Step{Step: s, Raw: it.Raw, Ref: it.Ref, Source: it.Source, hash: h, spans: it.Rec.Spans}
 	deltaOnArrival(t, st)
 	t.Steps = append(t.Steps, st)
 	a.steps[s.StepID] = st
 	a.progress(t)
 }
 
-// deltaOnArrival keeps a whole step that extends the step before it (the
-// previous step_index, the last to arrive, whole too) as a delta of it,
-// as a producer sending deltas would have sent it: its prompt as the
-// tokens after the predecessor's prompt and response (compared token by
-// token) with parent_step_id naming the predecessor, its messages as the
-// bytes after the predecessor's messages less their closing bracket. So
-// a trajectory waiting for its group holds one whole prompt, the last
-// one, and its other steps' new tokens only: memory follows the distinct
-// tokens, not the turns squared. The stored rows are those the Batcher
-// would have cut from the whole steps; a step that does not extend its
-// predecessor, or comes out of order, stays whole. A step sent as a wire
-// delta ends the chain: its parent is validated only once its trajectory
-// is complete.
+// deltaOnArrival keeps a whole step and the step before it (the previous
+// step_index) as a producer sending deltas would have sent the later one
+// when its prompt extends the earlier's: its prompt as the tokens after
+// the earlier's prompt and response (compared token by token) with
+// parent_step_id naming the earlier, its messages as the bytes after the
+// earlier's messages less their closing bracket, its record as received
+// as its differences from the earlier's (keepRawAsDelta). Whichever of
+// the two arrives second makes the link, so a trajectory waiting for its
+// group holds about one whole prompt and its other steps' new tokens:
+// memory follows the distinct tokens, not the turns squared. The stored
+// rows are those the Batcher would have cut from the whole steps; a step
+// that does not extend the one before stays whole. A step sent as a wire
+// delta is never linked (its parent is validated once its trajectory is
+// complete).
 func deltaOnArrival(t *Trajectory, st *Step) {
 	s := st.Step
 	if s.ParentStepID != "" || s.PromptIDs == nil {
-		t.tip, t.tipPrompt, t.tipMsgs = nil, nil, nil
+		st.wire = true
 		return
 	}
-	whole, msgs := s.PromptIDs, s.Messages
-	if tip := t.tip; tip != nil && tip.StepIndex == s.StepIndex-1 {
-		if p := prefix.Extends(whole, t.tipPrompt, tip.ResponseIDs); p > 0 {
-			d := make([]int32, len(whole)-p) // not nil: an empty delta is a list
-			copy(d, whole[p:])
-			s.PromptIDs, s.PromptDeltaIDs, s.ParentStepID = nil, d, tip.StepID
-		} else {
-			st.promptApart = true
+	whole, msgs, raw := s.PromptIDs, s.Messages, st.Raw
+	for _, o := range t.Steps {
+		if o.wire {
+			continue
 		}
-		if msgs != nil && prefix.MessagesExtend(msgs, t.tipMsgs) {
-			st.msgTail = bytes.Clone(msgs[len(t.tipMsgs)-1:])
-			s.Messages, s.ParentStepID = nil, tip.StepID
-		} else {
-			st.msgsApart = true
+		switch o.StepIndex {
+		case s.StepIndex - 1:
+			if o == t.tip {
+				link(o, st, t.tipPrompt, t.tipMsgs, t.tipRaw)
+			} else {
+				link(o, st, wholePrompt(o), wholeMessages(o), o.Raw) // nil when o's is held as pieces
+			}
+		case s.StepIndex + 1:
+			link(st, o, whole, msgs, raw)
 		}
 	}
-	t.tip, t.tipPrompt, t.tipMsgs = st, whole, msgs
+	t.tip, t.tipPrompt, t.tipMsgs, t.tipRaw = st, whole, msgs, raw
+}
+
+// link keeps n, a whole step, as a delta of p, the step before it, where
+// n extends p: pWhole and pMsgs are p's whole prompt and messages, pRaw
+// its record as received (nil: not at hand, n's record is then kept
+// whole).
+func link(p, n *Step, pWhole []int32, pMsgs, pRaw []byte) {
+	s := n.Step
+	whole, msgs := s.PromptIDs, s.Messages
+	if n.Raw != nil && pRaw != nil {
+		keepRawAsDelta(n, p, pRaw)
+	}
+	if q := prefix.Extends(whole, pWhole, p.ResponseIDs); q > 0 {
+		d := make([]int32, len(whole)-q) // not nil: an empty delta is a list
+		copy(d, whole[q:])
+		s.PromptIDs, s.PromptDeltaIDs, s.ParentStepID, n.prev = nil, d, p.StepID, p
+	} else {
+		n.promptApart = true
+	}
+	if msgs != nil && prefix.MessagesExtend(msgs, pMsgs) {
+		n.msgTail = bytes.Clone(msgs[len(pMsgs)-1:])
+		s.Messages, s.ParentStepID, n.prev = nil, p.StepID, p
+	} else {
+		n.msgsApart = true
+	}
+}
+
+// wholePrompt returns s's whole prompt, rebuilt (not kept) when s is held
+// as a delta.
+func wholePrompt(s *Step) []int32 {
+	if s.PromptIDs != nil {
+		return s.PromptIDs
+	}
+	var chain []*Step // s and the deltas before it, latest first
+	x := s
+	for x.PromptIDs == nil {
+		chain = append(chain, x)
+		x = x.prev
+	}
+	n := len(x.PromptIDs)
+	for _, c := range chain {
+		n += len(c.prev.ResponseIDs) + len(c.PromptDeltaIDs)
+	}
+	out := append(make([]int32, 0, n), x.PromptIDs...)
+	for i := len(chain) - 1; i >= 0; i-- {
+		c := chain[i]
+		out = append(append(out, c.prev.ResponseIDs...), c.PromptDeltaIDs...)
+	}
+	return out
+}
+
+// wholeMessages returns s's whole messages (nil: none), rebuilt (not
+// kept) when s is held as a delta: each tail replaces the closing bracket
+// of the messages before it.
+func wholeMessages(s *Step) []byte {
+	if s.Messages != nil || s.msgTail == nil {
+		return s.Messages
+	}
+	var chain []*Step
+	x := s
+	for x.Messages == nil && x.msgTail != nil {
+		chain = append(chain, x)
+		x = x.prev
+	}
+	n := len(x.Messages)
+	for _, c := range chain {
+		n += len(c.msgTail) - 1
+	}
+	out := append(make([]byte, 0, n), x.Messages[:len(x.Messages)-1]...)
+	for i := len(chain) - 1; i > 0; i-- {
+		out = append(out, chain[i].msgTail[:len(chain[i].msgTail)-1]...)
+	}
+	return append(out, chain[0].msgTail...)
 }
 
 func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
@@ -511,7 +596,7 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 			delete(a.steps, st.StepID)
 			a.deadLetter(schemas.ReasonStepOutOfRange,
 				fmt.Sprintf("step_index %d is out of range: trajectory %q has num_steps %d", st.StepIndex, tr.TrajectoryID, tr.NumSteps),
-				st.Source, st.Raw, st.Ref)
+				st.Source, st.record(), st.Ref)
 			continue
 		}
 		kept = append(kept, st)
@@ -607,7 +692,7 @@ func (a *Assembler) parentsValid(t *Trajectory) bool {
 		if pi, found := index[s.ParentStepID]; found && pi < s.StepIndex {
 			continue
 		}
-		a.deadLetter(schemas.ReasonInvalidParent, fmt.Sprintf("parent_step_id %q is not an earlier step of trajectory %q (step_index %d)", s.ParentStepID, t.TrajectoryID, s.StepIndex), s.Source, s.Raw, s.Ref)
+		a.deadLetter(schemas.ReasonInvalidParent, fmt.Sprintf("parent_step_id %q is not an earlier step of trajectory %q (step_index %d)", s.ParentStepID, t.TrajectoryID, s.StepIndex), s.Source, s.record(), s.Ref)
 		delete(a.steps, s.StepID)
 		t.Steps = slices.Delete(t.Steps, i, i+1)
 		i--
@@ -649,7 +734,7 @@ func (a *Assembler) close(g *group, why string) {
 	}
 	cg := &closedGroup{}
 	for _, t := range g.trajs {
-		t.tip, t.tipPrompt, t.tipMsgs = nil, nil, nil // the last whole prompt: no longer needed
+		t.tip, t.tipPrompt, t.tipMsgs, t.tipRaw = nil, nil, nil, nil // the last whole prompt: no longer needed
 		delete(a.trajs, a.trajID(t))
 		for _, s := range t.Steps {
 			delete(a.steps, s.StepID)
@@ -678,7 +763,7 @@ func (a *Assembler) close(g *group, why string) {
 			a.deadLetter(reason, msg, t.Source, t.Raw, t.Ref)
 		}
 		for _, s := range t.Steps {
-			a.deadLetter(reason, msg+missingParent(t, s), s.Source, s.Raw, s.Ref)
+			a.deadLetter(reason, msg+missingParent(t, s), s.Source, s.record(), s.Ref)
 		}
 	}
 	a.order.Remove(g.elem)
