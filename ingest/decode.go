@@ -174,6 +174,7 @@ func (s Span) Valid() bool { return s.Hi > s.Lo }
 type Decoder struct {
 	lx      lexer
 	seen    [numFields]bool
+	named   [numFields]bool // fields the object names, null or not
 	errs    []fieldErr
 	typ     []byte
 	ints    []int32
@@ -195,6 +196,7 @@ type fieldErr struct {
 func (d *Decoder) Decode(line []byte) (Record, error) {
 	d.lx.reset(line)
 	d.seen = [numFields]bool{}
+	d.named = [numFields]bool{}
 	d.errs = d.errs[:0]
 	d.typ = d.typ[:0]
 	d.step = schemas.Step{}
@@ -292,12 +294,22 @@ func (d *Decoder) object() error {
 		if err := d.lx.expect(':'); err != nil {
 			return err
 		}
-		if f == fNone {
+		switch {
+		case f == fNone:
 			if err := d.lx.skip(1); err != nil {
 				return err
 			}
-		} else if err := d.value(f); err != nil {
-			return err
+		case d.named[f]:
+			// Which of two values counts is anyone's guess: neither.
+			d.lx.ws()
+			if err := d.reject(f, d.lx.pos, schemas.ReasonInvalidValue, "%s appears twice in the record", fieldNames[f]); err != nil {
+				return err
+			}
+		default:
+			d.named[f] = true
+			if err := d.value(f); err != nil {
+				return err
+			}
 		}
 		switch d.lx.peek() {
 		case ',':

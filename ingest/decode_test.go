@@ -580,3 +580,31 @@ func TestDecodeSpans(t *testing.T) {
 		t.Errorf("spans of a delta without messages: %+v", rec.Spans)
 	}
 }
+
+// TestDecodeFieldNamedTwice: a known field named twice in one record is
+// refused (invalid_value), whichever the values (a later null included),
+// instead of one of them silently counting; an unknown one is ignored,
+// and so is a field the record's type does not use.
+func TestDecodeFieldNamedTwice(t *testing.T) {
+	const head = `{"type":"step","step_id":"s","task_id":"t","trajectory_id":"x","step_index":1,"policy_version":0,"response_ids":[3],"response_logprobs":[-0.5]`
+	for _, c := range []struct {
+		rest   string
+		reason schemas.Reason
+	}{
+		{`,"prompt_ids":[1,2],"prompt_ids":null,"parent_step_id":"p","prompt_delta_ids":[3]}`, schemas.ReasonInvalidValue},
+		{`,"prompt_ids" : [1] , "prompt_ids" :  [2]}`, schemas.ReasonInvalidValue},
+		{`,"prompt_ids":[1],"messages":[{"role":"user"}],"messages":[{"role":"tool"}]}`, schemas.ReasonInvalidValue},
+		{`,"prompt_ids":[1],"extra":1,"extra":2}`, ""},
+		{`,"prompt_ids":[1],"num_steps":2,"num_steps":3}`, ""},
+	} {
+		var d Decoder
+		_, err := d.Decode([]byte(head + c.rest))
+		var re *schemas.RejectError
+		switch {
+		case c.reason == "" && err != nil:
+			t.Errorf("%s: %v, want accepted", c.rest, err)
+		case c.reason != "" && (!errors.As(err, &re) || re.Reason != c.reason):
+			t.Errorf("%s: %v, want %s", c.rest, err, c.reason)
+		}
+	}
+}

@@ -603,6 +603,9 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 	}
 	clear(t.Steps[len(kept):])
 	t.Steps = kept
+	if t.tip != nil && t.tip.StepIndex >= tr.NumSteps {
+		t.tip, t.tipPrompt, t.tipMsgs, t.tipRaw = nil, nil, nil, nil // it left
+	}
 	a.progress(t)
 	// A smaller group_size may complete the group without a new trajectory.
 	if g := t.g; g != nil && a.groups[g.key] == g && g.complete >= g.size {
