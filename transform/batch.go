@@ -104,9 +104,16 @@ func (bt *Batcher) Build(groups []*Group) ([]Batch, error) {
 	})
 	var out []Batch
 	for lo := 0; lo < len(groups); {
-		hi := lo + 1
+		// One version a batch, and no more prompt tokens and message
+		// bytes than a column's int32 offsets hold once the prompts sent
+		// as deltas are whole (maxColumnLoad).
+		hi, load := lo+1, wholeLoad(groups[lo])
 		for hi < len(groups) && groups[hi].Version == groups[lo].Version {
-			hi++
+			l := wholeLoad(groups[hi])
+			if load+l > maxColumnLoad {
+				break
+			}
+			hi, load = hi+1, load+l
 		}
 		b, err := bt.build(groups[lo:hi])
 		if err != nil {
@@ -119,6 +126,44 @@ func (bt *Batcher) Build(groups []*Group) ([]Batch, error) {
 		lo = hi
 	}
 	return out, nil
+}
+
+// maxColumnLoad bounds wholeLoad over one batch: far below the 2^31
+// values a column's int32 offsets hold. (Stage bounds a batch by the
+// bytes received, which for prompts and messages sent as deltas says
+// little of their whole size.)
+var maxColumnLoad = 1 << 30
+
+// wholeLoad is an upper bound of what g's rows put in any one list or
+// text column: its prompt tokens and message bytes counted whole.
+func wholeLoad(g *Group) int {
+	n := 0
+	for _, t := range g.Trajectories {
+		c := newChain(t.Steps)
+		prompt := make([]int, len(t.Steps))
+		msgs := make([]int, len(t.Steps))
+		for k, s := range t.Steps {
+			p := c.parentOf(k) // earlier than k: its lengths are known
+			switch {
+			case s.PromptIDs != nil || p < 0:
+				prompt[k] = len(s.PromptIDs)
+			default:
+				prompt[k] = prompt[p] + len(c.steps[p].ResponseIDs) + len(s.PromptDeltaIDs)
+			}
+			switch {
+			case s.Messages != nil:
+				msgs[k] = len(s.Messages)
+			case s.msgTail != nil && p >= 0:
+				msgs[k] = msgs[p] + len(s.msgTail)
+			case s.MessagesAdded != nil && p >= 0:
+				msgs[k] = msgs[p] + len(s.MessagesAdded)
+			default:
+				msgs[k] = len(s.MessagesAdded)
+			}
+			n += prompt[k] + msgs[k] + len(s.ResponseIDs)
+		}
+	}
+	return n
 }
 
 // record takes the batch's columns: the builders' and the direct ones.

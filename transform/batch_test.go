@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -187,4 +188,40 @@ func TestBatcherEstimatorError(t *testing.T) {
 		t.Fatalf("next batch has %d rows, want 1", n)
 	}
 	batches[0].Record.Release()
+}
+
+// TestBuildCutsByWholeSize: groups of one version go into several
+// batches when their prompts and messages, counted whole, would outgrow
+// maxColumnLoad together; no group is split and no row lost.
+func TestBuildCutsByWholeSize(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	var groups []*Group
+	for len(groups) < 4 {
+		groups = append(groups, chainGroups(r)...)
+	}
+	rows, most, total := 0, 0, 0
+	for _, g := range groups {
+		rows += g.Rows()
+		most = max(most, wholeLoad(g))
+		total += wholeLoad(g)
+	}
+	old := maxColumnLoad
+	maxColumnLoad = max(most, total/3)
+	defer func() { maxColumnLoad = old }()
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
+	defer bt.Release()
+	batches, err := bt.Build(groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for _, b := range batches {
+		got += int(b.Record.NumRows())
+		b.Record.Release()
+	}
+	if len(batches) < 3 || got != rows {
+		t.Fatalf("%d batches of %d rows, want at least 3 holding %d", len(batches), got, rows)
+	}
 }
