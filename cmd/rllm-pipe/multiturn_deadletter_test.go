@@ -1,0 +1,100 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestMultiTurnDeadLettersExact: multi-turn agents sent whole on stdin
+// (a source that cannot be read again, so each waiting record's bytes are
+// held for its dead letter, as differences from the record before), some
+// trajectories never finished (their trajectory records left out): every
+// record of those comes back in _dlq byte for byte, every other step is
+// written, and nothing is both.
+func TestMultiTurnDeadLettersExact(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	in := filepath.Join(work, "agents.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "6", "--group-size", "3", "--turns", "8..14",
+		"--prompt-len", "400", "--observation-len", "150", "--resets", "0.05", "--seed", "11"); r.code != 0 {
+		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)
+	}
+	data, err := os.ReadFile(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Leave out the trajectory records of every other trajectory: their
+	// groups never complete, and every one of their records is a dead
+	// letter at the end of the input.
+	var kept [][]byte
+	dropped, seen := map[string]bool{}, map[string]bool{}
+	for _, l := range e2eSplitLines(data) {
+		var rec struct{ Type, TrajectoryID string }
+		var raw map[string]any
+		if json.Unmarshal(l, &raw) != nil {
+			t.Fatalf("gen wrote a line that is not JSON: %s", e2eClip(string(l), 200))
+		}
+		rec.Type, _ = raw["type"].(string)
+		rec.TrajectoryID, _ = raw["trajectory_id"].(string)
+		if rec.Type == "trajectory" && !seen[rec.TrajectoryID] {
+			seen[rec.TrajectoryID] = true
+			if len(seen)%2 == 0 {
+				dropped[rec.TrajectoryID] = true
+				continue
+			}
+		}
+		kept = append(kept, l)
+	}
+	input := append(bytes.Join(kept, []byte("\n")), '\n')
+	out := filepath.Join(work, "out")
+	cmd := exec.Command(bin, "ingest", "--from", "-", "--to", out, "--group-size", "3", "--min-group-size", "3", "--quiet")
+	cmd.Dir, cmd.Stdin = work, bytes.NewReader(input)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("ingest: %v\n%s", err, stderr.String())
+	}
+	o := e2eReadOutput(t, out, "")
+	byLine := map[int64]*e2eDLQEntry{}
+	for _, e := range o.dlq {
+		if byLine[e.Source.Line] != nil {
+			t.Fatalf("line %d dead-lettered twice", e.Source.Line)
+		}
+		byLine[e.Source.Line] = e
+	}
+	want := 0
+	for i, l := range kept {
+		var raw map[string]any
+		_ = json.Unmarshal(l, &raw)
+		traj, _ := raw["trajectory_id"].(string)
+		// A group with a dropped trajectory never completes: all its
+		// records are dead letters. Groups are tasks here.
+		task, _ := raw["task_id"].(string)
+		inDead := false
+		for d := range dropped {
+			if strings.HasPrefix(d, task+"/") || d == traj {
+				inDead = true
+			}
+		}
+		e := byLine[int64(i+1)]
+		switch {
+		case inDead && e == nil:
+			t.Fatalf("line %d (trajectory %s of an unfinished group) is not in _dlq", i+1, traj)
+		case inDead && e.Record != string(l):
+			t.Fatalf("line %d: the dead letter's record differs from the line received:\n got %s\nwant %s", i+1, e2eClip(e.Record, 300), e2eClip(string(l), 300))
+		case !inDead && e != nil:
+			t.Fatalf("line %d (a finished group) dead-lettered: %s: %s", i+1, e.Reason, e.Error)
+		}
+		if inDead {
+			want++
+		}
+	}
+	if want == 0 || len(o.dlq) != want {
+		t.Fatalf("%d dead letters, want %d", len(o.dlq), want)
+	}
+}
