@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -25,7 +24,7 @@ func TestMakeRun(t *testing.T) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Skip("no go on PATH")
 	}
 	repo, err := filepath.Abs("../..")
 	if err != nil {
