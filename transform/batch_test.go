@@ -34,10 +34,7 @@ func TestBatcherColumnsAndAdvantage(t *testing.T) {
 	h2.add(t0, strings2(step("B", "b1", 0), `"policy_version":1`, `"policy_version":7`), traj("B", "b1", 0.5, 1))
 	groups := append(h.groups, h2.groups...)
 
-	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
-	defer mem.AssertSize(t, 0)
-	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
-	defer bt.Release()
+	bt, _ := testBatcher(t)
 	batches, err := bt.Build(groups)
 	if err != nil {
 		t.Fatal(err)
@@ -151,6 +148,18 @@ func TestStageEndOfInputAndStop(t *testing.T) {
 	}
 }
 
+// testBatcher returns a GRPO Batcher over a checked allocator; when the
+// test ends the Batcher is released and the allocator must hold nothing.
+func testBatcher(t testing.TB) (*Batcher, memory.Allocator) {
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
+	t.Cleanup(func() {
+		bt.Release()
+		mem.AssertSize(t, 0)
+	})
+	return bt, mem
+}
+
 func mustGRPO() advantage.Estimator {
 	e, err := advantage.New("grpo", advantage.Options{Compat: advantage.RLLM})
 	if err != nil {
@@ -208,10 +217,7 @@ func TestBuildCutsByWholeSize(t *testing.T) {
 	old := maxColumnLoad
 	maxColumnLoad = max(most, total/3)
 	defer func() { maxColumnLoad = old }()
-	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
-	defer mem.AssertSize(t, 0)
-	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
-	defer bt.Release()
+	bt, _ := testBatcher(t)
 	batches, err := bt.Build(groups)
 	if err != nil {
 		t.Fatal(err)

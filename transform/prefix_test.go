@@ -114,10 +114,7 @@ func checkWhole(t testing.TB, groups []*Group, recs []arrow.RecordBatch) {
 // used only where exact, and reads the rows back whole two ways: the
 // record cut in random slices through one Expander, and a Parquet file.
 func roundTrip(t testing.TB, r *rand.Rand, groups, want []*Group) (deltas int) {
-	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
-	defer mem.AssertSize(t, 0)
-	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
-	defer bt.Release()
+	bt, mem := testBatcher(t)
 	batches, err := bt.Build(groups)
 	if err != nil {
 		t.Fatal(err)
