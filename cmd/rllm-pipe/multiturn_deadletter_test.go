@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -31,24 +30,27 @@ func TestMultiTurnDeadLettersExact(t *testing.T) {
 	// Leave out the trajectory records of every other trajectory: their
 	// groups never complete, and every one of their records is a dead
 	// letter at the end of the input.
+	type line struct {
+		Type         string `json:"type"`
+		TrajectoryID string `json:"trajectory_id"`
+		TaskID       string `json:"task_id"`
+	}
 	var kept [][]byte
-	dropped, seen := map[string]bool{}, map[string]bool{}
+	var recs []line
+	seen, deadTask := map[string]bool{}, map[string]bool{} // a group is a task here
 	for _, l := range e2eSplitLines(data) {
-		var rec struct{ Type, TrajectoryID string }
-		var raw map[string]any
-		if json.Unmarshal(l, &raw) != nil {
+		var rec line
+		if json.Unmarshal(l, &rec) != nil {
 			t.Fatalf("gen wrote a line that is not JSON: %s", e2eClip(string(l), 200))
 		}
-		rec.Type, _ = raw["type"].(string)
-		rec.TrajectoryID, _ = raw["trajectory_id"].(string)
 		if rec.Type == "trajectory" && !seen[rec.TrajectoryID] {
 			seen[rec.TrajectoryID] = true
 			if len(seen)%2 == 0 {
-				dropped[rec.TrajectoryID] = true
+				deadTask[rec.TaskID] = true
 				continue
 			}
 		}
-		kept = append(kept, l)
+		kept, recs = append(kept, l), append(recs, rec)
 	}
 	input := append(bytes.Join(kept, []byte("\n")), '\n')
 	out := filepath.Join(work, "out")
@@ -69,18 +71,9 @@ func TestMultiTurnDeadLettersExact(t *testing.T) {
 	}
 	want := 0
 	for i, l := range kept {
-		var raw map[string]any
-		_ = json.Unmarshal(l, &raw)
-		traj, _ := raw["trajectory_id"].(string)
 		// A group with a dropped trajectory never completes: all its
-		// records are dead letters. Groups are tasks here.
-		task, _ := raw["task_id"].(string)
-		inDead := false
-		for d := range dropped {
-			if strings.HasPrefix(d, task+"/") || d == traj {
-				inDead = true
-			}
-		}
+		// records are dead letters.
+		inDead, traj := deadTask[recs[i].TaskID], recs[i].TrajectoryID
 		e := byLine[int64(i+1)]
 		switch {
 		case inDead && e == nil:
