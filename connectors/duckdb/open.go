@@ -138,10 +138,10 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		}
 		seen[e.Path] = true
 		file := filepath.Join(root, filepath.FromSlash(e.Path))
-		if _, err := os.Stat(file); err != nil {
-			return fmt.Errorf("duckdb: committed shard %s: %w", e.Path, err)
-		}
 		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), file: file})
+	}
+	if err := checkFiles(l.shards); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -177,9 +177,6 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		if l.consumed, err = d.writeConsumed(ctx, r, dir); err != nil {
 			return err
 		}
-	}
-	if err := l.writeShards(dir); err != nil {
-		return fmt.Errorf("duckdb: %w", err)
 	}
 	return d.define(ctx, l)
 }
@@ -609,9 +606,6 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	if l.consumed, err = d.writeConsumed(ctx, st, dir); err != nil {
 		return err
 	}
-	if err := l.writeShards(dir); err != nil {
-		return fmt.Errorf("duckdb: %w", err)
-	}
 	return d.define(ctx, l)
 }
 
@@ -688,8 +682,8 @@ func (d *DB) define(ctx context.Context, l *layout) error {
 	}
 	// The shards table first: the variables listing the files the views
 	// read are set from it on every connection, this one included.
-	if _, err := d.db.ExecContext(ctx, views[0].SQL); err != nil {
-		return fmt.Errorf("duckdb: create view %s: %w", views[0].Name, err)
+	if err := d.shardsTable(ctx, l, views[0]); err != nil {
+		return err
 	}
 	if files := l.filesSQL(); files != "" {
 		d.connInit.Store(&files)
@@ -712,6 +706,22 @@ func (d *DB) define(ctx context.Context, l *layout) error {
 		return nil
 	}
 	return d.sandbox(ctx, conn, l)
+}
+
+// shardsTable creates the shards table (v) and fills it with l's shards.
+func (d *DB) shardsTable(ctx context.Context, l *layout, v View) error {
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("duckdb: connection: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, v.SQL); err != nil {
+		return fmt.Errorf("duckdb: create table %s: %w", v.Name, err)
+	}
+	if err := l.appendShards(ctx, conn); err != nil {
+		return fmt.Errorf("duckdb: %w", err)
+	}
+	return nil
 }
 
 func (d *DB) warnf(format string, args ...any) {
@@ -830,4 +840,65 @@ WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position`, view)
 		return nil, fmt.Errorf("duckdb: columns of %s: %w", view, err)
 	}
 	return out, nil
+}
+
+// listAt is how many shards a folder must hold for checkFiles to list it
+// rather than look each one up.
+const listAt = 32
+
+// checkFiles checks that every shard's file is there, as a stat of each
+// would, but lists a folder holding many of them once (the shards of a
+// run lie in a few policy folders; a stat each was a sixth of opening the
+// views over a long run). A name the listing shows as a regular file is
+// there; anything else (missing, a symbolic link) is looked up by itself,
+// which gives the error of a missing one.
+func checkFiles(shards []shardFile) error {
+	split := func(file string) (dir, name string) {
+		i := strings.LastIndexByte(file, filepath.Separator)
+		return file[:i+1], file[i+1:]
+	}
+	count := map[string]int{}
+	for _, s := range shards {
+		dir, _ := split(s.file)
+		count[dir]++
+	}
+	listed := map[string]map[string]bool{} // folder → its regular files (nil: not listed)
+	for _, s := range shards {
+		dir, name := split(s.file)
+		regular, ok := listed[dir]
+		if !ok {
+			if count[dir] >= listAt {
+				regular = regularFiles(dir)
+			}
+			listed[dir] = regular
+		}
+		if regular[name] {
+			continue
+		}
+		if _, err := os.Stat(s.file); err != nil {
+			return fmt.Errorf("duckdb: committed shard %s: %w", s.entry.Path, err)
+		}
+	}
+	return nil
+}
+
+// regularFiles returns the names of the regular files in dir (nil if it
+// cannot be listed: each file is then looked up by itself).
+func regularFiles(dir string) map[string]bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	entries, err := f.ReadDir(-1) // unsorted, unlike os.ReadDir
+	if err != nil {
+		return nil
+	}
+	regular := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		if e.Type().IsRegular() {
+			regular[e.Name()] = true
+		}
+	}
+	return regular
 }

@@ -1,17 +1,18 @@
 package duckdb
 
 import (
-	"bytes"
-	"encoding/json"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/apache/arrow-go/v18/arrow"
+	duckdbdrv "github.com/duckdb/duckdb-go/v2"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -51,9 +52,6 @@ type layout struct {
 	base   string
 	shards []shardFile
 	dlq    []dlqFile
-	// shardsFile is the file of the shards table (JSON lines, written by
-	// writeShards); "" when there are no shards.
-	shardsFile string
 	// consumed is the file of the consumed rows (JSON lines, written by
 	// Go from the consumer groups' logs); "" when there are none.
 	consumed string
@@ -101,16 +99,7 @@ func sqlNullString(s string) string {
 }
 
 func (l *layout) shardsSQL() string {
-	const cols = `seq::BIGINT AS seq, path::VARCHAR AS path, "rows"::BIGINT AS "rows", bytes::BIGINT AS bytes, "groups"::BIGINT AS "groups",
-  policy_version::BIGINT AS policy_version, committed_at::TIMESTAMPTZ AS committed_at, run_id::VARCHAR AS run_id,
-  writer::VARCHAR AS writer, recovered::BOOLEAN AS recovered, schema_version::VARCHAR AS schema_version, file::VARCHAR AS file`
-	if l.shardsFile == "" {
-		return "CREATE OR REPLACE TABLE shards AS\nSELECT " + cols + "\nFROM (SELECT NULL AS seq, NULL AS path, NULL AS \"rows\", NULL AS bytes, NULL AS \"groups\",\n" +
-			"  NULL AS policy_version, NULL AS committed_at, NULL AS run_id, NULL AS writer, NULL AS recovered, NULL AS schema_version,\n" +
-			"  NULL AS file) WHERE false;\n"
-	}
-	return "CREATE OR REPLACE TABLE shards AS\nSELECT " + cols + "\nFROM read_json(" + sqlString(l.shardsFile) +
-		", format = 'newline_delimited',\n  columns = " + shardsColumns + ")\nORDER BY seq;\n"
+	return "CREATE OR REPLACE TABLE shards (" + shardsColumns + ");\n"
 }
 
 // shardsValuesSQL is the shards table as a view over a VALUES list: the
@@ -146,65 +135,55 @@ func (l *layout) shardsValuesSQL() string {
 	return b.String()
 }
 
-// shardsColumns types the lines of the shards file (shardLine).
-const shardsColumns = `{seq: 'BIGINT', path: 'VARCHAR', "rows": 'BIGINT', bytes: 'BIGINT', "groups": 'BIGINT', policy_version: 'BIGINT',
-  committed_at: 'TIMESTAMPTZ', run_id: 'VARCHAR', writer: 'VARCHAR', recovered: 'BOOLEAN', schema_version: 'VARCHAR', file: 'VARCHAR'}`
+// shardsColumns are the columns of the shards table, in the order
+// appendShards gives their values.
+const shardsColumns = `seq BIGINT, path VARCHAR, "rows" BIGINT, bytes BIGINT, "groups" BIGINT, policy_version BIGINT,
+  committed_at TIMESTAMPTZ, run_id VARCHAR, writer VARCHAR, recovered BOOLEAN, schema_version VARCHAR, file VARCHAR`
 
-// shardLine is one line of the shards file: a manifest entry as the
-// shards table shows it. The table is read from a file, not written as
-// a VALUES list, because DuckDB's parse of a long literal list grows
-// faster than its length (BENCHMARKS.md, "sql start-up").
-type shardLine struct {
-	Seq           int64      `json:"seq"`
-	Path          string     `json:"path"`
-	Rows          int64      `json:"rows"`
-	Bytes         int64      `json:"bytes"`
-	Groups        int        `json:"groups"`
-	PolicyVersion int64      `json:"policy_version"`
-	CommittedAt   *time.Time `json:"committed_at"`
-	RunID         *string    `json:"run_id"`
-	Writer        *string    `json:"writer"`
-	Recovered     bool       `json:"recovered"`
-	SchemaVersion *string    `json:"schema_version"`
-	File          string     `json:"file"`
-}
-
-// writeShards writes the shards file of l into dir (nothing when there
-// is no shard) and sets l.shardsFile.
-func (l *layout) writeShards(dir string) error {
-	l.shardsFile = ""
+// appendShards fills the shards table (created by shardsSQL) through
+// DuckDB's appender on conn: rows handed over in memory, where a file of
+// the rows to read back, or a VALUES list to parse, cost several times
+// more per shard (BENCHMARKS.md, "sql start-up").
+func (l *layout) appendShards(ctx context.Context, conn *sql.Conn) error {
 	if len(l.shards) == 0 {
 		return nil
 	}
-	null := func(s string) *string {
+	null := func(s string) driver.Value {
 		if s == "" {
 			return nil
 		}
-		return &s
+		return s
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	for _, s := range l.shards {
-		e := s.entry
-		line := shardLine{Seq: s.seq, Path: e.Path, Rows: e.Rows, Bytes: e.Bytes, Groups: e.Groups, PolicyVersion: e.PolicyVersion,
-			RunID: null(e.RunID), Writer: null(e.Writer), Recovered: e.Recovered, SchemaVersion: null(e.SchemaVersion), File: s.file}
-		if !e.CommittedAt.IsZero() {
-			t := e.CommittedAt.UTC()
-			line.CommittedAt = &t
+	return conn.Raw(func(dc any) error {
+		c, ok := dc.(driver.Conn)
+		if !ok {
+			return fmt.Errorf("shards: unexpected driver connection %T", dc)
 		}
-		if err := enc.Encode(line); err != nil {
+		a, err := duckdbdrv.NewAppenderFromConn(c, "", ViewShards)
+		if err != nil {
 			return fmt.Errorf("shards: %w", err)
 		}
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("shards: %w", err)
-	}
-	file := filepath.Join(dir, "shards.jsonl")
-	if err := writeFile(file, &buf); err != nil {
-		return fmt.Errorf("save shards: %w", err)
-	}
-	l.shardsFile = file
-	return nil
+		for i, s := range l.shards {
+			if i%4096 == 0 {
+				if err := ctx.Err(); err != nil {
+					return errors.Join(err, a.Close())
+				}
+			}
+			e := s.entry
+			var committed driver.Value
+			if !e.CommittedAt.IsZero() {
+				committed = e.CommittedAt.UTC()
+			}
+			if err := a.AppendRow(s.seq, e.Path, e.Rows, e.Bytes, int64(e.Groups), e.PolicyVersion, committed,
+				null(e.RunID), null(e.Writer), e.Recovered, null(e.SchemaVersion), s.file); err != nil {
+				return errors.Join(fmt.Errorf("shards: %w", err), a.Close())
+			}
+		}
+		if err := a.Close(); err != nil {
+			return fmt.Errorf("shards: %w", err)
+		}
+		return nil
+	})
 }
 
 // deltas reports whether a shard may store prompts as deltas (schema 4
