@@ -17,6 +17,8 @@
 //     manifest), the producer and the dead-letter topic;
 //   - duckdb: an embedded DuckDB over committed shards, with views and
 //     named reports;
+//   - compact: merges runs of small committed shards into larger files
+//     that duckdb's views read instead (the manifest and shards stay);
 //   - recordlog: an append-only log of wire-format records on local disk
 //     (the capture gateway's record-log output and write-ahead log).
 package connectors

@@ -121,6 +121,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	root.AddCommand(newReportCmd(soft))
 	root.AddCommand(newUICmd(soft))
 	root.AddCommand(newReplayCmd(soft))
+	root.AddCommand(newCompactCmd())
 	return root
 }
 

@@ -56,7 +56,8 @@
 //     seq (the entry's place in the manifest: its line number, from 0, in a
 //     local _manifest/shards.jsonl, its log number on S3), path, rows,
 //     bytes, groups, policy_version, committed_at, run_id, writer,
-//     recovered, schema_version, file (the local file read).
+//     recovered, schema_version, file (the local file read: a compacted
+//     file, connectors/compact, when one holds the shard's rows).
 //   - dead_letters: the committed dead-letter lines: reason, error, stream
 //     and position (topic/partition and offset for Kafka input, file and
 //     line for files), the raw source fields, record (base64 when

@@ -23,6 +23,7 @@ import (
 	duckdbdrv "github.com/duckdb/duckdb-go/v2"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/compact"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -125,10 +126,12 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 	}
 	l := &layout{base: root}
 	seen := map[string]bool{}
+	var committed []schemas.ShardEntry
 	for i, e := range entries {
 		if e.Path == "" {
 			continue
 		}
+		committed = append(committed, e)
 		if err := checkRel(e.Path); err != nil {
 			return fmt.Errorf("duckdb: manifest line %d: %w", i+1, err)
 		}
@@ -138,7 +141,23 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		}
 		seen[e.Path] = true
 		file := filepath.Join(root, filepath.FromSlash(e.Path))
-		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), file: file})
+		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), at: len(committed) - 1, file: file})
+	}
+	// Compacted files, if any: looked for only where the folder exists
+	// (opening it through a reader would create it).
+	if info, err := os.Stat(filepath.Join(root, compact.Dir)); err == nil && info.IsDir() {
+		r, err := local.OpenReader(root)
+		if err != nil {
+			return fmt.Errorf("duckdb: %w", err)
+		}
+		dir := filepath.Join(root, compact.Dir)
+		err = d.compacted(ctx, r, committed, l, dir, func(g compact.Range) error {
+			_, err := os.Stat(filepath.Join(dir, g.File))
+			return err
+		})
+		if err != nil {
+			return err
+		}
 	}
 	if err := checkFiles(l.shards); err != nil {
 		return err
@@ -509,10 +528,12 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	base := filepath.Join(dir, "shards")
 	l := &layout{base: base}
 	seen := map[string]bool{}
+	var committed []schemas.ShardEntry
 	for _, e := range entries {
 		if e.Path == "" {
 			continue
 		}
+		committed = append(committed, e)
 		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
 			return fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
 		}
@@ -521,7 +542,17 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 			continue
 		}
 		seen[e.Path] = true
-		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, at: len(committed) - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+	}
+	// Compacted files are downloaded instead of the shards they hold.
+	mergedDir := filepath.Join(dir, "compacted")
+	mergedBytes := map[string]int64{}
+	err = d.compacted(ctx, st, committed, l, mergedDir, func(g compact.Range) error {
+		mergedBytes[g.File] = g.Bytes
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	dls, marks := committedDeadLetters(entries, func(i int) int64 { return entries[i].Seq })
 	l.dlq = make([]dlqFile, len(dls))
@@ -531,17 +562,32 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(par)
-	var fetch []shardFile
+	type download struct {
+		rel, file string
+		bytes     int64
+	}
+	var fetch []download
 	var total int64
+	fetched := map[string]bool{}
 	for _, s := range l.shards {
-		// Shards are immutable: a copy already in the download folder
-		// with the size the manifest records is the shard (a folder kept
-		// across openings, as the live view's, downloads only new ones).
-		if info, err := os.Stat(s.file); err == nil && s.entry.Bytes > 0 && info.Size() == s.entry.Bytes {
+		f := download{rel: s.entry.Path, file: s.file, bytes: s.entry.Bytes}
+		if s.merged {
+			name := filepath.Base(s.file)
+			f = download{rel: compact.Dir + "/" + name, file: s.file, bytes: mergedBytes[name]}
+		}
+		if fetched[f.file] {
 			continue
 		}
-		fetch = append(fetch, s)
-		total += s.entry.Bytes
+		fetched[f.file] = true
+		// Shards and compacted files are immutable: a copy already in the
+		// download folder with the size the manifest (or the record)
+		// gives is the file (a folder kept across openings, as the live
+		// view's, downloads only new ones).
+		if info, err := os.Stat(f.file); err == nil && f.bytes > 0 && info.Size() == f.bytes {
+			continue
+		}
+		fetch = append(fetch, f)
+		total += f.bytes
 	}
 	var done atomic.Int64
 	if o.Progress != nil {
@@ -549,12 +595,12 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	}
 	for _, s := range fetch {
 		g.Go(func() error {
-			data, err := getObject(gctx, st, s.entry.Path)
+			data, err := getObject(gctx, st, s.rel)
 			if err != nil {
 				return err
 			}
 			if err := writeFile(s.file, bytes.NewReader(data)); err != nil {
-				return fmt.Errorf("duckdb: save shard %s: %w", s.entry.Path, err)
+				return fmt.Errorf("duckdb: save shard %s: %w", s.rel, err)
 			}
 			if o.Progress != nil {
 				o.Progress(done.Add(int64(len(data))), total)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/compact"
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -17,9 +19,20 @@ import (
 // shards, list the shards and bind the steps view (the shards are hard
 // links to one small file; a query that reads every shard adds DuckDB's
 // cost of opening each file, which this leaves out).
+//
+// With compacted=true, `rllm-pipe compact` has merged them (1,024 shards a
+// file) before: the views read 1/1,024th of the files.
 func BenchmarkOpenViews(b *testing.B) {
-	for _, n := range []int{1_000, 10_000, 30_000} {
-		b.Run(fmt.Sprintf("shards=%d", n), func(b *testing.B) {
+	for _, c := range []struct {
+		n         int
+		compacted bool
+	}{{1_000, false}, {10_000, false}, {30_000, false}, {10_000, true}, {30_000, true}} {
+		n := c.n
+		name := fmt.Sprintf("shards=%d", n)
+		if c.compacted {
+			name += "/compacted"
+		}
+		b.Run(name, func(b *testing.B) {
 			root := b.TempDir()
 			src := filepath.Join(b.TempDir(), "one.parquet")
 			writeStepFile(b, src, []string{"s1", "s2"})
@@ -39,6 +52,19 @@ func BenchmarkOpenViews(b *testing.B) {
 			}
 			writeManifest(b, root, entries)
 			ctx := context.Background()
+			if c.compacted {
+				r, err := local.OpenReader(root)
+				if err != nil {
+					b.Fatal(err)
+				}
+				st, err := compact.Run(ctx, r, compact.Config{Writer: "bench", MinShards: 2})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if st.Shards != n-n%1024 {
+					b.Fatalf("compacted %d shards of %d", st.Shards, n)
+				}
+			}
 			b.ResetTimer()
 			for b.Loop() {
 				d, err := OpenLocal(ctx, root, Options{})

@@ -43,7 +43,7 @@ func (d *DB) sandbox(ctx context.Context, conn *sql.Conn, l *layout) error {
 		dlq = append(dlq, sqlString(f.file))
 	}
 	for _, set := range []string{
-		"SET VARIABLE rllm_allowed_paths = coalesce((SELECT list(file) FROM shards), []::VARCHAR[]) || [" + strings.Join(dlq, ", ") + "]::VARCHAR[]",
+		"SET VARIABLE rllm_allowed_paths = coalesce((SELECT list(DISTINCT file) FROM shards), []::VARCHAR[]) || [" + strings.Join(dlq, ", ") + "]::VARCHAR[]",
 		"SET GLOBAL allowed_directories = []",
 		"SET GLOBAL allowed_paths = getvariable('rllm_allowed_paths')",
 		"RESET VARIABLE rllm_allowed_paths",

@@ -31,7 +31,11 @@ type View struct {
 type shardFile struct {
 	entry schemas.ShardEntry
 	seq   int64  // place in the manifest
+	at    int    // place among the manifest's shard entries (store.Reader.Committed)
 	file  string // absolute local path
+	// merged: file is a compacted file (connectors/compact) holding this
+	// shard's rows among others', each naming its shard in a column.
+	merged bool
 }
 
 // dlqFile is the committed part of one dead-letter file.
@@ -52,6 +56,9 @@ type layout struct {
 	base   string
 	shards []shardFile
 	dlq    []dlqFile
+	// mergedDir is the folder of the compacted files (ending in a
+	// separator), "" when none is read.
+	mergedDir string
 	// consumed is the file of the consumed rows (JSON lines, written by
 	// Go from the consumer groups' logs); "" when there are none.
 	consumed string
@@ -227,10 +234,7 @@ func (l *layout) storedStepsSQL(literal bool) (string, error) {
 	if l.deltas() {
 		prompt = "CASE WHEN coalesce(prompt_prefix_len, 0) = 0 THEN len(prompt_ids) ELSE prompt_prefix_len + len(prompt_delta_ids) END"
 	}
-	// DuckDB reports each row's file name as given: strip base + "/"
-	// (substr counts code points).
-	fmt.Fprintf(&b, "SELECT *, %s::BIGINT AS prompt_tokens, len(response_ids)::BIGINT AS response_tokens\n", prompt)
-	fmt.Fprintf(&b, "FROM (SELECT * EXCLUDE (filename), substr(filename, %d) AS shard\nFROM (", utf8.RuneCountInString(l.base)+2)
+	fmt.Fprintf(&b, "SELECT *, %s::BIGINT AS prompt_tokens, len(response_ids)::BIGINT AS response_tokens\nFROM (\n", prompt)
 	for i, v := range l.bySchema() {
 		if i > 0 {
 			b.WriteString("\nUNION ALL BY NAME\n")
@@ -239,7 +243,8 @@ func (l *layout) storedStepsSQL(literal bool) (string, error) {
 		// footer binds them all (union_by_name reads every footer at
 		// each binding of the view, every query: most of the time to
 		// define the views, measured in BENCHMARKS.md). Others are read
-		// by name, a version at a time.
+		// by name, a version at a time. Compacted files name each row's
+		// shard in a column of their own.
 		byName := v.version != schemas.SchemaVersion
 		files := fmt.Sprintf("getvariable('%s')", filesVar(i))
 		if literal {
@@ -249,9 +254,16 @@ func (l *layout) storedStepsSQL(literal bool) (string, error) {
 			}
 			files = "[\n  " + strings.Join(quoted, ",\n  ") + "\n]"
 		}
-		fmt.Fprintf(&b, "SELECT * FROM read_parquet(%s, hive_partitioning = false, union_by_name = %t, filename = true)", files, byName)
+		if v.merged {
+			fmt.Fprintf(&b, "SELECT * FROM read_parquet(%s, hive_partitioning = false, union_by_name = %t)", files, byName)
+			continue
+		}
+		// DuckDB reports each row's file name as given: strip base + "/"
+		// (substr counts code points).
+		fmt.Fprintf(&b, "SELECT * EXCLUDE (filename), substr(filename, %d) AS shard\nFROM read_parquet(%s, hive_partitioning = false, union_by_name = %t, filename = true)",
+			utf8.RuneCountInString(l.base)+2, files, byName)
 	}
-	b.WriteString("));\n")
+	b.WriteString(");\n")
 	return b.String(), nil
 }
 
@@ -269,40 +281,65 @@ func filesVar(i int) string { return fmt.Sprintf("rllm_shard_files_%d", i) }
 func (l *layout) filesSQL() string {
 	var b strings.Builder
 	for i, v := range l.bySchema() {
-		fmt.Fprintf(&b, "SET VARIABLE %s = (SELECT list(file ORDER BY seq) FROM shards WHERE coalesce(schema_version, '') = %s);\n",
-			filesVar(i), sqlString(v.version))
+		if v.merged {
+			fmt.Fprintf(&b, "SET VARIABLE %s = (SELECT list(file ORDER BY first) FROM (SELECT file, min(seq) AS first FROM shards WHERE starts_with(file, %s) AND coalesce(schema_version, '') = %s GROUP BY file));\n",
+				filesVar(i), sqlString(l.mergedDir), sqlString(v.version))
+			continue
+		}
+		fmt.Fprintf(&b, "SET VARIABLE %s = (SELECT list(file ORDER BY seq) FROM shards WHERE coalesce(schema_version, '') = %s", filesVar(i), sqlString(v.version))
+		if l.mergedDir != "" {
+			fmt.Fprintf(&b, " AND NOT starts_with(file, %s)", sqlString(l.mergedDir))
+		}
+		b.WriteString(");\n")
 	}
 	return b.String()
 }
 
-// schemaFiles is the files of the shards of one schema version.
+// schemaFiles is the files of the shards of one schema version: their
+// own files, or (merged) the compacted files holding them.
 type schemaFiles struct {
 	version string
+	merged  bool
 	files   []string
 }
 
 // bySchema groups the shard files by schema version, the current version
-// first, the others in the order they first appear.
+// first, the others in the order they first appear; the compacted files
+// of a version after its own shard files, each once.
 func (l *layout) bySchema() []schemaFiles {
 	var out []schemaFiles
-	at := map[string]int{}
-	add := func(v, f string) {
-		i, ok := at[v]
+	type key struct {
+		version string
+		merged  bool
+	}
+	at := map[key]int{}
+	seen := map[string]bool{}
+	add := func(s shardFile) {
+		if s.merged {
+			if seen[s.file] {
+				return
+			}
+			seen[s.file] = true
+		}
+		k := key{s.entry.SchemaVersion, s.merged}
+		i, ok := at[k]
 		if !ok {
 			i = len(out)
-			at[v] = i
-			out = append(out, schemaFiles{version: v})
+			at[k] = i
+			out = append(out, schemaFiles{version: k.version, merged: k.merged})
 		}
-		out[i].files = append(out[i].files, f)
+		out[i].files = append(out[i].files, s.file)
 	}
-	for _, s := range l.shards {
-		if s.entry.SchemaVersion == schemas.SchemaVersion {
-			add(s.entry.SchemaVersion, s.file)
+	for _, merged := range []bool{false, true} {
+		for _, s := range l.shards {
+			if s.entry.SchemaVersion == schemas.SchemaVersion && s.merged == merged {
+				add(s)
+			}
 		}
 	}
 	for _, s := range l.shards {
 		if s.entry.SchemaVersion != schemas.SchemaVersion {
-			add(s.entry.SchemaVersion, s.file)
+			add(s)
 		}
 	}
 	return out
@@ -387,41 +424,43 @@ func duckType(t arrow.DataType) (string, error) {
 
 // trajectoriesSQL folds the steps of a trajectory (as stored: it needs
 // their token counts, never the tokens). Trajectory and group
-// values are repeated on every step row, so arg_min(x, shard) (which
-// skips nulls) reads them: any row's value, and the first shard's when
-// two shards hold the same key (two runs with overlapping ids ingested
-// into one root), so every query gives the same answer; advantage is the
-// first step's (ingest broadcasts one value per trajectory; token-level
+// values are repeated on every step row, so arg_min(x, {shard,
+// step_index}) (which skips nulls) reads them: the first step's value of
+// the first shard holding the key (two runs with overlapping ids ingested
+// into one root), so every query gives the same answer whatever order
+// the rows are scanned in (a compacted file holds many shards' rows);
+// groups likewise by {shard, trajectory_id}; advantage is the first
+// step's (ingest broadcasts one value per trajectory; token-level
 // advantages stay in steps).
 const trajectoriesSQL = `CREATE OR REPLACE VIEW trajectories AS
 SELECT group_id, group_version, trajectory_id,
-  arg_min(task_id, shard) AS task_id,
-  arg_min(role, shard) AS role,
-  arg_min(reward, shard) AS reward,
-  arg_min(num_steps, shard) AS num_steps,
+  arg_min(task_id, {'s': shard, 'i': step_index}) AS task_id,
+  arg_min(role, {'s': shard, 'i': step_index}) AS role,
+  arg_min(reward, {'s': shard, 'i': step_index}) AS reward,
+  arg_min(num_steps, {'s': shard, 'i': step_index}) AS num_steps,
   count(*) AS steps,
   sum(prompt_tokens)::BIGINT AS prompt_tokens,
   sum(response_tokens)::BIGINT AS response_tokens,
   min(policy_version) AS min_policy_version,
   max(policy_version) AS max_policy_version,
-  arg_min(is_correct, shard) AS is_correct,
-  arg_min(termination_reason, shard) AS termination_reason,
+  arg_min(is_correct, {'s': shard, 'i': step_index}) AS is_correct,
+  arg_min(termination_reason, {'s': shard, 'i': step_index}) AS termination_reason,
   bool_or(partial) AS partial,
-  arg_min(filter_reason, shard) AS filter_reason,
-  arg_min(advantage, step_index) AS advantage,
-  arg_min(estimator, shard) AS estimator,
-  arg_min(group_size, shard) AS group_size,
-  arg_min(expected_group_size, shard) AS expected_group_size,
+  arg_min(filter_reason, {'s': shard, 'i': step_index}) AS filter_reason,
+  arg_min(advantage, {'s': shard, 'i': step_index}) AS advantage,
+  arg_min(estimator, {'s': shard, 'i': step_index}) AS estimator,
+  arg_min(group_size, {'s': shard, 'i': step_index}) AS group_size,
+  arg_min(expected_group_size, {'s': shard, 'i': step_index}) AS expected_group_size,
   min(shard) AS shard,
-  coalesce(arg_min(is_correct, shard), arg_min(reward, shard) > 0) AS pass
+  coalesce(arg_min(is_correct, {'s': shard, 'i': step_index}), arg_min(reward, {'s': shard, 'i': step_index}) > 0) AS pass
 FROM stored_steps
 GROUP BY group_id, group_version, trajectory_id;
 `
 
 const groupsSQL = `CREATE OR REPLACE VIEW groups AS
 SELECT group_id, group_version,
-  arg_min(task_id, shard) AS task_id,
-  arg_min(role, shard) AS role,
+  arg_min(task_id, {'s': shard, 't': trajectory_id}) AS task_id,
+  arg_min(role, {'s': shard, 't': trajectory_id}) AS role,
   count(*) AS trajectories,
   sum(steps)::BIGINT AS steps,
   avg(reward) AS reward_mean,
@@ -430,8 +469,8 @@ SELECT group_id, group_version,
   max(reward) AS reward_max,
   count(*) FILTER (WHERE pass) AS passes,
   bool_or(partial) AS partial,
-  arg_min(group_size, shard) AS group_size,
-  arg_min(expected_group_size, shard) AS expected_group_size,
+  arg_min(group_size, {'s': shard, 't': trajectory_id}) AS group_size,
+  arg_min(expected_group_size, {'s': shard, 't': trajectory_id}) AS expected_group_size,
   min(shard) AS shard
 FROM trajectories
 GROUP BY group_id, group_version;

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/compact"
+)
+
+// compactViews is the query whose answer compaction must not change:
+// every view over the steps, row by row (hashed), and the shards table but
+// for the file a shard's rows were read from. Float aggregates summed in
+// another order (DuckDB's threads split the work by file) may differ in
+// their last bits: they are rounded.
+const compactViews = `SELECT 'steps' AS v, count(*) AS n, bit_xor(hash(v)) AS h FROM (SELECT * FROM steps) v
+UNION ALL SELECT 'stored_steps', count(*), bit_xor(hash(v)) FROM (SELECT * FROM stored_steps) v
+UNION ALL SELECT 'trajectories', count(*), bit_xor(hash(v)) FROM (SELECT * FROM trajectories) v
+UNION ALL SELECT 'groups', count(*), bit_xor(hash(v)) FROM (SELECT * REPLACE (round(reward_mean, 9) AS reward_mean, round(reward_std, 9) AS reward_std) FROM groups) v
+UNION ALL SELECT 'shards', count(*), bit_xor(hash(v)) FROM (SELECT * EXCLUDE (file) FROM shards) v
+UNION ALL SELECT 'prompt tokens', count(*), sum(len(prompt_ids)) FROM steps
+ORDER BY v`
+
+// compactDigest answers compactViews over from.
+func compactDigest(t *testing.T, bin, work, from string, extra ...string) string {
+	t.Helper()
+	res := e2eRun(t, bin, work, append([]string{"sql", "--from", from, "--format", "csv", compactViews}, extra...)...)
+	if res.code != 0 {
+		t.Fatalf("sql: exit %d\n%s", res.code, e2eClip(res.stderr, 4000))
+	}
+	return res.stdout
+}
+
+// compactFiles returns how many files the views read, and how many of
+// them are compacted files.
+func compactFiles(t *testing.T, bin, work, from string, extra ...string) (files, merged int) {
+	t.Helper()
+	q := "SELECT count(DISTINCT file) AS files, count(DISTINCT file) FILTER (WHERE file LIKE '%" + compact.Dir + "%') AS merged FROM shards"
+	res := e2eRun(t, bin, work, append([]string{"sql", "--from", from, "--format", "csv", q}, extra...)...)
+	if res.code != 0 {
+		t.Fatalf("sql %q: exit %d\n%s", q, res.code, e2eClip(res.stderr, 4000))
+	}
+	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+	if _, err := fmt.Sscanf(lines[len(lines)-1], "%d,%d", &files, &merged); err != nil {
+		t.Fatalf("files: %q: %v", res.stdout, err)
+	}
+	return files, merged
+}
+
+// compactInputs generates multi-turn agents (prefix deltas stored) and
+// splits them into one file per task, so that each ingest of one commits
+// one small shard.
+func compactInputs(t *testing.T, bin, work string, groups int, seed string) []string {
+	t.Helper()
+	all := filepath.Join(work, "all-"+seed+".jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--turns", "2..5", "--groups", fmt.Sprint(groups), "--group-size", "2", "--seed", seed, "--out", all); r.code != 0 {
+		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)
+	}
+	data, err := os.ReadFile(all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byTask := map[string][][]byte{}
+	for _, l := range e2eSplitLines(data) {
+		var rec struct {
+			Task string `json:"task_id"`
+		}
+		mustUnmarshal(t, l, &rec)
+		byTask[rec.Task] = append(byTask[rec.Task], l)
+	}
+	tasks := make([]string, 0, len(byTask))
+	for task := range byTask {
+		tasks = append(tasks, task)
+	}
+	sort.Strings(tasks)
+	var files []string
+	for i, task := range tasks {
+		f := filepath.Join(work, fmt.Sprintf("part-%s-%03d.jsonl", seed, i))
+		if err := os.WriteFile(f, e2eJoinLines(byTask[task]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	return files
+}
+
+// testCompact checks compaction over one root (to, with the flags extra):
+// the views answer the same before and after every step, over fewer files;
+// a later compaction continues where the last stopped; a record that does
+// not match the manifest, or a missing compacted file, is passed over
+// with a warning (the shards are read instead); two compactions at once
+// leave the views whole.
+func testCompact(t *testing.T, bin, work, to string, local string, extra ...string) {
+	ingest := func(files []string) {
+		for _, f := range files {
+			args := append([]string{"ingest", "--from", e2eFileURL(f), "--to", to, "--group-size", "2", "--quiet"}, extra...)
+			if r := e2eRun(t, bin, work, args...); r.code != 0 {
+				t.Fatalf("ingest %s: exit %d\n%s", f, r.code, e2eClip(r.stderr, 4000))
+			}
+		}
+	}
+	compactRun := func(args ...string) e2eRunResult {
+		t.Helper()
+		r := e2eRun(t, bin, work, append(append([]string{"compact", "--to", to, "--min-shards", "2", "--max-shards", "4"}, args...), extra...)...)
+		if r.code != 0 {
+			t.Fatalf("compact: exit %d\n%s", r.code, e2eClip(r.stderr, 4000))
+		}
+		return r
+	}
+	ingest(compactInputs(t, bin, work, 10, "1"))
+	before := compactDigest(t, bin, work, to, extra...)
+	if files, merged := compactFiles(t, bin, work, to, extra...); files != 10 || merged != 0 {
+		t.Fatalf("before compaction the views read %d files (%d compacted), want the 10 shards", files, merged)
+	}
+
+	compactRun()
+	if got := compactDigest(t, bin, work, to, extra...); got != before {
+		t.Fatalf("the views changed with compaction:\nbefore\n%s\nafter\n%s", before, got)
+	}
+	// 10 shards, 4 at most a file: 4 + 4 merged, 2 waiting for more.
+	if files, merged := compactFiles(t, bin, work, to, extra...); files != 2+2 || merged != 2 {
+		t.Fatalf("after compaction the views read %d files (%d compacted), want 2 compacted and the 2 newest shards", files, merged)
+	}
+	if r := compactRun(); !strings.Contains(r.stderr, "nothing to merge") {
+		t.Fatalf("a second compaction with nothing new: %s", r.stderr)
+	}
+
+	// More commits: the next compaction continues from the 9th shard.
+	ingest(compactInputs(t, bin, work, 6, "2"))
+	before = compactDigest(t, bin, work, to, extra...)
+	compactRun()
+	if got := compactDigest(t, bin, work, to, extra...); got != before {
+		t.Fatalf("the views changed with the second compaction:\nbefore\n%s\nafter\n%s", before, got)
+	}
+	if files, merged := compactFiles(t, bin, work, to, extra...); files != 4 || merged != 4 {
+		t.Fatalf("after the second compaction the views read %d files (%d compacted), want 4 compacted (16 shards)", files, merged)
+	}
+
+	if local == "" {
+		return
+	}
+	dir := filepath.Join(local, compact.Dir)
+	names, err := filepath.Glob(filepath.Join(dir, "record-*.json"))
+	if err != nil || len(names) == 0 {
+		t.Fatalf("records: %v %v", names, err)
+	}
+	newest := names[len(names)-1]
+	saved, err := os.ReadFile(newest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A record naming other shards than the manifest: its ranges are
+	// passed over, with a warning.
+	var rec compact.Record
+	mustUnmarshal(t, saved, &rec)
+	rec.Ranges[1].FirstPath = "policy=0/not-this-one.parquet"
+	if err := os.WriteFile(newest, mustJSON(t, rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := e2eRun(t, bin, work, append([]string{"sql", "--from", to, "--format", "csv", "SELECT count(*) FROM steps"}, extra...)...)
+	if res.code != 0 || !strings.Contains(res.stderr, "does not match the manifest") {
+		t.Fatalf("a record that does not match: exit %d, stderr %q (want a warning)", res.code, res.stderr)
+	}
+	if got := compactDigest(t, bin, work, to, extra...); got != before {
+		t.Fatalf("with a record that does not match, the views changed:\n%s\nwant\n%s", got, before)
+	}
+	if files, merged := compactFiles(t, bin, work, to, extra...); files != 3+4 || merged != 3 {
+		t.Fatalf("with one range passed over the views read %d files (%d compacted), want 3 compacted and 4 shards", files, merged)
+	}
+	if err := os.WriteFile(newest, saved, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A compacted file gone: its shards are read from their own files.
+	gone := filepath.Join(dir, rec.Ranges[0].File)
+	data, err := os.ReadFile(gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	res = e2eRun(t, bin, work, append([]string{"sql", "--from", to, "--format", "csv", "SELECT count(*) FROM steps"}, extra...)...)
+	if res.code != 0 || !strings.Contains(res.stderr, rec.Ranges[0].File) {
+		t.Fatalf("a missing compacted file: exit %d, stderr %q (want a warning naming it)", res.code, res.stderr)
+	}
+	if got := compactDigest(t, bin, work, to, extra...); got != before {
+		t.Fatalf("with a compacted file missing, the views changed:\n%s\nwant\n%s", got, before)
+	}
+	if err := os.WriteFile(gone, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	// Two compactions at once: one records its work (the other may lose
+	// the race and say so); a later one removes the loser's files.
+	ingest(compactInputs(t, bin, work, 4, "3"))
+	before = compactDigest(t, bin, work, to, extra...)
+	done := make(chan e2eRunResult, 2)
+	for range 2 {
+		go func() {
+			done <- e2eRun(t, bin, work, append([]string{"compact", "--to", to, "--min-shards", "2", "--max-shards", "4"}, extra...)...)
+		}()
+	}
+	raced := 0
+	for range 2 {
+		r := <-done
+		switch {
+		case r.code == 0:
+		case strings.Contains(r.stderr, "another compaction recorded its work first"):
+			raced++
+		default:
+			t.Fatalf("a concurrent compaction failed: exit %d\n%s", r.code, r.stderr)
+		}
+	}
+	if got := compactDigest(t, bin, work, to, extra...); got != before {
+		t.Fatalf("two compactions at once changed the views:\n%s\nwant\n%s", got, before)
+	}
+	// Files of a compaction that lost the race or died before its record:
+	// removed by the next one once the newest record has looked past
+	// them; one beyond may belong to a compaction under way: kept.
+	for _, name := range []string{"dead-0-4.parquet", "dead-1000-1004.parquet"} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := compactRun(); !strings.Contains(r.stderr, "1 leftover files removed") {
+		t.Errorf("compaction after leftovers: %q, want one removed", r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dead-0-4.parquet")); err == nil {
+		t.Error("a leftover below the record's end was kept")
+	}
+	if err := os.Remove(filepath.Join(dir, "dead-1000-1004.parquet")); err != nil {
+		t.Errorf("a file beyond the record's end: %v (want it kept)", err)
+	}
+	listed := map[string]bool{}
+	names, _ = filepath.Glob(filepath.Join(dir, "record-*.json"))
+	last, err := os.ReadFile(names[len(names)-1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustUnmarshal(t, last, &rec)
+	for _, g := range rec.Ranges {
+		listed[g.File] = true
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*.parquet"))
+	for _, f := range files {
+		if !listed[filepath.Base(f)] {
+			t.Errorf("compacted file %s is in no record after a later compaction (raced %d)", filepath.Base(f), raced)
+		}
+	}
+	if len(names) > 2 {
+		t.Errorf("records kept: %d, want the newest two", len(names))
+	}
+}
+
+func TestCompactKeepsEveryView(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	out := filepath.Join(work, "out")
+	testCompact(t, bin, work, e2eFileURL(out), out)
+}
+
+func TestIntegrationCompactS3(t *testing.T) {
+	target := newS3Target(t, "compact")
+	bin := e2eBinary(t)
+	testCompact(t, bin, t.TempDir(), target.url, "", target.flags()...)
+}
