@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -16,11 +18,12 @@ type compactOpts struct {
 	target    string
 	minShards int
 	maxShards int
+	every     time.Duration
 	quiet     bool
 	conn      connFlags
 }
 
-func newCompactCmd() *cobra.Command {
+func newCompactCmd(soft context.Context) *cobra.Command {
 	var o compactOpts
 	cmd := &cobra.Command{
 		Use:   "compact --to URL",
@@ -31,10 +34,12 @@ long run's thousands of commits become a few files to open. The manifest and
 the shards are not touched (consumer groups, exports and ingest read them as
 before), so it can run at any time, beside a running ingest too; what it adds
 lives in the root's _compact folder. Each run continues where the last one
-stopped; a run of shards still shorter than --min-shards waits for more.`,
+stopped; a run of shards still shorter than --min-shards waits for more.
+With --every it runs again at that interval until stopped (SIGINT, SIGTERM),
+which is how a long run keeps its views quick to open.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runCompact(cmd, o)
+			return runCompact(soft, cmd, o)
 		},
 	}
 	f := cmd.Flags()
@@ -42,18 +47,25 @@ stopped; a run of shards still shorter than --min-shards waits for more.`,
 	f.StringVar(&o.target, "target-size", "64MiB", "size of a merged file; shards of a quarter of it or more are left alone")
 	f.IntVar(&o.minShards, "min-shards", 16, "fewest shards merged into one file")
 	f.IntVar(&o.maxShards, "max-shards", 1024, "most shards merged into one file")
+	f.DurationVar(&o.every, "every", 0, "run again at this interval until stopped (0: once)")
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
 	o.conn.register(f)
 	return cmd
 }
 
-func runCompact(cmd *cobra.Command, o compactOpts) error {
+// maxTarget bounds --target-size: a merged file is built in memory.
+const maxTarget = 256 << 20
+
+func runCompact(soft context.Context, cmd *cobra.Command, o compactOpts) error {
 	target, err := parseBytes(o.target)
-	if err != nil || target <= 0 {
-		return usageErrorf("--target-size %q: a positive size (64MiB, 1GB, ...)", o.target)
+	if err != nil || target <= 0 || target > maxTarget {
+		return usageErrorf("--target-size %q: a size up to %s (64MiB, 256MiB, ...)", o.target, formatBytes(maxTarget))
 	}
 	if o.minShards < 2 || o.maxShards < o.minShards {
 		return usageErrorf("--min-shards must be at least 2 and --max-shards at least --min-shards")
+	}
+	if o.every < 0 {
+		return usageErrorf("--every %s: not negative", o.every)
 	}
 	if err := o.conn.check(); err != nil {
 		return err
@@ -69,15 +81,29 @@ func runCompact(cmd *cobra.Command, o compactOpts) error {
 		return err
 	}
 	defer r.Close()
-	start := time.Now()
-	st, err := compact.Run(ctx, r, compact.Config{Writer: writer, TargetBytes: target, MinShards: o.minShards, MaxShards: o.maxShards})
-	if err != nil {
-		return err
+	cfg := compact.Config{Writer: writer, TargetBytes: target, MinShards: o.minShards, MaxShards: o.maxShards}
+	for {
+		start := time.Now()
+		st, err := compact.Run(ctx, r, cfg)
+		switch {
+		case err == nil:
+			if !o.quiet {
+				printCompact(cmd.ErrOrStderr(), st, time.Since(start))
+			}
+		case o.every > 0 && errors.Is(err, compact.ErrRaced):
+			fmt.Fprintf(cmd.ErrOrStderr(), "compact: %v; again in %s\n", err, o.every)
+		default:
+			return err
+		}
+		if o.every == 0 {
+			return nil
+		}
+		select {
+		case <-soft.Done():
+			return nil
+		case <-time.After(o.every):
+		}
 	}
-	if !o.quiet {
-		printCompact(cmd.ErrOrStderr(), st, time.Since(start))
-	}
-	return nil
 }
 
 func printCompact(w io.Writer, st compact.Stats, took time.Duration) {

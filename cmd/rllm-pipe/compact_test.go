@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/compact"
 )
@@ -266,4 +270,63 @@ func TestIntegrationCompactS3(t *testing.T) {
 	target := newS3Target(t, "compact")
 	bin := e2eBinary(t)
 	testCompact(t, bin, t.TempDir(), target.url, "", target.flags()...)
+}
+
+// TestCompactEvery: with --every, compact merges what each interval
+// brings until a signal stops it, which exits 0 between runs.
+func TestCompactEvery(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	out := filepath.Join(work, "out")
+	files := compactInputs(t, bin, work, 8, "1")
+	ingest := func(files []string) {
+		for _, f := range files {
+			if r := e2eRun(t, bin, work, "ingest", "--from", e2eFileURL(f), "--to", out, "--group-size", "2", "--quiet"); r.code != 0 {
+				t.Fatalf("ingest %s: exit %d\n%s", f, r.code, e2eClip(r.stderr, 4000))
+			}
+		}
+	}
+	ingest(files[:4])
+	cmd := exec.Command(bin, "compact", "--to", out, "--min-shards", "2", "--max-shards", "2", "--every", "100ms")
+	cmd.Env = e2eEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	merged := func() int {
+		names, _ := filepath.Glob(filepath.Join(out, compact.Dir, "*.parquet"))
+		return len(names)
+	}
+	waitFor := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for merged() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d merged files after a minute, want %d\n%s", merged(), n, stderr.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitFor(2)
+	ingest(files[4:])
+	waitFor(4)
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("compact --every after SIGTERM: %v (want exit 0)\n%s", err, stderr.String())
+	}
+	if files, m := compactFiles(t, bin, work, out); files != 4 || m != 4 {
+		t.Fatalf("the views read %d files (%d compacted), want the 4 compacted", files, m)
+	}
+	got := compactDigest(t, bin, work, out)
+	aside := filepath.Join(work, "aside")
+	if err := os.Rename(filepath.Join(out, compact.Dir), aside); err != nil {
+		t.Fatal(err)
+	}
+	if want := compactDigest(t, bin, work, out); got != want {
+		t.Fatalf("the views over the compacted files:\n%s\nover the shards:\n%s", got, want)
+	}
 }

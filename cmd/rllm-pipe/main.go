@@ -121,7 +121,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	root.AddCommand(newReportCmd(soft))
 	root.AddCommand(newUICmd(soft))
 	root.AddCommand(newReplayCmd(soft))
-	root.AddCommand(newCompactCmd())
+	root.AddCommand(newCompactCmd(soft))
 	return root
 }
 
