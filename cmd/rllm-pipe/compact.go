@@ -120,4 +120,7 @@ func printCompact(w io.Writer, st compact.Stats, took time.Duration) {
 		fmt.Fprintf(w, "; %d leftover files removed", st.Removed)
 	}
 	fmt.Fprintln(w)
+	for _, why := range st.Skipped {
+		fmt.Fprintf(w, "compact: left alone (read from the shards): %s\n", why)
+	}
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/minio/minio-go/v7"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/compact"
 )
@@ -42,7 +46,7 @@ func compactDigest(t *testing.T, bin, work, from string, extra ...string) string
 // them are compacted files.
 func compactFiles(t *testing.T, bin, work, from string, extra ...string) (files, merged int) {
 	t.Helper()
-	q := "SELECT count(DISTINCT file) AS files, count(DISTINCT file) FILTER (WHERE file LIKE '%" + compact.Dir + "%') AS merged FROM shards"
+	q := `SELECT count(DISTINCT file) AS files, count(DISTINCT file) FILTER (WHERE regexp_matches(file, '/(_compact|compacted)/[^/]+$')) AS merged FROM shards`
 	res := e2eRun(t, bin, work, append([]string{"sql", "--from", from, "--format", "csv", q}, extra...)...)
 	if res.code != 0 {
 		t.Fatalf("sql %q: exit %d\n%s", q, res.code, e2eClip(res.stderr, 4000))
@@ -97,7 +101,7 @@ func compactInputs(t *testing.T, bin, work string, groups int, seed string) []st
 // not match the manifest, or a missing compacted file, is passed over
 // with a warning (the shards are read instead); two compactions at once
 // leave the views whole.
-func testCompact(t *testing.T, bin, work, to string, local string, extra ...string) {
+func testCompact(t *testing.T, bin, work, to string, objs func() compactObjects, extra ...string) {
 	ingest := func(files []string) {
 		for _, f := range files {
 			args := append([]string{"ingest", "--from", e2eFileURL(f), "--to", to, "--group-size", "2", "--quiet"}, extra...)
@@ -143,27 +147,19 @@ func testCompact(t *testing.T, bin, work, to string, local string, extra ...stri
 		t.Fatalf("after the second compaction the views read %d files (%d compacted), want 4 compacted (16 shards)", files, merged)
 	}
 
-	if local == "" {
-		return
-	}
-	dir := filepath.Join(local, compact.Dir)
-	names, err := filepath.Glob(filepath.Join(dir, "record-*.json"))
-	if err != nil || len(names) == 0 {
-		t.Fatalf("records: %v %v", names, err)
+	o := objs()
+	names := o.list("record-")
+	if len(names) == 0 {
+		t.Fatal("no compaction record")
 	}
 	newest := names[len(names)-1]
-	saved, err := os.ReadFile(newest)
-	if err != nil {
-		t.Fatal(err)
-	}
+	saved := o.get(newest)
 	// A record naming other shards than the manifest: its ranges are
 	// passed over, with a warning.
 	var rec compact.Record
 	mustUnmarshal(t, saved, &rec)
 	rec.Ranges[1].FirstPath = "policy=0/not-this-one.parquet"
-	if err := os.WriteFile(newest, mustJSON(t, rec), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	o.put(newest, mustJSON(t, rec))
 	res := e2eRun(t, bin, work, append([]string{"sql", "--from", to, "--format", "csv", "SELECT count(*) FROM steps"}, extra...)...)
 	if res.code != 0 || !strings.Contains(res.stderr, "does not match the manifest") {
 		t.Fatalf("a record that does not match: exit %d, stderr %q (want a warning)", res.code, res.stderr)
@@ -174,31 +170,22 @@ func testCompact(t *testing.T, bin, work, to string, local string, extra ...stri
 	if files, merged := compactFiles(t, bin, work, to, extra...); files != 3+4 || merged != 3 {
 		t.Fatalf("with one range passed over the views read %d files (%d compacted), want 3 compacted and 4 shards", files, merged)
 	}
-	if err := os.WriteFile(newest, saved, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	o.put(newest, saved)
 	// A compacted file gone: its shards are read from their own files.
-	gone := filepath.Join(dir, rec.Ranges[0].File)
-	data, err := os.ReadFile(gone)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(gone); err != nil {
-		t.Fatal(err)
-	}
+	gone := rec.Ranges[0].File
+	data := o.get(gone)
+	o.remove(gone)
 	res = e2eRun(t, bin, work, append([]string{"sql", "--from", to, "--format", "csv", "SELECT count(*) FROM steps"}, extra...)...)
-	if res.code != 0 || !strings.Contains(res.stderr, rec.Ranges[0].File) {
+	if res.code != 0 || !strings.Contains(res.stderr, gone+" is missing") {
 		t.Fatalf("a missing compacted file: exit %d, stderr %q (want a warning naming it)", res.code, res.stderr)
 	}
 	if got := compactDigest(t, bin, work, to, extra...); got != before {
 		t.Fatalf("with a compacted file missing, the views changed:\n%s\nwant\n%s", got, before)
 	}
-	if err := os.WriteFile(gone, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	o.put(gone, data)
 
 	// Two compactions at once: one records its work (the other may lose
-	// the race and say so); a later one removes the loser's files.
+	// the race and say so); the views stay whole.
 	ingest(compactInputs(t, bin, work, 4, "3"))
 	before = compactDigest(t, bin, work, to, extra...)
 	done := make(chan e2eRunResult, 2)
@@ -207,14 +194,9 @@ func testCompact(t *testing.T, bin, work, to string, local string, extra ...stri
 			done <- e2eRun(t, bin, work, append([]string{"compact", "--to", to, "--min-shards", "2", "--max-shards", "4"}, extra...)...)
 		}()
 	}
-	raced := 0
 	for range 2 {
 		r := <-done
-		switch {
-		case r.code == 0:
-		case strings.Contains(r.stderr, "another compaction recorded its work first"):
-			raced++
-		default:
+		if r.code != 0 && !strings.Contains(r.stderr, "another compaction recorded its work first") {
 			t.Fatalf("a concurrent compaction failed: exit %d\n%s", r.code, r.stderr)
 		}
 	}
@@ -224,34 +206,31 @@ func testCompact(t *testing.T, bin, work, to string, local string, extra ...stri
 	// Files of a compaction that lost the race or died before its record:
 	// removed by the next one once the newest record has looked past
 	// them; one beyond may belong to a compaction under way: kept.
-	for _, name := range []string{"dead-0-4.parquet", "dead-1000-1004.parquet"} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	o.put("dead-0-4.parquet", data)
+	o.put("dead-1000-1004.parquet", data)
 	if r := compactRun(); !strings.Contains(r.stderr, "1 leftover files removed") {
 		t.Errorf("compaction after leftovers: %q, want one removed", r.stderr)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "dead-0-4.parquet")); err == nil {
+	left := map[string]bool{}
+	for _, n := range o.list("") {
+		left[n] = true
+	}
+	if left["dead-0-4.parquet"] {
 		t.Error("a leftover below the record's end was kept")
 	}
-	if err := os.Remove(filepath.Join(dir, "dead-1000-1004.parquet")); err != nil {
-		t.Errorf("a file beyond the record's end: %v (want it kept)", err)
+	if !left["dead-1000-1004.parquet"] {
+		t.Error("a file beyond the record's end was removed (want it kept)")
 	}
+	o.remove("dead-1000-1004.parquet")
+	names = o.list("record-")
+	mustUnmarshal(t, o.get(names[len(names)-1]), &rec)
 	listed := map[string]bool{}
-	names, _ = filepath.Glob(filepath.Join(dir, "record-*.json"))
-	last, err := os.ReadFile(names[len(names)-1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	mustUnmarshal(t, last, &rec)
 	for _, g := range rec.Ranges {
 		listed[g.File] = true
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*.parquet"))
-	for _, f := range files {
-		if !listed[filepath.Base(f)] {
-			t.Errorf("compacted file %s is in no record after a later compaction (raced %d)", filepath.Base(f), raced)
+	for _, n := range o.list("") {
+		if strings.HasSuffix(n, ".parquet") && !listed[n] {
+			t.Errorf("compacted file %s is in no record after a later compaction", n)
 		}
 	}
 	if len(names) > 2 {
@@ -259,17 +238,102 @@ func testCompact(t *testing.T, bin, work, to string, local string, extra ...stri
 	}
 }
 
+// compactObjects reads and changes the objects of a root's compact folder
+// behind the store's back, as damage would.
+type compactObjects struct {
+	get    func(name string) []byte
+	put    func(name string, data []byte)
+	remove func(name string)
+	list   func(prefix string) []string // sorted
+}
+
+func localCompactObjects(t *testing.T, root string) compactObjects {
+	dir := filepath.Join(root, compact.Dir)
+	return compactObjects{
+		get: func(name string) []byte {
+			data, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return data
+		},
+		put: func(name string, data []byte) {
+			if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		},
+		remove: func(name string) {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		list: func(prefix string) []string {
+			names, err := filepath.Glob(filepath.Join(dir, prefix+"*"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range names {
+				names[i] = filepath.Base(names[i])
+			}
+			sort.Strings(names)
+			return names
+		},
+	}
+}
+
+func s3CompactObjects(t *testing.T, target s3Target) compactObjects {
+	st := target.open(t, "compact-test")
+	cli, bucket := st.Client()
+	ctx := context.Background()
+	key := func(name string) string { return st.Key(compact.Dir + "/" + name) }
+	return compactObjects{
+		get: func(name string) []byte {
+			obj, err := cli.GetObject(ctx, bucket, key(name), minio.GetObjectOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer obj.Close()
+			data, err := io.ReadAll(obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return data
+		},
+		put: func(name string, data []byte) {
+			if _, err := cli.PutObject(ctx, bucket, key(name), bytes.NewReader(data), int64(len(data)), minio.PutObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		remove: func(name string) {
+			if err := cli.RemoveObject(ctx, bucket, key(name), minio.RemoveObjectOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		},
+		list: func(prefix string) []string {
+			var names []string
+			for obj := range cli.ListObjects(ctx, bucket, minio.ListObjectsOptions{Prefix: key(prefix)}) {
+				if obj.Err != nil {
+					t.Fatal(obj.Err)
+				}
+				names = append(names, strings.TrimPrefix(obj.Key, key("")))
+			}
+			sort.Strings(names)
+			return names
+		},
+	}
+}
+
 func TestCompactKeepsEveryView(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
-	testCompact(t, bin, work, e2eFileURL(out), out)
+	testCompact(t, bin, work, e2eFileURL(out), func() compactObjects { return localCompactObjects(t, out) })
 }
 
 func TestIntegrationCompactS3(t *testing.T) {
 	target := newS3Target(t, "compact")
 	bin := e2eBinary(t)
-	testCompact(t, bin, t.TempDir(), target.url, "", target.flags()...)
+	testCompact(t, bin, t.TempDir(), target.url, func() compactObjects { return s3CompactObjects(t, target) }, target.flags()...)
 }
 
 // TestCompactEvery: with --every, compact merges what each interval

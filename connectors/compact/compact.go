@@ -139,11 +139,23 @@ func (r *Record) Valid(committed []schemas.ShardEntry) (ok []Range, warnings []s
 		case !store.CheckName(g.File) || !strings.HasSuffix(g.File, ".parquet"):
 			warnings = append(warnings, fmt.Sprintf("compacted file name %q is not a plain Parquet file name: read from the shards", g.File))
 			continue
+		case !sameVersion(committed[g.First:g.End], g.SchemaVersion):
+			warnings = append(warnings, fmt.Sprintf("compacted file %s holds shards of another schema version than %q: read from the shards", g.File, g.SchemaVersion))
+			continue
 		}
 		ok = append(ok, g)
 		next = g.End
 	}
 	return ok, warnings
+}
+
+func sameVersion(shards []schemas.ShardEntry, v string) bool {
+	for _, e := range shards {
+		if e.SchemaVersion != v {
+			return false
+		}
+	}
+	return true
 }
 
 // Config tunes a compaction. Zero values take the defaults noted.
@@ -190,6 +202,9 @@ type Stats struct {
 	Rows, Bytes   int64
 	// Removed counts leftover files of earlier compactions removed.
 	Removed int
+	// Skipped says why runs of shards were left alone (they are read
+	// from their own files).
+	Skipped []string
 	// Record is the record written (nil: nothing to do).
 	Record *Record
 }
@@ -205,19 +220,21 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 	if !store.CheckName(cfg.Writer) {
 		return Stats{}, fmt.Errorf("compact: writer name %q is not a plain name", cfg.Writer)
 	}
-	committed, err := st.Committed(ctx)
-	if err != nil {
-		return Stats{}, fmt.Errorf("compact: %w", err)
-	}
 	objs, err := st.Objects(Dir)
 	if err != nil {
 		return Stats{}, fmt.Errorf("compact: %w", err)
 	}
+	// The record first, then the manifest: the manifest only grows, so
+	// it holds every shard the record names.
 	prev, err := Latest(ctx, objs)
 	if err != nil {
 		return Stats{}, err
 	}
-	var st0 Stats
+	committed, err := st.Committed(ctx)
+	if err != nil {
+		return Stats{}, fmt.Errorf("compact: %w", err)
+	}
+	var out Stats
 	rec := &Record{Writer: cfg.Writer}
 	if prev != nil {
 		valid, warnings := prev.Valid(committed)
@@ -225,13 +242,13 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 			return Stats{}, fmt.Errorf("compact: the newest record (%d) does not match the manifest: %s", prev.Seq, strings.Join(warnings, "; "))
 		}
 		rec.Seq, rec.Upto, rec.Ranges = prev.Seq+1, prev.Upto, valid
-		if st0.Removed, err = removeLeftovers(ctx, objs, prev); err != nil {
+		if out.Removed, err = removeLeftovers(ctx, objs, prev); err != nil {
 			return Stats{}, err
 		}
 	}
 	plan, upto := planRanges(committed, rec.Upto, cfg)
 	if len(plan) == 0 && upto == rec.Upto {
-		return st0, nil
+		return out, nil
 	}
 	var made []string
 	cleanup := func() {
@@ -242,21 +259,29 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 	for _, g := range plan {
 		g.File = fmt.Sprintf("%s-%d-%d.parquet", cfg.Writer, g.First, g.End)
 		data, rows, err := merge(ctx, st, committed[g.First:g.End], cfg.Allocator)
+		if errors.Is(err, errUnmergeable) {
+			// Left alone for good (upto passes it): a shard that is not
+			// as the manifest and schema say is read from its own file.
+			out.Skipped = append(out.Skipped, err.Error())
+			continue
+		}
 		if err != nil {
 			cleanup()
 			return Stats{}, err
 		}
-		if err := objs.Create(ctx, g.File, data); err != nil {
+		// The name is this compaction's own: one already there is an
+		// earlier attempt of this request that landed.
+		if err := objs.Create(ctx, g.File, data); err != nil && !errors.Is(err, fs.ErrExist) {
 			cleanup()
 			return Stats{}, fmt.Errorf("compact: save %s: %w", g.File, err)
 		}
 		made = append(made, g.File)
 		g.Rows, g.Bytes, g.SchemaVersion = rows, int64(len(data)), schemas.SchemaVersion
 		rec.Ranges = append(rec.Ranges, g)
-		st0.Shards += g.End - g.First
-		st0.Files++
-		st0.Rows += rows
-		st0.Bytes += g.Bytes
+		out.Shards += g.End - g.First
+		out.Files++
+		out.Rows += rows
+		out.Bytes += g.Bytes
 	}
 	rec.Upto = upto
 	data, err := json.Marshal(rec)
@@ -265,11 +290,15 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 		return Stats{}, fmt.Errorf("compact: record: %w", err)
 	}
 	if err := objs.Create(ctx, recordName(rec.Seq), data); err != nil {
-		cleanup()
-		if errors.Is(err, fs.ErrExist) {
+		// After a retried request the record there may be ours.
+		if !errors.Is(err, fs.ErrExist) {
+			cleanup()
+			return Stats{}, fmt.Errorf("compact: save record %d: %w", rec.Seq, err)
+		}
+		if there, gerr := objs.Get(ctx, recordName(rec.Seq)); gerr != nil || !bytes.Equal(there, data) {
+			cleanup()
 			return Stats{}, fmt.Errorf("%w (record %d)", ErrRaced, rec.Seq)
 		}
-		return Stats{}, fmt.Errorf("compact: save record %d: %w", rec.Seq, err)
 	}
 	// Records are cumulative: keep the one before (a reader may be
 	// reading it), remove older ones.
@@ -280,9 +309,13 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 			}
 		}
 	}
-	st0.Record = rec
-	return st0, nil
+	out.Record = rec
+	return out, nil
 }
+
+// errUnmergeable marks shards that cannot be merged as they are (columns
+// not those of the schema, rows not as the manifest lists them).
+var errUnmergeable = errors.New("not merged")
 
 // planRanges picks, from shard from on, the runs of small shards of the
 // current schema version to merge: a run closes when its shards reach
@@ -325,6 +358,11 @@ func planRanges(committed []schemas.ShardEntry, from int, cfg Config) (plan []Ra
 // the first, which must be those of schemas.StepSchema (by name).
 func merge(ctx context.Context, st store.Reader, shards []schemas.ShardEntry, mem memory.Allocator) ([]byte, int64, error) {
 	var buf bytes.Buffer
+	var size int64
+	for _, e := range shards {
+		size += e.Bytes
+	}
+	buf.Grow(int(min(size+size/4, 1<<30)) + 1<<20) // re-encoded at about the shards' size: no doubling
 	meta := map[string]string{
 		schemas.FooterSchemaKey: schemas.SchemaVersion,
 		"rllm_pipe.compacted":   strconv.Itoa(len(shards)) + " shards, " + shards[0].Path + " to " + shards[len(shards)-1].Path,
@@ -337,7 +375,7 @@ func merge(ctx context.Context, st store.Reader, shards []schemas.ShardEntry, me
 		err := eachRecord(ctx, st, e, mem, func(rec arrow.RecordBatch) error {
 			if schema == nil {
 				if err := namesOf(rec.Schema(), schemas.StepSchema); err != nil {
-					return err
+					return fmt.Errorf("%w: %w", errUnmergeable, err)
 				}
 				fields := make([]arrow.Field, 0, rec.Schema().NumFields()+1)
 				for _, f := range rec.Schema().Fields() {
@@ -350,7 +388,7 @@ func merge(ctx context.Context, st store.Reader, shards []schemas.ShardEntry, me
 				}
 			}
 			if err := sameColumns(rec.Schema(), schema); err != nil {
-				return err
+				return fmt.Errorf("%w: %w", errUnmergeable, err)
 			}
 			return writeWithShard(w, schema, rec, e.Path, mem)
 		})
@@ -359,7 +397,7 @@ func merge(ctx context.Context, st store.Reader, shards []schemas.ShardEntry, me
 		}
 	}
 	if w == nil {
-		return nil, 0, fmt.Errorf("compact: shards %s to %s hold no rows", shards[0].Path, shards[len(shards)-1].Path)
+		return nil, 0, fmt.Errorf("compact: shards %s to %s hold no rows: %w", shards[0].Path, shards[len(shards)-1].Path, errUnmergeable)
 	}
 	if err := w.Close(); err != nil {
 		return nil, 0, fmt.Errorf("compact: %w", err)
@@ -369,7 +407,7 @@ func merge(ctx context.Context, st store.Reader, shards []schemas.ShardEntry, me
 		want += e.Rows
 	}
 	if w.Rows() != want {
-		return nil, 0, fmt.Errorf("compact: shards %s to %s hold %d rows, but the manifest lists %d", shards[0].Path, shards[len(shards)-1].Path, w.Rows(), want)
+		return nil, 0, fmt.Errorf("compact: shards %s to %s hold %d rows, but the manifest lists %d: %w", shards[0].Path, shards[len(shards)-1].Path, w.Rows(), want, errUnmergeable)
 	}
 	return buf.Bytes(), w.Rows(), nil
 }

@@ -76,22 +76,24 @@ func TestPlanRanges(t *testing.T) {
 func TestValid(t *testing.T) {
 	committed := shards(repeat(1, 10))
 	r := func(first, end int) Range {
-		return Range{First: first, End: end, FirstPath: committed[first].Path, LastPath: committed[end-1].Path, File: fmt.Sprintf("w-%d-%d.parquet", first, end)}
+		return Range{First: first, End: end, FirstPath: committed[first].Path, LastPath: committed[end-1].Path, File: fmt.Sprintf("w-%d-%d.parquet", first, end), SchemaVersion: schemas.SchemaVersion}
 	}
 	bad := r(4, 6)
 	bad.LastPath = "policy=0/other.parquet"
 	beyond := Range{First: 8, End: 12, FirstPath: committed[8].Path, File: "w-8-12.parquet"}
 	path := r(6, 8)
 	path.File = "../x.parquet"
-	rec := &Record{Ranges: []Range{r(0, 2), r(1, 3), r(2, 4), bad, path, beyond}}
+	version := r(6, 8)
+	version.SchemaVersion = "3"
+	rec := &Record{Ranges: []Range{r(0, 2), r(1, 3), r(2, 4), bad, path, version, beyond}}
 	ok, warnings := rec.Valid(committed)
 	if len(ok) != 2 || ok[0].First != 0 || ok[1].First != 2 {
 		t.Fatalf("valid ranges %+v, want 0-2 and 2-4", ok)
 	}
-	if len(warnings) != 4 {
-		t.Fatalf("warnings %q, want one for each of the 4 others", warnings)
+	if len(warnings) != 5 {
+		t.Fatalf("warnings %q, want one for each of the 5 others", warnings)
 	}
-	for i, want := range []string{"overlapping", "does not match", "not a plain Parquet file name", "beyond"} {
+	for i, want := range []string{"overlapping", "does not match", "not a plain Parquet file name", "another schema version", "beyond"} {
 		if !strings.Contains(warnings[i], want) {
 			t.Errorf("warning %d %q, want %q in it", i, warnings[i], want)
 		}

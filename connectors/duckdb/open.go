@@ -115,6 +115,17 @@ func OpenLocal(ctx context.Context, root string, o Options) (*DB, error) {
 }
 
 func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
+	// Compacted files, if any: looked for only where their folder exists
+	// (opening it through a reader would create it), and before the
+	// manifest is read.
+	var comp compaction
+	if info, err := os.Stat(filepath.Join(root, compact.Dir)); err == nil && info.IsDir() {
+		r, err := local.OpenReader(root)
+		if err != nil {
+			return fmt.Errorf("duckdb: %w", err)
+		}
+		comp = d.readCompaction(ctx, r)
+	}
 	entries, err := local.ReadManifest(root)
 	if err != nil {
 		return fmt.Errorf("duckdb: %w", err)
@@ -143,21 +154,8 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		file := filepath.Join(root, filepath.FromSlash(e.Path))
 		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), at: len(committed) - 1, file: file})
 	}
-	// Compacted files, if any: looked for only where the folder exists
-	// (opening it through a reader would create it).
-	if info, err := os.Stat(filepath.Join(root, compact.Dir)); err == nil && info.IsDir() {
-		r, err := local.OpenReader(root)
-		if err != nil {
-			return fmt.Errorf("duckdb: %w", err)
-		}
-		dir := filepath.Join(root, compact.Dir)
-		err = d.compacted(ctx, r, committed, l, dir, func(g compact.Range) error {
-			_, err := os.Stat(filepath.Join(dir, g.File))
-			return err
-		})
-		if err != nil {
-			return err
-		}
+	if comp.rec != nil {
+		comp.apply(d, committed, l, filepath.Join(root, compact.Dir))
 	}
 	if err := checkFiles(l.shards); err != nil {
 		return err
@@ -517,6 +515,7 @@ func OpenRemote(ctx context.Context, st store.Reader, o Options) (*DB, error) {
 }
 
 func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
+	comp := d.readCompaction(ctx, st) // before the manifest
 	entries, err := st.Entries(ctx)
 	if err != nil {
 		return fmt.Errorf("duckdb: %w", err)
@@ -545,14 +544,11 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, at: len(committed) - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
 	}
 	// Compacted files are downloaded instead of the shards they hold.
-	mergedDir := filepath.Join(dir, "compacted")
 	mergedBytes := map[string]int64{}
-	err = d.compacted(ctx, st, committed, l, mergedDir, func(g compact.Range) error {
-		mergedBytes[g.File] = g.Bytes
-		return nil
-	})
-	if err != nil {
-		return err
+	if comp.rec != nil {
+		for _, g := range comp.apply(d, committed, l, filepath.Join(dir, "compacted")) {
+			mergedBytes[g.File] = g.Bytes
+		}
 	}
 	dls, marks := committedDeadLetters(entries, func(i int) int64 { return entries[i].Seq })
 	l.dlq = make([]dlqFile, len(dls))

@@ -305,7 +305,8 @@ type schemaFiles struct {
 
 // bySchema groups the shard files by schema version, the current version
 // first, the others in the order they first appear; the compacted files
-// of a version after its own shard files, each once.
+// of a version before its other shard files (compactions merge the
+// earliest shards), each once.
 func (l *layout) bySchema() []schemaFiles {
 	var out []schemaFiles
 	type key struct {
@@ -330,7 +331,7 @@ func (l *layout) bySchema() []schemaFiles {
 		}
 		out[i].files = append(out[i].files, s.file)
 	}
-	for _, merged := range []bool{false, true} {
+	for _, merged := range []bool{true, false} {
 		for _, s := range l.shards {
 			if s.entry.SchemaVersion == schemas.SchemaVersion && s.merged == merged {
 				add(s)
