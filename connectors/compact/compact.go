@@ -39,7 +39,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"strconv"
 	"strings"
@@ -420,18 +419,7 @@ func eachRecord(ctx context.Context, st store.Reader, e schemas.ShardEntry, mem 
 	}
 	defer r.Close()
 	r.KeepDeltas()
-	for {
-		rec, err := r.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := fn(rec); err != nil {
-			return err
-		}
-	}
+	return r.Each(fn)
 }
 
 // writeWithShard writes rec to w with the shard column set to path.

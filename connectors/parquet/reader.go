@@ -26,8 +26,14 @@ func ReadFile(ctx context.Context, path string, columns []string, mem memory.All
 		return err
 	}
 	defer rd.Close()
+	return rd.Each(fn)
+}
+
+// Each calls fn with every record batch left, each released after fn
+// returns (fn must Retain what it keeps), until the end or an error.
+func (r *Reader) Each(fn func(arrow.RecordBatch) error) error {
 	for {
-		rec, err := rd.Next()
+		rec, err := r.Next()
 		if err == io.EOF {
 			return nil
 		}
