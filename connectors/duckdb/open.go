@@ -589,17 +589,34 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	if o.Progress != nil {
 		o.Progress(0, total)
 	}
+	// A store that streams an object to a file (S3) does: a compacted
+	// file can be large, and several download at once.
+	fg, streams := st.(interface {
+		GetFile(ctx context.Context, rel, path string) (int64, error)
+	})
 	for _, s := range fetch {
 		g.Go(func() error {
-			data, err := getObject(gctx, st, s.rel)
-			if err != nil {
-				return err
-			}
-			if err := writeFile(s.file, bytes.NewReader(data)); err != nil {
-				return fmt.Errorf("duckdb: save shard %s: %w", s.rel, err)
+			var n int64
+			if streams {
+				if err := os.MkdirAll(filepath.Dir(s.file), 0o755); err != nil {
+					return fmt.Errorf("duckdb: save %s: %w", s.rel, err)
+				}
+				var err error
+				if n, err = fg.GetFile(gctx, s.rel, s.file); err != nil {
+					return fmt.Errorf("duckdb: %w", err)
+				}
+			} else {
+				data, err := getObject(gctx, st, s.rel)
+				if err != nil {
+					return err
+				}
+				if err := writeFile(s.file, bytes.NewReader(data)); err != nil {
+					return fmt.Errorf("duckdb: save shard %s: %w", s.rel, err)
+				}
+				n = int64(len(data))
 			}
 			if o.Progress != nil {
-				o.Progress(done.Add(int64(len(data))), total)
+				o.Progress(done.Add(n), total)
 			}
 			return nil
 		})

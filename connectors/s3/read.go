@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -47,6 +48,52 @@ func (s *Store) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry,
 		return nil, fmt.Errorf("s3: manifest: %w", err)
 	}
 	return s.log.CommittedFrom(n), nil
+}
+
+// GetFile downloads the object at rel under the root to the local file
+// path (through a temporary file beside it, then renamed), streaming: a
+// large object (a compacted file) is never held in memory. Transient
+// failures are retried; a missing object is an error wrapping
+// fs.ErrNotExist. It returns the bytes written.
+func (s *Store) GetFile(ctx context.Context, rel, path string) (int64, error) {
+	if !store.CheckPath(rel) {
+		return 0, fmt.Errorf("s3: path %q is not a clean relative path", rel)
+	}
+	var n int64
+	missing := false
+	err := s.cfg.retry(ctx, func(int) error {
+		obj, err := s.cli.GetObject(ctx, s.cfg.Bucket, s.key(rel), minio.GetObjectOptions{})
+		if err != nil {
+			return err
+		}
+		defer obj.Close()
+		f, err := os.CreateTemp(filepath.Dir(path), ".part-*")
+		if err != nil {
+			return err
+		}
+		n, err = io.Copy(f, obj)
+		cerr := f.Close()
+		if err != nil {
+			os.Remove(f.Name())
+			if minio.ToErrorResponse(err).Code == "NoSuchKey" {
+				missing = true
+				return nil
+			}
+			return err
+		}
+		if err := errors.Join(cerr, os.Rename(f.Name(), path)); err != nil {
+			os.Remove(f.Name())
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("s3: download %s: %w", rel, err)
+	}
+	if missing {
+		return 0, fmt.Errorf("s3: %s: %w", rel, fs.ErrNotExist)
+	}
+	return n, nil
 }
 
 // ReadShard downloads a committed shard to a temporary file (removed when

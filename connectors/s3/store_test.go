@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -532,5 +534,40 @@ func TestIntegrationLazyWriterKeepsSealedShards(t *testing.T) {
 	}
 	if got, err := next.Committed(ctx); err != nil || len(got) != len(committed) {
 		t.Fatalf("%d shards listed (%v), want %d", len(got), err, len(committed))
+	}
+}
+
+// TestIntegrationGetFile: GetFile streams an object to a file (the bytes,
+// nothing left beside it) and says a missing one is missing.
+func TestIntegrationGetFile(t *testing.T) {
+	cfg := testConfig(t)
+	s := open(t, cfg, "getfile")
+	ctx := context.Background()
+	objs, err := s.Objects("_compact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	if err := objs.Create(ctx, "big.parquet", data); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	n, err := s.GetFile(ctx, "_compact/big.parquet", filepath.Join(dir, "big.parquet"))
+	if err != nil || n != int64(len(data)) {
+		t.Fatalf("GetFile: %d bytes, %v", n, err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, "big.parquet"))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("downloaded %d bytes (%v), not the object's %d", len(got), err, len(data))
+	}
+	if _, err := s.GetFile(ctx, "_compact/none.parquet", filepath.Join(dir, "none.parquet")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a missing object: %v, want fs.ErrNotExist", err)
+	}
+	if _, err := s.GetFile(ctx, "../x", filepath.Join(dir, "x")); err == nil {
+		t.Fatal("a path leaving the root was downloaded")
+	}
+	left, _ := os.ReadDir(dir)
+	if len(left) != 1 {
+		t.Fatalf("files left: %v, want only big.parquet", left)
 	}
 }
