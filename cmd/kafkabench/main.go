@@ -224,7 +224,44 @@ type runResult struct {
 	OtherCPU float64 `json:"other_cpu_cores"`    // machine CPU not ours, per second of wall
 	Broker   float64 `json:"broker_cpu_seconds"` // the Kafka broker's CPU during the run
 	MinIO    float64 `json:"minio_cpu_seconds"`  // MinIO's CPU during the run
-	Read     float64 `json:"read_seconds"`       // kafka: until every record was read
+	First    float64 `json:"first_read_seconds"` // kafka, file: until the first record was read
+	Read     float64 `json:"read_seconds"`       // kafka, file: until every record was read
+}
+
+// freeAddr returns a loopback address no one listens on (for a child's
+// --metrics-addr).
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr, nil
+}
+
+// watchReads polls the child's records-read counter at addr every 10 ms
+// from start until it reaches records (or exited is closed, or ctx ends):
+// the seconds until the first record was read and until the last (0 if
+// never seen).
+func watchReads(ctx context.Context, addr string, records int64, start time.Time, exited <-chan struct{}) (first, all float64) {
+	for {
+		if n, ok := metric(addr, "rllm_pipe_records_read_total"); ok {
+			if n > 0 && first == 0 {
+				first = time.Since(start).Seconds()
+			}
+			if n >= float64(records) {
+				return first, time.Since(start).Seconds()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return first, 0
+		case <-exited:
+			return first, 0
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // Command-line marks of the services' processes, for their CPU time.
@@ -388,12 +425,10 @@ func partitionEnds(ctx context.Context, brokers, topic string, partitions int) (
 // has read every record, and checks the manifest settles every offset.
 func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 	id := randomID()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeAddr()
 	if err != nil {
 		return runResult{}, err
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	prefix := "kafkabench-" + id
 	args := []string{"ingest", "--from", "kafka://" + b.c.brokers + "/" + b.topic + "?group=kafkabench-" + id,
 		"--to", "s3://" + b.c.bucket + "/" + prefix, "--group-size", "8", "--metrics-addr", addr, "--quiet"}
@@ -406,25 +441,20 @@ func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 	if err := cmd.Start(); err != nil {
 		return runResult{}, err
 	}
-	var read float64
-	for {
-		if n, ok := metric(addr, "rllm_pipe_records_read_total"); ok && n >= float64(b.records) {
-			read = time.Since(start).Seconds()
-			break
-		}
-		if cmd.ProcessState != nil || time.Since(start) > 10*time.Minute {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			return runResult{}, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	first, read := watchReads(wctx, addr, b.records, start, exited)
+	cancel()
+	if ctx.Err() != nil {
+		_ = cmd.Process.Kill()
+		<-exited
+		return runResult{}, ctx.Err()
 	}
 	_ = cmd.Process.Signal(syscall.SIGTERM)
-	err = cmd.Wait()
+	<-exited
+	err = waitErr
 	wall := time.Since(start).Seconds()
 	busy1, _ := benchkit.MachineBusy()
 	if err != nil || read == 0 {
@@ -453,7 +483,7 @@ func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 		return runResult{}, fmt.Errorf("removing the run's output: %w", err)
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
-	return runResult{Name: "kafka", Wall: wall, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
+	return runResult{Name: "kafka", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
 }
 
 // fileRun ingests the input file into a new local directory.
@@ -463,14 +493,24 @@ func (b *bench) fileRun(ctx context.Context) (runResult, error) {
 		return runResult{}, err
 	}
 	defer os.RemoveAll(out)
-	args := []string{"ingest", "--from", b.in.Path, "--to", out, "--group-size", "8", "--quiet"}
+	addr, err := freeAddr()
+	if err != nil {
+		return runResult{}, err
+	}
+	args := []string{"ingest", "--from", b.in.Path, "--to", out, "--group-size", "8", "--metrics-addr", addr, "--quiet"}
 	args = append(args, strings.Fields(b.c.fileArgs)...)
 	cmd := exec.CommandContext(ctx, b.c.bin, args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	busy0, _ := benchkit.MachineBusy()
 	start := time.Now()
-	err = cmd.Run()
+	if err := cmd.Start(); err != nil {
+		return runResult{}, err
+	}
+	exited := make(chan struct{})
+	go func() { err = cmd.Wait(); close(exited) }()
+	first, read := watchReads(ctx, addr, b.records, start, exited)
+	<-exited
 	wall := time.Since(start).Seconds()
 	busy1, _ := benchkit.MachineBusy()
 	if err != nil {
@@ -488,7 +528,7 @@ func (b *bench) fileRun(ctx context.Context) (runResult, error) {
 		return runResult{}, errors.New("file ingest committed no rows")
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
-	return runResult{Name: "file", Wall: wall, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
+	return runResult{Name: "file", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
 }
 
 // metric reads one unlabelled value from a Prometheus text endpoint.
@@ -530,18 +570,25 @@ func statOf(xs []float64) stat {
 }
 
 type report struct {
-	Input       string               `json:"input"`
-	InputBytes  int64                `json:"input_bytes"`
-	Records     int64                `json:"records"`
-	Partitions  int                  `json:"partitions"`
-	Rounds      int                  `json:"rounds"`
-	Runs        []runResult          `json:"runs"`
-	MiBs        map[string]stat      `json:"mib_per_second"`
-	Wall        map[string]stat      `json:"wall_seconds"`
-	CPU         map[string]stat      `json:"cpu_seconds"`
-	BrokerCPU   map[string]stat      `json:"broker_cpu_seconds"`
-	MinIOCPU    map[string]stat      `json:"minio_cpu_seconds"`
-	KafkaRead   stat                 `json:"kafka_read_seconds"`
+	Input      string          `json:"input"`
+	InputBytes int64           `json:"input_bytes"`
+	Records    int64           `json:"records"`
+	Partitions int             `json:"partitions"`
+	Rounds     int             `json:"rounds"`
+	Runs       []runResult     `json:"runs"`
+	MiBs       map[string]stat `json:"mib_per_second"`
+	Wall       map[string]stat `json:"wall_seconds"`
+	CPU        map[string]stat `json:"cpu_seconds"`
+	BrokerCPU  map[string]stat `json:"broker_cpu_seconds"`
+	MinIOCPU   map[string]stat `json:"minio_cpu_seconds"`
+	KafkaRead  stat            `json:"kafka_read_seconds"`
+	// Phases of the kafka and file runs: seconds until the first record
+	// was read and until the last, and the throughput between the two.
+	FirstRead map[string]stat `json:"first_read_seconds"`
+	LastRead  map[string]stat `json:"last_read_seconds"`
+	Steady    map[string]stat `json:"steady_mib_per_second"`
+	// SteadyRatio is kafka/file of the steady throughputs, per round.
+	SteadyRatio stat                 `json:"steady_ratio"`
 	Ratios      map[string]stat      `json:"ratios"`
 	MedianRatio map[string]float64   `json:"ratio_of_medians"`
 	Extra       map[string]string    `json:"flags,omitempty"`
@@ -578,6 +625,36 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 		rep.MinIOCPU[name] = statOf(minios[name])
 	}
 	rep.KafkaRead = statOf(reads)
+	rep.FirstRead, rep.LastRead, rep.Steady = map[string]stat{}, map[string]stat{}, map[string]stat{}
+	mib := float64(in.Bytes) / (1 << 20)
+	steadyByRound := map[int]map[string]float64{}
+	for _, name := range []string{"kafka", "file"} {
+		var firsts, lasts, steady []float64
+		for _, r := range runs {
+			if r.Name != name || r.First <= 0 || r.Read <= r.First {
+				continue
+			}
+			firsts = append(firsts, r.First)
+			lasts = append(lasts, r.Read)
+			steady = append(steady, mib/(r.Read-r.First))
+			if steadyByRound[r.Round] == nil {
+				steadyByRound[r.Round] = map[string]float64{}
+			}
+			steadyByRound[r.Round][name] = mib / (r.Read - r.First)
+		}
+		if len(steady) > 0 {
+			rep.FirstRead[name], rep.LastRead[name], rep.Steady[name] = statOf(firsts), statOf(lasts), statOf(steady)
+		}
+	}
+	var steadyRatios []float64
+	for _, m := range steadyByRound {
+		if m["kafka"] > 0 && m["file"] > 0 {
+			steadyRatios = append(steadyRatios, m["kafka"]/m["file"])
+		}
+	}
+	if len(steadyRatios) > 0 {
+		rep.SteadyRatio = statOf(steadyRatios)
+	}
 	for _, pair := range ratioPairs {
 		var xs []float64
 		for _, m := range byRound {
@@ -614,8 +691,18 @@ func (rep *report) print(w io.Writer) {
 			wl.Median, wl.Min, wl.Max, c.Median, c.Min, c.Max, bk.Median, bk.Min, bk.Max, mn.Median, mn.Min, mn.Max)
 	}
 	tw.Flush()
-	k := rep.KafkaRead
-	fmt.Fprintf(w, "kafka: every record read after %.2f s (%.2f–%.2f), the rest is the last commits and the exit\n", k.Median, k.Min, k.Max)
+	for _, name := range []string{"kafka", "file"} {
+		f, ok := rep.FirstRead[name]
+		if !ok {
+			continue
+		}
+		l, st, wl := rep.LastRead[name], rep.Steady[name], rep.Wall[name]
+		fmt.Fprintf(w, "%-5s first record read after %.2f s (%.2f–%.2f), the last after %.2f s (%.2f–%.2f), exit at %.2f s: %.0f MiB/s (%.0f–%.0f) between the first and the last\n",
+			name, f.Median, f.Min, f.Max, l.Median, l.Min, l.Max, wl.Median, st.Median, st.Min, st.Max)
+	}
+	if r := rep.SteadyRatio; r.Median > 0 {
+		fmt.Fprintf(w, "kafka/file between the first and the last record read: %.2f (%.2f–%.2f) per round (start-up, group join and the last commits left out)\n", r.Median, r.Min, r.Max)
+	}
 	for _, pair := range ratioPairs {
 		name := pair[0] + "/" + pair[1]
 		r, ok := rep.Ratios[name]
