@@ -323,7 +323,11 @@ func s3CompactObjects(t *testing.T, target s3Target) compactObjects {
 	}
 }
 
+// The compaction tests run in parallel with each other (each has its own
+// root): they spend their time in child processes.
+
 func TestCompactKeepsEveryView(t *testing.T) {
+	t.Parallel()
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
@@ -331,6 +335,7 @@ func TestCompactKeepsEveryView(t *testing.T) {
 }
 
 func TestIntegrationCompactS3(t *testing.T) {
+	t.Parallel()
 	target := newS3Target(t, "compact")
 	bin := e2eBinary(t)
 	testCompact(t, bin, t.TempDir(), target.url, func() compactObjects { return s3CompactObjects(t, target) }, target.flags()...)
@@ -339,6 +344,7 @@ func TestIntegrationCompactS3(t *testing.T) {
 // TestCompactEvery: with --every, compact merges what each interval
 // brings until a signal stops it, which exits 0 between runs.
 func TestCompactEvery(t *testing.T) {
+	t.Parallel()
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
