@@ -25,7 +25,39 @@ func committedFromEveryShard(t *testing.T, root string) (fromMarks int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	entries, err := r.EntriesFrom(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at []int // the place of each shard entry in entries
+	for i, e := range entries {
+		if e.Seq != int64(i) {
+			t.Fatalf("EntriesFrom(0)[%d] has seq %d", i, e.Seq)
+		}
+		if e.Path != "" {
+			at = append(at, i)
+		}
+	}
 	for n := 0; n <= len(all)+1; n++ {
+		// EntriesFrom(n) on a fresh reader (which starts at a mark): the
+		// whole read's entries from shard n on, checkpoints included.
+		other, _ := OpenReader(root)
+		tail, err := other.EntriesFrom(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wantTail []schemas.ShardEntry
+		if n < len(at) {
+			wantTail = entries[at[n]:]
+		}
+		if len(tail) != len(wantTail) {
+			t.Fatalf("EntriesFrom(%d) on a fresh reader: %d entries, want %d", n, len(tail), len(wantTail))
+		}
+		for i := range tail {
+			if tail[i].Path != wantTail[i].Path || tail[i].Seq != wantTail[i].Seq {
+				t.Fatalf("EntriesFrom(%d)[%d] = %s (seq %d), want %s (seq %d)", n, i, tail[i].Path, tail[i].Seq, wantTail[i].Path, wantTail[i].Seq)
+			}
+		}
 		fresh, _ := OpenReader(root)
 		got, err := fresh.CommittedFrom(ctx, n)
 		if err != nil {

@@ -162,6 +162,31 @@ func (r *Reader) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry
 	return out, nil
 }
 
+// EntriesFrom returns the entries from the nth shard entry on, each with
+// Seq its line's place in the manifest; EntriesFrom(0) is Entries.
+func (r *Reader) EntriesFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
+	n = max(n, 0)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.startAt(n)
+	if err := r.follow(ctx); err != nil {
+		return nil, err
+	}
+	start := 0 // n == 0: every entry, checkpoints before the first shard too
+	if n > 0 {
+		k := n - int(r.from.Shards) // the reader holds the shards from r.from on
+		if k >= len(r.shards) {
+			return nil, nil
+		}
+		start = r.shards[k]
+	}
+	out := append([]schemas.ShardEntry(nil), r.entries[start:]...)
+	for i := range out {
+		out[i].Seq = r.from.Entries + int64(start+i)
+	}
+	return out, nil
+}
+
 // Committed returns the shard entries committed so far, in manifest order
 // (checkpoints and claims, which list no shard, are left out).
 func (r *Reader) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {

@@ -50,6 +50,23 @@ func (s *Store) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry,
 	return s.log.CommittedFrom(n), nil
 }
 
+// EntriesFrom returns the log's entries from the nth shard entry on
+// (reading only the segments that hold them); EntriesFrom(0) is Entries.
+func (s *Store) EntriesFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
+	if n <= 0 {
+		return s.Entries(ctx)
+	}
+	if err := s.refresh(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.log.LoadFrom(ctx, n); err != nil {
+		return nil, fmt.Errorf("s3: manifest: %w", err)
+	}
+	return s.log.EntriesFrom(n), nil
+}
+
 // GetFile downloads the object at rel under the root to the local file
 // path (through a temporary file beside it, then renamed), streaming: a
 // large object (a compacted file) is never held in memory. Transient

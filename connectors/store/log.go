@@ -109,6 +109,18 @@ func (l *Log) CommittedFrom(n int) []schemas.ShardEntry {
 	return out
 }
 
+// EntriesFrom returns the entries from the nth shard entry on (copies):
+// that entry, then every later one. A log restored with RestoreHead must
+// have read the shards asked for (LoadFrom(n) or Load).
+func (l *Log) EntriesFrom(n int) []schemas.ShardEntry {
+	before, _ := l.unloadedShards()
+	k := n - before // the log holds the shards from the before-th on
+	if k < 0 || k >= len(l.shards) {
+		return nil
+	}
+	return append([]schemas.ShardEntry(nil), l.entries[l.shards[k]:]...)
+}
+
 // unloadedSegs returns the segments a log restored with RestoreHead has
 // not read: the first ones.
 func (l *Log) unloadedSegs() []SegmentRef {

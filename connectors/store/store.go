@@ -74,6 +74,13 @@ type Reader interface {
 	// CommittedFrom is Committed without its first n entries: a follower
 	// that holds them reads only what is new (the list only grows).
 	CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error)
+	// EntriesFrom returns the entries from the nth shard entry on (n
+	// counts from 0): that shard entry, then every later entry of every
+	// kind, each with Seq set to its place in the manifest; nil when the
+	// manifest lists n shards or fewer. EntriesFrom(0) is Entries. A reader
+	// that holds the manifest up to a known shard (a snapshot) reads only
+	// the rest.
+	EntriesFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error)
 	// ReadShard opens a committed shard for reading the named columns
 	// (all when none).
 	ReadShard(ctx context.Context, e schemas.ShardEntry, columns []string, mem memory.Allocator) (*parquet.Reader, error)

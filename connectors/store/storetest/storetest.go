@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
@@ -49,6 +50,7 @@ func Run(t *testing.T, b Backend) {
 		{"PublishNeverOverwrites", testPublishNeverOverwrites},
 		{"WritersAppendTogether", testWritersAppendTogether},
 		{"CommittedFromFollows", testCommittedFrom},
+		{"EntriesFromShard", testEntriesFrom},
 		{"AppendsAreLinear", testAppendsAreLinear},
 		{"CreateOnlyObjects", testCreateOnlyObjects},
 		{"SecondWriterRefusedOrFenced", testSecondWriter},
@@ -346,6 +348,87 @@ func testCommittedFrom(t *testing.T, b Backend) {
 	}
 	if tail, err := r.CommittedFrom(ctx, 8); err != nil || len(tail) != 2 || tail[0].Path != shardName("w1", 9) {
 		t.Fatalf("CommittedFrom(8): %v %v", tail, err)
+	}
+}
+
+// EntriesFrom(n) is Entries from the nth shard entry on, checkpoints
+// between shards included, each entry with its place in the manifest as
+// Seq: the same from a fresh reader (which may start at a mark or a
+// snapshot) as from one that read everything.
+func testEntriesFrom(t *testing.T, b Backend) {
+	ctx := context.Background()
+	root := b.NewRoot(t)
+	st := open(t, b, root, "w1")
+	const shards = 12
+	for i := 1; i <= shards; i++ {
+		for range i % 3 { // 0, 1 or 2 checkpoints after each shard
+			if err := st.Append(ctx, entry("f", int64(1000*i+i%3))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := commit(t, st, shardName("w1", i), []byte{byte(i)}, "f", int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Append(ctx, entry("f", 99999)); err != nil {
+		t.Fatal(err)
+	}
+	r := reader(t, b, root)
+	all, err := r.EntriesFrom(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := r.Entries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != len(entries) || len(all) < shards { // a backend that snapshots may drop checkpoints that hold nothing
+		t.Fatalf("EntriesFrom(0) has %d entries, Entries %d", len(all), len(entries))
+	}
+	var at []int // the place of each shard entry in all
+	for i, e := range all {
+		if e.Path != entries[i].Path || e.Rows != entries[i].Rows {
+			t.Fatalf("EntriesFrom(0)[%d] = %s, Entries has %s", i, e.Path, entries[i].Path)
+		}
+		if i > 0 && e.Seq <= all[i-1].Seq {
+			t.Fatalf("entry %d has seq %d after %d: not the manifest's places", i, e.Seq, all[i-1].Seq)
+		}
+		if e.Path != "" {
+			at = append(at, i)
+		}
+	}
+	if len(at) != shards {
+		t.Fatalf("%d shard entries, want %d", len(at), shards)
+	}
+	for n := 0; n <= shards; n++ {
+		for _, fresh := range []bool{false, true} {
+			rd := r
+			if fresh {
+				rd = reader(t, b, root)
+			}
+			got, err := rd.EntriesFrom(ctx, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == shards {
+				if len(got) != 0 {
+					t.Fatalf("EntriesFrom(%d) past the last shard: %d entries", n, len(got))
+				}
+				continue
+			}
+			want := all[at[n]:]
+			if n == 0 {
+				want = all
+			}
+			if len(got) != len(want) {
+				t.Fatalf("EntriesFrom(%d) (fresh %t): %d entries, want %d", n, fresh, len(got), len(want))
+			}
+			for i := range got {
+				if got[i].Path != want[i].Path || got[i].Seq != want[i].Seq || !reflect.DeepEqual(got[i].Settled, want[i].Settled) {
+					t.Fatalf("EntriesFrom(%d)[%d] (fresh %t) = %s seq %d, want %s seq %d", n, i, fresh, got[i].Path, got[i].Seq, want[i].Path, want[i].Seq)
+				}
+			}
+		}
 	}
 }
 
