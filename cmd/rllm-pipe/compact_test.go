@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -30,6 +31,8 @@ UNION ALL SELECT 'trajectories', count(*), bit_xor(hash(v)) FROM (SELECT * FROM 
 UNION ALL SELECT 'groups', count(*), bit_xor(hash(v)) FROM (SELECT * REPLACE (round(reward_mean, 9) AS reward_mean, round(reward_std, 9) AS reward_std) FROM groups) v
 UNION ALL SELECT 'shards', count(*), bit_xor(hash(v)) FROM (SELECT * EXCLUDE (file) FROM shards) v
 UNION ALL SELECT 'prompt tokens', count(*), sum(len(prompt_ids)) FROM steps
+UNION ALL SELECT 'dead_letters', count(*), bit_xor(hash(v)) FROM (SELECT * FROM dead_letters) v
+UNION ALL SELECT 'dead_letter_commits', count(*), bit_xor(hash(v)) FROM (SELECT * FROM dead_letter_commits) v
 ORDER BY v`
 
 // compactDigest answers compactViews over from.
@@ -60,7 +63,7 @@ func compactFiles(t *testing.T, bin, work, from string, extra ...string) (files,
 
 // compactInputs generates multi-turn agents (prefix deltas stored) and
 // splits them into one file per task, so that each ingest of one commits
-// one small shard.
+// one small shard; every third file has two bad lines (dead letters).
 func compactInputs(t *testing.T, bin, work string, groups int, seed string) []string {
 	t.Helper()
 	all := filepath.Join(work, "all-"+seed+".jsonl")
@@ -87,7 +90,11 @@ func compactInputs(t *testing.T, bin, work string, groups int, seed string) []st
 	var files []string
 	for i, task := range tasks {
 		f := filepath.Join(work, fmt.Sprintf("part-%s-%03d.jsonl", seed, i))
-		if err := os.WriteFile(f, e2eJoinLines(byTask[task]), 0o644); err != nil {
+		lines := byTask[task]
+		if i%3 == 1 {
+			lines = append(lines, []byte(`{"type":"step","step_id":"bad-`+seed+fmt.Sprint(i)+`"}`), []byte("not json "+seed+fmt.Sprint(i)))
+		}
+		if err := os.WriteFile(f, e2eJoinLines(lines), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		files = append(files, f)
@@ -128,6 +135,10 @@ func testCompact(t *testing.T, bin, work, to string, objs func() compactObjects,
 	if got := compactDigest(t, bin, work, to, extra...); got != before {
 		t.Fatalf("the views changed with compaction:\nbefore\n%s\nafter\n%s", before, got)
 	}
+	// Read from the snapshot: no warning (a snapshot passed over says so).
+	if res := e2eRun(t, bin, work, append([]string{"sql", "--from", to, "SELECT 1"}, extra...)...); res.code != 0 || strings.Contains(res.stderr, "warning") {
+		t.Fatalf("sql after compaction: exit %d, stderr %q (want no warning)", res.code, res.stderr)
+	}
 	// 10 shards, 4 at most a file: 4 + 4 merged, 2 waiting for more.
 	if files, merged := compactFiles(t, bin, work, to, extra...); files != 2+2 || merged != 2 {
 		t.Fatalf("after compaction the views read %d files (%d compacted), want 2 compacted and the 2 newest shards", files, merged)
@@ -146,8 +157,28 @@ func testCompact(t *testing.T, bin, work, to string, objs func() compactObjects,
 	if files, merged := compactFiles(t, bin, work, to, extra...); files != 4 || merged != 4 {
 		t.Fatalf("after the second compaction the views read %d files (%d compacted), want 4 compacted (16 shards)", files, merged)
 	}
+	// Commits after the snapshot are read from the manifest's tail.
+	ingest(compactInputs(t, bin, work, 2, "4"))
+	before = compactDigest(t, bin, work, to, extra...)
 
 	o := objs()
+	// A snapshot gone: the manifest is read whole, the views the same.
+	snaps := o.list("snapshot-")
+	if len(snaps) == 0 {
+		t.Fatal("no compaction snapshot")
+	}
+	snapName := snaps[len(snaps)-1]
+	snapData := o.get(snapName)
+	o.remove(snapName)
+	res := e2eRun(t, bin, work, append([]string{"sql", "--from", to, "--format", "csv", "SELECT count(*) FROM steps"}, extra...)...)
+	if res.code != 0 || !strings.Contains(res.stderr, "not used (missing)") {
+		t.Fatalf("a missing snapshot: exit %d, stderr %q (want a warning)", res.code, res.stderr)
+	}
+	if got := compactDigest(t, bin, work, to, extra...); got != before {
+		t.Fatalf("read without the snapshot, the views differ:\n%s\nwant\n%s", got, before)
+	}
+	o.put(snapName, snapData)
+
 	names := o.list("record-")
 	if len(names) == 0 {
 		t.Fatal("no compaction record")
@@ -160,15 +191,15 @@ func testCompact(t *testing.T, bin, work, to string, objs func() compactObjects,
 	mustUnmarshal(t, saved, &rec)
 	rec.Ranges[1].FirstPath = "policy=0/not-this-one.parquet"
 	o.put(newest, mustJSON(t, rec))
-	res := e2eRun(t, bin, work, append([]string{"sql", "--from", to, "--format", "csv", "SELECT count(*) FROM steps"}, extra...)...)
+	res = e2eRun(t, bin, work, append([]string{"sql", "--from", to, "--format", "csv", "SELECT count(*) FROM steps"}, extra...)...)
 	if res.code != 0 || !strings.Contains(res.stderr, "does not match the manifest") {
 		t.Fatalf("a record that does not match: exit %d, stderr %q (want a warning)", res.code, res.stderr)
 	}
 	if got := compactDigest(t, bin, work, to, extra...); got != before {
 		t.Fatalf("with a record that does not match, the views changed:\n%s\nwant\n%s", got, before)
 	}
-	if files, merged := compactFiles(t, bin, work, to, extra...); files != 3+4 || merged != 3 {
-		t.Fatalf("with one range passed over the views read %d files (%d compacted), want 3 compacted and 4 shards", files, merged)
+	if files, merged := compactFiles(t, bin, work, to, extra...); files != 3+4+2 || merged != 3 {
+		t.Fatalf("with one range passed over the views read %d files (%d compacted), want 3 compacted and 4+2 shards", files, merged)
 	}
 	o.put(newest, saved)
 	// A compacted file gone: its shards are read from their own files.
@@ -229,12 +260,16 @@ func testCompact(t *testing.T, bin, work, to string, objs func() compactObjects,
 		listed[g.File] = true
 	}
 	for _, n := range o.list("") {
-		if strings.HasSuffix(n, ".parquet") && !listed[n] {
+		if strings.HasSuffix(n, ".parquet") && !strings.HasPrefix(n, "snapshot-") && !listed[n] {
 			t.Errorf("compacted file %s is in no record after a later compaction", n)
 		}
 	}
 	if len(names) > 2 {
 		t.Errorf("records kept: %d, want the newest two", len(names))
+	}
+	// Snapshots: the newest record's and the one before's.
+	if snaps := o.list("snapshot-"); len(snaps) > 2 || rec.Snapshot == nil || !slices.Contains(snaps, rec.Snapshot.File) {
+		t.Errorf("snapshots kept: %v, want the newest two records' (the newest: %+v)", snaps, rec.Snapshot)
 	}
 }
 
@@ -366,7 +401,7 @@ func TestCompactEvery(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	merged := func() int {
-		names, _ := filepath.Glob(filepath.Join(out, compact.Dir, "*.parquet"))
+		names, _ := filepath.Glob(filepath.Join(out, compact.Dir, "compact-*.parquet"))
 		return len(names)
 	}
 	waitFor := func(n int) {

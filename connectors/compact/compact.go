@@ -18,10 +18,20 @@
 //   - record-<n>.json is the n-th record: every merged file so far, and
 //     how far the compactions have looked (Record.Upto). Records are
 //     cumulative, so a reader takes the newest.
+//   - snapshot-<n>-<writer>.parquet is the n-th record's Snapshot: one
+//     row per shard before Upto (its manifest entry's columns and the
+//     merged file holding it), and, in the record, the dead-letter marks
+//     of the manifest's entries up to there. A reader of the data as a
+//     whole (the views of `sql`) takes its shards from it and reads only
+//     the manifest's entries after it (store.Reader.EntriesFrom), so that
+//     its start-up does not grow with the run.
 //
-// A reader checks each range of the record against the manifest (the
-// paths of its first and last shard) and reads the shards of a range that
-// does not match, or whose file is missing, from their own files. The
+// A reader checks the snapshot against the manifest (the place and path
+// of its last shard) and against the record (each range's shards), and
+// each range of the record against the manifest when it reads the whole
+// manifest (no snapshot, or one that does not match: the paths of its
+// first and last shard); it reads the shards of a range that does not
+// match, or whose file is missing, from their own files. The
 // views read through the merged files are the views read through the
 // shards, row for row: only the shards table's file column says where a
 // shard's rows were read.
@@ -87,6 +97,9 @@ type Record struct {
 	Upto   int     `json:"upto"`
 	Ranges []Range `json:"ranges"`
 	Writer string  `json:"writer"`
+	// Snapshot holds what readers need of the manifest up to Upto (nil
+	// in records of versions before snapshots, or when Upto is 0).
+	Snapshot *Snapshot `json:"snapshot,omitempty"`
 }
 
 func recordName(seq int64) string { return fmt.Sprintf("record-%012d.json", seq) }
@@ -229,9 +242,15 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 	if err != nil {
 		return Stats{}, err
 	}
-	committed, err := st.Committed(ctx)
+	entries, err := st.EntriesFrom(ctx, 0)
 	if err != nil {
 		return Stats{}, fmt.Errorf("compact: %w", err)
+	}
+	var committed []schemas.ShardEntry
+	for _, e := range entries {
+		if e.Path != "" {
+			committed = append(committed, e)
+		}
 	}
 	var out Stats
 	rec := &Record{Writer: cfg.Writer}
@@ -246,7 +265,7 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 		}
 	}
 	plan, upto := planRanges(committed, rec.Upto, cfg)
-	if len(plan) == 0 && upto == rec.Upto {
+	if len(plan) == 0 && upto == rec.Upto && (upto == 0 || prev.Snapshot != nil) {
 		return out, nil
 	}
 	var made []string
@@ -283,6 +302,20 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 		out.Bytes += g.Bytes
 	}
 	rec.Upto = upto
+	if upto > 0 {
+		snap, data, err := buildSnapshot(entries, upto, rec.Ranges, cfg.Allocator)
+		if err != nil {
+			cleanup()
+			return Stats{}, err
+		}
+		snap.File = snapshotName(rec.Seq, cfg.Writer)
+		if err := objs.Create(ctx, snap.File, data); err != nil && !errors.Is(err, fs.ErrExist) {
+			cleanup()
+			return Stats{}, fmt.Errorf("compact: save %s: %w", snap.File, err)
+		}
+		made = append(made, snap.File)
+		rec.Snapshot = snap
+	}
 	data, err := json.Marshal(rec)
 	if err != nil {
 		cleanup()
@@ -300,10 +333,24 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 		}
 	}
 	// Records are cumulative: keep the one before (a reader may be
-	// reading it), remove older ones.
+	// reading it) and its snapshot, remove older ones and the snapshots
+	// of compactions that lost a race or died before their record.
 	if names, err := objs.List(ctx, "record-"); err == nil {
 		for _, n := range names {
 			if n < recordName(rec.Seq-1) {
+				_ = objs.Delete(ctx, n)
+			}
+		}
+	}
+	if names, err := objs.List(ctx, "snapshot-"); err == nil {
+		keep := map[string]bool{}
+		for _, r := range []*Record{prev, rec} {
+			if r != nil && r.Snapshot != nil {
+				keep[r.Snapshot.File] = true
+			}
+		}
+		for _, n := range names {
+			if !keep[n] && n < snapshotName(rec.Seq, "") {
 				_ = objs.Delete(ctx, n)
 			}
 		}

@@ -80,7 +80,7 @@ func TestCompactRecordCreateExists(t *testing.T) {
 				t.Fatal(err)
 			}
 			st, err := compact.Run(ctx, recordReader{r, landed}, compact.Config{Writer: "c1", MinShards: 2, MaxShards: 3})
-			files, _ := filepath.Glob(filepath.Join(root, compact.Dir, "*.parquet"))
+			files, _ := filepath.Glob(filepath.Join(root, compact.Dir, "c1-*.parquet"))
 			if !landed {
 				if !errors.Is(err, compact.ErrRaced) || len(files) != 0 {
 					t.Fatalf("err %v, merged files left %v: want ErrRaced and none", err, files)

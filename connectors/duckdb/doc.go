@@ -57,7 +57,11 @@
 //     local _manifest/shards.jsonl, its log number on S3), path, rows,
 //     bytes, groups, policy_version, committed_at, run_id, writer,
 //     recovered, schema_version, file (the local file read: a compacted
-//     file, connectors/compact, when one holds the shard's rows).
+//     file, connectors/compact, when one holds the shard's rows). After a
+//     compaction it is a view: the rows of the shards the compaction has
+//     looked at are read from its snapshot file, the others from a table
+//     (rllm_shards_after_snapshot), and the manifest is read only after
+//     the snapshot, so that opening does not grow with the run.
 //   - dead_letters: the committed dead-letter lines: reason, error, stream
 //     and position (topic/partition and offset for Kafka input, file and
 //     line for files), the raw source fields, record (base64 when
@@ -83,6 +87,6 @@
 // reward.
 //
 // This package imports schemas, train (the consumer groups' logs) and the
-// store and local connectors (an S3 output comes as a store.Reader);
+// store, local and compact connectors (an S3 output comes as a store.Reader);
 // nothing in the pipeline imports it.
 package duckdb

@@ -119,43 +119,31 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 	// (opening it through a reader would create it), and before the
 	// manifest is read.
 	var comp compaction
+	var l *layout
+	var dls []schemas.DeadLetterState
+	var marks [][]dlMark
 	if info, err := os.Stat(filepath.Join(root, compact.Dir)); err == nil && info.IsDir() {
 		r, err := local.OpenReader(root)
 		if err != nil {
 			return fmt.Errorf("duckdb: %w", err)
 		}
 		comp = d.readCompaction(ctx, r)
-	}
-	entries, err := local.ReadManifest(root)
-	if err != nil {
-		return fmt.Errorf("duckdb: %w", err)
-	}
-	if len(entries) == 0 {
-		if _, err := os.Stat(filepath.Join(root, local.ManifestDir, local.ManifestFile)); errors.Is(err, fs.ErrNotExist) {
-			d.warnf("%s has no manifest (%s/%s): nothing is committed there", root, local.ManifestDir, local.ManifestFile)
+		dir := filepath.Join(root, compact.Dir)
+		from, err := d.snapshotStart(ctx, r, comp, func(name string, _ int64) (string, error) { return filepath.Join(dir, name), nil })
+		if err != nil {
+			return err
+		}
+		if from != nil {
+			if l, dls, marks, err = from.layout(ctx, d, root, dir); err != nil {
+				return err
+			}
 		}
 	}
-	l := &layout{base: root}
-	seen := map[string]bool{}
-	var committed []schemas.ShardEntry
-	for i, e := range entries {
-		if e.Path == "" {
-			continue
+	if l == nil {
+		var err error
+		if l, dls, marks, err = d.localManifest(root, comp); err != nil {
+			return err
 		}
-		committed = append(committed, e)
-		if err := checkRel(e.Path); err != nil {
-			return fmt.Errorf("duckdb: manifest line %d: %w", i+1, err)
-		}
-		if seen[e.Path] {
-			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
-			continue
-		}
-		seen[e.Path] = true
-		file := filepath.Join(root, filepath.FromSlash(e.Path))
-		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), at: len(committed) - 1, file: file})
-	}
-	if comp.rec != nil {
-		comp.apply(d, committed, l, filepath.Join(root, compact.Dir))
 	}
 	if err := checkFiles(l.shards); err != nil {
 		return err
@@ -167,7 +155,6 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 	if err != nil {
 		return err
 	}
-	dls, marks := committedDeadLetters(entries, func(i int) int64 { return int64(i) })
 	for i, c := range dls {
 		p := c.File
 		if !filepath.IsAbs(p) {
@@ -196,6 +183,44 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		}
 	}
 	return d.define(ctx, l)
+}
+
+// localManifest lays out the shards of the whole manifest under root,
+// read from the compacted files comp records where they match.
+func (d *DB) localManifest(root string, comp compaction) (*layout, []schemas.DeadLetterState, [][]dlMark, error) {
+	entries, err := local.ReadManifest(root)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("duckdb: %w", err)
+	}
+	if len(entries) == 0 {
+		if _, err := os.Stat(filepath.Join(root, local.ManifestDir, local.ManifestFile)); errors.Is(err, fs.ErrNotExist) {
+			d.warnf("%s has no manifest (%s/%s): nothing is committed there", root, local.ManifestDir, local.ManifestFile)
+		}
+	}
+	l := &layout{base: root}
+	seen := map[string]bool{}
+	var committed []schemas.ShardEntry
+	for i, e := range entries {
+		if e.Path == "" {
+			continue
+		}
+		committed = append(committed, e)
+		if err := checkRel(e.Path); err != nil {
+			return nil, nil, nil, fmt.Errorf("duckdb: manifest line %d: %w", i+1, err)
+		}
+		if seen[e.Path] {
+			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
+			continue
+		}
+		seen[e.Path] = true
+		file := filepath.Join(root, filepath.FromSlash(e.Path))
+		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), at: len(committed) - 1, file: file})
+	}
+	if comp.rec != nil {
+		comp.apply(d, committed, l, filepath.Join(root, compact.Dir))
+	}
+	dls, marks := committedDeadLetters(entries, func(i int) int64 { return int64(i) })
+	return l, dls, marks, nil
 }
 
 // consumedLine is one line of the consumed file.
@@ -516,41 +541,36 @@ func OpenRemote(ctx context.Context, st store.Reader, o Options) (*DB, error) {
 
 func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	comp := d.readCompaction(ctx, st) // before the manifest
-	entries, err := st.Entries(ctx)
-	if err != nil {
-		return fmt.Errorf("duckdb: %w", err)
-	}
 	dir, err := d.downloadDir(o)
 	if err != nil {
 		return err
 	}
 	base := filepath.Join(dir, "shards")
-	l := &layout{base: base}
-	seen := map[string]bool{}
-	var committed []schemas.ShardEntry
-	for _, e := range entries {
-		if e.Path == "" {
-			continue
-		}
-		committed = append(committed, e)
-		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
-			return fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
-		}
-		if seen[e.Path] {
-			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
-			continue
-		}
-		seen[e.Path] = true
-		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, at: len(committed) - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
-	}
+	mergedDir := filepath.Join(dir, "compacted")
 	// Compacted files are downloaded instead of the shards they hold.
 	mergedBytes := map[string]int64{}
 	if comp.rec != nil {
-		for _, g := range comp.apply(d, committed, l, filepath.Join(dir, "compacted")) {
+		for _, g := range comp.rec.Ranges {
 			mergedBytes[g.File] = g.Bytes
 		}
 	}
-	dls, marks := committedDeadLetters(entries, func(i int) int64 { return entries[i].Seq })
+	var l *layout
+	var dls []schemas.DeadLetterState
+	var marks [][]dlMark
+	from, err := d.snapshotStart(ctx, st, comp, func(name string, size int64) (string, error) {
+		file := filepath.Join(mergedDir, name)
+		return file, download(ctx, st, compact.Dir+"/"+name, file, size)
+	})
+	if err != nil {
+		return err
+	}
+	if from != nil {
+		if l, dls, marks, err = from.layout(ctx, d, base, mergedDir); err != nil {
+			return err
+		}
+	} else if l, dls, marks, err = d.remoteManifest(ctx, st, comp, base, mergedDir); err != nil {
+		return err
+	}
 	l.dlq = make([]dlqFile, len(dls))
 	par := o.Parallel
 	if par <= 0 {
@@ -558,18 +578,18 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(par)
-	type download struct {
+	type fetchItem struct {
 		rel, file string
 		bytes     int64
 	}
-	var fetch []download
+	var fetch []fetchItem
 	var total int64
 	fetched := map[string]bool{}
-	for _, s := range l.shards {
-		f := download{rel: s.entry.Path, file: s.file, bytes: s.entry.Bytes}
+	for _, s := range append(l.snapMerged[:len(l.snapMerged):len(l.snapMerged)], l.shards...) {
+		f := fetchItem{rel: s.entry.Path, file: s.file, bytes: s.entry.Bytes}
 		if s.merged {
 			name := filepath.Base(s.file)
-			f = download{rel: compact.Dir + "/" + name, file: s.file, bytes: mergedBytes[name]}
+			f = fetchItem{rel: compact.Dir + "/" + name, file: s.file, bytes: mergedBytes[name]}
 		}
 		if fetched[f.file] {
 			continue
@@ -589,31 +609,11 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	if o.Progress != nil {
 		o.Progress(0, total)
 	}
-	// A store that streams an object to a file (S3) does: a compacted
-	// file can be large, and several download at once.
-	fg, streams := st.(interface {
-		GetFile(ctx context.Context, rel, path string) (int64, error)
-	})
 	for _, s := range fetch {
 		g.Go(func() error {
-			var n int64
-			if streams {
-				if err := os.MkdirAll(filepath.Dir(s.file), 0o755); err != nil {
-					return fmt.Errorf("duckdb: save %s: %w", s.rel, err)
-				}
-				var err error
-				if n, err = fg.GetFile(gctx, s.rel, s.file); err != nil {
-					return fmt.Errorf("duckdb: %w", err)
-				}
-			} else {
-				data, err := getObject(gctx, st, s.rel)
-				if err != nil {
-					return err
-				}
-				if err := writeFile(s.file, bytes.NewReader(data)); err != nil {
-					return fmt.Errorf("duckdb: save shard %s: %w", s.rel, err)
-				}
-				n = int64(len(data))
+			n, err := fetchFile(gctx, st, s.rel, s.file)
+			if err != nil {
+				return err
 			}
 			if o.Progress != nil {
 				o.Progress(done.Add(n), total)
@@ -666,6 +666,75 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 		return err
 	}
 	return d.define(ctx, l)
+}
+
+// remoteManifest lays out the shards of st's whole manifest as
+// downloaded under base, read from the compacted files comp records
+// (downloaded under mergedDir) where they match.
+func (d *DB) remoteManifest(ctx context.Context, st store.Reader, comp compaction, base, mergedDir string) (*layout, []schemas.DeadLetterState, [][]dlMark, error) {
+	entries, err := st.Entries(ctx)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("duckdb: %w", err)
+	}
+	l := &layout{base: base}
+	seen := map[string]bool{}
+	var committed []schemas.ShardEntry
+	for _, e := range entries {
+		if e.Path == "" {
+			continue
+		}
+		committed = append(committed, e)
+		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
+			return nil, nil, nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
+		}
+		if seen[e.Path] {
+			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
+			continue
+		}
+		seen[e.Path] = true
+		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, at: len(committed) - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+	}
+	if comp.rec != nil {
+		comp.apply(d, committed, l, mergedDir)
+	}
+	dls, marks := committedDeadLetters(entries, func(i int) int64 { return entries[i].Seq })
+	return l, dls, marks, nil
+}
+
+// download saves the object at rel under st's root to file, unless a
+// file of size bytes (> 0) is there already (objects are immutable).
+func download(ctx context.Context, st store.Reader, rel, file string, size int64) error {
+	if info, err := os.Stat(file); err == nil && size > 0 && info.Size() == size {
+		return nil
+	}
+	_, err := fetchFile(ctx, st, rel, file)
+	return err
+}
+
+// fetchFile saves the object at rel under st's root to file and returns
+// its size. A store that streams an object to a file (S3) does: a
+// compacted file can be large, and several download at once.
+func fetchFile(ctx context.Context, st store.Reader, rel, file string) (int64, error) {
+	if fg, ok := st.(interface {
+		GetFile(ctx context.Context, rel, path string) (int64, error)
+	}); ok {
+		if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+			return 0, fmt.Errorf("duckdb: save %s: %w", rel, err)
+		}
+		n, err := fg.GetFile(ctx, rel, file)
+		if err != nil {
+			return 0, fmt.Errorf("duckdb: %w", err)
+		}
+		return n, nil
+	}
+	data, err := getObject(ctx, st, rel)
+	if err != nil {
+		return 0, err
+	}
+	if err := writeFile(file, bytes.NewReader(data)); err != nil {
+		return 0, fmt.Errorf("duckdb: save %s: %w", rel, err)
+	}
+	return int64(len(data)), nil
 }
 
 // getObject reads the object at rel under the store's root (the store
@@ -760,7 +829,7 @@ func (d *DB) define(ctx context.Context, l *layout) error {
 			return fmt.Errorf("duckdb: create view %s: %w", v.Name, err)
 		}
 	}
-	d.views, d.shards, d.dlqFiles, d.layout = views, len(l.shards), len(l.dlq), l
+	d.views, d.shards, d.dlqFiles, d.layout = views, l.count(), len(l.dlq), l
 	if d.open {
 		return nil
 	}
@@ -901,9 +970,12 @@ WHERE table_schema = 'main' AND table_name = ? ORDER BY ordinal_position`, view)
 	return out, nil
 }
 
-// listAt is how many shards a folder must hold for checkFiles to list it
-// rather than look each one up.
-const listAt = 32
+// listAt is how many shards to check a folder must hold for checkFiles
+// to list it rather than look each one up. A listing costs what the whole
+// folder holds (a policy folder holds every shard of its version, and
+// after a compaction snapshot only the few newest are checked), a look-up
+// a few times one entry's share of it.
+const listAt = 1024
 
 // checkFiles checks that every shard's file is there, as a stat of each
 // would, but lists a folder holding many of them once (the shards of a

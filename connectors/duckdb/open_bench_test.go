@@ -26,7 +26,7 @@ func BenchmarkOpenViews(b *testing.B) {
 	for _, c := range []struct {
 		n         int
 		compacted bool
-	}{{1_000, false}, {10_000, false}, {30_000, false}, {10_000, true}, {30_000, true}} {
+	}{{1_000, false}, {10_000, false}, {30_000, false}, {10_000, true}, {30_000, true}, {100_000, true}} {
 		n := c.n
 		name := fmt.Sprintf("shards=%d", n)
 		if c.compacted {
@@ -44,13 +44,30 @@ func BenchmarkOpenViews(b *testing.B) {
 				if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 					b.Fatal(err)
 				}
+				if i%50_000 == 0 && i > 0 { // a file has at most 65,000 links (ext4)
+					src = filepath.Join(filepath.Dir(src), fmt.Sprintf("one-%d.parquet", i))
+					writeStepFile(b, src, []string{"s1", "s2"})
+				}
 				if err := os.Link(src, file); err != nil {
 					b.Fatal(err)
 				}
 				entries[i] = schemas.ShardEntry{Writer: "w", Path: rel, Rows: 2, Groups: 1, PolicyVersion: int64(i % 8),
 					GroupKeys: []string{fmt.Sprintf("task-%d", i)}, RunID: "w", SchemaVersion: schemas.SchemaVersion, CommittedAt: at.Add(time.Duration(i) * time.Second)}
 			}
+			for i := range entries {
+				entries[i].Seq = int64(i)
+			}
 			writeManifest(b, root, entries)
+			// A writer opening the root marks the manifest every few
+			// entries in its state, as a long run's writers do: readers
+			// start at a mark.
+			w, err := local.Open(root, "bench-writer")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := w.Close(); err != nil {
+				b.Fatal(err)
+			}
 			ctx := context.Background()
 			if c.compacted {
 				r, err := local.OpenReader(root)

@@ -42,8 +42,13 @@ func (d *DB) sandbox(ctx context.Context, conn *sql.Conn, l *layout) error {
 	for _, f := range l.dlq {
 		dlq = append(dlq, sqlString(f.file))
 	}
+	files := "coalesce((SELECT list(DISTINCT file) FROM shards), []::VARCHAR[])"
+	if l.snap != nil {
+		// The files the views read, and the snapshot the shards view reads.
+		files = "coalesce((SELECT list(DISTINCT file) FROM " + viewFiles + "), []::VARCHAR[]) || [" + sqlString(l.snap.file) + "]"
+	}
 	for _, set := range []string{
-		"SET VARIABLE rllm_allowed_paths = coalesce((SELECT list(DISTINCT file) FROM shards), []::VARCHAR[]) || [" + strings.Join(dlq, ", ") + "]::VARCHAR[]",
+		"SET VARIABLE rllm_allowed_paths = " + files + " || [" + strings.Join(dlq, ", ") + "]::VARCHAR[]",
 		"SET GLOBAL allowed_directories = []",
 		"SET GLOBAL allowed_paths = getvariable('rllm_allowed_paths')",
 		"RESET VARIABLE rllm_allowed_paths",

@@ -36,6 +36,9 @@ type shardFile struct {
 	// merged: file is a compacted file (connectors/compact) holding this
 	// shard's rows among others', each naming its shard in a column.
 	merged bool
+	// fromSnap: the shards table has this shard's row from the
+	// compaction snapshot already (layout.snap).
+	fromSnap bool
 }
 
 // dlqFile is the committed part of one dead-letter file.
@@ -62,7 +65,31 @@ type layout struct {
 	// consumed is the file of the consumed rows (JSON lines, written by
 	// Go from the consumer groups' logs); "" when there are none.
 	consumed string
+	// snap, when set, is the compaction snapshot holding the shards
+	// table's first rows: shards then lists only the snapshot's shards
+	// read from their own files (fromSnap) and the shards after it, and
+	// snapMerged the compacted files (one each, merged) the snapshot's
+	// other shards are read from.
+	snap       *snapRows
+	snapMerged []shardFile
 }
+
+// count is the number of committed shards the views read.
+func (l *layout) count() int {
+	if l.snap == nil {
+		return len(l.shards)
+	}
+	n := int(l.snap.rows)
+	for _, s := range l.shards {
+		if !s.fromSnap {
+			n++
+		}
+	}
+	return n
+}
+
+// empty reports whether the views read no file.
+func (l *layout) empty() bool { return len(l.shards) == 0 && len(l.snapMerged) == 0 }
 
 // View names, in the order they are created (each reads the ones before).
 const (
@@ -106,8 +133,26 @@ func sqlNullString(s string) string {
 }
 
 func (l *layout) shardsSQL() string {
-	return "CREATE OR REPLACE TABLE shards (" + shardsColumns + ");\n"
+	if l.snap == nil {
+		return "CREATE OR REPLACE TABLE shards (" + shardsColumns + ");\n"
+	}
+	// From a compaction snapshot: its rows are read from its file when a
+	// query reads the shards (nothing is copied at start-up), the others'
+	// from a table; the files the views read listed in a table of their
+	// own (filesSQL, the sandbox), so that nothing at start-up reads a
+	// row per merged shard.
+	return "CREATE OR REPLACE TABLE " + shardsAfter + " (" + shardsColumns + ");\n" +
+		"CREATE OR REPLACE TABLE " + viewFiles + " (grp INTEGER, ord INTEGER, file VARCHAR);\n" +
+		"CREATE OR REPLACE VIEW shards AS\n(" + l.snapSelect() + ")\nUNION ALL SELECT * FROM " + shardsAfter + ";\n"
 }
+
+// The tables behind the shards view of an opening from a compaction
+// snapshot: the shards after it, and the files the views read (the
+// group of bySchema each belongs to, its place in the group's list).
+const (
+	shardsAfter = "rllm_shards_after_snapshot"
+	viewFiles   = "rllm_view_files"
+)
 
 // shardsValuesSQL is the shards table as a view over a VALUES list: the
 // form --views-sql prints, which names no file of ours.
@@ -115,7 +160,22 @@ func (l *layout) shardsValuesSQL() string {
 	var b strings.Builder
 	b.WriteString("CREATE OR REPLACE VIEW shards AS\n")
 	cols := "seq, path, \"rows\", bytes, \"groups\", policy_version, committed_at, run_id, writer, recovered, schema_version, file"
-	if len(l.shards) == 0 {
+	var rest []shardFile // the rows after the snapshot's
+	for _, s := range l.shards {
+		if !s.fromSnap {
+			rest = append(rest, s)
+		}
+	}
+	if l.snap != nil {
+		// The snapshot's rows, read from its file, then the others.
+		b.WriteString("(" + l.snapSelect() + ")\n")
+		if len(rest) == 0 {
+			b.WriteString(";\n")
+			return b.String()
+		}
+		b.WriteString("UNION ALL\n")
+	}
+	if len(rest) == 0 {
 		b.WriteString("SELECT NULL::BIGINT AS seq, NULL::VARCHAR AS path, NULL::BIGINT AS \"rows\", NULL::BIGINT AS bytes, NULL::BIGINT AS \"groups\",\n")
 		b.WriteString("  NULL::BIGINT AS policy_version, NULL::TIMESTAMPTZ AS committed_at, NULL::VARCHAR AS run_id, NULL::VARCHAR AS writer,\n")
 		b.WriteString("  NULL::BOOLEAN AS recovered, NULL::VARCHAR AS schema_version, NULL::VARCHAR AS file\nWHERE false;\n")
@@ -125,7 +185,7 @@ func (l *layout) shardsValuesSQL() string {
 	b.WriteString("  policy_version::BIGINT AS policy_version, committed_at::TIMESTAMPTZ AS committed_at, run_id::VARCHAR AS run_id,\n")
 	b.WriteString("  writer::VARCHAR AS writer, recovered::BOOLEAN AS recovered, schema_version::VARCHAR AS schema_version, file::VARCHAR AS file\n")
 	b.WriteString("FROM (VALUES\n")
-	for i, s := range l.shards {
+	for i, s := range rest {
 		e := s.entry
 		committed := "NULL"
 		if !e.CommittedAt.IsZero() {
@@ -133,7 +193,7 @@ func (l *layout) shardsValuesSQL() string {
 		}
 		fmt.Fprintf(&b, "  (%d, %s, %d, %d, %d, %d, %s, %s, %s, %t, %s, %s)", s.seq, sqlString(e.Path), e.Rows, e.Bytes, e.Groups,
 			e.PolicyVersion, committed, sqlNullString(e.RunID), sqlNullString(e.Writer), e.Recovered, sqlNullString(e.SchemaVersion), sqlString(s.file))
-		if i < len(l.shards)-1 {
+		if i < len(rest)-1 {
 			b.WriteString(",")
 		}
 		b.WriteString("\n")
@@ -152,7 +212,12 @@ const shardsColumns = `seq BIGINT, path VARCHAR, "rows" BIGINT, bytes BIGINT, "g
 // the rows to read back, or a VALUES list to parse, cost several times
 // more per shard (BENCHMARKS.md, "sql start-up").
 func (l *layout) appendShards(ctx context.Context, conn *sql.Conn) error {
-	if len(l.shards) == 0 {
+	if l.snap != nil {
+		if err := l.appendFiles(ctx, conn); err != nil {
+			return err
+		}
+	}
+	if l.count() == 0 || l.snap != nil && int(l.snap.rows) == l.count() {
 		return nil
 	}
 	null := func(s string) driver.Value {
@@ -166,7 +231,11 @@ func (l *layout) appendShards(ctx context.Context, conn *sql.Conn) error {
 		if !ok {
 			return fmt.Errorf("shards: unexpected driver connection %T", dc)
 		}
-		a, err := duckdbdrv.NewAppenderFromConn(c, "", ViewShards)
+		table := ViewShards
+		if l.snap != nil {
+			table = shardsAfter
+		}
+		a, err := duckdbdrv.NewAppenderFromConn(c, "", table)
 		if err != nil {
 			return fmt.Errorf("shards: %w", err)
 		}
@@ -175,6 +244,9 @@ func (l *layout) appendShards(ctx context.Context, conn *sql.Conn) error {
 				if err := ctx.Err(); err != nil {
 					return errors.Join(err, a.Close())
 				}
+			}
+			if s.fromSnap {
+				continue // inserted from the snapshot
 			}
 			e := s.entry
 			var committed driver.Value
@@ -197,7 +269,7 @@ func (l *layout) appendShards(ctx context.Context, conn *sql.Conn) error {
 // or later): one is enough to need the delta columns, which
 // union_by_name gives older shards as NULLs.
 func (l *layout) deltas() bool {
-	for _, s := range l.shards {
+	for _, s := range append(l.snapMerged[:len(l.snapMerged):len(l.snapMerged)], l.shards...) {
 		if v, err := strconv.Atoi(s.entry.SchemaVersion); err == nil && v >= 4 {
 			return true
 		}
@@ -218,7 +290,7 @@ func (l *layout) deltas() bool {
 func (l *layout) storedStepsSQL(literal bool) (string, error) {
 	var b strings.Builder
 	b.WriteString("CREATE OR REPLACE VIEW stored_steps AS\n")
-	if len(l.shards) == 0 {
+	if l.empty() {
 		b.WriteString("SELECT ")
 		for _, f := range schemas.StepSchema.Fields() {
 			t, err := duckType(f.Type)
@@ -280,6 +352,12 @@ func filesVar(i int) string { return fmt.Sprintf("rllm_shard_files_%d", i) }
 // costs a small part of that.
 func (l *layout) filesSQL() string {
 	var b strings.Builder
+	if l.snap != nil {
+		for i := range l.bySchema() {
+			fmt.Fprintf(&b, "SET VARIABLE %s = (SELECT list(file ORDER BY ord) FROM %s WHERE grp = %d);\n", filesVar(i), viewFiles, i)
+		}
+		return b.String()
+	}
 	for i, v := range l.bySchema() {
 		if v.merged {
 			fmt.Fprintf(&b, "SET VARIABLE %s = (SELECT list(file ORDER BY first) FROM (SELECT file, min(seq) AS first FROM shards WHERE starts_with(file, %s) AND coalesce(schema_version, '') = %s GROUP BY file));\n",
@@ -331,6 +409,11 @@ func (l *layout) bySchema() []schemaFiles {
 		}
 		out[i].files = append(out[i].files, s.file)
 	}
+	for _, s := range l.snapMerged { // before the others: the earliest shards
+		if s.entry.SchemaVersion == schemas.SchemaVersion {
+			add(s)
+		}
+	}
 	for _, merged := range []bool{true, false} {
 		for _, s := range l.shards {
 			if s.entry.SchemaVersion == schemas.SchemaVersion && s.merged == merged {
@@ -338,7 +421,7 @@ func (l *layout) bySchema() []schemaFiles {
 			}
 		}
 	}
-	for _, s := range l.shards {
+	for _, s := range append(l.snapMerged[:len(l.snapMerged):len(l.snapMerged)], l.shards...) {
 		if s.entry.SchemaVersion != schemas.SchemaVersion {
 			add(s)
 		}
@@ -350,7 +433,7 @@ func (l *layout) bySchema() []schemaFiles {
 // the whole prompts and messages.
 func (l *layout) stepsSQL() string {
 	const stored = "SELECT * EXCLUDE (prompt_tokens, response_tokens) FROM stored_steps"
-	if len(l.shards) == 0 || !l.deltas() {
+	if l.empty() || !l.deltas() {
 		return "CREATE OR REPLACE VIEW steps AS\n" + stored + ";\n"
 	}
 	return "CREATE OR REPLACE VIEW steps AS\nWITH stored AS (" + stored + ")\n" + wholePromptsSQL + ";\n"

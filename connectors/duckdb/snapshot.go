@@ -1,0 +1,287 @@
+package duckdb
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	duckdbdrv "github.com/duckdb/duckdb-go/v2"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/compact"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// snapRows is a compaction snapshot (compact.Snapshot) the shards table
+// starts from: its rows are inserted by DuckDB from file, so that a root
+// of a million shards costs the views' start-up what its few compacted
+// files and the entries after the snapshot cost.
+type snapRows struct {
+	file      string // the snapshot file, local
+	rows      int64  // shards in it
+	mergedDir string // where its merged files lie (ending in a separator)
+}
+
+// fromSnapshot is the start of an opening from the newest compaction
+// record's snapshot: the manifest read only after the snapshot's last
+// shard (store.Reader.EntriesFrom). It returns nil, with a warning, when
+// the snapshot cannot be used as it is (the caller reads the whole
+// manifest), and an error only for what would fail a whole read too.
+type fromSnapshot struct {
+	snap   *compact.Snapshot
+	file   string // the snapshot file, local
+	ranges []compact.Range
+	// tail is the manifest's entries after the snapshot's last shard.
+	tail []schemas.ShardEntry
+}
+
+// snapshotStart checks comp's snapshot against st and against its
+// record, and reads the manifest after it. fetch returns the local path
+// of a file of the compaction folder (downloading it if need be).
+func (d *DB) snapshotStart(ctx context.Context, st store.Reader, comp compaction, fetch func(name string, size int64) (string, error)) (*fromSnapshot, error) {
+	rec := comp.rec
+	if rec == nil || rec.Snapshot == nil {
+		return nil, nil
+	}
+	snap := rec.Snapshot
+	fallback := func(why string, args ...any) (*fromSnapshot, error) {
+		d.warnf("compaction snapshot %s not used (%s): the manifest is read whole", snap.File, fmt.Sprintf(why, args...))
+		return nil, nil
+	}
+	switch {
+	case !store.CheckName(snap.File) || !strings.HasSuffix(snap.File, ".parquet"):
+		return fallback("not a plain Parquet file name")
+	case !comp.files[snap.File]:
+		return fallback("missing")
+	case snap.Shards <= 0 || snap.Shards != rec.Upto:
+		return fallback("it holds %d shards, the record has looked at %d", snap.Shards, rec.Upto)
+	}
+	next := 0
+	for _, g := range rec.Ranges {
+		if g.First < next || g.End <= g.First || g.End > snap.Shards || !store.CheckName(g.File) || !strings.HasSuffix(g.File, ".parquet") {
+			return fallback("compacted file %s covers shards %d to %d, beyond or overlapping the others", g.File, g.First, g.End-1)
+		}
+		if !comp.files[g.File] {
+			return fallback("compacted file %s is missing", g.File)
+		}
+		next = g.End
+	}
+	tail, err := st.EntriesFrom(ctx, snap.Shards-1)
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: %w", err)
+	}
+	if len(tail) == 0 || tail[0].Path != snap.LastPath || tail[0].Seq != snap.LastSeq {
+		got := "none"
+		if len(tail) > 0 {
+			got = fmt.Sprintf("%s at %d", tail[0].Path, tail[0].Seq)
+		}
+		return fallback("its last shard is %s at %d, the manifest's shard %d is %s", snap.LastPath, snap.LastSeq, snap.Shards-1, got)
+	}
+	file, err := fetch(snap.File, snap.Bytes)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return fallback("%v", err)
+	}
+	if why, err := d.checkSnapshot(ctx, file, rec.Ranges); err != nil {
+		return fallback("%v", err)
+	} else if why != "" {
+		return fallback("%s", why)
+	}
+	return &fromSnapshot{snap: snap, file: file, ranges: rec.Ranges, tail: tail[1:]}, nil
+}
+
+// checkSnapshot checks that the snapshot file has the shards of each
+// range read from its file, and no other shard: the first and last
+// shard's places and paths, and the count. It returns why not ("" when
+// they match).
+func (d *DB) checkSnapshot(ctx context.Context, file string, ranges []compact.Range) (string, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT merged, min(shard), max(shard), count(*), arg_min(path, shard), arg_max(path, shard)
+FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NOT NULL GROUP BY merged`)
+	if err != nil {
+		return "", err
+	}
+	defer rows.Close()
+	byFile := make(map[string]compact.Range, len(ranges))
+	for _, g := range ranges {
+		byFile[g.File] = g
+	}
+	n := 0
+	for rows.Next() {
+		var (
+			name, first, last string
+			lo, hi, count     int
+		)
+		if err := rows.Scan(&name, &lo, &hi, &count, &first, &last); err != nil {
+			return "", err
+		}
+		g, ok := byFile[name]
+		if !ok || g.First != lo || g.End != hi+1 || count != g.End-g.First || g.FirstPath != first || g.LastPath != last {
+			return fmt.Sprintf("its shards read from %s are not those the record lists", name), nil
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	if n != len(ranges) {
+		return fmt.Sprintf("it names %d compacted files, the record %d", n, len(ranges)), nil
+	}
+	return "", nil
+}
+
+// layout makes the layout of an opening from the snapshot: the shards the snapshot has read from their own
+// files (their rows read from file) and the tail's shards, under base;
+// the compacted files under mergedDir. It returns the dead letters as
+// committedDeadLetters does over the whole manifest.
+func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string) (*layout, []schemas.DeadLetterState, [][]dlMark, error) {
+	file := f.file
+	l := &layout{base: base, mergedDir: mergedDir + string(filepath.Separator)}
+	l.snap = &snapRows{file: file, rows: f.snap.Rows, mergedDir: l.mergedDir}
+	for _, g := range f.ranges {
+		l.snapMerged = append(l.snapMerged, shardFile{
+			entry:  schemas.ShardEntry{SchemaVersion: g.SchemaVersion},
+			at:     g.First,
+			file:   filepath.Join(mergedDir, g.File),
+			merged: true,
+		})
+	}
+	loose, err := d.looseShards(ctx, file, base)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if len(loose) != f.snap.Loose {
+		return nil, nil, nil, fmt.Errorf("duckdb: compaction snapshot %s holds %d shards read from their own files, its record says %d", f.snap.File, len(loose), f.snap.Loose)
+	}
+	seen := make(map[string]bool, len(loose))
+	for _, s := range loose {
+		seen[s.entry.Path] = true
+	}
+	l.shards = loose
+	at := f.snap.Shards
+	for _, e := range f.tail {
+		if e.Path == "" {
+			continue
+		}
+		at++
+		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
+			return nil, nil, nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
+		}
+		if seen[e.Path] {
+			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
+			continue
+		}
+		seen[e.Path] = true
+		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, at: at - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+	}
+	// The dead letters: the snapshot's marks, then the tail's.
+	dls := make([]schemas.DeadLetterState, 0, len(f.snap.DeadLetters))
+	marks := make([][]dlMark, 0, len(f.snap.DeadLetters))
+	idx := map[string]int{}
+	for _, dl := range f.snap.DeadLetters {
+		if len(dl.Marks) == 0 {
+			continue
+		}
+		idx[dl.File] = len(dls)
+		dls = append(dls, schemas.DeadLetterState{File: dl.File, Bytes: dl.Bytes})
+		ms := make([]dlMark, len(dl.Marks))
+		for i, m := range dl.Marks {
+			ms[i] = dlMark{seq: m.Seq, at: m.At, bytes: m.Bytes}
+		}
+		marks = append(marks, ms)
+	}
+	more, moreMarks := committedDeadLetters(f.tail, func(i int) int64 { return f.tail[i].Seq })
+	for i, c := range more {
+		j, ok := idx[c.File]
+		if !ok {
+			idx[c.File] = len(dls)
+			dls = append(dls, c)
+			marks = append(marks, moreMarks[i])
+			continue
+		}
+		dls[j].Bytes = c.Bytes
+		marks[j] = append(marks[j], moreMarks[i]...)
+	}
+	return l, dls, marks, nil
+}
+
+// looseShards reads the rows of the snapshot file that are read from
+// their own files (not merged), in manifest order.
+func (d *DB) looseShards(ctx context.Context, file, base string) ([]shardFile, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT seq, shard, path, "rows", bytes, "groups", policy_version, committed_at, run_id, writer, recovered, schema_version
+FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NULL ORDER BY shard`)
+	if err != nil {
+		return nil, fmt.Errorf("duckdb: compaction snapshot %s: %w", file, err)
+	}
+	defer rows.Close()
+	var out []shardFile
+	for rows.Next() {
+		var (
+			s                      shardFile
+			at                     int64
+			groups                 int64
+			committed              sql.NullTime
+			runID, writer, version sql.NullString
+		)
+		e := &s.entry
+		if err := rows.Scan(&s.seq, &at, &e.Path, &e.Rows, &e.Bytes, &groups, &e.PolicyVersion, &committed, &runID, &writer, &e.Recovered, &version); err != nil {
+			return nil, fmt.Errorf("duckdb: compaction snapshot %s: %w", file, err)
+		}
+		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
+			return nil, fmt.Errorf("duckdb: compaction snapshot %s: shard path %q is not a clean relative data path", file, e.Path)
+		}
+		s.at, e.Seq, e.Groups = int(at), s.seq, int(groups)
+		if committed.Valid {
+			e.CommittedAt = committed.Time.UTC()
+		}
+		e.RunID, e.Writer, e.SchemaVersion = runID.String, writer.String, version.String
+		s.file = filepath.Join(base, filepath.FromSlash(e.Path))
+		s.fromSnap = true
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("duckdb: compaction snapshot %s: %w", file, err)
+	}
+	return out, nil
+}
+
+// appendFiles fills the table of the files the views read (viewFiles)
+// through DuckDB's appender on conn.
+func (l *layout) appendFiles(ctx context.Context, conn *sql.Conn) error {
+	return conn.Raw(func(dc any) error {
+		c, ok := dc.(driver.Conn)
+		if !ok {
+			return fmt.Errorf("files: unexpected driver connection %T", dc)
+		}
+		a, err := duckdbdrv.NewAppenderFromConn(c, "", viewFiles)
+		if err != nil {
+			return fmt.Errorf("files: %w", err)
+		}
+		for i, v := range l.bySchema() {
+			if err := ctx.Err(); err != nil {
+				return errors.Join(err, a.Close())
+			}
+			for j, f := range v.files {
+				if err := a.AppendRow(int32(i), int32(j), f); err != nil {
+					return errors.Join(fmt.Errorf("files: %w", err), a.Close())
+				}
+			}
+		}
+		if err := a.Close(); err != nil {
+			return fmt.Errorf("files: %w", err)
+		}
+		return nil
+	})
+}
+
+// snapSelect is the snapshot's rows as the shards table's columns.
+func (l *layout) snapSelect() string {
+	return fmt.Sprintf(`SELECT seq, path, "rows", bytes, "groups", policy_version, committed_at, run_id, writer, recovered, schema_version,
+  CASE WHEN merged IS NULL THEN %s || path ELSE %s || merged END AS file
+FROM read_parquet(%s)`, sqlString(l.base+"/"), sqlString(l.snap.mergedDir), sqlString(l.snap.file))
+}
