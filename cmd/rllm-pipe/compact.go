@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -82,28 +81,14 @@ func runCompact(soft context.Context, cmd *cobra.Command, o compactOpts) error {
 	}
 	defer r.Close()
 	cfg := compact.Config{Writer: writer, TargetBytes: target, MinShards: o.minShards, MaxShards: o.maxShards}
-	for {
-		start := time.Now()
-		st, err := compact.Run(ctx, r, cfg)
+	return compact.Every(ctx, r, cfg, o.every, soft.Done(), func(st compact.Stats, took time.Duration, err error) {
 		switch {
-		case err == nil:
-			if !o.quiet {
-				printCompact(cmd.ErrOrStderr(), st, time.Since(start))
-			}
-		case o.every > 0 && errors.Is(err, compact.ErrRaced):
+		case err != nil:
 			fmt.Fprintf(cmd.ErrOrStderr(), "compact: %v; again in %s\n", err, o.every)
-		default:
-			return err
+		case !o.quiet:
+			printCompact(cmd.ErrOrStderr(), st, took)
 		}
-		if o.every == 0 {
-			return nil
-		}
-		select {
-		case <-soft.Done():
-			return nil
-		case <-time.After(o.every):
-		}
-	}
+	})
 }
 
 func printCompact(w io.Writer, st compact.Stats, took time.Duration) {

@@ -52,6 +52,7 @@ import (
 	"io/fs"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -357,6 +358,38 @@ func Run(ctx context.Context, st store.Reader, cfg Config) (Stats, error) {
 	}
 	out.Record = rec
 	return out, nil
+}
+
+// Every runs Run, then, if interval > 0, again every interval until stop
+// is closed (it returns nil then, between runs). report is told each
+// run's outcome; a run that lost a race (ErrRaced) is reported and the
+// next one continues its work, any other error ends the loop.
+func Every(ctx context.Context, st store.Reader, cfg Config, interval time.Duration, stop <-chan struct{}, report func(Stats, time.Duration, error)) error {
+	for {
+		start := time.Now()
+		out, err := Run(ctx, st, cfg)
+		switch {
+		case err == nil:
+			report(out, time.Since(start), nil)
+		case interval > 0 && errors.Is(err, ErrRaced):
+			report(out, time.Since(start), err)
+		default:
+			return err
+		}
+		if interval <= 0 {
+			return nil
+		}
+		t := time.NewTimer(interval)
+		select {
+		case <-stop:
+			t.Stop()
+			return nil
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // errUnmergeable marks shards that cannot be merged as they are (columns

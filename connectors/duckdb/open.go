@@ -568,8 +568,11 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 		if l, dls, marks, err = from.layout(ctx, d, base, mergedDir); err != nil {
 			return err
 		}
-	} else if l, dls, marks, err = d.remoteManifest(ctx, st, comp, base, mergedDir); err != nil {
-		return err
+	}
+	if l == nil {
+		if l, dls, marks, err = d.remoteManifest(ctx, st, comp, base, mergedDir); err != nil {
+			return err
+		}
 	}
 	l.dlq = make([]dlqFile, len(dls))
 	par := o.Parallel

@@ -16,10 +16,11 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
-// snapRows is a compaction snapshot (compact.Snapshot) the shards table
-// starts from: its rows are inserted by DuckDB from file, so that a root
-// of a million shards costs the views' start-up what its few compacted
-// files and the entries after the snapshot cost.
+// snapRows is a compaction snapshot (compact.Snapshot) the shards view
+// starts from: its rows are read by DuckDB from file when a query reads
+// the shards, so that a root of a million shards costs the views'
+// start-up what its few compacted files and the entries after the
+// snapshot cost.
 type snapRows struct {
 	file      string // the snapshot file, local
 	rows      int64  // shards in it
@@ -28,9 +29,7 @@ type snapRows struct {
 
 // fromSnapshot is the start of an opening from the newest compaction
 // record's snapshot: the manifest read only after the snapshot's last
-// shard (store.Reader.EntriesFrom). It returns nil, with a warning, when
-// the snapshot cannot be used as it is (the caller reads the whole
-// manifest), and an error only for what would fail a whole read too.
+// shard (store.Reader.EntriesFrom).
 type fromSnapshot struct {
 	snap   *compact.Snapshot
 	file   string // the snapshot file, local
@@ -41,7 +40,10 @@ type fromSnapshot struct {
 
 // snapshotStart checks comp's snapshot against st and against its
 // record, and reads the manifest after it. fetch returns the local path
-// of a file of the compaction folder (downloading it if need be).
+// of a file of the compaction folder (downloading it if need be). It
+// returns nil, with a warning, when there is no snapshot or it cannot be
+// used as it is (the caller reads the whole manifest), and an error only
+// for what would fail a whole read too.
 func (d *DB) snapshotStart(ctx context.Context, st store.Reader, comp compaction, fetch func(name string, size int64) (string, error)) (*fromSnapshot, error) {
 	rec := comp.rec
 	if rec == nil || rec.Snapshot == nil {
@@ -135,7 +137,9 @@ FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NOT NULL GROUP BY merged`
 	return "", nil
 }
 
-// layout makes the layout of an opening from the snapshot: the shards the snapshot has read from their own
+// layout makes the layout of an opening from the snapshot (nil, with a
+// warning, when the snapshot's rows are not as its record says: the
+// caller reads the whole manifest): the shards the snapshot has read from their own
 // files (their rows read from file) and the tail's shards, under base;
 // the compacted files under mergedDir. It returns the dead letters as
 // committedDeadLetters does over the whole manifest.
@@ -152,11 +156,15 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 		})
 	}
 	loose, err := d.looseShards(ctx, file, base)
-	if err != nil {
-		return nil, nil, nil, err
+	if err == nil && len(loose) != f.snap.Loose {
+		err = fmt.Errorf("it holds %d shards read from their own files, its record says %d", len(loose), f.snap.Loose)
 	}
-	if len(loose) != f.snap.Loose {
-		return nil, nil, nil, fmt.Errorf("duckdb: compaction snapshot %s holds %d shards read from their own files, its record says %d", f.snap.File, len(loose), f.snap.Loose)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, nil, ctx.Err()
+		}
+		d.warnf("compaction snapshot %s not used (%v): the manifest is read whole", f.snap.File, err)
+		return nil, nil, nil, nil
 	}
 	seen := make(map[string]bool, len(loose))
 	for _, s := range loose {
@@ -216,7 +224,7 @@ func (d *DB) looseShards(ctx context.Context, file, base string) ([]shardFile, e
 	rows, err := d.db.QueryContext(ctx, `SELECT seq, shard, path, "rows", bytes, "groups", policy_version, committed_at, run_id, writer, recovered, schema_version
 FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NULL ORDER BY shard`)
 	if err != nil {
-		return nil, fmt.Errorf("duckdb: compaction snapshot %s: %w", file, err)
+		return nil, err
 	}
 	defer rows.Close()
 	var out []shardFile
@@ -230,10 +238,10 @@ FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NULL ORDER BY shard`)
 		)
 		e := &s.entry
 		if err := rows.Scan(&s.seq, &at, &e.Path, &e.Rows, &e.Bytes, &groups, &e.PolicyVersion, &committed, &runID, &writer, &e.Recovered, &version); err != nil {
-			return nil, fmt.Errorf("duckdb: compaction snapshot %s: %w", file, err)
+			return nil, err
 		}
 		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
-			return nil, fmt.Errorf("duckdb: compaction snapshot %s: shard path %q is not a clean relative data path", file, e.Path)
+			return nil, fmt.Errorf("shard path %q is not a clean relative data path", e.Path)
 		}
 		s.at, e.Seq, e.Groups = int(at), s.seq, int(groups)
 		if committed.Valid {
@@ -245,7 +253,7 @@ FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NULL ORDER BY shard`)
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("duckdb: compaction snapshot %s: %w", file, err)
+		return nil, err
 	}
 	return out, nil
 }
