@@ -62,10 +62,9 @@ type Mark struct {
 
 // Snapshot column names (SnapshotSchema).
 const (
-	SnapSeq     = "seq"   // the entry's place in the manifest
-	SnapShard   = "shard" // the entry's place among the shard entries
-	SnapMerged  = "merged"
-	snapColumns = 13
+	SnapSeq    = "seq"   // the entry's place in the manifest
+	SnapShard  = "shard" // the entry's place among the shard entries
+	SnapMerged = "merged"
 )
 
 // SnapshotSchema is the schema of a snapshot file: one row per shard in

@@ -122,19 +122,26 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 	var l *layout
 	var dls []schemas.DeadLetterState
 	var marks [][]dlMark
+	dir, err := d.downloadDir(o)
+	if err != nil {
+		return err
+	}
 	if info, err := os.Stat(filepath.Join(root, compact.Dir)); err == nil && info.IsDir() {
 		r, err := local.OpenReader(root)
 		if err != nil {
 			return fmt.Errorf("duckdb: %w", err)
 		}
 		comp = d.readCompaction(ctx, r)
-		dir := filepath.Join(root, compact.Dir)
-		from, err := d.snapshotStart(ctx, r, comp, func(name string, _ int64) (string, error) { return filepath.Join(dir, name), nil })
+		// The snapshot is read at every query over the shards: a copy of
+		// it, which a later compaction does not remove.
+		from, err := d.snapshotStart(ctx, r, comp, func(name string, size int64) (string, error) {
+			return linkOrCopy(filepath.Join(root, compact.Dir, name), filepath.Join(dir, "compacted", name), size)
+		})
 		if err != nil {
 			return err
 		}
 		if from != nil {
-			if l, dls, marks, err = from.layout(ctx, d, root, dir); err != nil {
+			if l, dls, marks, err = from.layout(ctx, d, root, filepath.Join(root, compact.Dir), false); err != nil {
 				return err
 			}
 		}
@@ -149,10 +156,6 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return err
-	}
-	dir, err := d.downloadDir(o)
-	if err != nil {
 		return err
 	}
 	for i, c := range dls {
@@ -565,7 +568,7 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 		return err
 	}
 	if from != nil {
-		if l, dls, marks, err = from.layout(ctx, d, base, mergedDir); err != nil {
+		if l, dls, marks, err = from.layout(ctx, d, base, mergedDir, true); err != nil {
 			return err
 		}
 	}
@@ -702,6 +705,30 @@ func (d *DB) remoteManifest(ctx context.Context, st store.Reader, comp compactio
 	}
 	dls, marks := committedDeadLetters(entries, func(i int) int64 { return entries[i].Seq })
 	return l, dls, marks, nil
+}
+
+// linkOrCopy makes dst the file src (a hard link, else a copy), unless a
+// file of size bytes is there already, and returns dst.
+func linkOrCopy(src, dst string, size int64) (string, error) {
+	if info, err := os.Stat(dst); err == nil && info.Size() == size {
+		return dst, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", fmt.Errorf("duckdb: %w", err)
+	}
+	_ = os.Remove(dst)
+	if err := os.Link(src, dst); err == nil {
+		return dst, nil
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("duckdb: %w", err)
+	}
+	defer f.Close()
+	if err := writeFile(dst, f); err != nil {
+		return "", fmt.Errorf("duckdb: copy %s: %w", src, err)
+	}
+	return dst, nil
 }
 
 // download saves the object at rel under st's root to file, unless a
@@ -872,7 +899,8 @@ func (d *DB) ViewsSQL() string {
 		q := v.SQL
 		switch v.Name {
 		case ViewShards:
-			// The same rows, naming no temporary file of ours.
+			// The same rows, naming no temporary file of ours (but a
+			// compaction snapshot's copy: see shardsValuesSQL).
 			q = d.layout.shardsValuesSQL()
 		case ViewStoredSteps:
 			// The files listed in the view, not in variables of a

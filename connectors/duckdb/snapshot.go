@@ -22,9 +22,8 @@ import (
 // start-up what its few compacted files and the entries after the
 // snapshot cost.
 type snapRows struct {
-	file      string // the snapshot file, local
-	rows      int64  // shards in it
-	mergedDir string // where its merged files lie (ending in a separator)
+	file string // the snapshot file, local
+	rows int64  // shards in it
 }
 
 // fromSnapshot is the start of an opening from the newest compaction
@@ -91,6 +90,9 @@ func (d *DB) snapshotStart(ctx context.Context, st store.Reader, comp compaction
 		return fallback("%v", err)
 	}
 	if why, err := d.checkSnapshot(ctx, file, rec.Ranges); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return fallback("%v", err)
 	} else if why != "" {
 		return fallback("%s", why)
@@ -103,8 +105,8 @@ func (d *DB) snapshotStart(ctx context.Context, st store.Reader, comp compaction
 // shard's places and paths, and the count. It returns why not ("" when
 // they match).
 func (d *DB) checkSnapshot(ctx context.Context, file string, ranges []compact.Range) (string, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT merged, min(shard), max(shard), count(*), arg_min(path, shard), arg_max(path, shard)
-FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NOT NULL GROUP BY merged`)
+	rows, err := d.db.QueryContext(ctx, fmt.Sprintf(`SELECT %[1]s, min(%[2]s), max(%[2]s), count(*), arg_min(path, %[2]s), arg_max(path, %[2]s)
+FROM read_parquet(%[3]s) WHERE %[1]s IS NOT NULL GROUP BY %[1]s`, compact.SnapMerged, compact.SnapShard, sqlString(file)))
 	if err != nil {
 		return "", err
 	}
@@ -137,16 +139,16 @@ FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NOT NULL GROUP BY merged`
 	return "", nil
 }
 
-// layout makes the layout of an opening from the snapshot (nil, with a
-// warning, when the snapshot's rows are not as its record says: the
-// caller reads the whole manifest): the shards the snapshot has read from their own
-// files (their rows read from file) and the tail's shards, under base;
-// the compacted files under mergedDir. It returns the dead letters as
-// committedDeadLetters does over the whole manifest.
-func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string) (*layout, []schemas.DeadLetterState, [][]dlMark, error) {
-	file := f.file
+// layout makes the layout of an opening from the snapshot: the shards
+// the snapshot reads from their own files and the shards after it (their
+// files under base), the compacted files (under mergedDir), and the dead
+// letters as committedDeadLetters gives them over the whole manifest. It
+// returns a nil layout, with a warning, when the snapshot's rows are not
+// as its record says (the caller reads the whole manifest). remote: shard
+// paths must not start with "_" (as openRemote requires).
+func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string, remote bool) (*layout, []schemas.DeadLetterState, [][]dlMark, error) {
 	l := &layout{base: base, mergedDir: mergedDir + string(filepath.Separator)}
-	l.snap = &snapRows{file: file, rows: f.snap.Rows, mergedDir: l.mergedDir}
+	l.snap = &snapRows{file: f.file, rows: f.snap.Rows}
 	for _, g := range f.ranges {
 		l.snapMerged = append(l.snapMerged, shardFile{
 			entry:  schemas.ShardEntry{SchemaVersion: g.SchemaVersion},
@@ -155,20 +157,31 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 			merged: true,
 		})
 	}
-	loose, err := d.looseShards(ctx, file, base)
-	if err == nil && len(loose) != f.snap.Loose {
-		err = fmt.Errorf("it holds %d shards read from their own files, its record says %d", len(loose), f.snap.Loose)
-	}
-	if err != nil {
+	fail := func(err error) (*layout, []schemas.DeadLetterState, [][]dlMark, error) {
 		if ctx.Err() != nil {
 			return nil, nil, nil, ctx.Err()
 		}
 		d.warnf("compaction snapshot %s not used (%v): the manifest is read whole", f.snap.File, err)
 		return nil, nil, nil, nil
 	}
-	seen := make(map[string]bool, len(loose))
-	for _, s := range loose {
-		seen[s.entry.Path] = true
+	loose, err := d.looseShards(ctx, f.file, base)
+	if err == nil && len(loose) != f.snap.Loose {
+		err = fmt.Errorf("it holds %d shards read from their own files, its record says %d", len(loose), f.snap.Loose)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	// A shard the manifest lists again after the snapshot is read once,
+	// as a whole read does: the paths after it are looked up in it.
+	var paths []string
+	for _, e := range f.tail {
+		if e.Path != "" {
+			paths = append(paths, e.Path)
+		}
+	}
+	seen, err := d.snapshotHas(ctx, f.file, paths)
+	if err != nil {
+		return fail(err)
 	}
 	l.shards = loose
 	at := f.snap.Shards
@@ -177,7 +190,7 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 			continue
 		}
 		at++
-		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
+		if err := checkRel(e.Path); err != nil || remote && strings.HasPrefix(e.Path, "_") {
 			return nil, nil, nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
 		}
 		if seen[e.Path] {
@@ -192,9 +205,6 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 	marks := make([][]dlMark, 0, len(f.snap.DeadLetters))
 	idx := map[string]int{}
 	for _, dl := range f.snap.DeadLetters {
-		if len(dl.Marks) == 0 {
-			continue
-		}
 		idx[dl.File] = len(dls)
 		dls = append(dls, schemas.DeadLetterState{File: dl.File, Bytes: dl.Bytes})
 		ms := make([]dlMark, len(dl.Marks))
@@ -218,11 +228,44 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 	return l, dls, marks, nil
 }
 
+// snapshotHas returns which of paths the snapshot file lists (and the
+// shards seen there: loose ones too).
+func (d *DB) snapshotHas(ctx context.Context, file string, paths []string) (map[string]bool, error) {
+	has := make(map[string]bool, len(paths))
+	for len(paths) > 0 {
+		chunk := paths[:min(len(paths), 1024)]
+		paths = paths[len(chunk):]
+		quoted := make([]string, len(chunk))
+		for i, p := range chunk {
+			quoted[i] = sqlString(p)
+		}
+		rows, err := d.db.QueryContext(ctx, "SELECT path FROM read_parquet("+sqlString(file)+") WHERE path IN ("+strings.Join(quoted, ", ")+")")
+		if err != nil {
+			return nil, err
+		}
+		for rows.Next() {
+			var p string
+			if err := rows.Scan(&p); err != nil {
+				rows.Close()
+				return nil, err
+			}
+			has[p] = true
+		}
+		err = rows.Err()
+		rows.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
+	return has, nil
+}
+
 // looseShards reads the rows of the snapshot file that are read from
-// their own files (not merged), in manifest order.
+// their own files (not merged), in manifest order: what the layout needs
+// of them (their rows in the shards view come from the file).
 func (d *DB) looseShards(ctx context.Context, file, base string) ([]shardFile, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT seq, shard, path, "rows", bytes, "groups", policy_version, committed_at, run_id, writer, recovered, schema_version
-FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NULL ORDER BY shard`)
+	rows, err := d.db.QueryContext(ctx, fmt.Sprintf(`SELECT %[1]s, %[2]s, path, bytes, schema_version
+FROM read_parquet(%[3]s) WHERE %[4]s IS NULL ORDER BY %[2]s`, compact.SnapSeq, compact.SnapShard, sqlString(file), compact.SnapMerged))
 	if err != nil {
 		return nil, err
 	}
@@ -230,24 +273,18 @@ FROM read_parquet(`+sqlString(file)+`) WHERE merged IS NULL ORDER BY shard`)
 	var out []shardFile
 	for rows.Next() {
 		var (
-			s                      shardFile
-			at                     int64
-			groups                 int64
-			committed              sql.NullTime
-			runID, writer, version sql.NullString
+			s       shardFile
+			at      int64
+			version sql.NullString
 		)
 		e := &s.entry
-		if err := rows.Scan(&s.seq, &at, &e.Path, &e.Rows, &e.Bytes, &groups, &e.PolicyVersion, &committed, &runID, &writer, &e.Recovered, &version); err != nil {
+		if err := rows.Scan(&s.seq, &at, &e.Path, &e.Bytes, &version); err != nil {
 			return nil, err
 		}
-		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
+		if err := checkRel(e.Path); err != nil {
 			return nil, fmt.Errorf("shard path %q is not a clean relative data path", e.Path)
 		}
-		s.at, e.Seq, e.Groups = int(at), s.seq, int(groups)
-		if committed.Valid {
-			e.CommittedAt = committed.Time.UTC()
-		}
-		e.RunID, e.Writer, e.SchemaVersion = runID.String, writer.String, version.String
+		s.at, e.Seq, e.SchemaVersion = int(at), s.seq, version.String
 		s.file = filepath.Join(base, filepath.FromSlash(e.Path))
 		s.fromSnap = true
 		out = append(out, s)
@@ -289,7 +326,7 @@ func (l *layout) appendFiles(ctx context.Context, conn *sql.Conn) error {
 
 // snapSelect is the snapshot's rows as the shards table's columns.
 func (l *layout) snapSelect() string {
-	return fmt.Sprintf(`SELECT seq, path, "rows", bytes, "groups", policy_version, committed_at, run_id, writer, recovered, schema_version,
-  CASE WHEN merged IS NULL THEN %s || path ELSE %s || merged END AS file
-FROM read_parquet(%s)`, sqlString(l.base+"/"), sqlString(l.snap.mergedDir), sqlString(l.snap.file))
+	return fmt.Sprintf(`SELECT %[1]s AS seq, path, "rows", bytes, "groups", policy_version, committed_at, run_id, writer, recovered, schema_version,
+  CASE WHEN %[2]s IS NULL THEN %[3]s || path ELSE %[4]s || %[2]s END AS file
+FROM read_parquet(%[5]s)`, compact.SnapSeq, compact.SnapMerged, sqlString(l.base+"/"), sqlString(l.mergedDir), sqlString(l.snap.file))
 }

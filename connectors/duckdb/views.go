@@ -143,7 +143,7 @@ func (l *layout) shardsSQL() string {
 	// row per merged shard.
 	return "CREATE OR REPLACE TABLE " + shardsAfter + " (" + shardsColumns + ");\n" +
 		"CREATE OR REPLACE TABLE " + viewFiles + " (grp INTEGER, ord INTEGER, file VARCHAR);\n" +
-		"CREATE OR REPLACE VIEW shards AS\n(" + l.snapSelect() + ")\nUNION ALL SELECT * FROM " + shardsAfter + ";\n"
+		"CREATE OR REPLACE VIEW shards AS\nSELECT * FROM ((" + l.snapSelect() + ")\nUNION ALL SELECT * FROM " + shardsAfter + ")\nORDER BY seq;\n"
 }
 
 // The tables behind the shards view of an opening from a compaction
@@ -155,7 +155,10 @@ const (
 )
 
 // shardsValuesSQL is the shards table as a view over a VALUES list: the
-// form --views-sql prints, which names no file of ours.
+// form --views-sql prints, which names no file of ours but, after a
+// compaction, the copy of its snapshot that the rows before it are read
+// from (in the download folder: kept after Close with
+// Options.DownloadDir).
 func (l *layout) shardsValuesSQL() string {
 	var b strings.Builder
 	b.WriteString("CREATE OR REPLACE VIEW shards AS\n")
@@ -168,9 +171,9 @@ func (l *layout) shardsValuesSQL() string {
 	}
 	if l.snap != nil {
 		// The snapshot's rows, read from its file, then the others.
-		b.WriteString("(" + l.snapSelect() + ")\n")
+		b.WriteString("SELECT * FROM ((" + l.snapSelect() + ")\n")
 		if len(rest) == 0 {
-			b.WriteString(";\n")
+			b.WriteString(") ORDER BY seq;\n")
 			return b.String()
 		}
 		b.WriteString("UNION ALL\n")
@@ -198,7 +201,11 @@ func (l *layout) shardsValuesSQL() string {
 		}
 		b.WriteString("\n")
 	}
-	fmt.Fprintf(&b, ") AS t(%s);\n", cols)
+	fmt.Fprintf(&b, ") AS t(%s)", cols)
+	if l.snap != nil {
+		b.WriteString(") ORDER BY seq")
+	}
+	b.WriteString(";\n")
 	return b.String()
 }
 

@@ -163,7 +163,8 @@ func (r *Reader) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry
 }
 
 // EntriesFrom returns the entries from the nth shard entry on, each with
-// Seq its line's place in the manifest; EntriesFrom(0) is Entries.
+// Seq its line's place in the manifest; EntriesFrom(0) is Entries but for
+// Seq (Entries keeps the seq a line holds: none in old manifests).
 func (r *Reader) EntriesFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
 	n = max(n, 0)
 	r.mu.Lock()

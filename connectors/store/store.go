@@ -77,9 +77,9 @@ type Reader interface {
 	// EntriesFrom returns the entries from the nth shard entry on (n
 	// counts from 0): that shard entry, then every later entry of every
 	// kind, each with Seq set to its place in the manifest; nil when the
-	// manifest lists n shards or fewer. EntriesFrom(0) is Entries. A reader
-	// that holds the manifest up to a known shard (a snapshot) reads only
-	// the rest.
+	// manifest lists n shards or fewer. EntriesFrom(0) is Entries, with
+	// every Seq set. A reader that holds the manifest up to a known shard
+	// (a snapshot) reads only the rest.
 	EntriesFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error)
 	// ReadShard opens a committed shard for reading the named columns
 	// (all when none).
