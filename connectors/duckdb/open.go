@@ -200,24 +200,9 @@ func (d *DB) localManifest(root string, comp compaction) (*layout, []schemas.Dea
 			d.warnf("%s has no manifest (%s/%s): nothing is committed there", root, local.ManifestDir, local.ManifestFile)
 		}
 	}
-	l := &layout{base: root}
-	seen := map[string]bool{}
-	var committed []schemas.ShardEntry
-	for i, e := range entries {
-		if e.Path == "" {
-			continue
-		}
-		committed = append(committed, e)
-		if err := checkRel(e.Path); err != nil {
-			return nil, nil, nil, fmt.Errorf("duckdb: manifest line %d: %w", i+1, err)
-		}
-		if seen[e.Path] {
-			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
-			continue
-		}
-		seen[e.Path] = true
-		file := filepath.Join(root, filepath.FromSlash(e.Path))
-		l.shards = append(l.shards, shardFile{entry: e, seq: int64(i), at: len(committed) - 1, file: file})
+	l, committed, err := d.manifestShards(entries, root, false)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	if comp.rec != nil {
 		comp.apply(d, committed, l, filepath.Join(root, compact.Dir))
@@ -674,6 +659,38 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	return d.define(ctx, l)
 }
 
+// manifestShards lays out the shards of the manifest entries (in order)
+// as files under base: each once (a shard listed twice is read once, with
+// a warning). It returns them and the entries that list a shard. remote:
+// a path may not start with "_" (a local root's may, as older versions
+// wrote). A shard's seq is its entry's place: the entry's Seq on an
+// object store, its index (the manifest's line) locally.
+func (d *DB) manifestShards(entries []schemas.ShardEntry, base string, remote bool) (*layout, []schemas.ShardEntry, error) {
+	l := &layout{base: base}
+	seen := map[string]bool{}
+	var committed []schemas.ShardEntry
+	for i, e := range entries {
+		if e.Path == "" {
+			continue
+		}
+		committed = append(committed, e)
+		seq := int64(i)
+		if remote {
+			seq = e.Seq
+		}
+		if err := checkRel(e.Path); err != nil || remote && strings.HasPrefix(e.Path, "_") {
+			return nil, nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", seq, e.Path)
+		}
+		if seen[e.Path] {
+			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
+			continue
+		}
+		seen[e.Path] = true
+		l.shards = append(l.shards, shardFile{entry: e, seq: seq, at: len(committed) - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+	}
+	return l, committed, nil
+}
+
 // remoteManifest lays out the shards of st's whole manifest as
 // downloaded under base, read from the compacted files comp records
 // (downloaded under mergedDir) where they match.
@@ -682,23 +699,9 @@ func (d *DB) remoteManifest(ctx context.Context, st store.Reader, comp compactio
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("duckdb: %w", err)
 	}
-	l := &layout{base: base}
-	seen := map[string]bool{}
-	var committed []schemas.ShardEntry
-	for _, e := range entries {
-		if e.Path == "" {
-			continue
-		}
-		committed = append(committed, e)
-		if err := checkRel(e.Path); err != nil || strings.HasPrefix(e.Path, "_") {
-			return nil, nil, nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
-		}
-		if seen[e.Path] {
-			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
-			continue
-		}
-		seen[e.Path] = true
-		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, at: len(committed) - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+	l, committed, err := d.manifestShards(entries, base, true)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	if comp.rec != nil {
 		comp.apply(d, committed, l, mergedDir)

@@ -140,18 +140,28 @@ func (r *Reader) follow(ctx context.Context) error {
 	return nil
 }
 
+// holdFrom makes the reader hold the shard entries from the nth on,
+// read up to the manifest's end, and returns shard n's place in r.shards
+// (len(r.shards) or more: none yet). Callers hold mu.
+func (r *Reader) holdFrom(ctx context.Context, n int) (int, error) {
+	n = max(n, 0)
+	r.startAt(n)
+	if err := r.follow(ctx); err != nil {
+		return 0, err
+	}
+	return n - int(r.from.Shards), nil // the reader holds the shards from r.from on
+}
+
 // CommittedFrom is Committed without the first n shard entries, for a
 // follower that holds them: it reads what was appended since the last
 // call and copies only the entries asked for.
 func (r *Reader) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
-	n = max(n, 0)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.startAt(n)
-	if err := r.follow(ctx); err != nil {
+	k, err := r.holdFrom(ctx, n)
+	if err != nil {
 		return nil, err
 	}
-	k := n - int(r.from.Shards) // the reader holds the shards from r.from on
 	if k >= len(r.shards) {
 		return nil, nil
 	}
@@ -166,16 +176,14 @@ func (r *Reader) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry
 // Seq its line's place in the manifest; EntriesFrom(0) is Entries but for
 // Seq (Entries keeps the seq a line holds: none in old manifests).
 func (r *Reader) EntriesFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
-	n = max(n, 0)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.startAt(n)
-	if err := r.follow(ctx); err != nil {
+	k, err := r.holdFrom(ctx, n)
+	if err != nil {
 		return nil, err
 	}
-	start := 0 // n == 0: every entry, checkpoints before the first shard too
+	start := 0 // n <= 0: every entry, checkpoints before the first shard too
 	if n > 0 {
-		k := n - int(r.from.Shards) // the reader holds the shards from r.from on
 		if k >= len(r.shards) {
 			return nil, nil
 		}

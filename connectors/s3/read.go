@@ -39,6 +39,13 @@ func (s *Store) Committed(ctx context.Context) ([]schemas.ShardEntry, error) {
 // that holds them (the consumer polls the manifest every second: copying
 // every entry each time grew with the run).
 func (s *Store) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry, error) {
+	return s.fromShard(ctx, n, (*store.Log).CommittedFrom)
+}
+
+// fromShard re-reads the manifest log, loads the segments holding its
+// shard entries from the nth on, and returns get(log, n) (the log is read
+// under mu: a re-read may replace it).
+func (s *Store) fromShard(ctx context.Context, n int, get func(l *store.Log, n int) []schemas.ShardEntry) ([]schemas.ShardEntry, error) {
 	if err := s.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -47,7 +54,7 @@ func (s *Store) CommittedFrom(ctx context.Context, n int) ([]schemas.ShardEntry,
 	if err := s.log.LoadFrom(ctx, n); err != nil {
 		return nil, fmt.Errorf("s3: manifest: %w", err)
 	}
-	return s.log.CommittedFrom(n), nil
+	return get(s.log, n), nil
 }
 
 // EntriesFrom returns the log's entries from the nth shard entry on
@@ -56,15 +63,7 @@ func (s *Store) EntriesFrom(ctx context.Context, n int) ([]schemas.ShardEntry, e
 	if n <= 0 {
 		return s.Entries(ctx)
 	}
-	if err := s.refresh(ctx); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err := s.log.LoadFrom(ctx, n); err != nil {
-		return nil, fmt.Errorf("s3: manifest: %w", err)
-	}
-	return s.log.EntriesFrom(n), nil
+	return s.fromShard(ctx, n, (*store.Log).EntriesFrom)
 }
 
 // GetFile downloads the object at rel under the root to the local file
