@@ -66,13 +66,14 @@ bench:
 	$(GO) test -run '^$$' -bench ReadTrajectories -benchtime 5x -count 3 ./train/
 	$(GO) test -run '^$$' -bench 'GatewayLatency|SessionMemory' -benchtime 1x ./ingest/gateway/
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
-	$(GO) test -run '^$$' -bench OpenViews -benchtime 3x ./connectors/duckdb/
+	$(GO) test -run '^$$' -bench '^BenchmarkOpenViews$$' -benchtime 3x ./connectors/duckdb/
 	$(GO) test -run '^$$' -bench Snapshot -benchtime 3x -count 3 ./connectors/store/
 	cd ingest/compare && $(GO) test -run '^$$' -bench . -count 1
 	$(GO) test -run '^$$' -bench 'UIBrowse|UIRefresh' -benchtime 1x -timeout 90m ./cmd/rllm-pipe/
 	train/python/examples/bench.sh --rounds 3
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench OpenManifest -benchtime 3x -timeout 30m ./connectors/s3/
+	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench IntegrationOpenViewsS3 -benchtime 3x -timeout 60m ./connectors/duckdb/
 	eval "$$(scripts/services.sh env)" && $(GO) test -run '^$$' -bench Integration -benchtime 1x -timeout 30m ./cmd/rllm-pipe/
 	$(MAKE) bench-kafka
 	$(MAKE) bench-ingest
