@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -98,20 +97,7 @@ func BenchmarkIntegrationOpenViewsS3(b *testing.B) {
 				if d.layout.snap == nil || d.Shards() != n {
 					b.Fatalf("opened %d shards (snapshot %v, warnings %q), want %d from the snapshot", d.Shards(), d.layout.snap != nil, d.Warnings(), n)
 				}
-				for _, q := range []string{"SELECT count(*) FROM shards", "SELECT step_id FROM steps LIMIT 0"} {
-					rows, err := d.Query(ctx, q)
-					if err != nil {
-						b.Fatal(err)
-					}
-					for rows.Next() {
-					}
-					if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-						b.Fatal(err)
-					}
-				}
-				if err := d.Close(); err != nil {
-					b.Fatal(err)
-				}
+				bindAndClose(b, d)
 			}
 			open() // downloads the compacted files, the snapshot, the last shards
 			b.ResetTimer()
