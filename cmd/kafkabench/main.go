@@ -163,7 +163,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			defer deleteTopic(c.brokers, topic)
 		}
 	} else {
-		fmt.Fprintf(stdout, "reading topic %s (%d records, %s expected)\n", topic, records, human(in.Bytes))
+		// Every contender waits for the input's count of records: a topic
+		// holding another count (or none: the broker creates a missing
+		// topic on first use) would keep them waiting.
+		held, err := topicRecords(ctx, c.brokers, topic)
+		if err != nil {
+			return fmt.Errorf("--topic %s: %w", topic, err)
+		}
+		if held != records {
+			return fmt.Errorf("--topic %s holds %d records, the input %d: produce the input to it first (a run with --keep-topic leaves one)", topic, held, records)
+		}
+		fmt.Fprintf(stdout, "reading topic %s (%d records, %s)\n", topic, records, human(in.Bytes))
 	}
 
 	b := &bench{c: c, in: in, records: records, topic: topic, stdout: stdout}
@@ -402,6 +412,35 @@ func drainReaders(ctx context.Context, brokers, topic string, partitions int, wa
 	}
 	wg.Wait()
 	return n.Load(), size.Load(), errors.Join(errs...)
+}
+
+// topicRecords returns how many records topic's partitions hold.
+func topicRecords(ctx context.Context, brokers, topic string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	conn, err := kgo.DialContext(ctx, "tcp", strings.Split(brokers, ",")[0])
+	if err != nil {
+		return 0, err
+	}
+	parts, err := conn.ReadPartitions(topic)
+	conn.Close()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, p := range parts {
+		pc, err := kgo.DialLeader(ctx, "tcp", strings.Split(brokers, ",")[0], topic, p.ID)
+		if err != nil {
+			return 0, err
+		}
+		first, last, err := pc.ReadOffsets()
+		pc.Close()
+		if err != nil {
+			return 0, err
+		}
+		n += last - first
+	}
+	return n, nil
 }
 
 // partitionEnds returns each partition's last offset + 1.
