@@ -660,35 +660,41 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 }
 
 // manifestShards lays out the shards of the manifest entries (in order)
-// as files under base: each once (a shard listed twice is read once, with
-// a warning). It returns them and the entries that list a shard. remote:
-// a path may not start with "_" (a local root's may, as older versions
-// wrote). A shard's seq is its entry's place: the entry's Seq on an
-// object store, its index (the manifest's line) locally.
+// under base and returns the committed ones (every shard entry, in
+// order). remote: the entries' Seq is their place in the manifest, and
+// shard paths must not start with "_" (as openRemote requires).
 func (d *DB) manifestShards(entries []schemas.ShardEntry, base string, remote bool) (*layout, []schemas.ShardEntry, error) {
 	l := &layout{base: base}
-	seen := map[string]bool{}
+	seq := func(i int) int64 { return int64(i) }
+	if remote {
+		seq = func(i int) int64 { return entries[i].Seq }
+	}
+	committed, err := d.addShards(l, entries, 0, map[string]bool{}, remote, seq)
+	return l, committed, err
+}
+
+// addShards appends the shards of entries, read from their files under
+// l.base, to l.shards, and returns the shard entries. at is the number of
+// shards of the manifest before entries; seq gives entry i's place in it.
+// A path in seen is listed again: read once, with a warning.
+func (d *DB) addShards(l *layout, entries []schemas.ShardEntry, at int, seen map[string]bool, remote bool, seq func(i int) int64) ([]schemas.ShardEntry, error) {
 	var committed []schemas.ShardEntry
 	for i, e := range entries {
 		if e.Path == "" {
 			continue
 		}
 		committed = append(committed, e)
-		seq := int64(i)
-		if remote {
-			seq = e.Seq
-		}
 		if err := checkRel(e.Path); err != nil || remote && strings.HasPrefix(e.Path, "_") {
-			return nil, nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", seq, e.Path)
+			return nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", seq(i), e.Path)
 		}
 		if seen[e.Path] {
 			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
 			continue
 		}
 		seen[e.Path] = true
-		l.shards = append(l.shards, shardFile{entry: e, seq: seq, at: len(committed) - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+		l.shards = append(l.shards, shardFile{entry: e, seq: seq(i), at: at + len(committed) - 1, file: filepath.Join(l.base, filepath.FromSlash(e.Path))})
 	}
-	return l, committed, nil
+	return committed, nil
 }
 
 // remoteManifest lays out the shards of st's whole manifest as

@@ -6,6 +6,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"strings"
 
@@ -35,6 +36,8 @@ type fromSnapshot struct {
 	ranges []compact.Range
 	// tail is the manifest's entries after the snapshot's last shard.
 	tail []schemas.ShardEntry
+	// listed is the paths of tail's shards the snapshot lists already.
+	listed map[string]bool
 }
 
 // snapshotStart checks comp's snapshot against st and against its
@@ -89,7 +92,8 @@ func (d *DB) snapshotStart(ctx context.Context, st store.Reader, comp compaction
 		}
 		return fallback("%v", err)
 	}
-	if why, err := d.checkSnapshot(ctx, file, rec.Ranges); err != nil {
+	f := &fromSnapshot{snap: snap, file: file, ranges: rec.Ranges, tail: tail[1:]}
+	if why, err := d.scanSnapshot(ctx, f); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -97,44 +101,65 @@ func (d *DB) snapshotStart(ctx context.Context, st store.Reader, comp compaction
 	} else if why != "" {
 		return fallback("%s", why)
 	}
-	return &fromSnapshot{snap: snap, file: file, ranges: rec.Ranges, tail: tail[1:]}, nil
+	return f, nil
 }
 
-// checkSnapshot checks that the snapshot file has the shards of each
-// range read from its file, and no other shard: the first and last
-// shard's places and paths, and the count. It returns why not ("" when
-// they match).
-func (d *DB) checkSnapshot(ctx context.Context, file string, ranges []compact.Range) (string, error) {
-	rows, err := d.db.QueryContext(ctx, fmt.Sprintf(`SELECT %[1]s, min(%[2]s), max(%[2]s), count(*), arg_min(path, %[2]s), arg_max(path, %[2]s)
-FROM read_parquet(%[3]s) WHERE %[1]s IS NOT NULL GROUP BY %[1]s`, compact.SnapMerged, compact.SnapShard, sqlString(file)))
+// scanSnapshot reads the snapshot file once: it checks that the file
+// has the shards of each range read from its compacted file, and no other
+// shard (the first and last shard's places and paths, and the count),
+// and sets f.listed to the paths of f.tail it lists (a shard the
+// manifest lists again after the snapshot). It returns why the file does
+// not match its record ("" when it does).
+func (d *DB) scanSnapshot(ctx context.Context, f *fromSnapshot) (string, error) {
+	var paths []string
+	for _, e := range f.tail {
+		if e.Path != "" {
+			paths = append(paths, e.Path)
+		}
+	}
+	rows, err := d.db.QueryContext(ctx, fmt.Sprintf(`WITH tail AS (SELECT DISTINCT unnest(?::VARCHAR[]) AS path)
+SELECT s.%[1]s, min(s.%[2]s), max(s.%[2]s), count(*), arg_min(s.path, s.%[2]s), arg_max(s.path, s.%[2]s),
+  coalesce(list(s.path) FILTER (WHERE tail.path IS NOT NULL), [])
+FROM read_parquet(%[3]s) s LEFT JOIN tail ON s.path = tail.path GROUP BY s.%[1]s`, compact.SnapMerged, compact.SnapShard, sqlString(f.file)), paths)
 	if err != nil {
 		return "", err
 	}
 	defer rows.Close()
-	byFile := make(map[string]compact.Range, len(ranges))
-	for _, g := range ranges {
+	byFile := make(map[string]compact.Range, len(f.ranges))
+	for _, g := range f.ranges {
 		byFile[g.File] = g
 	}
+	f.listed = map[string]bool{}
 	n := 0
 	for rows.Next() {
 		var (
-			name, first, last string
-			lo, hi, count     int
+			name          sql.NullString
+			first, last   string
+			lo, hi, count int
+			listed        []any
 		)
-		if err := rows.Scan(&name, &lo, &hi, &count, &first, &last); err != nil {
+		if err := rows.Scan(&name, &lo, &hi, &count, &first, &last, &listed); err != nil {
 			return "", err
 		}
-		g, ok := byFile[name]
+		for _, p := range listed {
+			if p, ok := p.(string); ok {
+				f.listed[p] = true
+			}
+		}
+		if !name.Valid {
+			continue // the shards read from their own files (looseShards)
+		}
+		g, ok := byFile[name.String]
 		if !ok || g.First != lo || g.End != hi+1 || count != g.End-g.First || g.FirstPath != first || g.LastPath != last {
-			return fmt.Sprintf("its shards read from %s are not those the record lists", name), nil
+			return fmt.Sprintf("its shards read from %s are not those the record lists", name.String), nil
 		}
 		n++
 	}
 	if err := rows.Err(); err != nil {
 		return "", err
 	}
-	if n != len(ranges) {
-		return fmt.Sprintf("it names %d compacted files, the record %d", n, len(ranges)), nil
+	if n != len(f.ranges) {
+		return fmt.Sprintf("it names %d compacted files, the record %d", n, len(f.ranges)), nil
 	}
 	return "", nil
 }
@@ -172,33 +197,11 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 		return fail(err)
 	}
 	// A shard the manifest lists again after the snapshot is read once,
-	// as a whole read does: the paths after it are looked up in it.
-	var paths []string
-	for _, e := range f.tail {
-		if e.Path != "" {
-			paths = append(paths, e.Path)
-		}
-	}
-	seen, err := d.snapshotHas(ctx, f.file, paths)
-	if err != nil {
-		return fail(err)
-	}
+	// as a whole read does (scanSnapshot looked the tail's paths up).
 	l.shards = loose
-	at := f.snap.Shards
-	for _, e := range f.tail {
-		if e.Path == "" {
-			continue
-		}
-		at++
-		if err := checkRel(e.Path); err != nil || remote && strings.HasPrefix(e.Path, "_") {
-			return nil, nil, nil, fmt.Errorf("duckdb: manifest entry %d: shard path %q is not a clean relative data path", e.Seq, e.Path)
-		}
-		if seen[e.Path] {
-			d.warnf("shard %s is listed twice in the manifest: read once", e.Path)
-			continue
-		}
-		seen[e.Path] = true
-		l.shards = append(l.shards, shardFile{entry: e, seq: e.Seq, at: at - 1, file: filepath.Join(base, filepath.FromSlash(e.Path))})
+	seen := maps.Clone(f.listed)
+	if _, err := d.addShards(l, f.tail, f.snap.Shards, seen, remote, func(i int) int64 { return f.tail[i].Seq }); err != nil {
+		return nil, nil, nil, err
 	}
 	// The dead letters: the snapshot's marks, then the tail's.
 	dls := make([]schemas.DeadLetterState, 0, len(f.snap.DeadLetters))
@@ -226,38 +229,6 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 		marks[j] = append(marks[j], moreMarks[i]...)
 	}
 	return l, dls, marks, nil
-}
-
-// snapshotHas returns which of paths the snapshot file lists (and the
-// shards seen there: loose ones too).
-func (d *DB) snapshotHas(ctx context.Context, file string, paths []string) (map[string]bool, error) {
-	has := make(map[string]bool, len(paths))
-	for len(paths) > 0 {
-		chunk := paths[:min(len(paths), 1024)]
-		paths = paths[len(chunk):]
-		quoted := make([]string, len(chunk))
-		for i, p := range chunk {
-			quoted[i] = sqlString(p)
-		}
-		rows, err := d.db.QueryContext(ctx, "SELECT path FROM read_parquet("+sqlString(file)+") WHERE path IN ("+strings.Join(quoted, ", ")+")")
-		if err != nil {
-			return nil, err
-		}
-		for rows.Next() {
-			var p string
-			if err := rows.Scan(&p); err != nil {
-				rows.Close()
-				return nil, err
-			}
-			has[p] = true
-		}
-		err = rows.Err()
-		rows.Close()
-		if err != nil {
-			return nil, err
-		}
-	}
-	return has, nil
 }
 
 // looseShards reads the rows of the snapshot file that are read from
