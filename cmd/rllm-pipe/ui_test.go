@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"html"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -451,7 +453,8 @@ func TestIntegrationReportAndUIFromS3(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ui := exec.CommandContext(ctx, bin, append([]string{"ui", "--from", target.url, "--listen", addr, "--poll", "300ms"}, target.flags()...)...)
-	ui.Dir, ui.Env = work, e2eEnv()
+	tmp := t.TempDir() // the ui's download cache goes here
+	ui.Dir, ui.Env = work, append(e2eEnv(), "TMPDIR="+tmp)
 	var stderr bytes.Buffer
 	ui.Stderr = &stderr
 	if err := ui.Start(); err != nil {
@@ -487,8 +490,63 @@ func TestIntegrationReportAndUIFromS3(t *testing.T) {
 		t.Errorf("trajectories over S3: status %d, %d rows\n%s", resp.StatusCode, n, stderr.String())
 	}
 	ingestRun("b", "2")
+	var second live.State
 	waitFor(t, 60*time.Second, "the ui following the second ingest into S3", func() bool {
 		st, ok := state()
+		second = st
 		return ok && st.Shards > first.Shards && st.Rows > first.Rows
+	})
+
+	// A compaction merges the shards the ui downloaded; once it follows
+	// a third ingest, its download cache holds the copies of the shards
+	// not merged and one snapshot, not the merged shards' copies.
+	if r := e2eRun(t, bin, work, append([]string{"compact", "--to", target.url, "--min-shards", "2", "--max-shards", "3", "--quiet"}, target.flags()...)...); r.code != 0 {
+		t.Fatalf("compact: %s", r.stderr)
+	}
+	ingestRun("c", "3")
+	r = e2eRun(t, bin, work, append([]string{"sql", "--from", target.url, "--format", "jsonl",
+		`SELECT path FROM shards WHERE file NOT LIKE '%/compacted/%' ORDER BY path`}, target.flags()...)...)
+	if r.code != 0 || strings.Contains(r.stderr, "not used") {
+		t.Fatalf("sql after compact: %d %s", r.code, r.stderr)
+	}
+	var loose []string
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var m struct{ Path string }
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatal(err)
+		}
+		loose = append(loose, "shards/"+m.Path)
+	}
+	if len(loose) == 0 {
+		t.Fatal("no shard after the compaction is read from its own file")
+	}
+	var cached []string
+	var snaps int
+	defer func() {
+		if t.Failed() {
+			t.Logf("download cache: %v and %d snapshots; want %v and 1", cached, snaps, loose)
+		}
+	}()
+	waitFor(t, 60*time.Second, "the ui's download cache pruned after the compaction", func() bool {
+		st, ok := state()
+		if !ok || st.Rows <= second.Rows {
+			return false
+		}
+		caches, _ := filepath.Glob(filepath.Join(tmp, "rllm-pipe-ui-*"))
+		if len(caches) != 1 {
+			return false
+		}
+		cached = nil
+		filepath.WalkDir(filepath.Join(caches[0], "shards"), func(path string, e fs.DirEntry, err error) error {
+			if err == nil && !e.IsDir() {
+				rel, _ := filepath.Rel(caches[0], path)
+				cached = append(cached, filepath.ToSlash(rel))
+			}
+			return nil
+		})
+		slices.Sort(cached)
+		names, _ := filepath.Glob(filepath.Join(caches[0], "compacted", "snapshot-*.parquet"))
+		snaps = len(names)
+		return slices.Equal(cached, loose) && snaps == 1
 	})
 }

@@ -72,6 +72,7 @@ type DB struct {
 	layout   *layout // what the views read
 	warnings []string
 	work     string // temporary folder removed by Close
+	kept     string // Options.DownloadDir, absolute ("" when not kept)
 	open     bool   // Options.AllowHostFiles: no sandbox
 
 	// connInit runs on every new connection once set: the per-connection
@@ -834,6 +835,7 @@ func (d *DB) downloadDir(o Options) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("duckdb: download folder: %w", err)
 	}
+	d.kept = dir
 	return dir, nil
 }
 

@@ -89,6 +89,10 @@ type Server struct {
 	cacheOnce sync.Once
 	cache     string
 
+	// refreshing serializes refreshes: one opening at a time uses and
+	// prunes the download cache.
+	refreshing sync.Mutex
+
 	mu      sync.RWMutex
 	db      *duckdb.DB
 	data    *report.Data
@@ -221,6 +225,8 @@ func (s *Server) rebuildDue(now time.Time) bool {
 }
 
 func (s *Server) refresh(ctx context.Context, spaced bool) error {
+	s.refreshing.Lock()
+	defer s.refreshing.Unlock()
 	entries, err := s.r.Entries(ctx)
 	if err != nil {
 		return fmt.Errorf("ui: manifest: %w", err)
@@ -262,6 +268,13 @@ func (s *Server) refresh(ctx context.Context, spaced bool) error {
 	if old != nil {
 		// Handlers hold the read lock while they query: none uses old now.
 		old.Close()
+		// What only old read (shards merged by a compaction since,
+		// an older snapshot) leaves the download cache.
+		if n, err := db.PruneDownloads(); err != nil {
+			slog.Warn("ui: pruning the download cache", "err", err)
+		} else if n > 0 {
+			slog.Debug("ui: download cache pruned", "files", n)
+		}
 	}
 	return nil
 }
