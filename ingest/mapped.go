@@ -6,9 +6,11 @@ import (
 )
 
 // mapped is a file mapped into memory up to its last newline at open.
-// Its chunks of whole lines are read with pread into recycled buffers
-// (LineSource.readCopy: cheaper than faulting the pages in); the mapping
-// serves, in place, a line longer than a chunk buffer. Released chunks
+// Its chunks of whole lines are handed out in place, each chunk's pages
+// faulted in by one system call (LineSource.readMapped); where the kernel
+// cannot do that, they are read with pread into recycled buffers
+// (LineSource.readCopy: cheaper than faulting the pages in one by one),
+// and the mapping serves, in place, a line longer than a buffer. Released chunks
 // of the mapping let their pages go from the process's memory, so the
 // resident set stays a few megabytes however large the file; the pages
 // stay in the kernel's page cache.
@@ -37,7 +39,7 @@ type mapped struct {
 
 // dropEvery is how far the released prefix must have grown before its
 // pages are given back (one system call per step).
-const dropEvery = 16 << 20
+const dropEvery = 4 << 20
 
 // hold notes the chunk data[off:end] as handed out; the returned func
 // releases it.

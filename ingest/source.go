@@ -140,9 +140,12 @@ type LineSource struct {
 	closer    io.Closer
 	maxRecord int
 	chunkSize int
-	done      bool
-	pending   *pendingLine
-	pool      sync.Pool // released chunk buffers
+	// copyChunks: the mapping's pages cannot be populated; its chunks
+	// are copied out of the file (readCopy).
+	copyChunks bool
+	done       bool
+	pending    *pendingLine
+	pool       sync.Pool // released chunk buffers
 	// stopped ends the input early (Stop): what was read from r is still
 	// handed out, nothing more is read. interrupt, if set, wakes a read
 	// blocked on a quiet pipe without consuming anything.
@@ -289,16 +292,22 @@ func (s *LineSource) read(ctx context.Context) (Chunk, error) {
 }
 
 // readMapped returns about a megabyte of whole lines of the mapping, in
-// place, to be split by Chunk.Split. Only the end of the last line is
-// looked for here.
+// place, to be split by Chunk.Split, its pages faulted in at once
+// (populate: one system call instead of a fault every few pages when the
+// decoders touch them). Only the end of the last line is looked for here.
+// Where pages cannot be faulted in that way, chunks are copied out of the
+// file (readCopy).
 func (s *LineSource) readMapped() Chunk {
 	m := s.m
 	start, end := m.pos, len(m.data)
-	if c, ok := s.readCopy(start, end); ok {
-		return c
-	}
 	if e := start + s.chunkSize; e < end {
 		end = e + bytes.IndexByte(m.data[e-1:], '\n') // found: data ends with one
+	}
+	if s.copyChunks || !populate(m.data[start&^(pageSize-1):end]) {
+		s.copyChunks = true
+		if c, ok := s.readCopy(start, len(m.data)); ok {
+			return c
+		}
 	}
 	m.pos = end
 	return Chunk{
@@ -309,8 +318,9 @@ func (s *LineSource) readMapped() Chunk {
 
 // readCopy reads about a megabyte of whole lines of the mapped range
 // data[start:end] with pread into a recycled chunk buffer instead of
-// touching the mapping: a page fault per few pages of a mapping cost more
-// than copying the bytes (BENCHMARKS.md). ok is false when the buffer
+// touching the mapping: where pages cannot be populated, a page fault per
+// few pages of a mapping costs more than copying the bytes
+// (BENCHMARKS.md). ok is false when the buffer
 // holds no whole line (a line longer than a chunk) or the read comes up
 // short (the file shrank): the mapping serves that chunk.
 func (s *LineSource) readCopy(start, end int) (c Chunk, ok bool) {
