@@ -2,4 +2,6 @@
 
 package ingest
 
-func populate([]byte) bool { return false }
+import "errors"
+
+func populate([]byte) error { return errors.ErrUnsupported }

@@ -140,8 +140,8 @@ type LineSource struct {
 	closer    io.Closer
 	maxRecord int
 	chunkSize int
-	// copyChunks: the mapping's pages cannot be populated; its chunks
-	// are copied out of the file (readCopy).
+	// copyChunks: the kernel cannot populate the mapping's pages; its
+	// chunks are copied out of the file (readCopy).
 	copyChunks bool
 	done       bool
 	pending    *pendingLine
@@ -303,8 +303,15 @@ func (s *LineSource) readMapped() Chunk {
 	if e := start + s.chunkSize; e < end {
 		end = e + bytes.IndexByte(m.data[e-1:], '\n') // found: data ends with one
 	}
-	if s.copyChunks || !populate(m.data[start&^(pageSize-1):end]) {
-		s.copyChunks = true
+	copyChunk := s.copyChunks
+	if !copyChunk {
+		if err := populate(m.data[start&^(pageSize-1) : end]); err != nil {
+			// This chunk is copied; every later one too when the
+			// kernel cannot populate at all.
+			copyChunk, s.copyChunks = true, errors.Is(err, errors.ErrUnsupported)
+		}
+	}
+	if copyChunk {
 		if c, ok := s.readCopy(start, len(m.data)); ok {
 			return c
 		}

@@ -441,7 +441,7 @@ func readMapped(t *testing.T, in string, want []string, copyChunks bool) {
 	src, _ := openMapped(t, in, 0)
 	src.chunkSize = 4 << 10
 	src.copyChunks = copyChunks
-	populates := populate(src.m.data[:pageSize])
+	populates := populate(src.m.data[:pageSize]) == nil
 	var got []Raw
 	var lines lineNumbering
 	copied, fromMap := 0, 0

@@ -166,12 +166,12 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		// Every contender waits for the input's count of records: a topic
 		// holding another count (or none: the broker creates a missing
 		// topic on first use) would keep them waiting.
-		held, err := topicRecords(ctx, c.brokers, topic)
+		parts, held, err := topicRecords(ctx, c.brokers, topic)
 		if err != nil {
 			return fmt.Errorf("--topic %s: %w", topic, err)
 		}
-		if held != records {
-			return fmt.Errorf("--topic %s holds %d records, the input %d: produce the input to it first (a run with --keep-topic leaves one)", topic, held, records)
+		if held != records || parts != c.partitions {
+			return fmt.Errorf("--topic %s holds %d records in %d partitions, the input %d records, --partitions %d: produce the input to it first (a run with --keep-topic leaves one)", topic, held, parts, records, c.partitions)
 		}
 		fmt.Fprintf(stdout, "reading topic %s (%d records, %s)\n", topic, records, human(in.Bytes))
 	}
@@ -414,33 +414,46 @@ func drainReaders(ctx context.Context, brokers, topic string, partitions int, wa
 	return n.Load(), size.Load(), errors.Join(errs...)
 }
 
-// topicRecords returns how many records topic's partitions hold.
-func topicRecords(ctx context.Context, brokers, topic string) (int64, error) {
+// topicRecords returns how many partitions topic has and how many
+// records they hold. It asks for every topic's metadata: asking for the
+// topic's own would make a broker that creates topics on first use create
+// a missing one.
+func topicRecords(ctx context.Context, brokers, topic string) (partitions int, records int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	conn, err := kgo.DialContext(ctx, "tcp", strings.Split(brokers, ",")[0])
+	deadline, _ := ctx.Deadline()
+	broker := strings.Split(brokers, ",")[0]
+	conn, err := kgo.DialContext(ctx, "tcp", broker)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	parts, err := conn.ReadPartitions(topic)
+	_ = conn.SetDeadline(deadline)
+	all, err := conn.ReadPartitions()
 	conn.Close()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var n int64
-	for _, p := range parts {
-		pc, err := kgo.DialLeader(ctx, "tcp", strings.Split(brokers, ",")[0], topic, p.ID)
-		if err != nil {
-			return 0, err
+	for _, p := range all {
+		if p.Topic != topic {
+			continue
 		}
+		partitions++
+		pc, err := kgo.DialLeader(ctx, "tcp", broker, topic, p.ID)
+		if err != nil {
+			return 0, 0, err
+		}
+		_ = pc.SetDeadline(deadline)
 		first, last, err := pc.ReadOffsets()
 		pc.Close()
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
-		n += last - first
+		records += last - first
 	}
-	return n, nil
+	if partitions == 0 {
+		return 0, 0, errors.New("no such topic")
+	}
+	return partitions, records, nil
 }
 
 // partitionEnds returns each partition's last offset + 1.

@@ -40,9 +40,10 @@ type Options struct {
 	// DownloadDir receives the files that must be local copies: the
 	// shards and dead letters of an S3 output, and the committed prefix
 	// of a local dead-letter file that has an uncommitted tail. They are
-	// kept, so ViewsSQL stays usable after Close, and a shard already
-	// there with the size its manifest entry records is not downloaded
-	// again (shards are immutable). Empty: a temporary folder, removed by
+	// kept, so ViewsSQL stays usable after Close (unless a later
+	// opening's PruneDownloads removes what it reads), and a shard
+	// already there with the size its manifest entry records is not
+	// downloaded again (shards are immutable). Empty: a temporary folder, removed by
 	// Close. It must not lie under a local output root.
 	DownloadDir string
 	// Parallel is how many S3 objects download at once. Default 4.
@@ -72,7 +73,7 @@ type DB struct {
 	layout   *layout // what the views read
 	warnings []string
 	work     string // temporary folder removed by Close
-	kept     string // Options.DownloadDir, absolute ("" when not kept)
+	kept     string // Options.DownloadDir of a remote opening, absolute ("" otherwise)
 	open     bool   // Options.AllowHostFiles: no sandbox
 
 	// connInit runs on every new connection once set: the per-connection
@@ -534,6 +535,9 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	if err != nil {
 		return err
 	}
+	if o.DownloadDir != "" {
+		d.kept = dir // PruneDownloads prunes it
+	}
 	base := filepath.Join(dir, "shards")
 	mergedDir := filepath.Join(dir, "compacted")
 	// Compacted files are downloaded instead of the shards they hold.
@@ -662,8 +666,10 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 
 // manifestShards lays out the shards of the manifest entries (in order)
 // under base and returns the committed ones (every shard entry, in
-// order). remote: the entries' Seq is their place in the manifest, and
-// shard paths must not start with "_" (as openRemote requires).
+// order). A shard's seq is its entry's index in entries (a local
+// manifest's line), or, remote, the entry's Seq (its place in the
+// manifest); remote shard paths must not start with "_" (as openRemote
+// requires).
 func (d *DB) manifestShards(entries []schemas.ShardEntry, base string, remote bool) (*layout, []schemas.ShardEntry, error) {
 	l := &layout{base: base}
 	seq := func(i int) int64 { return int64(i) }
@@ -835,7 +841,6 @@ func (d *DB) downloadDir(o Options) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("duckdb: download folder: %w", err)
 	}
-	d.kept = dir
 	return dir, nil
 }
 

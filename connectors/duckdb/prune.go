@@ -9,14 +9,16 @@ import (
 	"slices"
 )
 
-// PruneDownloads removes from the kept download folder
-// (Options.DownloadDir) the copies of shards and compacted files that
-// d's views do not read: what earlier openings left there (shards since
-// merged into compacted files, older compaction snapshots, downloads cut
-// short). A long-lived reader of an S3 output that reopens its views over
-// one folder (the live view) calls it once the views it replaced are
-// closed: nothing else may read or download into the folder meanwhile.
-// Without a kept folder it does nothing. It returns the files removed.
+// PruneDownloads removes from the kept download folder of a remote
+// opening (Options.DownloadDir) every file under its shards/ and
+// compacted/ folders that d's views do not read: what earlier openings
+// left there (shards since merged into compacted files, older compaction
+// snapshots, downloads cut short). A long-lived reader of an S3 output
+// that reopens its views over one folder (the live view) calls it once
+// the views it replaced are closed: nothing else may read or download
+// into the folder meanwhile. Without a kept folder (or for a local
+// output) it does nothing. It returns the files removed; a file it
+// cannot remove is reported and the others still go.
 func (d *DB) PruneDownloads() (int, error) {
 	if d.kept == "" || d.layout == nil {
 		return 0, nil
@@ -37,10 +39,10 @@ func (d *DB) PruneDownloads() (int, error) {
 		err := filepath.WalkDir(top, func(path string, e fs.DirEntry, err error) error {
 			switch {
 			case err != nil:
-				if errors.Is(err, fs.ErrNotExist) && path == top {
-					return nil
+				if !errors.Is(err, fs.ErrNotExist) || path != top {
+					errs = append(errs, err)
 				}
-				return err
+				return nil // the rest of the walk goes on
 			case e.IsDir():
 				dirs = append(dirs, path)
 			case !keep[path]:

@@ -124,10 +124,20 @@ func TestPruneDownloads(t *testing.T) {
 	}
 	d.Close()
 
-	// Without a kept folder there is nothing to prune.
+	// Without a kept folder there is nothing to prune, nor for a local
+	// output (whatever the folder holds).
 	d = open("")
 	defer d.Close()
 	if n, err := d.PruneDownloads(); n != 0 || err != nil {
 		t.Fatalf("pruned %d files (%v) of an opening's own folder", n, err)
+	}
+	before := files()
+	dl, err := OpenLocal(ctx, root, Options{DownloadDir: keep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dl.Close()
+	if n, err := dl.PruneDownloads(); n != 0 || err != nil || fmt.Sprint(files()) != fmt.Sprint(before) {
+		t.Fatalf("a local opening pruned %d files (%v)", n, err)
 	}
 }

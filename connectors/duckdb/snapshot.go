@@ -199,7 +199,10 @@ func (f *fromSnapshot) layout(ctx context.Context, d *DB, base, mergedDir string
 	// A shard the manifest lists again after the snapshot is read once,
 	// as a whole read does (scanSnapshot looked the tail's paths up).
 	l.shards = loose
-	seen := maps.Clone(f.listed)
+	seen := maps.Clone(f.listed) // set by scanSnapshot
+	if seen == nil {
+		seen = map[string]bool{}
+	}
 	if _, err := d.addShards(l, f.tail, f.snap.Shards, seen, remote, func(i int) int64 { return f.tail[i].Seq }); err != nil {
 		return nil, nil, nil, err
 	}

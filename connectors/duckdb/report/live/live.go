@@ -196,6 +196,10 @@ func (s *Server) cacheDir() string {
 // cache; the handlers then answer "not ready". Safe to call more than
 // once.
 func (s *Server) Close() error {
+	// After a refresh under way, which would install views nothing
+	// closes over a removed cache.
+	s.refreshing.Lock()
+	defer s.refreshing.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var err error
