@@ -36,7 +36,8 @@ func (d *DB) PruneDownloads() (int, error) {
 	for _, sub := range []string{"shards", "compacted"} {
 		top := filepath.Join(d.kept, sub)
 		var dirs []string
-		err := filepath.WalkDir(top, func(path string, e fs.DirEntry, err error) error {
+		// The walk never stops: its errors are gathered in errs.
+		_ = filepath.WalkDir(top, func(path string, e fs.DirEntry, err error) error {
 			switch {
 			case err != nil:
 				if !errors.Is(err, fs.ErrNotExist) || path != top {
@@ -54,9 +55,6 @@ func (d *DB) PruneDownloads() (int, error) {
 			}
 			return nil
 		})
-		if err != nil {
-			errs = append(errs, err)
-		}
 		// Folders left empty (a policy's shards all merged) go too;
 		// the others refuse.
 		for _, dir := range slices.Backward(dirs[min(1, len(dirs)):]) {
