@@ -91,7 +91,7 @@ bench-kafka: build
 
 # bench-ingest: `rllm-pipe ingest` (GRPO, zstd Parquet) against DuckDB doing
 # the same job on the same generated input of SIZE (cached in WORK), PAIRS
-# alternating runs, traces of SHAPE (steps: 1-4 calls; steps-nomsg; agents, agents-100 or agents,agents-100: the multi-turn comparison, see bench-multiturn);
+# alternating runs, traces of SHAPE (steps: 1-4 calls; steps-nomsg; agents, agents-100, agents-text or several comma-separated: the multi-turn comparison, see bench-multiturn);
 # prints wall times, the ratio DuckDB / rllm-pipe and peak
 # RSS (cmd/ingestbench; BENCH_FLAGS adds flags, e.g. --json FILE).
 SIZE  ?= 1GB
@@ -104,7 +104,8 @@ bench-ingest: build
 	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(WORK) --shape $(SHAPE) $(BENCH_FLAGS)
 
 # bench-multiturn: issue 16's comparison in one run (cmd/ingestbench/multiturn.go):
-# 30- and 100-turn agent traces of MT_SIZE each, the same trajectories ingested
+# 30- and 100-turn agent traces of MT_SIZE each (and 30 turns with token ids
+# like a tokenizer's: gen --tokens text), the same trajectories ingested
 # as whole records with --full-prompts (the layout before issue 16), as whole
 # records with prefix deltas (default), as wire deltas, and by DuckDB; PAIRS
 # rotated rounds; bytes per distinct token, size ratios, wire/whole ingest time,
@@ -115,7 +116,7 @@ MT_SIZE   ?= 500MB
 MT_PYTHON ?= $(firstword $(wildcard $(HOME)/.cache/rllm-pipe/venv-*/bin/python))
 .PHONY: bench-multiturn
 bench-multiturn: build
-	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(MT_SIZE) --pairs $(PAIRS) --reads $(PAIRS) --work $(WORK) --shape agents,agents-100 $(if $(MT_PYTHON),--python $(MT_PYTHON)) $(BENCH_FLAGS)
+	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(MT_SIZE) --pairs $(PAIRS) --reads $(PAIRS) --work $(WORK) --shape agents,agents-100,agents-text $(if $(MT_PYTHON),--python $(MT_PYTHON)) $(BENCH_FLAGS)
 
 # bench-scale: issue 19's scaling figures (scripts/bench-scale.sh, ~8-15 min):
 # the manifest's commit rate and consumer-group acknowledgements with 1, 4

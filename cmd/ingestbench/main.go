@@ -136,6 +136,11 @@ var shapes = map[string]shape{
 	// deltas on the wire.
 	"agents-100":      {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1"}, 1, 4},
 	"agents-100-wire": {[]string{"--group-size", "4", "--turns", "100", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "200", "--resets", "0.01", "--parallel-tools", "0.1", "--wire-deltas"}, 1, 4},
+	// The 30-turn agents with token ids like a tokenizer's (gen --tokens
+	// text): what compresses in real traces, and so what each layout
+	// saves, differs from random ids.
+	"agents-text":      {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1", "--tokens", "text"}, 4, 8},
+	"agents-text-wire": {[]string{"--group-size", "8", "--turns", "30", "--prompt-len", "1200", "--response-len", "150", "--observation-len", "400", "--resets", "0.02", "--parallel-tools", "0.1", "--tokens", "text", "--wire-deltas"}, 4, 8},
 }
 
 type config struct {
@@ -175,7 +180,7 @@ func parseFlags(args []string) (config, error) {
 	fs.IntVar(&c.pairs, "pairs", 3, "alternating (rllm-pipe, DuckDB) pairs to run")
 	fs.StringVar(&c.work, "work", filepath.Join(home, ".cache", "rllm-pipe", "bench"), "work folder: cached inputs, outputs, logs")
 	fs.Uint64Var(&c.seed, "seed", 1, "generator seed")
-	fs.StringVar(&c.shape, "shape", "steps", "trace shape: steps (1-4 calls per trajectory), steps-nomsg (the same without chat messages), agents (30-turn agents, long observations), agents-100 (100 turns), agents-wire, agents-100-wire; agents and agents-100 (or both, comma-separated) run the multi-turn comparison (see multiturn.go)")
+	fs.StringVar(&c.shape, "shape", "steps", "trace shape: steps (1-4 calls per trajectory), steps-nomsg (the same without chat messages), agents (30-turn agents, long observations), agents-100 (100 turns), agents-text (30 turns, token ids like a tokenizer's), agents-wire, agents-100-wire, agents-text-wire; agents, agents-100 and agents-text (or several, comma-separated) run the multi-turn comparison (see multiturn.go)")
 	fs.StringVar(&c.python, "python", "", "multi-turn shapes: a Python with the rllm_pipe client's packages (e.g. the venv of scripts/pytest.sh) to time reading full prompts through the client; none: not timed")
 	fs.StringVar(&c.pythonPath, "python-path", "train/python", "PYTHONPATH of the client read-back (the folder holding rllm_pipe)")
 	fs.IntVar(&c.reads, "reads", 3, "multi-turn shapes: alternating read-back runs per layout through sql (and the client)")
@@ -437,7 +442,7 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 	}
 	sh, ok := shapes[c.shape]
 	if !ok {
-		return inputInfo{}, fmt.Errorf("--shape %q: want steps, agents, agents-wire, agents-100 or agents-100-wire", c.shape)
+		return inputInfo{}, fmt.Errorf("--shape %q: want steps, steps-nomsg, agents, agents-100, agents-text or their -wire twins", c.shape)
 	}
 	name := fmt.Sprintf("traces-%d-seed%d", c.size, c.seed)
 	if c.shape != "steps" {

@@ -1,9 +1,9 @@
 package main
 
-// The multi-turn comparison of issue 16 (--shape agents, agents-100, or
-// both comma-separated). For one --turns setting it generates the agent
-// trajectories once as whole records and once, from the same seed and
-// group count, as wire deltas (gen --wire-deltas: the same trajectories,
+// The multi-turn comparison of issue 16 (--shape agents, agents-100,
+// agents-text, or several comma-separated). For each shape it generates
+// the agent trajectories once as whole records and once, from the same
+// seed and group count, as wire deltas (gen --wire-deltas: the same trajectories,
 // each call naming its parent and sending only the new tokens), then runs
 // --pairs rounds of four child processes, their order rotated each round:
 //
@@ -50,7 +50,7 @@ import (
 )
 
 // turnsOf: the multi-turn shapes and their turns per trajectory.
-var turnsOf = map[string]int{"agents": 30, "agents-100": 100}
+var turnsOf = map[string]int{"agents": 30, "agents-100": 100, "agents-text": 30}
 
 // multiTurn reports whether shape (one or several, comma-separated) is
 // run as the multi-turn comparison.
@@ -515,6 +515,9 @@ func memoryFlat(reps []*mtReport) *aimResult {
 		if r.Turns > hi.Turns {
 			hi = r
 		}
+	}
+	if hi.Turns == lo.Turns {
+		return nil
 	}
 	worst := 0.0
 	var notes []string

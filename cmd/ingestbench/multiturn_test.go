@@ -14,6 +14,8 @@ func TestMultiTurnShapes(t *testing.T) {
 		{"agents", true},
 		{"agents-100", true},
 		{"agents,agents-100", true},
+		{"agents-text", true},
+		{"agents-text-wire", false},
 		{"steps", false},
 		{"agents-wire", false},
 		{"agents,steps", false},
@@ -22,7 +24,7 @@ func TestMultiTurnShapes(t *testing.T) {
 			t.Errorf("multiTurn(%q) = %v, want %v", c.shape, got, c.want)
 		}
 	}
-	for shape, want := range map[string]int{"steps": 8, "steps-nomsg": 8, "agents": 8, "agents-100": 4, "agents-100-wire": 4} {
+	for shape, want := range map[string]int{"steps": 8, "steps-nomsg": 8, "agents": 8, "agents-100": 4, "agents-100-wire": 4, "agents-text": 8, "agents-text-wire": 8} {
 		if got := groupSize(shape); got != want {
 			t.Errorf("groupSize(%q) = %d, want %d", shape, got, want)
 		}

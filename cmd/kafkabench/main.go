@@ -633,7 +633,6 @@ type report struct {
 	CPU        map[string]stat `json:"cpu_seconds"`
 	BrokerCPU  map[string]stat `json:"broker_cpu_seconds"`
 	MinIOCPU   map[string]stat `json:"minio_cpu_seconds"`
-	KafkaRead  stat            `json:"kafka_read_seconds"`
 	// Phases of the kafka and file runs: seconds until the first record
 	// was read and until the last, and the throughput between the two.
 	FirstRead map[string]stat `json:"first_read_seconds"`
@@ -654,7 +653,6 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 	walls, cpus := map[string][]float64{}, map[string][]float64{}
 	brokers, minios := map[string][]float64{}, map[string][]float64{}
 	byRound := map[int]map[string]float64{}
-	var reads []float64
 	for _, r := range runs {
 		rep.byName[r.Name] = append(rep.byName[r.Name], r.MiBs)
 		walls[r.Name] = append(walls[r.Name], r.Wall)
@@ -665,9 +663,6 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 			byRound[r.Round] = map[string]float64{}
 		}
 		byRound[r.Round][r.Name] = r.MiBs
-		if r.Name == "kafka" {
-			reads = append(reads, r.Read)
-		}
 	}
 	for name, xs := range rep.byName {
 		rep.MiBs[name] = statOf(xs)
@@ -676,7 +671,6 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 		rep.BrokerCPU[name] = statOf(brokers[name])
 		rep.MinIOCPU[name] = statOf(minios[name])
 	}
-	rep.KafkaRead = statOf(reads)
 	rep.FirstRead, rep.LastRead, rep.Steady = map[string]stat{}, map[string]stat{}, map[string]stat{}
 	mib := float64(in.Bytes) / (1 << 20)
 	steadyByRound := map[int]map[string]float64{}

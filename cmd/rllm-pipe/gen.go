@@ -16,10 +16,11 @@ import (
 
 func newGenCmd() *cobra.Command {
 	var (
-		cfg   synth.Config
-		out   string
-		turns string
-		quiet bool
+		cfg    synth.Config
+		out    string
+		turns  string
+		tokens string
+		quiet  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "gen [--out FILE]",
@@ -28,6 +29,10 @@ func newGenCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkGen(&cfg, turns); err != nil {
 				return err
+			}
+			var err error
+			if cfg.Tokens, err = synth.ParseTokenModel(tokens); err != nil {
+				return usageErrorf("--tokens: %q: want random or text", tokens)
 			}
 			var w io.Writer = cmd.OutOrStdout()
 			var f *os.File
@@ -82,6 +87,7 @@ func newGenCmd() *cobra.Command {
 	f.IntVar(&cfg.PromptLen, "prompt-len", 512, "mean prompt tokens of a first step")
 	f.IntVar(&cfg.ResponseLen, "response-len", 256, "mean response tokens")
 	f.IntVar(&cfg.Vocab, "vocab", 151936, "vocabulary size")
+	f.StringVar(&tokens, "tokens", "random", "token ids: random (independent, skewed to small ids: nothing for a compressor to find) or text (like a tokenizer's output of text: Zipfian words of 1-3 tokens that recur, one system prompt for the run, observations that sometimes repeat an earlier one)")
 	f.IntVar(&cfg.PolicyVersions, "policy-versions", 4, "policy versions spanned by the run")
 	f.IntVar(&cfg.Interleave, "interleave", 16, "groups in flight at once")
 	f.Float64Var(&cfg.Shuffle, "shuffle", 0.3, "fraction of records displaced out of order (negative: none)")

@@ -292,7 +292,7 @@ func TestGenFlagsRefused(t *testing.T) {
 	for _, args := range [][]string{
 		{"--turns", "0..3"}, {"--turns", "5..2"}, {"--turns", "x"}, {"--turns", "3..y"},
 		{"--resets", "NaN"}, {"--resets", "2"}, {"--parallel-tools", "-1"}, {"--observation-len", "-1"},
-		{"--groups", "0"}, {"--group-size", "-1"}, {"--max-steps", "0"}, {"--duplicates", "Inf"}, {"--vocab", "3"},
+		{"--groups", "0"}, {"--group-size", "-1"}, {"--max-steps", "0"}, {"--duplicates", "Inf"}, {"--vocab", "3"}, {"--tokens", "zipf"},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), append([]string{"gen", "--quiet", "--out", filepath.Join(t.TempDir(), "x.jsonl")}, args...), io.Discard, &stderr)

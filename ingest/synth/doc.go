@@ -8,7 +8,9 @@
 // prompts grow with each turn, records of several groups interleaved,
 // records displaced out of order, policy versions that advance over the run
 // with a few stale dispatches, optional producer-retry duplicates and
-// optional multi-agent roles.
+// optional multi-agent roles. Token ids are random (nothing for a
+// compressor to find) or, with TokensText, drawn like a tokenizer's output
+// of text (tokens.go).
 //
 // The generator is deterministic for a given Config (including Seed), keeps
 // memory bounded by the in-flight window rather than the dataset size, and

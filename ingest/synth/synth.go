@@ -14,7 +14,8 @@ import (
 
 // Config describes the synthetic dataset. The zero value of every field
 // means "use the default" (see withDefaults), except Teacher, TokenVersions,
-// Messages, Roles, Duplicates and Seed, whose zero values are meaningful.
+// Messages, Roles, Duplicates, Tokens and Seed, whose zero values are
+// meaningful.
 type Config struct {
 	// Groups is the number of tasks; each task yields one group, or one
 	// group per role when Roles is set. Default 100.
@@ -78,6 +79,10 @@ type Config struct {
 	// of prompt_ids, and its messages as messages_added (the wire
 	// format's deltas).
 	WireDeltas bool
+	// Tokens is how token ids are drawn: TokensRandom (the zero value) or
+	// TokensText, ids like a tokenizer's output of text, with the
+	// repetition real agents' contexts have.
+	Tokens TokenModel
 	// Seed seeds the generator; the same Config gives the same bytes.
 	Seed uint64
 }
@@ -259,6 +264,7 @@ type traj struct {
 	tvSplit   []int
 	created   []int64
 	latency   []int
+	obs       [][2]int // where each observation's tokens are in tok
 }
 
 type dup struct {
@@ -282,6 +288,7 @@ type gen struct {
 	dupFree  [][]byte
 	maxResp  int
 	numLines int64
+	text     *textTokens // TokensText's state; nil for TokensRandom
 }
 
 func newGen(w io.Writer, cfg Config) *gen {
@@ -291,6 +298,9 @@ func newGen(w io.Writer, cfg Config) *gen {
 		bw:      bufio.NewWriterSize(w, 1<<20),
 		line:    make([]byte, 0, 64<<10),
 		maxResp: max(1, cfg.ResponseLen+cfg.ResponseLen/2),
+	}
+	if cfg.Tokens == TokensText {
+		g.text = newTextTokens(g.r)
 	}
 	nRoles := max(1, len(cfg.Roles))
 	g.inFlight = max(1, cfg.Interleave/nRoles)
@@ -597,13 +607,13 @@ func (g *gen) buildPrompt(gr *group, user []byte) {
 	b = g.appendTok(b, tokImStart)
 	b = g.appendTok(b, tokSystem)
 	b = g.appendTok(b, tokNewline)
-	b = g.appendRandTok(b, sysN)
+	b = g.appendSystemToks(b, sysN)
 	b = g.appendTok(b, tokImEnd)
 	b = g.appendTok(b, tokNewline)
 	b = g.appendTok(b, tokImStart)
 	b = g.appendTok(b, tokUser)
 	b = g.appendTok(b, tokNewline)
-	b = g.appendRandTok(b, userN)
+	b = g.appendToks(b, userN)
 	b = g.appendTok(b, tokImEnd)
 	b = g.appendTok(b, tokNewline)
 	b = g.appendTok(b, tokImStart)
@@ -680,6 +690,7 @@ func (g *gen) build(t *traj) {
 	t.tvSplit = t.tvSplit[:0]
 	t.created = t.created[:0]
 	t.latency = t.latency[:0]
+	t.obs = t.obs[:0]
 	t.tok = append(t.tok[:0], gr.promptTok...)
 	if cfg.Messages {
 		t.msgs = append(t.msgs[:0], gr.promptMsgs...)
@@ -736,10 +747,10 @@ func (g *gen) build(t *traj) {
 				}
 			}
 			args := rl - think - 1 - 2*calls // argument tokens of all the calls
-			t.tok = g.appendRandTok(t.tok, think)
+			t.tok = g.appendToks(t.tok, think)
 			for c := range calls {
 				t.tok = g.appendTok(t.tok, tokToolCall)
-				t.tok = g.appendRandTok(t.tok, args/calls+boolInt(c < args%calls))
+				t.tok = g.appendToks(t.tok, args/calls+boolInt(c < args%calls))
 				t.tok = g.appendTok(t.tok, tokToolCallEnd)
 			}
 			t.tok = g.appendTok(t.tok, tokImEnd)
@@ -747,10 +758,10 @@ func (g *gen) build(t *traj) {
 				t.tok = g.trimTokens(t.tok, t.promptEnd[k], rl)
 			}
 		case finStop:
-			t.tok = g.appendRandTok(t.tok, rl-1)
+			t.tok = g.appendToks(t.tok, rl-1)
 			t.tok = g.appendTok(t.tok, tokImEnd)
 		default:
-			t.tok = g.appendRandTok(t.tok, rl)
+			t.tok = g.appendToks(t.tok, rl)
 		}
 		t.respEnd = append(t.respEnd, len(t.tok))
 		t.respN = append(t.respN, rl)
@@ -839,7 +850,16 @@ func (g *gen) appendObservations(t *traj, k, calls int, sn snippet) {
 		if cfg.ObservationLen > 0 {
 			n = g.observationLen()
 		}
-		t.tok = g.appendRandTok(t.tok, n)
+		if g.text != nil && len(t.obs) > 0 && g.r.Float64() < repeatObservation {
+			// The same output again: a file opened again, tests run again.
+			o := t.obs[g.r.IntN(len(t.obs))]
+			n = bytes.Count(t.tok[o[0]:o[1]], []byte{','})
+			t.tok = append(t.tok, t.tok[o[0]:o[1]]...)
+		} else {
+			beg := len(t.tok)
+			t.tok = g.appendToks(t.tok, n)
+			t.obs = append(t.obs, [2]int{beg, len(t.tok)})
+		}
 		t.tok = g.appendTok(t.tok, tokToolRespEnd)
 		if cfg.Messages {
 			m := t.msgs
@@ -879,7 +899,7 @@ func (g *gen) appendReset(t *traj) {
 	t.tok = g.appendTok(t.tok, tokImStart)
 	t.tok = g.appendTok(t.tok, tokUser)
 	t.tok = g.appendTok(t.tok, tokNewline)
-	t.tok = g.appendRandTok(t.tok, n)
+	t.tok = g.appendToks(t.tok, n)
 	t.tok = g.appendTok(t.tok, tokImEnd)
 	t.tok = g.appendTok(t.tok, tokNewline)
 	t.tok = g.appendTok(t.tok, tokImStart)

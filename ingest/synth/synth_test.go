@@ -3,10 +3,12 @@ package synth
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"reflect"
 	"slices"
@@ -14,6 +16,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 type toolCall struct {
@@ -400,6 +404,8 @@ func TestInvariants(t *testing.T) {
 		{"one-step", Config{Groups: 30, GroupSize: 3, MinSteps: 1, MaxSteps: 1, ResponseLen: 2, PromptLen: 8}},
 		{"long", Config{Groups: 4, GroupSize: 2, MinSteps: 20, MaxSteps: 30, PromptLen: 32, ResponseLen: 16, Messages: true}},
 		{"agents", agentConfig()},
+		{"agents-text", func() Config { c := agentConfig(); c.Tokens = TokensText; return c }()},
+		{"tiny-text", Config{Groups: 5, GroupSize: 1, MinSteps: 3, MaxSteps: 3, PromptLen: 1, ResponseLen: 1, Vocab: 7, PolicyVersions: 1, Interleave: 1, Messages: true, Tokens: TokensText}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, sum := generate(t, tc.cfg)
@@ -775,7 +781,16 @@ func agentConfig() Config {
 // the same chain; parallel tool calls are each answered; observations
 // have the configured mean length.
 func TestAgentTraces(t *testing.T) {
-	cfg := agentConfig()
+	for _, m := range []TokenModel{TokensRandom, TokensText} {
+		t.Run(m.String(), func(t *testing.T) {
+			cfg := agentConfig()
+			cfg.Tokens = m
+			checkAgentTraces(t, cfg)
+		})
+	}
+}
+
+func checkAgentTraces(t *testing.T, cfg Config) {
 	out, sum := generate(t, cfg)
 	c := checkOutput(t, out, sum, cfg)
 	var chained, resets, parallel, observations, obsTokens int
@@ -933,5 +948,100 @@ func TestWireDeltas(t *testing.T) {
 	}
 	if sent < len(want)/2 {
 		t.Fatalf("only %d of %d steps sent as deltas", sent, len(want))
+	}
+}
+
+// TestTextTokens checks what the text model is for: ids a compressor can
+// find structure in, as in a tokenizer's output, unlike the random model's;
+// one system prompt for the run; observations that repeat earlier ones.
+func TestTextTokens(t *testing.T) {
+	type stats struct {
+		ratio   float64 // zstd size / raw size of the new tokens, 4 bytes each
+		systems int     // distinct system prompts
+		obs     int     // observations
+		repeats int     // observations equal to an earlier one of their trajectory
+	}
+	measure := func(t *testing.T, m TokenModel) stats {
+		cfg := agentConfig()
+		cfg.Groups, cfg.Tokens, cfg.Seed = 12, m, 3
+		out, sum := generate(t, cfg)
+		c := checkOutput(t, out, sum, cfg)
+		var st stats
+		var raw []byte
+		systems := map[string]bool{}
+		for _, id := range slices.Sorted(maps.Keys(c.trajs)) {
+			ti := c.trajs[id]
+			seen := map[string]bool{}
+			var prev *record
+			for k := range int64(len(ti.steps)) {
+				s := ti.steps[k]
+				if prev == nil {
+					// <|im_start|>system\n … <|im_end|>
+					end := slices.Index(s.PromptIDs, tokImEnd)
+					systems[fmt.Sprint(s.PromptIDs[3:end])] = true
+					raw = appendIDs(raw, s.PromptIDs)
+				} else if base := slices.Concat(prev.PromptIDs, prev.ResponseIDs); len(s.PromptIDs) > len(base) && slices.Equal(s.PromptIDs[:len(base)], base) {
+					added := s.PromptIDs[len(base):]
+					raw = appendIDs(raw, added)
+					for len(added) > 0 {
+						i := slices.Index(added, tokToolResp)
+						if i < 0 {
+							break
+						}
+						j := slices.Index(added[i:], tokToolRespEnd)
+						o := fmt.Sprint(added[i+1 : i+j])
+						st.obs++
+						if seen[o] {
+							st.repeats++
+						}
+						seen[o] = true
+						added = added[i+j:]
+					}
+				}
+				raw = appendIDs(raw, s.ResponseIDs)
+				prev = s
+			}
+		}
+		enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.ratio = float64(len(enc.EncodeAll(raw, nil))) / float64(len(raw))
+		st.systems = len(systems)
+		return st
+	}
+	random, text := measure(t, TokensRandom), measure(t, TokensText)
+	t.Logf("random: %+v; text: %+v", random, text)
+	if random.ratio < 0.5 {
+		t.Errorf("random ids compress to %.2f of 4 bytes each: want little structure", random.ratio)
+	}
+	if text.ratio > 0.8*random.ratio {
+		t.Errorf("text ids compress to %.2f, random ones to %.2f: want text clearly more compressible", text.ratio, random.ratio)
+	}
+	if random.systems != 12 || text.systems != 1 {
+		t.Errorf("distinct system prompts: random %d (want one per task, 12), text %d (want 1)", random.systems, text.systems)
+	}
+	if random.repeats != 0 || text.repeats < text.obs/10 || text.repeats > text.obs/3 {
+		t.Errorf("repeated observations: random %d of %d (want 0), text %d of %d (want about %.0f%%)",
+			random.repeats, random.obs, text.repeats, text.obs, 100*repeatObservation)
+	}
+}
+
+// appendIDs appends ids as little-endian int32s.
+func appendIDs(b []byte, ids []int64) []byte {
+	for _, id := range ids {
+		b = binary.LittleEndian.AppendUint32(b, uint32(id))
+	}
+	return b
+}
+
+func TestParseTokenModel(t *testing.T) {
+	for _, m := range []TokenModel{TokensRandom, TokensText} {
+		if got, err := ParseTokenModel(m.String()); err != nil || got != m {
+			t.Errorf("ParseTokenModel(%q) = %v, %v", m, got, err)
+		}
+	}
+	if _, err := ParseTokenModel("zipf"); err == nil {
+		t.Error("ParseTokenModel(zipf): no error")
 	}
 }

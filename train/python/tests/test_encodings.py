@@ -58,15 +58,17 @@ def test_new_encodings_read_back_with_pyarrow(tmp_path):
     assert {"DELTA_BINARY_PACKED", "DELTA_BYTE_ARRAY"} <= encodings, encodings
 
 
+@pytest.mark.parametrize("tokens", ["random", "text"])
 @pytest.mark.parametrize("wire", [False, True], ids=["whole-on-the-wire", "deltas-on-the-wire"])
-def test_multi_turn_prompts_read_back(tmp_path, wire):
+def test_multi_turn_prompts_read_back(tmp_path, wire, tokens):
     """20-30-turn agents with resets and parallel tool calls, stored as prefix
-    deltas (and sent as deltas too): every step's whole prompt and messages
-    come back equal to the input, read directly with pyarrow (read_shard) and
-    through serve."""
+    deltas (and sent as deltas too), with random token ids and with ids like
+    a tokenizer's (gen --tokens text: recurring words, observations seen
+    before): every step's whole prompt and messages come back equal to the
+    input, read directly with pyarrow (read_shard) and through serve."""
     src = tmp_path / "agents.jsonl"
     shape = ["--groups", "6", "--group-size", "4", "--turns", "20..30", "--prompt-len", "300", "--response-len", "40",
-             "--observation-len", "120", "--resets", "0.05", "--parallel-tools", "0.2", "--seed", "5"]
+             "--observation-len", "120", "--resets", "0.05", "--parallel-tools", "0.2", "--seed", "5", "--tokens", tokens]
     run("gen", *shape, "--out", str(src))
     sent = src
     if wire:
