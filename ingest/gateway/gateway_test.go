@@ -253,6 +253,43 @@ func TestUpstreamErrorPassedThrough(t *testing.T) {
 	}
 }
 
+// A recorded call that records nothing (a body that is not JSON, a call
+// the upstream refuses) leaves no session behind, and a session id that
+// POST /sessions would refuse is refused on the agent routes too, before
+// anything is kept: failing calls cannot grow the session table.
+func TestFailedCallsLeaveNoSession(t *testing.T) {
+	e := newEnv(t, nil)
+	e.backend.FailNext(1, 400)
+	if code, _ := e.do("POST", "/sessions/f1:0/v1/chat/completions", chatBody); code != 400 {
+		t.Fatalf("upstream refusal: %d", code)
+	}
+	if code, _ := e.do("POST", "/sessions/f2:0/v1/chat/completions", "not json"); code != 400 {
+		t.Fatalf("bad body: %d", code)
+	}
+	long := strings.Repeat("x", 600)
+	if code, b := e.do("POST", "/sessions/"+long+"/v1/chat/completions", chatBody); code != 400 || !strings.Contains(string(b), "session_id") {
+		t.Fatalf("a 600-byte id: %d %s", code, b)
+	}
+	if code, _ := e.do("POST", "/sessions/c/traces/v1/chat/completions", chatBody); code != 400 {
+		t.Fatalf("an id ending in /traces: %d", code)
+	}
+	if n := e.gw.sessions.open(); n != 0 {
+		t.Fatalf("%d sessions left by failed calls, want 0", n)
+	}
+	// A session that recorded a call keeps it when a later call fails.
+	e.mustJSON("POST", "/sessions/f3:0/v1/chat/completions", chatBody, 200, nil)
+	e.backend.FailNext(1, 400)
+	if code, _ := e.do("POST", "/sessions/f3:0/v1/chat/completions", chatBody); code != 400 {
+		t.Fatalf("second call: %d", code)
+	}
+	if n := e.gw.sessions.open(); n != 1 {
+		t.Fatalf("%d sessions, want f3:0's", n)
+	}
+	if res := e.finish("f3:0", 1); res["num_steps"] != 1.0 {
+		t.Fatalf("finish %v", res)
+	}
+}
+
 func metricsText(e *env) string {
 	_, b := e.do("GET", "/metrics", "")
 	return string(b)
@@ -655,6 +692,20 @@ func TestPostRecords(t *testing.T) {
 	code, b := e.do("POST", "/records", lines+"not json\n")
 	if code != 400 || !strings.Contains(string(b), `"line":3`) || len(e.out.records()) != 2 {
 		t.Fatalf("%d %s: a bad line must refuse the whole body", code, b)
+	}
+	// A body of no records is taken at once and leaves nothing pending:
+	// flush and Close do not wait on it.
+	for _, body := range []string{"", "\n \n"} {
+		var res map[string]int
+		e.mustJSON("POST", "/records", body, 200, &res)
+		if res["accepted"] != 0 {
+			t.Fatalf("empty body: %v", res)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := e.gw.queue.drain(ctx); err != nil {
+		t.Fatalf("after empty bodies: %v", err)
 	}
 }
 

@@ -604,7 +604,11 @@ func (s *Server) postRecords(w http.ResponseWriter, r *http.Request) {
 		recs = append(recs, Record{Key: key, Line: line})
 		size += int64(len(line))
 	}
-	if len(recs) > 0 && s.queue.full(size) {
+	if len(recs) == 0 {
+		writeJSON(w, http.StatusOK, map[string]int{"accepted": 0})
+		return
+	}
+	if s.queue.full(size) {
 		s.metrics.errors.inc("buffer_full")
 		writeError(w, http.StatusServiceUnavailable, "the capture gateway's record buffer is full (the output is behind or down); retry later")
 		return

@@ -203,13 +203,20 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		s.passThrough(w, r, sid, tail, body, start)
 		return
 	}
+	if err := validSessionID(sid); err != nil {
+		s.metrics.errors.inc("bad_request")
+		writeOpenAIError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
 	if s.queue.full(0) {
 		s.metrics.errors.inc("buffer_full")
 		writeOpenAIError(w, http.StatusServiceUnavailable, "buffer_full",
 			"the capture gateway's record buffer is full (the output is behind or down); retry later")
 		return
 	}
+	created := false
 	sess := s.sessions.ensure(sid, func() *session {
+		created = true
 		return newSession(sid, s.sessions.incarnation(), time.Now(), nil, nil, identity{}, s.cfg.GroupSize)
 	})
 	if sess == nil {
@@ -217,8 +224,17 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		writeOpenAIError(w, http.StatusConflict, "session_finished", "session "+sid+" is finished and was deleted; POST /sessions to start it again")
 		return
 	}
-	sess.inflight.add(1)
-	defer sess.inflight.done(1)
+	defer sess.inflight.done(1) // counted by ensure
+	recordedCall := false
+	if created {
+		// A call that records nothing (a body that is not JSON, a call
+		// the upstream refused or failed) leaves no session behind.
+		defer func() {
+			if !recordedCall {
+				s.sessions.dropUnused(sess)
+			}
+		}()
+	}
 	sess.mu.Lock()
 	finished := sess.finished != nil
 	sess.mu.Unlock()
@@ -287,6 +303,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		}
 	}
 	cl.latency = time.Since(cl.dispatch)
+	recordedCall = true
 	s.record(cl)
 	s.metrics.added.observe(time.Since(start) - upstream)
 }

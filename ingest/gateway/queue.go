@@ -17,6 +17,9 @@ type tracker struct {
 }
 
 func (t *tracker) add(k int) {
+	if k <= 0 {
+		return // nothing outstanding: an idle channel made now would never close
+	}
 	t.mu.Lock()
 	if t.n == 0 {
 		t.idle = make(chan struct{})
@@ -107,6 +110,9 @@ func (q *queue) full(extra int64) bool {
 
 // enqueue queues recs; owner (may be nil) is told as each becomes durable.
 func (q *queue) enqueue(owner *tracker, recs ...Record) {
+	if len(recs) == 0 {
+		return
+	}
 	if owner != nil {
 		owner.add(len(recs))
 	}

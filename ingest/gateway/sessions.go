@@ -224,20 +224,43 @@ func (t *sessions) get(id string) *session {
 }
 
 // ensure returns the session of id, creating a default one (a call to a
-// session URL that POST /sessions never named, as rLLM allows); nil when
-// id is retired.
+// session URL that POST /sessions never named, as rLLM allows), with the
+// caller's call counted in its inflight (the caller calls inflight.done);
+// nil when id is retired.
 func (t *sessions) ensure(id string, mk func() *session) *session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if s, ok := t.m[id]; ok {
-		return s
+	s, ok := t.m[id]
+	if !ok {
+		if _, ok := t.retired[id]; ok {
+			return nil
+		}
+		s = mk()
+		t.m[id] = s
 	}
-	if _, ok := t.retired[id]; ok {
-		return nil
-	}
-	s := mk()
-	t.m[id] = s
+	// Counted in flight under t.mu, so that dropUnused, under it too,
+	// never drops a session another call has just been given.
+	s.inflight.add(1)
 	return s
+}
+
+// dropUnused removes s, which a call created implicitly (ensure), if it is
+// still unused: no step recorded, not finished, no other call in flight
+// (the caller's own is counted in s.inflight). A call that fails before
+// it records anything (a request the upstream refuses) then leaves no
+// session behind, as if it had never been made.
+func (t *sessions) dropUnused(s *session) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m[s.id] != s || s.inflight.count() > 1 {
+		return
+	}
+	s.mu.Lock()
+	unused := s.steps == 0 && s.finished == nil && len(s.traces) == 0
+	s.mu.Unlock()
+	if unused {
+		delete(t.m, s.id)
+	}
 }
 
 // retireLocked remembers a finished session's id once it leaves the table.
