@@ -24,6 +24,7 @@ type capture struct {
 	complTok     int64
 	choices      int  // n
 	unreadable   bool // a body or chunk was not the JSON expected
+	upstreamErr  bool // a stream's error event: the generation failed midway
 
 	// streaming accumulation (choice 0)
 	role       string
@@ -48,6 +49,10 @@ type wireResp struct {
 	Text      *string `json:"text"`
 	OutputIDs []int64 `json:"output_ids"`
 	MetaInfo  *sgMeta `json:"meta_info"`
+	// An error event of a stream: vLLM's {"error": {...}}, or the flat
+	// {"object": "error", ...} of older servers.
+	Error  json.RawMessage `json:"error"`
+	Object string          `json:"object"`
 }
 
 type wireUsage struct {
@@ -218,6 +223,10 @@ func (c *capture) addChunk(data []byte) bool {
 	}
 	if c.model == "" {
 		c.model = r.Model
+	}
+	if (len(r.Error) > 0 && string(r.Error) != "null") || r.Object == "error" {
+		c.upstreamErr = true // the generation failed: what arrived is cut short
+		return true
 	}
 	if r.Usage != nil {
 		c.promptTok, c.complTok = r.Usage.PromptTokens, r.Usage.CompletionTokens

@@ -61,9 +61,12 @@
 //     (gateway_reject = missing_token_ids | unreadable_response) and ingest
 //     dead-letters it as missing_field. Both are counted here
 //     (rllm_gateway_rejected_steps_total{reason}).
-//   - A stream cut short (the agent disconnected, or the upstream stream
-//     broke) is recorded with what arrived, finish_reason "abort" and
-//     metadata.cut_off = client_disconnect | upstream_cut. The upstream
+//   - A stream cut short (the agent disconnected, the upstream stream
+//     broke, or it ended with an error event, as vLLM ends a generation
+//     that failed) is recorded with what arrived, finish_reason "abort" and
+//     metadata.cut_off = client_disconnect | upstream_cut | upstream_error
+//     (or too_large: a stream longer than Config.MaxResponseBytes is
+//     stopped there). The upstream
 //     request is cancelled when the agent goes mid-stream (vLLM aborts the
 //     generation).
 //   - A recorded call's upstream request is not cancelled with the agent's

@@ -43,8 +43,10 @@ type Config struct {
 	WeightVersion    int64    // initial weight (policy) version
 	Log              *slog.Logger
 
-	// MaxResponseBytes bounds a non-streaming upstream body the gateway
-	// reads to record (default 256 MiB); a larger one is a 502.
+	// MaxResponseBytes bounds an upstream body the gateway reads to record
+	// (default 256 MiB): a larger non-streaming one is a 502; a stream is
+	// stopped there (the generation cancelled) and recorded cut short
+	// (metadata.cut_off = too_large).
 	MaxResponseBytes int64
 	// AbandonedCallTimeout is how long a recorded call's upstream request
 	// runs on after its agent disconnected (default 10m): the call is

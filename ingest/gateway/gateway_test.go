@@ -189,6 +189,54 @@ func TestUpstreamCutMidStream(t *testing.T) {
 	}
 }
 
+// A stream that ends with an error event and [DONE] (vLLM's way of
+// reporting a generation that failed midway) is recorded cut short, not as
+// a whole answer, and is no parent for the next call's prompt delta.
+func TestUpstreamErrorEventMidStream(t *testing.T) {
+	e := newEnv(t, nil)
+	e.backend.ErrorNextStream(4)
+	resp := e.req("POST", "/sessions/ee:0/v1/chat/completions", `{"stream":true,"messages":[]}`)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "stub engine failure") {
+		t.Fatalf("the error event did not reach the agent: %s", b)
+	}
+	e.mustJSON("POST", "/sessions/ee:0/v1/chat/completions", chatBody, 200, nil)
+	e.finish("ee:0", 0)
+	st := steps(decodeAll(t, e.out.records()))
+	if len(st) != 2 {
+		t.Fatalf("%d steps", len(st))
+	}
+	meta := st[0].raw["metadata"].(map[string]any)
+	if meta["cut_off"] != "upstream_error" || st[0].raw["finish_reason"] != "abort" || len(st[0].rec.Step.ResponseIDs) != 3 {
+		t.Fatalf("step %s", mustJSON(st[0].raw))
+	}
+	if _, ok := st[1].raw["parent_step_id"]; ok {
+		t.Fatalf("a failed generation became the next call's parent: %s", mustJSON(st[1].raw))
+	}
+}
+
+// A stream is bounded as a whole body is: past MaxResponseBytes it is
+// stopped and recorded cut short.
+func TestStreamTooLarge(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxResponseBytes = 600 })
+	resp := e.req("POST", "/sessions/big:0/v1/chat/completions", `{"stream":true,"messages":[]}`)
+	_, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	e.finish("big:0", 0)
+	st := steps(decodeAll(t, e.out.records()))
+	if len(st) != 1 {
+		t.Fatalf("%d steps", len(st))
+	}
+	meta := st[0].raw["metadata"].(map[string]any)
+	if meta["cut_off"] != "too_large" || st[0].raw["finish_reason"] != "abort" {
+		t.Fatalf("step %s", mustJSON(st[0].raw))
+	}
+	if !strings.Contains(metricsText(e), `rllm_gateway_errors_total{kind="upstream_too_large"} 1`) {
+		t.Fatalf("not counted:\n%s", metricsText(e))
+	}
+}
+
 // policy_version is the weight version at dispatch; step_index the order.
 func TestWeightVersionMidSession(t *testing.T) {
 	e := newEnv(t, func(c *Config) { c.WeightVersion = 3 })

@@ -333,10 +333,18 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 	var waited time.Duration
 	clientGone, sawDone := goneBefore, false
 	var line []byte
+	var size int64 // bytes of the stream read, bounded as a whole body is
 	for {
 		t0 := time.Now()
 		chunk, err := br.ReadSlice('\n')
 		waited += time.Since(t0)
+		if size += int64(len(chunk)); size > s.cfg.MaxResponseBytes {
+			// Stop the generation and record what arrived, cut short.
+			s.metrics.errors.inc("upstream_too_large")
+			up.cancel(errStreamTooLarge)
+			cl.cutOff, cl.partial = cutTooLarge, true
+			break
+		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			line = append(line, chunk...)
 			continue
@@ -391,13 +399,21 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 			break
 		}
 	}
+	if cl.cap.upstreamErr && cl.cutOff == "" {
+		// The upstream ended the stream with an error event (and maybe
+		// [DONE]): the generation failed, what arrived is cut short.
+		cl.cutOff, cl.partial = cutUpstreamError, true
+	}
 	if !goneBefore {
 		_ = rc.Flush()
 	}
 	return waited
 }
 
-var errAgentGone = errors.New("the agent disconnected mid-stream")
+var (
+	errAgentGone      = errors.New("the agent disconnected mid-stream")
+	errStreamTooLarge = errors.New("the stream passed the response bound (MaxResponseBytes)")
+)
 
 // detached is the context of a recorded call's upstream request: it is
 // not cancelled with the agent's request, so that a call the agent gives

@@ -20,6 +20,8 @@ const (
 	rejectUnreadable     = "unreadable_response" // the body was not the JSON expected (missing_field)
 	cutClientDisconnect  = "client_disconnect"
 	cutUpstream          = "upstream_cut"
+	cutUpstreamError     = "upstream_error" // the stream ended with an error event
+	cutTooLarge          = "too_large"      // the stream passed Config.MaxResponseBytes and was stopped
 	finishReasonCutShort = "abort"
 )
 

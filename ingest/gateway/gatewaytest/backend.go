@@ -114,6 +114,7 @@ type Backend struct {
 	failNext   int
 	failStatus int
 	cutAfter   int // next stream: cut after this many events (0: off)
+	errAfter   int // next stream: an error event after this many events, then [DONE] (0: off)
 	holdLast   chan struct{}
 	sentFirst  chan struct{}
 }
@@ -157,6 +158,11 @@ func (b *Backend) FailNext(n, status int) {
 // CutNextStream makes the next stream stop after events events: the
 // connection is aborted without the terminating chunk.
 func (b *Backend) CutNextStream(events int) { b.mu.Lock(); b.cutAfter = events; b.mu.Unlock() }
+
+// ErrorNextStream makes the next stream send, after events events, an
+// error event and then [DONE], as vLLM ends a stream whose generation
+// failed: data: {"error": {...}}.
+func (b *Backend) ErrorNextStream(events int) { b.mu.Lock(); b.errAfter = events; b.mu.Unlock() }
 
 // HoldLast makes the next stream wait, before its last event, until release
 // is closed; first is closed once its first event is flushed.
@@ -207,10 +213,11 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.failNext--
 		fail = b.failStatus
 	}
-	cut := 0
+	cut, errAt := 0, 0
 	var hold, first chan struct{}
 	if f.Streaming() {
 		cut, b.cutAfter = b.cutAfter, 0
+		errAt, b.errAfter = b.errAfter, 0
 		hold, first = b.holdLast, b.sentFirst
 		b.holdLast, b.sentFirst = nil, nil
 	}
@@ -239,10 +246,10 @@ func (b *Backend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, string(f.Response))
 		return
 	}
-	b.stream(w, r, f, cut, chunkDelay, hold, first)
+	b.stream(w, r, f, cut, errAt, chunkDelay, hold, first)
 }
 
-func (b *Backend) stream(w http.ResponseWriter, r *http.Request, f *Fixture, cut int, chunkDelay time.Duration, hold, first chan struct{}) {
+func (b *Backend) stream(w http.ResponseWriter, r *http.Request, f *Fixture, cut, errAt int, chunkDelay time.Duration, hold, first chan struct{}) {
 	rc := http.NewResponseController(w)
 	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-cache")
@@ -250,6 +257,11 @@ func (b *Backend) stream(w http.ResponseWriter, r *http.Request, f *Fixture, cut
 	for i, data := range f.SSEData {
 		if cut > 0 && i == cut {
 			panic(http.ErrAbortHandler) // drop the connection mid-stream
+		}
+		if errAt > 0 && i == errAt {
+			_, _ = io.WriteString(w, "data: {\"error\":{\"object\":\"error\",\"message\":\"stub engine failure\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\ndata: [DONE]\n\n")
+			_ = rc.Flush()
+			return
 		}
 		if i == len(f.SSEData)-1 && hold != nil {
 			select {
