@@ -177,6 +177,7 @@ func runGateway(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, groupS
 		ln.Close()
 		return err
 	}
+	cfg.MaxRecordBytes = out.MaxRecordBytes()
 	srv, err := gateway.New(cfg, out)
 	if err != nil {
 		ln.Close()

@@ -43,10 +43,36 @@ type OutputOptions struct {
 // so a caller that retries may double one, which ingest drops as a
 // duplicate (same id, same content).
 type Output struct {
-	w     *kgo.Writer
-	tr    *kgo.Transport
-	topic string
+	w          *kgo.Writer
+	tr         *kgo.Transport
+	topic      string
+	batchBytes int64
 }
+
+// RecordError is a Write's refusal of one of its records, which no retry
+// can produce: larger than a request to a partition (OutputOptions.
+// BatchBytes) or than the topic takes (the broker's message.max.bytes).
+// Index is its place in the Write's records. The Write's other records
+// may have been produced.
+type RecordError struct {
+	Index  int
+	Reason string // too_large
+	Err    error
+}
+
+func (e *RecordError) Error() string {
+	return fmt.Sprintf("kafka: record %d refused (%s): %v", e.Index, e.Reason, e.Err)
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
+
+// messageOverhead is what kafka-go counts for a message besides its key
+// and value when it checks a message against BatchBytes.
+const messageOverhead = 4 + 1 + 1 + 4 + 4 + 8
+
+// MaxRecordBytes is the longest line a Write takes with a key of up to
+// 4 KiB (a group or task id); a longer one is a RecordError.
+func (o *Output) MaxRecordBytes() int { return max(0, int(o.batchBytes)-messageOverhead-4096) }
 
 // NewOutput returns an Output to cfg.Topic, with TLS and SASL from cfg.
 // It does not create the topic (EnsureTopic does).
@@ -65,7 +91,7 @@ func NewOutput(cfg Config, o OutputOptions) (*Output, error) {
 		o.MaxAttempts = 3
 	}
 	tr := &kgo.Transport{TLS: d.TLS, SASL: d.SASLMechanism, DialTimeout: d.Timeout}
-	return &Output{topic: cfg.Topic, tr: tr, w: &kgo.Writer{
+	return &Output{topic: cfg.Topic, tr: tr, batchBytes: o.BatchBytes, w: &kgo.Writer{
 		Addr:                   kgo.TCP(cfg.Brokers...),
 		Topic:                  cfg.Topic,
 		Balancer:               &kgo.Hash{},
@@ -94,8 +120,19 @@ func (o *Output) Write(ctx context.Context, recs []Keyed) error {
 			key = Key(&d, r.Line)
 		}
 		msgs[i] = kgo.Message{Key: key, Value: r.Line}
+		if size := int64(len(key) + len(r.Line) + messageOverhead); size > o.batchBytes {
+			return &RecordError{Index: i, Reason: "too_large", Err: fmt.Errorf("%d bytes with its key, more than a request's %d (%w)", size, o.batchBytes, kgo.MessageSizeTooLarge)}
+		}
 	}
 	if err := o.w.WriteMessages(ctx, msgs...); err != nil {
+		var we kgo.WriteErrors
+		if errors.As(err, &we) {
+			for i, e := range we {
+				if e != nil && errors.Is(e, kgo.MessageSizeTooLarge) {
+					return &RecordError{Index: i, Reason: "too_large", Err: fmt.Errorf("the topic %s refused it: %w", o.topic, e)}
+				}
+			}
+		}
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
 		}

@@ -36,6 +36,51 @@ func TestOutputBrokerDown(t *testing.T) {
 	}
 }
 
+// TestOutputRecordTooLarge: a record larger than a request is refused at
+// once as a RecordError naming it (no retry can produce it), before
+// anything is sent.
+func TestOutputRecordTooLarge(t *testing.T) {
+	out, err := NewOutput(Config{Brokers: []string{"127.0.0.1:1"}, Topic: "down"}, OutputOptions{BatchBytes: 64 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	big := append(append([]byte(`{"x":"`), strings.Repeat("a", out.MaxRecordBytes()+4096)...), `"}`...)
+	err = out.Write(context.Background(), []Keyed{{Key: "g", Line: []byte(`{}`)}, {Key: "g", Line: big}})
+	var re *RecordError
+	if !errors.As(err, &re) || re.Index != 1 || re.Reason != "too_large" || !errors.Is(err, kgo.MessageSizeTooLarge) {
+		t.Fatalf("a record over the bound: %v", err)
+	}
+}
+
+// TestIntegrationOutputTopicRefuses: a record the broker refuses as larger
+// than the topic's message.max.bytes is a RecordError naming it.
+func TestIntegrationOutputTopicRefuses(t *testing.T) {
+	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	if brokers == "" {
+		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("gateway-big-%d", time.Now().UnixNano())}
+	if err := EnsureTopic(ctx, cfg, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Requests may be larger than the broker's default message.max.bytes
+	// (about 1 MB): the broker is then the one to refuse.
+	out, err := NewOutput(cfg, OutputOptions{BatchBytes: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	big := append(append([]byte(`{"x":"`), strings.Repeat("a", 2<<20)...), `"}`...)
+	err = out.Write(ctx, []Keyed{{Key: "g", Line: big}})
+	var re *RecordError
+	if !errors.As(err, &re) || re.Index != 0 || re.Reason != "too_large" {
+		t.Fatalf("a 2 MiB record: %v", err)
+	}
+}
+
 // TestIntegrationOutput: concurrent Writes against the real broker; every
 // record arrives once, and every key stays in one partition.
 func TestIntegrationOutput(t *testing.T) {

@@ -27,6 +27,21 @@ var (
 	ErrRecord = errors.New("recordlog: bad record")
 )
 
+// RecordError is a Write's refusal of one of its records (errors.Is
+// ErrRecord): Index is its place in the Write's lines, Reason why
+// (too_large, line_break, blank). Nothing of that Write was written.
+type RecordError struct {
+	Index  int
+	Reason string
+	Detail string
+}
+
+func (e *RecordError) Error() string {
+	return fmt.Sprintf("%v: record %d: %s", ErrRecord, e.Index, e.Detail)
+}
+
+func (e *RecordError) Unwrap() error { return ErrRecord }
+
 // Defaults of Options.
 const (
 	DefaultMaxBatchBytes = 8 << 20
@@ -391,8 +406,8 @@ func (l *Log) Remove(n int) error {
 func (l *Log) Write(ctx context.Context, lines [][]byte) error {
 	size := 0
 	for i, ln := range lines {
-		if err := l.check(ln); err != nil {
-			return fmt.Errorf("%w: record %d: %v", ErrRecord, i, err)
+		if reason, detail := l.check(ln); reason != "" {
+			return &RecordError{Index: i, Reason: reason, Detail: detail}
 		}
 		size += len(ln) + 1
 	}
@@ -420,19 +435,20 @@ func (l *Log) Write(ctx context.Context, lines [][]byte) error {
 	}
 }
 
-func (l *Log) check(ln []byte) error {
+// check returns why ln cannot be a line of the log ("" when it can).
+func (l *Log) check(ln []byte) (reason, detail string) {
 	switch {
 	case len(ln) > l.o.MaxRecordBytes:
-		return fmt.Errorf("%d bytes, more than %d", len(ln), l.o.MaxRecordBytes)
+		return "too_large", fmt.Sprintf("%d bytes, more than %d", len(ln), l.o.MaxRecordBytes)
 	case bytes.IndexByte(ln, '\n') >= 0 || bytes.IndexByte(ln, '\r') >= 0:
-		return errors.New("contains a line break")
+		return "line_break", "contains a line break"
 	}
 	for _, c := range ln {
 		if c != ' ' && c != '\t' {
-			return nil
+			return "", ""
 		}
 	}
-	return errors.New("blank")
+	return "blank", "blank"
 }
 
 // run is the committer: it takes the waiting Writes, as many as fit in a

@@ -127,11 +127,13 @@ func TestRefusesWhatItCannotAppend(t *testing.T) {
 	if _, err := recordlog.Open(path, recordlog.Options{}); !errors.Is(err, recordlog.ErrLocked) {
 		t.Fatalf("a second writer of the log: %v", err)
 	}
-	for name, rec := range map[string]string{
-		"empty": "", "blank": "  \t", "newline": "{\"a\":\n1}", "cr": "{}\r", "large": strings.Repeat("x", 65),
+	for rec, reason := range map[string]string{
+		"": "blank", "  \t": "blank", "{\"a\":\n1}": "line_break", "{}\r": "line_break", strings.Repeat("x", 65): "too_large",
 	} {
-		if err := l.Write(ctx, [][]byte{[]byte(`{"ok":1}`), []byte(rec)}); !errors.Is(err, recordlog.ErrRecord) {
-			t.Errorf("%s record: %v", name, err)
+		err := l.Write(ctx, [][]byte{[]byte(`{"ok":1}`), []byte(rec)})
+		var re *recordlog.RecordError
+		if !errors.Is(err, recordlog.ErrRecord) || !errors.As(err, &re) || re.Index != 1 || re.Reason != reason {
+			t.Errorf("record %q: %v, want record 1 refused as %s", rec, err, reason)
 		}
 	}
 	if n := len(records(t, l)); n != 0 {

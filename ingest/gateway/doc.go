@@ -11,7 +11,14 @@
 // Config.MaxBufferedBytes new calls are refused with 503, and finish and
 // POST /records answer 200 only once their records are durable (Output.Write
 // returned nil). Nothing acknowledged is dropped: a failed Write is retried
-// until it succeeds or Close gives up (and says how much was left).
+// until it succeeds or Close gives up (and says how much was left). A
+// record no retry can write never holds the others up: one larger than the
+// output takes (Config.MaxRecordBytes) is refused with 413 when it is
+// posted or is a finish's trajectory, and written as its stub when it is a
+// recorded step (metadata.gateway_reject = too_large; ingest dead-letters
+// it as missing_field under its own step id); one the Output refuses all
+// the same (RefusedError: a topic's own message.max.bytes) gets its stub
+// in its place, counted (rllm_gateway_errors_total{kind="output_refused"}).
 //
 // Routes (Server.Handler):
 //
@@ -77,7 +84,9 @@
 //     extend it). The request runs on at most Config.AbandonedCallTimeout
 //     after the agent left.
 //   - Upstream errors (a status other than 200, no worker reachable) go to
-//     the agent with their status and body and are counted; no step.
+//     the agent with their status and body and are counted; no step, and
+//     no session left behind by a call that created it. A session id
+//     POST /sessions would refuse is refused on the agent routes too.
 //   - step_index is the order in which a session's calls completed (a
 //     failed call takes no index, so indices have no holes); step_id is
 //     "{trajectory_id}#{step_index}", so a retried write is a duplicate

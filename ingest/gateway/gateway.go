@@ -33,14 +33,21 @@ type Output interface {
 
 // Config configures a Server. Zero values take the documented defaults.
 type Config struct {
-	Upstreams        []string // worker base URLs (http://host:port, optionally with an API path such as /v1), as given by --upstream
-	GroupSize        int      // default group size written on trajectory records when the session does not say (0: none written)
-	AgentToken       string   // bearer token for /sessions/{id}/v1/... and /v1/... (empty: none; only allowed on loopback, checked by cmd)
-	AdminToken       string   // bearer token for management routes, /records and /metrics, also taken on agent routes (empty: none)
-	UpstreamKey      string   // sent to the workers as "Authorization: Bearer" (vLLM's --api-key); empty: none. The agents' tokens are never forwarded
-	MaxRequestBytes  int64    // request body bound (default 32 MiB)
-	MaxBufferedBytes int64    // bound on records waiting for the output (default 256 MiB); beyond it agents get 503 with a JSON error
-	WeightVersion    int64    // initial weight (policy) version
+	Upstreams       []string // worker base URLs (http://host:port, optionally with an API path such as /v1), as given by --upstream
+	GroupSize       int      // default group size written on trajectory records when the session does not say (0: none written)
+	AgentToken      string   // bearer token for /sessions/{id}/v1/... and /v1/... (empty: none; only allowed on loopback, checked by cmd)
+	AdminToken      string   // bearer token for management routes, /records and /metrics, also taken on agent routes (empty: none)
+	UpstreamKey     string   // sent to the workers as "Authorization: Bearer" (vLLM's --api-key); empty: none. The agents' tokens are never forwarded
+	MaxRequestBytes int64    // request body bound (default 32 MiB)
+	// MaxRecordBytes is the longest record line the Output takes (default
+	// 16 MiB; cmd sets the output's own bound). A step recorded larger is
+	// written as its stub (metadata.gateway_reject = too_large: ingest
+	// dead-letters it); a POST /records line or a finish larger is refused
+	// (413). An Output that refuses a record all the same (RefusedError)
+	// gets its stub.
+	MaxRecordBytes   int
+	MaxBufferedBytes int64 // bound on records waiting for the output (default 256 MiB); beyond it agents get 503 with a JSON error
+	WeightVersion    int64 // initial weight (policy) version
 	Log              *slog.Logger
 
 	// MaxResponseBytes bounds an upstream body the gateway reads to record
@@ -97,6 +104,9 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.MaxRequestBytes <= 0 {
 		c.MaxRequestBytes = 32 << 20
+	}
+	if c.MaxRecordBytes <= 0 {
+		c.MaxRecordBytes = 16 << 20
 	}
 	if c.MaxBufferedBytes <= 0 {
 		c.MaxBufferedBytes = 256 << 20

@@ -538,6 +538,13 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 	}
 	sess.mu.Lock()
 	line := buildTrajectory(sess, &body, sess.steps)
+	if prev == nil && len(line) > s.cfg.MaxRecordBytes {
+		sess.finished = nil // not finished: a smaller body may finish it
+		sess.mu.Unlock()
+		s.metrics.errors.inc("bad_record")
+		writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": fmt.Sprintf("the trajectory record would be %d bytes, more than the output takes (%d): send less metadata", len(line), s.cfg.MaxRecordBytes), "reason": "too_large"})
+		return
+	}
 	if prev == nil {
 		sess.finished = line
 	}
@@ -595,6 +602,18 @@ func (s *Server) postRecords(w http.ResponseWriter, r *http.Request) {
 		if line[0] != '{' || json.Unmarshal(line, &k) != nil {
 			s.metrics.errors.inc("bad_record")
 			writeJSON(w, http.StatusBadRequest, map[string]any{"error": fmt.Sprintf("line %d is not a JSON object; nothing was taken", n+1), "reason": "malformed_json", "line": n + 1})
+			return
+		}
+		if bytes.IndexByte(line, '\r') >= 0 {
+			// A CR is JSON whitespace, but no line of a record log: the
+			// same record without it.
+			var c bytes.Buffer
+			_ = json.Compact(&c, line) // valid: just unmarshalled
+			line = c.Bytes()
+		}
+		if len(line) > s.cfg.MaxRecordBytes {
+			s.metrics.errors.inc("bad_record")
+			writeJSON(w, http.StatusRequestEntityTooLarge, map[string]any{"error": fmt.Sprintf("line %d is %d bytes, more than the output takes (%d); nothing was taken", n+1, len(line), s.cfg.MaxRecordBytes), "reason": "too_large", "line": n + 1})
 			return
 		}
 		key, _ := k.GroupID.(string)

@@ -31,6 +31,9 @@ type memOutput struct {
 	writes int
 	fail   bool
 	closed bool
+	// refuse, when set, makes Write refuse (RefusedError, nothing kept)
+	// the first record it returns true for.
+	refuse func(Record) bool
 }
 
 func (o *memOutput) Write(ctx context.Context, recs []Record) error {
@@ -38,6 +41,11 @@ func (o *memOutput) Write(ctx context.Context, recs []Record) error {
 	defer o.mu.Unlock()
 	if o.fail {
 		return errors.New("output down")
+	}
+	for i, r := range recs {
+		if o.refuse != nil && o.refuse(r) {
+			return &RefusedError{Index: i, Reason: "too_large", Err: errors.New("refused by the test")}
+		}
 	}
 	for _, r := range recs {
 		o.recs = append(o.recs, Record{Key: r.Key, Line: append([]byte(nil), r.Line...)})

@@ -467,6 +467,17 @@ func (s *Server) record(cl *call) {
 	}
 	sess.mu.Unlock()
 	line, tr, reject := buildStep(cl, index, parent)
+	if len(line) > s.cfg.MaxRecordBytes {
+		// More than the output takes: its stub, which ingest dead-letters,
+		// and no parent for the next call's delta.
+		s.log.Warn("gateway: a step is larger than the output takes; its stub is written instead", "session_id", sess.id, "bytes", len(line), "max", s.cfg.MaxRecordBytes)
+		line, reject = refusedStub(line, rejectTooLarge), rejectTooLarge
+		sess.mu.Lock()
+		if sess.last != nil && sess.last.index == index {
+			sess.last = nil
+		}
+		sess.mu.Unlock()
+	}
 	s.queue.enqueue(sess.durable, Record{Key: sess.key(), Line: line})
 	s.metrics.steps.Add(1)
 	if reject != "" {

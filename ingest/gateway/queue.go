@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -62,8 +63,9 @@ func (t *tracker) wait(ctx context.Context) error {
 
 // item is one queued record and the tracker told when it is durable.
 type item struct {
-	rec   Record
-	owner *tracker
+	rec     Record
+	owner   *tracker
+	stubbed bool // rec is the stub of a record the output refused
 }
 
 // queue holds records until the Output has them. Enqueue never blocks or
@@ -181,6 +183,15 @@ func (q *queue) writer() {
 			size += int64(len(it.rec.Line))
 		}
 		if err := q.out.Write(q.ctx, recs); err != nil {
+			var re *RefusedError
+			if errors.As(err, &re) && re.Index >= 0 && re.Index < len(b) {
+				// No retry writes it: its stub goes in its place, at once.
+				b = q.refused(b, re)
+				if len(b) > 0 {
+					q.putBack(b)
+				}
+				continue
+			}
 			q.putBack(b)
 			q.metrics.errors.inc("output_write")
 			q.log.Warn("gateway: output write failed; retrying", "records", len(recs), "backoff", backoff, "err", err)
@@ -205,6 +216,34 @@ func (q *queue) writer() {
 		}
 		q.all.done(len(b))
 	}
+}
+
+// refused replaces the record of b the output refused (re.Index) by its
+// stub (refusedStub), or, should the output refuse the stub too, drops it
+// (counted and logged): either way the batch goes on without it.
+func (q *queue) refused(b []item, re *RefusedError) []item {
+	it := &b[re.Index]
+	q.metrics.errors.inc("output_refused")
+	if !it.stubbed {
+		stub := refusedStub(it.rec.Line, re.Reason)
+		q.log.Warn("gateway: the output refused a record; its stub is written instead (ingest dead-letters it)",
+			"reason", re.Reason, "bytes", len(it.rec.Line), "err", re.Err)
+		q.mu.Lock()
+		q.bytes += int64(len(stub) - len(it.rec.Line))
+		q.mu.Unlock()
+		it.rec.Line, it.stubbed = stub, true
+		return b
+	}
+	q.log.Error("gateway: the output refused a refused record's stub too; dropped", "reason", re.Reason, "stub", string(it.rec.Line), "err", re.Err)
+	q.mu.Lock()
+	q.bytes -= int64(len(it.rec.Line))
+	q.metrics.bufferBytes.Store(q.bytes)
+	q.mu.Unlock()
+	if it.owner != nil {
+		it.owner.done(1)
+	}
+	q.all.done(1)
+	return append(b[:re.Index], b[re.Index+1:]...)
 }
 
 // drain waits until every queued record is durable.

@@ -18,6 +18,7 @@ const (
 	rejectLogprobCount   = "logprob_count"       // not one logprob per response token (length_mismatch)
 	rejectMissingIDs     = "missing_token_ids"   // no prompt or response ids (missing_field)
 	rejectUnreadable     = "unreadable_response" // the body was not the JSON expected (missing_field)
+	rejectTooLarge       = "too_large"           // larger than the output takes: written as its stub (missing_field)
 	cutClientDisconnect  = "client_disconnect"
 	cutUpstream          = "upstream_cut"
 	cutUpstreamError     = "upstream_error" // the stream ended with an error event

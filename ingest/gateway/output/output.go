@@ -47,6 +47,24 @@ type Output interface {
 	Err() error
 	// Summary is a line on what was written, for the log once stopped.
 	Summary() string
+	// MaxRecordBytes is the longest record line Write takes
+	// (gateway.Config.MaxRecordBytes).
+	MaxRecordBytes() int
+}
+
+// refused turns an output's refusal of one record into the gateway's
+// (gateway.RefusedError), which the gateway answers with the record's stub
+// instead of retrying the batch for ever.
+func refused(err error) error {
+	var le *recordlog.RecordError
+	if errors.As(err, &le) {
+		return &gateway.RefusedError{Index: le.Index, Reason: le.Reason, Err: err}
+	}
+	var ke *kafka.RecordError
+	if errors.As(err, &ke) {
+		return &gateway.RefusedError{Index: ke.Index, Reason: ke.Reason, Err: err}
+	}
+	return err
 }
 
 // Kind is what a --to URL names.
@@ -135,7 +153,7 @@ func Open(ctx context.Context, to string, o Options) (Output, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &logOutput{l: l}, nil
+		return &logOutput{l: l, max: o.MaxRecordBytes}, nil
 	default:
 		return openFeed(ctx, to, o)
 	}
@@ -214,7 +232,7 @@ func openFeed(ctx context.Context, to string, o Options) (Output, error) {
 		st.Close()
 		return nil, err
 	}
-	return &feedOutput{feed: feed, st: st, dl: dl, pl: pl, name: st.Name(), wal: walDir}, nil
+	return &feedOutput{feed: feed, st: st, dl: dl, pl: pl, name: st.Name(), wal: walDir, max: o.MaxRecordBytes}, nil
 }
 
 // lines are the records' lines (the log and the pipeline key nothing:
@@ -238,8 +256,9 @@ func (k *kafkaOutput) Write(ctx context.Context, recs []gateway.Record) error {
 	for i, r := range recs {
 		msgs[i] = kafka.Keyed{Key: r.Key, Line: r.Line}
 	}
-	return k.out.Write(ctx, msgs)
+	return refused(k.out.Write(ctx, msgs))
 }
+func (k *kafkaOutput) MaxRecordBytes() int     { return k.out.MaxRecordBytes() }
 func (k *kafkaOutput) Close() error            { return k.out.Close() }
 func (k *kafkaOutput) String() string          { return k.name }
 func (k *kafkaOutput) Failed() <-chan struct{} { return nil }
@@ -247,11 +266,15 @@ func (k *kafkaOutput) Err() error              { return nil }
 func (k *kafkaOutput) Summary() string         { return "records produced to " + k.name }
 
 // logOutput appends to a record log, fsynced in groups.
-type logOutput struct{ l *recordlog.Log }
+type logOutput struct {
+	l   *recordlog.Log
+	max int
+}
 
 func (o *logOutput) Write(ctx context.Context, recs []gateway.Record) error {
-	return o.l.Write(ctx, lines(recs))
+	return refused(o.l.Write(ctx, lines(recs)))
 }
+func (o *logOutput) MaxRecordBytes() int     { return o.max }
 func (o *logOutput) Close() error            { return o.l.Close() }
 func (o *logOutput) String() string          { return o.l.Path() }
 func (o *logOutput) Failed() <-chan struct{} { return nil }
@@ -267,11 +290,13 @@ type feedOutput struct {
 	dl        store.DeadLetters
 	pl        *pipeline.Pipeline
 	name, wal string
+	max       int
 }
 
 func (o *feedOutput) Write(ctx context.Context, recs []gateway.Record) error {
-	return o.feed.Write(ctx, lines(recs))
+	return refused(o.feed.Write(ctx, lines(recs)))
 }
+func (o *feedOutput) MaxRecordBytes() int { return o.max }
 
 // Close flushes the write-ahead log, stops the pipeline (complete groups
 // committed, open ones left in the log) and closes the store.

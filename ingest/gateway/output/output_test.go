@@ -50,6 +50,14 @@ func TestRecordLog(t *testing.T) {
 	if out.Failed() != nil || out.Err() != nil || out.String() != path || !strings.Contains(out.Summary(), path) {
 		t.Fatalf("%s: %s", out.String(), out.Summary())
 	}
+	// A record the log cannot take is the gateway's RefusedError, naming
+	// it: the gateway writes its stub instead of retrying for ever.
+	long := []byte(`{"x":"` + strings.Repeat("a", out.MaxRecordBytes()) + `"}`)
+	err = out.Write(context.Background(), []gateway.Record{recs[0], {Key: "c", Line: long}})
+	var re *gateway.RefusedError
+	if !errors.As(err, &re) || re.Index != 1 || re.Reason != "too_large" {
+		t.Fatalf("a record over MaxRecordBytes (%d): %v", out.MaxRecordBytes(), err)
+	}
 	if err := out.Close(); err != nil {
 		t.Fatal(err)
 	}
