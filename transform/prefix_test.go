@@ -181,6 +181,29 @@ func roundTrip(t testing.TB, r *rand.Rand, groups, want []*Group) (deltas int) {
 	for _, r := range read {
 		r.Release()
 	}
+	// The delta columns read without prompt_ids or messages come back as
+	// stored: nothing is asked whole, so nothing is rebuilt.
+	for _, cols := range [][]string{{"step_id", "prompt_prefix_len"}, {"step_id", "messages_delta"}, {"prompt_delta_ids", "prompt_prefix_len", "messages_delta"}} {
+		pr, err := parquet.Open(context.Background(), "shard", bytes.NewReader(buf.Bytes()), cols, mem)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := int64(0)
+		for {
+			r, err := pr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("columns %v: %v", cols, err)
+			}
+			rows += r.NumRows()
+		}
+		pr.Close()
+		if rows != rec.NumRows() {
+			t.Fatalf("columns %v: %d rows, want %d", cols, rows, rec.NumRows())
+		}
+	}
 	return deltas
 }
 

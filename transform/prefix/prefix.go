@@ -95,7 +95,8 @@ func find(sc *arrow.Schema) (c columns, ok bool) {
 		prefix: idx("prompt_prefix_len"), delta: idx("prompt_delta_ids"),
 		msgs: idx("messages"), msgDelta: idx("messages_delta"),
 	}
-	return c, c.prefix >= 0 || c.msgDelta >= 0
+	// Something to rebuild: a delta column, and a whole column asked for.
+	return c, (c.prefix >= 0 || c.msgDelta >= 0) && (c.prompt >= 0 || c.msgs >= 0)
 }
 
 // Columns returns the columns Expand needs besides those asked for, so

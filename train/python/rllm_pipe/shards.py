@@ -21,8 +21,10 @@ def whole_prompts(table):
     """Return ``table`` (rows of one shard, in shard order) with whole
     ``prompt_ids`` and ``messages``."""
     names = table.column_names
-    if "prompt_prefix_len" not in names:
+    if "prompt_prefix_len" not in names and "messages_delta" not in names:
         return table  # schema 3: every prompt is whole
+    if "prompt_ids" not in names and "messages" not in names:
+        return table  # neither asked for: the delta columns as stored
     cols = {n: table.column(n).to_pylist() for n in _NEEDS if n in names}
     prompts, messages = [], []
     prev = None  # (trajectory, step, whole prompt, response, whole messages)

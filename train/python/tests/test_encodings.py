@@ -96,6 +96,9 @@ def test_multi_turn_prompts_read_back(tmp_path, wire, tokens):
             seen += 1
     assert seen == len(want)
     assert deltas > seen // 2, f"only {deltas} of {seen} steps stored as deltas"
+    # The delta columns alone come back as stored (nothing is asked whole).
+    for cols in (["step_id", "prompt_prefix_len"], ["step_id", "messages_delta"]):
+        assert sum(read_shard(out / p, columns=cols).num_rows for p in paths) == seen
 
     server = Server(out, "--follow=false", "--poll", "50ms")
     try:
