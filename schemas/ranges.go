@@ -37,11 +37,49 @@ func (r *Ranges) Add(lo, hi int64) {
 	*r = s
 }
 
-// Union adds every interval of o.
+// Union adds every interval of o: one merge of the two sorted lists, so
+// that adding a commit's settled positions to a store's, both fragmented
+// (small records of many groups interleaved), costs their lengths, not
+// their product. An o that is not sorted and disjoint (read from a file
+// written by hand) is added interval by interval.
 func (r *Ranges) Union(o Ranges) {
-	for _, iv := range o {
-		r.Add(iv[0], iv[1])
+	if len(o) <= 2 || len(*r) == 0 || !o.normal() {
+		for _, iv := range o {
+			r.Add(iv[0], iv[1])
+		}
+		return
 	}
+	s := *r
+	out := make(Ranges, 0, len(s)+len(o))
+	push := func(iv [2]int64) {
+		if n := len(out); n > 0 && iv[0] <= out[n-1][1]+1 {
+			out[n-1][1] = max(out[n-1][1], iv[1])
+			return
+		}
+		out = append(out, iv)
+	}
+	i, j := 0, 0
+	for i < len(s) || j < len(o) {
+		if j == len(o) || (i < len(s) && s[i][0] <= o[j][0]) {
+			push(s[i])
+			i++
+		} else {
+			push(o[j])
+			j++
+		}
+	}
+	*r = out
+}
+
+// normal reports whether r keeps the invariant: sorted, disjoint,
+// non-adjacent intervals with lo <= hi.
+func (r Ranges) normal() bool {
+	for i, iv := range r {
+		if iv[0] > iv[1] || (i > 0 && iv[0] <= r[i-1][1]+1) {
+			return false
+		}
+	}
+	return true
 }
 
 // Len is the number of positions in the set.

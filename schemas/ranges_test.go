@@ -1,7 +1,9 @@
 package schemas
 
 import (
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -31,6 +33,54 @@ func TestRangesAgainstAMap(t *testing.T) {
 				t.Fatalf("not normalised: %v", r)
 			}
 		}
+	}
+}
+
+// TestRangesUnion: the merge equals adding o's intervals one by one, for
+// fragmented sets of every overlap, and for an o out of order.
+func TestRangesUnion(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	random := func(n int) Ranges {
+		var r Ranges
+		for range n {
+			lo := int64(rng.IntN(400))
+			r.Add(lo, lo+int64(rng.IntN(4)))
+		}
+		return r
+	}
+	for iter := range 500 {
+		a, b := random(rng.IntN(60)), random(rng.IntN(60))
+		if iter%50 == 0 && len(b) > 1 {
+			b[0], b[len(b)-1] = b[len(b)-1], b[0] // not sorted
+		}
+		want := append(Ranges(nil), a...)
+		for _, iv := range b {
+			want.Add(iv[0], iv[1])
+		}
+		got := append(Ranges(nil), a...)
+		got.Union(b)
+		if !slices.Equal(got, want) {
+			t.Fatalf("iter %d: %v ∪ %v = %v, want %v", iter, a, b, got, want)
+		}
+	}
+}
+
+// BenchmarkRangesUnion: a store's settled set and a commit's, both of n
+// interleaved intervals (every other position).
+func BenchmarkRangesUnion(b *testing.B) {
+	for _, n := range []int{1_000, 100_000} {
+		b.Run(fmt.Sprint("intervals=", n), func(b *testing.B) {
+			var store, commit Ranges
+			for i := range int64(n) {
+				store = append(store, [2]int64{4 * i, 4 * i})
+				commit = append(commit, [2]int64{4*i + 2, 4*i + 2})
+			}
+			for b.Loop() {
+				r := append(Ranges(nil), store...)
+				r.Union(commit)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(2*n), "ns/interval")
+		})
 	}
 }
 
