@@ -67,12 +67,13 @@ func (e *RecordError) Error() string {
 func (e *RecordError) Unwrap() error { return e.Err }
 
 // messageOverhead is what kafka-go counts for a message besides its key
-// and value when it checks a message against BatchBytes.
-const messageOverhead = 4 + 1 + 1 + 4 + 4 + 8
+// and value when it checks a message against BatchBytes (Message.totalSize:
+// sizes, attributes, timestamp, and one byte for no headers).
+const messageOverhead = 4 + 1 + 1 + 4 + 4 + 8 + 1
 
 // MaxRecordBytes is the longest line a Write takes with a key of up to
 // 4 KiB (a group or task id); a longer one is a RecordError.
-func (o *Output) MaxRecordBytes() int { return max(0, int(o.batchBytes)-messageOverhead-4096) }
+func (o *Output) MaxRecordBytes() int { return max(1, int(o.batchBytes)-messageOverhead-4096) }
 
 // NewOutput returns an Output to cfg.Topic, with TLS and SASL from cfg.
 // It does not create the topic (EnsureTopic does).
@@ -125,16 +126,49 @@ func (o *Output) Write(ctx context.Context, recs []Keyed) error {
 		}
 	}
 	if err := o.w.WriteMessages(ctx, msgs...); err != nil {
-		var we kgo.WriteErrors
-		if errors.As(err, &we) {
-			for i, e := range we {
-				if e != nil && errors.Is(e, kgo.MessageSizeTooLarge) {
-					return &RecordError{Index: i, Reason: "too_large", Err: fmt.Errorf("the topic %s refused it: %w", o.topic, e)}
-				}
-			}
+		if errors.Is(err, kgo.MessageSizeTooLarge) || sizeRefused(err) {
+			// The broker refuses a whole partition batch for one message
+			// over the topic's max.message.bytes: which one is learnt
+			// by sending them one at a time.
+			return o.writeAlone(ctx, msgs)
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 			err = fmt.Errorf("%w (%v)", ctxErr, err)
+		}
+		return fmt.Errorf("kafka: produce to %s: %w", o.topic, err)
+	}
+	return nil
+}
+
+// sizeRefused reports whether a WriteErrors holds a message refused as too
+// large.
+func sizeRefused(err error) bool {
+	var we kgo.WriteErrors
+	if !errors.As(err, &we) {
+		return false
+	}
+	for _, e := range we {
+		if e != nil && errors.Is(e, kgo.MessageSizeTooLarge) {
+			return true
+		}
+	}
+	return false
+}
+
+// writeAlone sends msgs one Write each, after first failed on a message
+// too large; the first refused alone is the RecordError (those before it
+// are produced, perhaps twice: ingest drops the copy). A message the
+// broker refused in a batch it shared with other Writes' (concurrent
+// Writes share batches) may pass alone: then none is named, and the
+// Write succeeded after all (every message acknowledged).
+func (o *Output) writeAlone(ctx context.Context, msgs []kgo.Message) error {
+	for i := range msgs {
+		err := o.w.WriteMessages(ctx, msgs[i])
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, kgo.MessageSizeTooLarge) || sizeRefused(err) {
+			return &RecordError{Index: i, Reason: "too_large", Err: fmt.Errorf("%s: refused as too large: %w", o.topic, err)}
 		}
 		return fmt.Errorf("kafka: produce to %s: %w", o.topic, err)
 	}

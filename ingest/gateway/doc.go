@@ -86,7 +86,7 @@
 //   - Upstream errors (a status other than 200, no worker reachable) go to
 //     the agent with their status and body and are counted; no step, and
 //     no session left behind by a call that created it. A session id
-//     POST /sessions would refuse is refused on the agent routes too.
+//     POST /sessions would refuse is refused on the recorded routes too.
 //   - step_index is the order in which a session's calls completed (a
 //     failed call takes no index, so indices have no holes); step_id is
 //     "{trajectory_id}#{step_index}", so a retried write is a duplicate

@@ -321,6 +321,17 @@ func TestFailedCallsLeaveNoSession(t *testing.T) {
 	if code, _ := e.do("POST", "/sessions/c/traces/v1/chat/completions", chatBody); code != 400 {
 		t.Fatalf("an id ending in /traces: %d", code)
 	}
+	// Two failing calls that overlap: the one that did not create the
+	// session is the last to fail, and removes it.
+	e.backend.FailNext(2, 400)
+	e.backend.SetDelay(100 * time.Millisecond)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() { e.do("POST", "/sessions/f4:0/v1/chat/completions", chatBody) })
+		time.Sleep(30 * time.Millisecond)
+	}
+	wg.Wait()
+	e.backend.SetDelay(0)
 	if n := e.gw.sessions.open(); n != 0 {
 		t.Fatalf("%d sessions left by failed calls, want 0", n)
 	}

@@ -214,10 +214,10 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 			"the capture gateway's record buffer is full (the output is behind or down); retry later")
 		return
 	}
-	created := false
 	sess := s.sessions.ensure(sid, func() *session {
-		created = true
-		return newSession(sid, s.sessions.incarnation(), time.Now(), nil, nil, identity{}, s.cfg.GroupSize)
+		sess := newSession(sid, s.sessions.incarnation(), time.Now(), nil, nil, identity{}, s.cfg.GroupSize)
+		sess.implicit = true
+		return sess
 	})
 	if sess == nil {
 		s.metrics.errors.inc("session_finished")
@@ -225,16 +225,14 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		return
 	}
 	defer sess.inflight.done(1) // counted by ensure
+	// A call that records nothing (a body that is not JSON, a call the
+	// upstream refused or failed) leaves no session behind that it made.
 	recordedCall := false
-	if created {
-		// A call that records nothing (a body that is not JSON, a call
-		// the upstream refused or failed) leaves no session behind.
-		defer func() {
-			if !recordedCall {
-				s.sessions.dropUnused(sess)
-			}
-		}()
-	}
+	defer func() {
+		if !recordedCall {
+			s.sessions.dropUnused(sess)
+		}
+	}()
 	sess.mu.Lock()
 	finished := sess.finished != nil
 	sess.mu.Unlock()
@@ -455,26 +453,27 @@ func (s *Server) record(cl *call) {
 	sess.steps++
 	var parent *prev
 	if !s.cfg.WholePrompts {
-		// The previous step, if it is a parent this one may extend; this
-		// one becomes the next one's unless it will be dead-lettered.
+		// The previous step, if it is a parent this one may extend.
 		if p := sess.last; p != nil && p.index == index-1 {
 			parent = p
 		}
 		sess.last = nil
-		if c := &cl.cap; c.reject() == "" && cl.cutOff == "" && c.promptIDs != nil && c.responseIDs != nil {
-			sess.last = &prev{id: stepID(sess.trajID, index), index: index, prompt: c.promptIDs, answer: c.responseIDs}
-		}
 	}
 	sess.mu.Unlock()
 	line, tr, reject := buildStep(cl, index, parent)
-	if len(line) > s.cfg.MaxRecordBytes {
-		// More than the output takes: its stub, which ingest dead-letters,
-		// and no parent for the next call's delta.
+	tooLarge := len(line) > s.cfg.MaxRecordBytes
+	if tooLarge {
+		// More than the output takes: its stub, which ingest dead-letters.
 		s.log.Warn("gateway: a step is larger than the output takes; its stub is written instead", "session_id", sess.id, "bytes", len(line), "max", s.cfg.MaxRecordBytes)
 		line, reject = refusedStub(line, rejectTooLarge), rejectTooLarge
+	}
+	if c := &cl.cap; !s.cfg.WholePrompts && reject == "" && cl.cutOff == "" && c.promptIDs != nil && c.responseIDs != nil {
+		// This step is the next one's parent, unless a later call was
+		// recorded meanwhile (it was then written whole). Set only now,
+		// once its line is known to be written as it is.
 		sess.mu.Lock()
-		if sess.last != nil && sess.last.index == index {
-			sess.last = nil
+		if sess.steps == index+1 {
+			sess.last = &prev{id: stepID(sess.trajID, index), index: index, prompt: c.promptIDs, answer: c.responseIDs}
 		}
 		sess.mu.Unlock()
 	}

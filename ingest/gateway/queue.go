@@ -230,6 +230,7 @@ func (q *queue) refused(b []item, re *RefusedError) []item {
 			"reason", re.Reason, "bytes", len(it.rec.Line), "err", re.Err)
 		q.mu.Lock()
 		q.bytes += int64(len(stub) - len(it.rec.Line))
+		q.metrics.bufferBytes.Store(q.bytes)
 		q.mu.Unlock()
 		it.rec.Line, it.stubbed = stub, true
 		return b

@@ -77,6 +77,9 @@ type session struct {
 	// Under sessions.mu: counted among the finished sessions (finishedN,
 	// its bytes in sessions.bytes).
 	counted bool
+	// implicit: created by a call (ensure), not by POST /sessions; a call
+	// that fails before anything is recorded may remove it (dropUnused).
+	implicit bool
 }
 
 // prev is a recorded step a later step's prompt may extend: sent as a
@@ -244,15 +247,16 @@ func (t *sessions) ensure(id string, mk func() *session) *session {
 	return s
 }
 
-// dropUnused removes s, which a call created implicitly (ensure), if it is
-// still unused: no step recorded, not finished, no other call in flight
-// (the caller's own is counted in s.inflight). A call that fails before
+// dropUnused removes s if a call created it (ensure) and it is still
+// unused: no step recorded, not finished, no other call in flight (the
+// caller's own is counted in s.inflight; of calls that overlap, the last
+// to fail removes it). A call that fails before
 // it records anything (a request the upstream refuses) then leaves no
 // session behind, as if it had never been made.
 func (t *sessions) dropUnused(s *session) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.m[s.id] != s || s.inflight.count() > 1 {
+	if !s.implicit || t.m[s.id] != s || s.inflight.count() > 1 {
 		return
 	}
 	s.mu.Lock()

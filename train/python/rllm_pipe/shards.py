@@ -21,7 +21,7 @@ def whole_prompts(table):
     """Return ``table`` (rows of one shard, in shard order) with whole
     ``prompt_ids`` and ``messages``."""
     names = table.column_names
-    if "prompt_prefix_len" not in names and "messages_delta" not in names:
+    if "prompt_prefix_len" not in names:
         return table  # schema 3: every prompt is whole
     if "prompt_ids" not in names and "messages" not in names:
         return table  # neither asked for: the delta columns as stored
