@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,16 +28,9 @@ func (c countingConn) Read(p []byte) (int, error) {
 // not several times per record, and the records come out whole and in
 // order.
 func TestIntegrationFetchReadBuffer(t *testing.T) {
-	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
-	if brokers == "" {
-		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("bufconn-%d", time.Now().UnixNano())}
-	if err := EnsureTopic(ctx, cfg, 1, 1); err != nil {
-		t.Fatal(err)
-	}
+	cfg := newTopic(ctx, t, "bufconn", 1)
 	out, err := NewOutput(cfg, OutputOptions{})
 	if err != nil {
 		t.Fatal(err)

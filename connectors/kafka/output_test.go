@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -67,16 +66,9 @@ func TestOutputRecordTooLarge(t *testing.T) {
 // TestIntegrationOutputTopicRefuses: a record the broker refuses as larger
 // than the topic's message.max.bytes is a RecordError naming it.
 func TestIntegrationOutputTopicRefuses(t *testing.T) {
-	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
-	if brokers == "" {
-		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("gateway-big-%d", time.Now().UnixNano())}
-	if err := EnsureTopic(ctx, cfg, 1, 1); err != nil {
-		t.Fatal(err)
-	}
+	cfg := newTopic(ctx, t, "gateway-big", 1)
 	// Requests may be larger than the broker's default message.max.bytes
 	// (about 1 MB): the broker is then the one to refuse.
 	out, err := NewOutput(cfg, OutputOptions{BatchBytes: 4 << 20})
@@ -110,17 +102,10 @@ func TestIntegrationOutputTopicRefuses(t *testing.T) {
 // TestIntegrationOutput: concurrent Writes against the real broker; every
 // record arrives once, and every key stays in one partition.
 func TestIntegrationOutput(t *testing.T) {
-	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
-	if brokers == "" {
-		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("gateway-out-%d", time.Now().UnixNano())}
 	const parts = 4
-	if err := EnsureTopic(ctx, cfg, parts, 1); err != nil {
-		t.Fatal(err)
-	}
+	cfg := newTopic(ctx, t, "gateway-out", parts)
 	out, err := NewOutput(cfg, OutputOptions{})
 	if err != nil {
 		t.Fatal(err)
