@@ -44,6 +44,7 @@ type OutputOptions struct {
 // duplicate (same id, same content).
 type Output struct {
 	w          *kgo.Writer
+	one        *kgo.Writer // batches of one message: writeAlone's
 	tr         *kgo.Transport
 	topic      string
 	batchBytes int64
@@ -92,18 +93,21 @@ func NewOutput(cfg Config, o OutputOptions) (*Output, error) {
 		o.MaxAttempts = 3
 	}
 	tr := &kgo.Transport{TLS: d.TLS, SASL: d.SASLMechanism, DialTimeout: d.Timeout}
-	return &Output{topic: cfg.Topic, tr: tr, batchBytes: o.BatchBytes, w: &kgo.Writer{
-		Addr:                   kgo.TCP(cfg.Brokers...),
-		Topic:                  cfg.Topic,
-		Balancer:               &kgo.Hash{},
-		RequiredAcks:           kgo.RequireAll,
-		BatchSize:              10000,
-		BatchBytes:             o.BatchBytes,
-		BatchTimeout:           o.BatchTimeout,
-		MaxAttempts:            o.MaxAttempts,
-		AllowAutoTopicCreation: true,
-		Transport:              tr,
-	}}, nil
+	writer := func(batch int) *kgo.Writer {
+		return &kgo.Writer{
+			Addr:                   kgo.TCP(cfg.Brokers...),
+			Topic:                  cfg.Topic,
+			Balancer:               &kgo.Hash{},
+			RequiredAcks:           kgo.RequireAll,
+			BatchSize:              batch,
+			BatchBytes:             o.BatchBytes,
+			BatchTimeout:           o.BatchTimeout,
+			MaxAttempts:            o.MaxAttempts,
+			AllowAutoTopicCreation: true,
+			Transport:              tr,
+		}
+	}
+	return &Output{topic: cfg.Topic, tr: tr, batchBytes: o.BatchBytes, w: writer(10000), one: writer(1)}, nil
 }
 
 // Write produces recs and returns once the broker acknowledged all of
@@ -126,7 +130,7 @@ func (o *Output) Write(ctx context.Context, recs []Keyed) error {
 		}
 	}
 	if err := o.w.WriteMessages(ctx, msgs...); err != nil {
-		if errors.Is(err, kgo.MessageSizeTooLarge) || sizeRefused(err) {
+		if sizeRefused(err) {
 			// The broker refuses a whole partition batch for one message
 			// over the topic's max.message.bytes: which one is learnt
 			// by sending them one at a time.
@@ -143,31 +147,36 @@ func (o *Output) Write(ctx context.Context, recs []Keyed) error {
 // sizeRefused reports whether a WriteErrors holds a message refused as too
 // large.
 func sizeRefused(err error) bool {
+	if errors.Is(err, kgo.MessageSizeTooLarge) || errors.Is(err, kgo.RecordListTooLarge) {
+		return true
+	}
 	var we kgo.WriteErrors
 	if !errors.As(err, &we) {
 		return false
 	}
 	for _, e := range we {
-		if e != nil && errors.Is(e, kgo.MessageSizeTooLarge) {
+		if e != nil && (errors.Is(e, kgo.MessageSizeTooLarge) || errors.Is(e, kgo.RecordListTooLarge)) {
 			return true
 		}
 	}
 	return false
 }
 
-// writeAlone sends msgs one Write each, after first failed on a message
-// too large; the first refused alone is the RecordError (those before it
-// are produced, perhaps twice: ingest drops the copy). A message the
-// broker refused in a batch it shared with other Writes' (concurrent
-// Writes share batches) may pass alone: then none is named, and the
-// Write succeeded after all (every message acknowledged).
+// writeAlone sends msgs one at a time, after a batch failed on a message
+// too large, through a writer whose batches hold one message (concurrent
+// Writes share batches: through the main writer a message sent alone
+// could still share a batch with another Write's oversized one and be
+// refused with it). The first refused is the RecordError (those before it
+// are produced, perhaps twice: ingest drops the copy). When every message
+// passes alone, the one to blame was another Write's: this Write
+// succeeded after all.
 func (o *Output) writeAlone(ctx context.Context, msgs []kgo.Message) error {
 	for i := range msgs {
-		err := o.w.WriteMessages(ctx, msgs[i])
+		err := o.one.WriteMessages(ctx, msgs[i])
 		if err == nil {
 			continue
 		}
-		if errors.Is(err, kgo.MessageSizeTooLarge) || sizeRefused(err) {
+		if sizeRefused(err) {
 			return &RecordError{Index: i, Reason: "too_large", Err: fmt.Errorf("%s: refused as too large: %w", o.topic, err)}
 		}
 		return fmt.Errorf("kafka: produce to %s: %w", o.topic, err)
@@ -178,7 +187,7 @@ func (o *Output) writeAlone(ctx context.Context, msgs []kgo.Message) error {
 // Close flushes what is batched and closes the producer. Safe to call
 // twice.
 func (o *Output) Close() error {
-	err := o.w.Close()
+	err := errors.Join(o.w.Close(), o.one.Close())
 	o.tr.CloseIdleConnections() // the writer closes only a transport of its own
 	if err != nil {
 		return fmt.Errorf("kafka: close output to %s: %w", o.topic, err)

@@ -97,6 +97,29 @@ func TestIntegrationOutputTopicRefuses(t *testing.T) {
 	if got[0] != `{"n":1}` || got[1] != `{"n":2}` {
 		t.Fatalf("produced %q", got)
 	}
+	// Concurrent Writes share batches: small records written beside the
+	// oversized one, on the same partition, are never the ones named.
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 15 {
+				if err := out.Write(ctx, []Keyed{{Key: "g", Line: fmt.Appendf(nil, `{"w":%d,"i":%d}`, w, i)}}); err != nil {
+					t.Errorf("a small record beside a large one: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for range 5 {
+			var re *RecordError
+			if err := out.Write(ctx, []Keyed{{Key: "g", Line: big}}); !errors.As(err, &re) || re.Index != 0 {
+				t.Errorf("the 2 MiB record: %v", err)
+				return
+			}
+		}
+	})
+	wg.Wait()
 }
 
 // TestIntegrationOutput: concurrent Writes against the real broker; every

@@ -335,6 +335,22 @@ func TestFailedCallsLeaveNoSession(t *testing.T) {
 	if n := e.gw.sessions.open(); n != 0 {
 		t.Fatalf("%d sessions left by failed calls, want 0", n)
 	}
+	// A session finished while its only call is failing is kept: the
+	// trajectory is written once, and a repeat of the finish is answered
+	// as the first. (The finish pins the session from the moment it looks
+	// it up; once it marks it finished, the failing call leaves it alone
+	// anyway, so this does not reach the narrow window the pin closes.)
+	e.backend.FailNext(1, 400)
+	e.backend.SetDelay(150 * time.Millisecond)
+	var fwg sync.WaitGroup
+	fwg.Go(func() { e.do("POST", "/sessions/f5:0/v1/chat/completions", chatBody) })
+	time.Sleep(50 * time.Millisecond)
+	first := e.finish("f5:0", 0)
+	fwg.Wait()
+	e.backend.SetDelay(0)
+	if again := e.finish("f5:0", 0); again["trajectory_id"] != first["trajectory_id"] {
+		t.Fatalf("repeat of the finish: %v, first %v", again, first)
+	}
 	// A session that recorded a call keeps it when a later call fails.
 	e.mustJSON("POST", "/sessions/f3:0/v1/chat/completions", chatBody, 200, nil)
 	e.backend.FailNext(1, 400)

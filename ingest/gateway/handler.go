@@ -482,7 +482,7 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 	}
 	s.inflight.add(1)
 	defer s.inflight.done(1)
-	sess := s.sessions.get(sid)
+	sess := s.sessions.pin(sid) // a failing call no longer removes it
 	gone, retired := s.sessions.retiredFinish(sid)
 	if sess == nil && !retired {
 		writeError(w, http.StatusNotFound, "Session "+sid+" not found")

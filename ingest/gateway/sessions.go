@@ -78,8 +78,10 @@ type session struct {
 	// its bytes in sessions.bytes).
 	counted bool
 	// implicit: created by a call (ensure), not by POST /sessions; a call
-	// that fails before anything is recorded may remove it (dropUnused).
+	// that fails before anything is recorded may remove it (dropUnused)
+	// unless a finish holds it (pinned, under sessions.mu).
 	implicit bool
+	pinned   bool
 }
 
 // prev is a recorded step a later step's prompt may extend: sent as a
@@ -226,6 +228,18 @@ func (t *sessions) get(id string) *session {
 	return t.m[id]
 }
 
+// pin returns the session of id (nil: none), which dropUnused will no
+// longer remove: a finish holds it.
+func (t *sessions) pin(id string) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := t.m[id]
+	if s != nil {
+		s.pinned = true
+	}
+	return s
+}
+
 // ensure returns the session of id, creating a default one (a call to a
 // session URL that POST /sessions never named, as rLLM allows), with the
 // caller's call counted in its inflight (the caller calls inflight.done);
@@ -256,7 +270,7 @@ func (t *sessions) ensure(id string, mk func() *session) *session {
 func (t *sessions) dropUnused(s *session) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if !s.implicit || t.m[s.id] != s || s.inflight.count() > 1 {
+	if !s.implicit || s.pinned || t.m[s.id] != s || s.inflight.count() > 1 {
 		return
 	}
 	s.mu.Lock()
