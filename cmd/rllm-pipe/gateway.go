@@ -183,7 +183,7 @@ func runGateway(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, groupS
 		ln.Close()
 		return errors.Join(err, out.Close())
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: idleTimeout, ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("gateway: listening", "addr", addr, "upstreams", len(cfg.Upstreams), "to", out.String(),

@@ -33,6 +33,12 @@ type metrics struct {
 	deadLetter func() map[schemas.Reason]int64
 }
 
+// idleTimeout closes a keep-alive connection of the commands' HTTP servers
+// (gateway, ui, metrics) after this long without a request: without it an
+// idle connection, authenticated or not, is held for ever. Clients
+// reconnect on their next request.
+const idleTimeout = 2 * time.Minute
+
 // Progress implements pipeline.Observer.
 func (m *metrics) Progress(c transform.Counters, open int) {
 	m.mu.Lock()
@@ -127,7 +133,7 @@ func serveMetrics(ctx context.Context, addr string, m *metrics) (stop func(), er
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		m.write(w)
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: idleTimeout}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			slog.Error("metrics server", "err", err)
