@@ -335,20 +335,38 @@ func TestFailedCallsLeaveNoSession(t *testing.T) {
 	if n := e.gw.sessions.open(); n != 0 {
 		t.Fatalf("%d sessions left by failed calls, want 0", n)
 	}
-	// A session finished while its only call is failing is kept: the
-	// trajectory is written once, and a repeat of the finish is answered
-	// as the first. (The finish pins the session from the moment it looks
-	// it up; once it marks it finished, the failing call leaves it alone
-	// anyway, so this does not reach the narrow window the pin closes.)
+	// A finish that has looked its session up holds it: the session's only
+	// call failing meanwhile (here while the finish's body is still on its
+	// way, before the finish marks the session finished) does not remove
+	// it, so a repeat of the finish is answered as the first, not 404.
 	e.backend.FailNext(1, 400)
 	e.backend.SetDelay(150 * time.Millisecond)
 	var fwg sync.WaitGroup
 	fwg.Go(func() { e.do("POST", "/sessions/f5:0/v1/chat/completions", chatBody) })
 	time.Sleep(50 * time.Millisecond)
-	first := e.finish("f5:0", 0)
+	pr, pw := io.Pipe()
+	finished := make(chan map[string]any, 1)
+	fwg.Go(func() {
+		resp, err := http.Post(e.srv.URL+"/sessions/f5:0/finish", "application/json", pr)
+		if err != nil {
+			t.Error(err)
+			finished <- nil
+			return
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Errorf("finish: %d %v", resp.StatusCode, err)
+		}
+		finished <- out
+	})
+	time.Sleep(300 * time.Millisecond)                                                          // the call has failed by now; the finish waits for its body
+	_, _ = io.WriteString(pw, `{"reward":0,"is_correct":true,"termination_reason":"env_done"}`) // e.finish's body
+	pw.Close()
+	first := <-finished
 	fwg.Wait()
 	e.backend.SetDelay(0)
-	if again := e.finish("f5:0", 0); again["trajectory_id"] != first["trajectory_id"] {
+	if again := e.finish("f5:0", 0); first == nil || again["trajectory_id"] != first["trajectory_id"] {
 		t.Fatalf("repeat of the finish: %v, first %v", again, first)
 	}
 	// A session that recorded a call keeps it when a later call fails.

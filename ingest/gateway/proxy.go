@@ -461,8 +461,7 @@ func (s *Server) record(cl *call) {
 	}
 	sess.mu.Unlock()
 	line, tr, reject := buildStep(cl, index, parent)
-	tooLarge := len(line) > s.cfg.MaxRecordBytes
-	if tooLarge {
+	if len(line) > s.cfg.MaxRecordBytes {
 		// More than the output takes: its stub, which ingest dead-letters.
 		s.log.Warn("gateway: a step is larger than the output takes; its stub is written instead", "session_id", sess.id, "bytes", len(line), "max", s.cfg.MaxRecordBytes)
 		line, reject = refusedStub(line, rejectTooLarge), rejectTooLarge
