@@ -360,8 +360,10 @@ func TestFailedCallsLeaveNoSession(t *testing.T) {
 		}
 		finished <- out
 	})
-	time.Sleep(300 * time.Millisecond)                                                          // the call has failed by now; the finish waits for its body
-	_, _ = io.WriteString(pw, `{"reward":0,"is_correct":true,"termination_reason":"env_done"}`) // e.finish's body
+	// The call has failed by now; the finish is still waiting for its body
+	// (e.finish's, so that the repeat below is the same finish).
+	time.Sleep(300 * time.Millisecond)
+	_, _ = io.WriteString(pw, `{"reward":0,"is_correct":true,"termination_reason":"env_done"}`)
 	pw.Close()
 	first := <-finished
 	fwg.Wait()
