@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,8 +55,7 @@ func TestIntegrationDeadLetterTopic(t *testing.T) {
 			t.Fatalf("%d of %d settled\n%s", settledCount(t, cfg), len(lines), stderr.String())
 		}
 	}
-	c.Process.Signal(syscall.SIGTERM)
-	if err := c.Wait(); err != nil {
+	if err := terminate(t, c, waitChan(c), &stderr); err != nil {
 		t.Fatalf("ingest: %v\n%s", err, stderr.String())
 	}
 	verifyS3Output(t, cfg, ref, sc.work, false)

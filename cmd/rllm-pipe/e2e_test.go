@@ -190,6 +190,14 @@ func e2eClip(s string, n int) string {
 	return s[:n] + fmt.Sprintf("...(%d more bytes)", len(s)-n)
 }
 
+// e2eTail is the last n bytes of s.
+func e2eTail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return fmt.Sprintf("(%d bytes before)...", len(s)-n) + s[len(s)-n:]
+}
+
 func e2eShort(s string) string {
 	if len(s) > 80 {
 		return fmt.Sprintf("%q...(len %d)", s[:60], len(s))

@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -140,8 +139,7 @@ func TestIntegrationGatewayKafkaS3Consume(t *testing.T) {
 	if got, want := backend.Calls(), int64(len(calls)); got != want {
 		t.Fatalf("the stub served %d calls, the agents made %d", got, want)
 	}
-	gw.Process.Signal(syscall.SIGTERM)
-	if err := <-gwDone; err != nil {
+	if err := terminate(t, gw, gwDone, &gwErr); err != nil {
 		t.Fatalf("gateway: %v\n%s", err, gwErr.String())
 	}
 
@@ -171,8 +169,7 @@ func TestIntegrationGatewayKafkaS3Consume(t *testing.T) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	ing.Process.Signal(syscall.SIGTERM)
-	if err := ing.Wait(); err != nil {
+	if err := terminate(t, ing, waitChan(ing), &ingErr); err != nil {
 		t.Fatalf("ingest: %v\n%s", err, ingErr.String())
 	}
 

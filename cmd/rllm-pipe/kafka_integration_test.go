@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -128,8 +127,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	c.Process.Signal(syscall.SIGTERM)
-	if err := c.Wait(); err != nil {
+	if err := terminate(t, c, waitChan(c), &stderr); err != nil {
 		t.Fatalf("final ingest: %v\n%s", err, stderr.String())
 	}
 

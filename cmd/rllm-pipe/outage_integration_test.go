@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,7 +27,9 @@ func services(t *testing.T, args ...string) {
 // settledCount is the number of positions the manifest under cfg settles.
 func settledCount(t testing.TB, cfg s3.Config) int64 {
 	t.Helper()
-	st, err := s3.Open(context.Background(), cfg, "observer")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := s3.Open(ctx, cfg, "observer")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +117,7 @@ func TestIntegrationOutages(t *testing.T) {
 	all := append(append([][]byte{}, lines...), extra...)
 	waitFor("the records produced after the broker restart", func() bool { return settledCount(t, cfg) == int64(len(all)) })
 
-	c.Process.Signal(syscall.SIGTERM)
-	if err := <-exited; err != nil {
+	if err := terminate(t, c, exited, &stderr); err != nil {
 		t.Fatalf("ingest: %v\n%s", err, stderr.String())
 	}
 	ref := sc.reference(all)

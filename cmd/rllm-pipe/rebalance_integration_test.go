@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -25,16 +24,16 @@ func TestIntegrationRebalance(t *testing.T) {
 	type worker struct {
 		cmd    *exec.Cmd
 		stderr *syncBuffer
-		done   chan error
+		done   <-chan error
 	}
 	start := func() *worker {
 		c := sc.ingest("--shard-size", "256KiB")
-		w := &worker{cmd: c, stderr: &syncBuffer{}, done: make(chan error, 1)}
+		w := &worker{cmd: c, stderr: &syncBuffer{}}
 		c.Stderr = w.stderr
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
-		go func() { w.done <- c.Wait() }()
+		w.done = waitChan(c)
 		return w
 	}
 	workers := []*worker{start(), start(), start()}
@@ -71,8 +70,7 @@ func TestIntegrationRebalance(t *testing.T) {
 		}
 	}
 	for _, i := range []int{0, 2} {
-		workers[i].cmd.Process.Signal(syscall.SIGTERM)
-		if err := <-workers[i].done; err != nil {
+		if err := terminate(t, workers[i].cmd, workers[i].done, workers[i].stderr); err != nil {
 			t.Fatalf("worker %d: %v\n%s", i+1, err, workers[i].stderr.String())
 		}
 	}

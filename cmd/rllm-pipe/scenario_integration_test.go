@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -9,7 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
@@ -81,10 +84,16 @@ func (s *scenario) produce(part [][]byte, name string, partitions int) error {
 	if err := os.WriteFile(p, e2eJoinLines(part), 0o644); err != nil {
 		return err
 	}
-	cmd := exec.Command(s.bin, "produce", "--to", "kafka://"+s.brokers+"/"+s.topic, "--partitions", fmt.Sprint(partitions), "--quiet", p)
+	// A produce still running after two minutes is hung: SIGQUIT dumps
+	// its goroutines into the error.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.bin, "produce", "--to", "kafka://"+s.brokers+"/"+s.topic, "--partitions", fmt.Sprint(partitions), "--quiet", p)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
+	cmd.WaitDelay = 30 * time.Second
 	cmd.Env = serviceEnv()
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("produce: %v\n%s", err, out)
+		return fmt.Errorf("produce: %v\n%s", err, e2eTail(string(out), 200_000))
 	}
 	return nil
 }
@@ -116,4 +125,41 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// stopWithin bounds how long a worker may take to stop cleanly after
+// SIGTERM in the integration tests.
+const stopWithin = 2 * time.Minute
+
+// terminate sends c SIGTERM and returns its exit status from done (which
+// receives c.Wait's result). A worker still running after stopWithin is
+// sent SIGQUIT, so that its goroutines are dumped to its stderr, and the
+// test fails with that dump: a hung stop is reported, never waited for
+// until the suite's timeout.
+func terminate(t testing.TB, c *exec.Cmd, done <-chan error, stderr fmt.Stringer) error {
+	t.Helper()
+	if err := c.Process.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("SIGTERM: %w", err)
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(stopWithin):
+	}
+	c.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		c.Process.Kill()
+		<-done
+	}
+	t.Fatalf("%s did not stop within %s of SIGTERM; its goroutines (SIGQUIT):\n%s", c.Args[1], stopWithin, e2eTail(stderr.String(), 200_000))
+	return nil
+}
+
+// waitChan runs c.Wait on a goroutine of its own and returns its result.
+func waitChan(c *exec.Cmd) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	return done
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -64,8 +63,7 @@ func TestIntegrationIdleWorkerTakesOver(t *testing.T) {
 			t.Fatalf("the idle worker did not take over: %d of %d settled\n%s", settledCount(t, cfg), len(lines), idle.stderr.String())
 		}
 	}
-	idle.cmd.Process.Signal(syscall.SIGTERM)
-	if err := idle.cmd.Wait(); err != nil {
+	if err := terminate(t, idle.cmd, waitChan(idle.cmd), idle.stderr); err != nil {
 		t.Fatalf("worker: %v\n%s", err, idle.stderr.String())
 	}
 	verifyS3Output(t, cfg, ref, sc.work, true)

@@ -206,6 +206,8 @@ func (g *Generation) FirstOffsets(ctx context.Context) (map[int]int64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kafka: leader of %s: %w", Stream(g.c.cfg.Topic, p), err)
 		}
+		// A broker that stops answering fails the lookup, not hangs it.
+		_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
 		first, err := conn.ReadFirstOffset()
 		conn.Close()
 		if err != nil {
@@ -346,6 +348,14 @@ func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, offset int64,
 		if err := conn.SetReadDeadline(time.Now().Add(fetchWait + 30*time.Second)); err != nil {
 			return offset, progressed, err
 		}
+		// Checked after setting the deadline: an end that came before
+		// (while records were taken from the read buffer, with no read to
+		// interrupt) had its deadline overridden just now, and on an idle
+		// partition the loop would fetch nothing for ever; one that comes
+		// after moves the deadline this fetch uses.
+		if err := ctx.Err(); err != nil {
+			return offset, progressed, err
+		}
 		batch := conn.ReadBatchWith(kgo.ReadBatchConfig{MinBytes: 1, MaxBytes: FetchBytes, MaxWait: fetchWait})
 		var c ingest.Chunk
 		size := 0
@@ -388,6 +398,9 @@ func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, offset int64,
 
 // send hands c to Read; false when ctx ended first.
 func (s *source) send(ctx context.Context, c ingest.Chunk) bool {
+	if ctx.Err() != nil {
+		return false
+	}
 	select {
 	case s.chunks <- c:
 		return true

@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
 )
 
 // TestIntegrationSourceIdlePartitions: a partition with nothing new is
@@ -60,5 +63,70 @@ func TestIntegrationSourceIdlePartitions(t *testing.T) {
 	read(`{"n":2}`)
 	if n := src.(*source).retries.Load(); n != 0 {
 		t.Errorf("%d reconnections while partitions were idle, want 0", n)
+	}
+}
+
+// TestIntegrationFetchEndsWithItsContext: a partition's fetch loop returns
+// once its context ends, whenever that happens. The end interrupts a
+// fetch blocked on the broker by moving the connection's deadline; an end
+// that came while a fetch's records were taken from the read buffer (no
+// read to interrupt) or just before the loop set the next fetch's
+// deadline was overridden by that deadline: on an idle partition the loop
+// then fetched nothing every fetchWait for ever, so the generation never
+// ended and a stopping ingest never exited. Each round starts the loop
+// with its context already ended, which puts the end anywhere in its
+// first steps, at the partition's first record or at its end.
+func TestIntegrationFetchEndsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := newTopic(ctx, t, "fetch-ends", 1)
+	defer DeleteTopics(context.Background(), cfg, cfg.Topic)
+	out, err := NewOutput(cfg, OutputOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	var recs []Keyed
+	for i := range 500 {
+		recs = append(recs, Keyed{Key: "k", Line: fmt.Appendf(nil, `{"n":%d,"pad":"%0100d"}`, i, i)})
+	}
+	if err := out.Write(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	d, err := cfg.dialer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetcher := WithReadBuffer(d)
+	s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk, 1)}
+	for round := range 200 {
+		conn, err := fetcher.DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		from := int64(0) // records to take
+		if round%2 == 1 {
+			from = int64(len(recs)) // none: an idle partition
+		}
+		ended, end := context.WithCancel(ctx)
+		end()
+		done := make(chan struct{})
+		var lag atomic.Int64
+		go func() {
+			defer close(done)
+			s.fetch(ended, conn, 0, from, &lag)
+		}()
+		select {
+		case <-done:
+		case <-time.After(20 * fetchWait):
+			conn.Close()
+			<-done
+			t.Fatalf("round %d: the fetch loop still ran %s after its context ended", round, 20*fetchWait)
+		}
+		conn.Close()
+		select {
+		case <-s.chunks:
+		default:
+		}
 	}
 }
