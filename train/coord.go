@@ -400,6 +400,12 @@ func (c *coordinator) refresh(ctx context.Context) error {
 			if err := c.load(ctx); err != nil {
 				return err
 			}
+			c.mu.Lock()
+			moved := c.st.Next > next
+			c.mu.Unlock()
+			if !moved { // a damaged log: reloading again would loop for ever
+				return fmt.Errorf("train: consumer-group event %d was compacted away and no snapshot goes beyond it", next)
+			}
 			continue
 		}
 		if data == nil {

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
@@ -280,6 +281,29 @@ func TestStaleMemberReloads(t *testing.T) {
 	}
 	m.follow(t, ctx, obj)
 	m.equal(t, reader)
+
+	// A damaged log (its snapshots gone): a reader behind the compaction
+	// fails, instead of reloading nothing for ever.
+	snaps, err := obj.List(ctx, "snap-")
+	if err != nil || len(snaps) == 0 {
+		t.Fatalf("snapshots %v: %v", snaps, err)
+	}
+	for _, n := range snaps {
+		if err := obj.Delete(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lost := &coordinator{obj: obj, log: store.NewJournal(obj), snapEvery: SnapshotEvery, st: &groupState{Next: 3, Shards: map[string]*shardState{}}}
+	refreshed := make(chan error, 1)
+	go func() { refreshed <- lost.refresh(ctx) }()
+	select {
+	case err := <-refreshed:
+		if err == nil || !strings.Contains(err.Error(), "compacted away") {
+			t.Fatalf("refresh behind a compaction with no snapshot: %v, want an error", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("refresh behind a compaction with no snapshot still running after a minute")
+	}
 }
 
 // failing is an Objects that stops working (the process died) after

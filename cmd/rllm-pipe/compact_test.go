@@ -11,7 +11,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -417,10 +416,7 @@ func TestCompactEvery(t *testing.T) {
 	waitFor(2)
 	ingest(files[4:])
 	waitFor(4)
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Wait(); err != nil {
+	if err := terminate(t, cmd, waitChan(cmd), &stderr); err != nil {
 		t.Fatalf("compact --every after SIGTERM: %v (want exit 0)\n%s", err, stderr.String())
 	}
 	if files, m := compactFiles(t, bin, work, out); files != 4 || m != 4 {

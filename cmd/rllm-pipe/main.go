@@ -15,6 +15,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -51,6 +52,11 @@ func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// abortGrace is how long a second signal waits for the command to end
+// before the process exits anyway (long enough for an aborted stdin run
+// to write its spill file).
+const abortGrace = time.Minute
+
 // run executes the command line args and returns the exit code. The first
 // SIGINT or SIGTERM asks for a soft stop (stop reading, commit what is
 // assembled); a second one cancels at once.
@@ -59,6 +65,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer cancelHard()
 	soft, cancelSoft := context.WithCancel(hard)
 	defer cancelSoft()
+	returned := make(chan struct{})
+	defer close(returned)
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
@@ -75,6 +83,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "rllm-pipe: aborting")
 			cancelHard()
 		case <-hard.Done():
+			return
+		}
+		// Every command ends soon after the abort; one that does not (a
+		// call blocked where nothing interrupts it) is not waited for:
+		// what was committed is whole wherever a run stops.
+		select {
+		case <-time.After(abortGrace):
+			fmt.Fprintf(stderr, "rllm-pipe: still running %s after the abort; exiting\n", abortGrace)
+			os.Exit(exitStopped)
+		case <-returned:
 		}
 	}()
 

@@ -9,6 +9,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -123,4 +125,68 @@ func TestIntegrationOutages(t *testing.T) {
 	ref := sc.reference(all)
 	shards, letters := verifyS3Output(t, cfg, ref, sc.work, true)
 	t.Logf("%d steps exactly once in %d shards, %d dead letters; s3 retries logged:\n%s", len(ref.Rows), shards, letters, e2eClip(stderr.String(), 2000))
+}
+
+// TestIntegrationStopKafkaDuringS3Outage: an ingest from Kafka whose store
+// became unreachable with records in hand stops promptly on SIGTERM (a
+// first signal ends the store's retries: of its commits, and of the
+// end-of-generation sweep of unlisted objects, which retried for
+// --retry-for, 15 minutes by default); a second run with the store back
+// completes the output, every step exactly once.
+func TestIntegrationStopKafkaDuringS3Outage(t *testing.T) {
+	sc := newScenario(t, "stop-outage", "--groups", "400", "--seed", "21")
+	half := len(sc.lines) / 2
+	if err := sc.produce(sc.lines[:half], "a.jsonl", 2); err != nil {
+		t.Fatal(err)
+	}
+	proxy := newTCPProxy(t, strings.TrimPrefix(sc.cfg.Endpoint, "http://"))
+	c := sc.ingest("--s3-endpoint", "http://"+proxy.addr())
+	var stderr syncBuffer
+	c.Stderr = &stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := waitChan(c)
+	defer c.Process.Kill()
+	for deadline := time.Now().Add(2 * time.Minute); settledCount(t, sc.cfg) == 0; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing settled in 2 minutes\n%s", stderr.String())
+		}
+	}
+	proxy.Close()
+	if err := sc.produce(sc.lines[half:], "b.jsonl", 2); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // read, and its commits failing
+	start := time.Now()
+	c.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		c.Process.Signal(syscall.SIGQUIT)
+		<-done
+		t.Fatalf("ingest went on retrying for 30s after SIGTERM\n%s", e2eTail(stderr.String(), 100_000))
+	}
+	t.Logf("stopped %s after SIGTERM:\n%s", time.Since(start).Round(time.Millisecond), e2eTail(stderr.String(), 600))
+	if code := c.ProcessState.ExitCode(); code != exitStopped || !strings.Contains(stderr.String(), "not committed") {
+		t.Fatalf("exit %d, want %d (stopped before finishing), saying records were not committed\n%s", code, exitStopped, e2eTail(stderr.String(), 3000))
+	}
+
+	again := sc.ingest()
+	var stderr2 syncBuffer
+	again.Stderr = &stderr2
+	if err := again.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done2 := waitChan(again)
+	defer again.Process.Kill()
+	for deadline := time.Now().Add(2 * time.Minute); settledCount(t, sc.cfg) < int64(len(sc.lines)); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d settled\n%s", settledCount(t, sc.cfg), len(sc.lines), stderr2.String())
+		}
+	}
+	if err := terminate(t, again, done2, &stderr2); err != nil {
+		t.Fatalf("second ingest: %v\n%s", err, stderr2.String())
+	}
+	verifyS3Output(t, sc.cfg, sc.reference(sc.lines), sc.work, true)
 }

@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -53,11 +54,13 @@ func TestStopStdinReadsWhatThePipeHolds(t *testing.T) {
 		written := make(chan int, 1)
 		sent := make(chan struct{})
 		var returned atomic.Int64 // writes that returned so far
+		var half sync.Once
 		go func() {
+			defer half.Do(func() { close(sent) }) // an ingest that failed early
 			n := 0
 			for i, rec := range records {
 				if i == len(records)/2 {
-					close(sent)
+					half.Do(func() { close(sent) })
 				}
 				if _, err := w.Write(append(rec, '\n')); err != nil {
 					break
@@ -71,8 +74,7 @@ func TestStopStdinReadsWhatThePipeHolds(t *testing.T) {
 		var held int32
 		syscall.Syscall(syscall.SYS_IOCTL, w.Fd(), syscall.TIOCINQ, uintptr(unsafe.Pointer(&held)))
 		before := int(returned.Load())
-		cmd.Process.Signal(syscall.SIGTERM)
-		err = cmd.Wait()
+		err = terminate(t, cmd, waitChan(cmd), &stderr)
 		w.Close()
 		nw := <-written
 		records := records[:nw]

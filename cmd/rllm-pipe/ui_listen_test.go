@@ -7,7 +7,6 @@ import (
 	"context"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -70,10 +69,7 @@ func TestUIListenCLI(t *testing.T) {
 	if err := ui.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		ui.Process.Signal(os.Interrupt)
-		ui.Wait()
-	}()
+	defer terminate(t, ui, waitChan(ui), &stderr)
 	re := regexp.MustCompile(`serving .* on (http://[^ ]+/)`)
 	var base string
 	waitFor(t, 30*time.Second, "ui --listen localhost:0 serving", func() bool {

@@ -460,10 +460,7 @@ func TestIntegrationReportAndUIFromS3(t *testing.T) {
 	if err := ui.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		ui.Process.Signal(os.Interrupt)
-		ui.Wait()
-	}()
+	defer terminate(t, ui, waitChan(ui), &stderr)
 	base := "http://" + addr
 	state := func() (live.State, bool) {
 		resp, err := http.Get(base + "/api/state")

@@ -337,22 +337,26 @@ func (g *Generation) dialLeader(ctx context.Context, p int) (*kgo.Conn, error) {
 // fetch reads batches from conn at offset and sends them as chunks until
 // an error or the end of ctx; it returns the next offset to read.
 func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, offset int64, lag *atomic.Int64) (next int64, progressed bool, err error) {
+	// A call blocked on the broker ends with ctx. Every deadline set below
+	// is followed by a check of ctx: an end that came before (while
+	// records were taken from the read buffer, with no read to interrupt)
+	// had its deadline overridden, and on an idle partition the loop would
+	// fetch nothing for ever; an end that comes after moves the deadline
+	// the next call uses.
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
+	defer stop()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second)) // the seek asks the broker for the partition's bounds
+	if err := ctx.Err(); err != nil {
+		return offset, false, err
+	}
 	if _, err := conn.Seek(offset, kgo.SeekAbsolute); err != nil {
 		return offset, false, fmt.Errorf("kafka: seek %s to %d: %w", Stream(s.topic, p), offset, err)
 	}
-	// A read blocked on the broker ends with ctx.
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
-	defer stop()
 	stream := Stream(s.topic, p)
 	for {
-		if err := conn.SetReadDeadline(time.Now().Add(fetchWait + 30*time.Second)); err != nil {
+		if err := conn.SetDeadline(time.Now().Add(fetchWait + 30*time.Second)); err != nil {
 			return offset, progressed, err
 		}
-		// Checked after setting the deadline: an end that came before
-		// (while records were taken from the read buffer, with no read to
-		// interrupt) had its deadline overridden just now, and on an idle
-		// partition the loop would fetch nothing for ever; one that comes
-		// after moves the deadline this fetch uses.
 		if err := ctx.Err(); err != nil {
 			return offset, progressed, err
 		}

@@ -85,18 +85,17 @@ func (p *Producer) Close() error { return p.w.Close() }
 // EnsureTopic creates cfg.Topic with the given partitions if it does not
 // exist (replication factor 1 unless replicas > 1).
 func EnsureTopic(ctx context.Context, cfg Config, partitions, replicas int) error {
-	conn, cc, err := dialController(ctx, cfg)
+	conn, cc, done, err := dialController(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	defer cc.Close()
+	defer done()
 	err = cc.CreateTopics(kgo.TopicConfig{Topic: cfg.Topic, NumPartitions: partitions, ReplicationFactor: max(replicas, 1)})
 	if err != nil && !errors.Is(err, kgo.TopicAlreadyExists) {
 		return fmt.Errorf("kafka: create topic %s: %w", cfg.Topic, err)
 	}
 	// Wait until every partition has a leader.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(leaderWait)
 	for {
 		parts, err := conn.ReadPartitions(cfg.Topic)
 		ok := err == nil && len(parts) > 0
@@ -109,45 +108,79 @@ func EnsureTopic(ctx context.Context, cfg Config, partitions, replicas int) erro
 		if time.Now().After(deadline) {
 			return fmt.Errorf("kafka: topic %s has no leaders yet: %v", cfg.Topic, err)
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafka: topic %s: waiting for leaders: %w", cfg.Topic, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
 
 // DeleteTopics deletes topics (for tests and benchmarks that clean up
 // after themselves; a topic that does not exist is not an error).
 func DeleteTopics(ctx context.Context, cfg Config, topics ...string) error {
-	conn, cc, err := dialController(ctx, cfg)
+	_, cc, done, err := dialController(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	defer cc.Close()
+	defer done()
 	if err := cc.DeleteTopics(topics...); err != nil && !errors.Is(err, kgo.UnknownTopicOrPartition) {
 		return fmt.Errorf("kafka: delete topics %v: %w", topics, err)
 	}
 	return nil
 }
 
+// leaderWait bounds EnsureTopic's wait for a new topic's leaders; adminWait
+// bounds every call on an admin connection (kafka-go's Conn calls have no
+// deadline of their own: a broker that accepts but never answers would
+// hold them for ever).
+const (
+	leaderWait = 30 * time.Second
+	adminWait  = leaderWait + 15*time.Second
+)
+
 // dialController connects to the first broker and to the cluster's
-// controller (which creates and deletes topics).
-func dialController(ctx context.Context, cfg Config) (conn, ctrl *kgo.Conn, err error) {
+// controller (which creates and deletes topics). Calls on both fail once
+// ctx ends or adminWait has passed; done closes them.
+func dialController(ctx context.Context, cfg Config) (conn, ctrl *kgo.Conn, done func(), err error) {
 	d, err := cfg.dialer()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	deadline := time.Now().Add(adminWait)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	var conns []*kgo.Conn
+	var stops []func() bool
+	done = func() {
+		for i, c := range conns {
+			stops[i]()
+			c.Close()
+		}
+	}
+	// bound sets c's deadline, then has the end of ctx move it to now (in
+	// that order: an end that came already is not overridden).
+	bound := func(c *kgo.Conn) {
+		_ = c.SetDeadline(deadline)
+		conns = append(conns, c)
+		stops = append(stops, context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) }))
 	}
 	conn, err = d.DialContext(ctx, "tcp", cfg.Brokers[0])
 	if err != nil {
-		return nil, nil, fmt.Errorf("kafka: dial %s: %w", cfg.Brokers[0], err)
+		return nil, nil, nil, fmt.Errorf("kafka: dial %s: %w", cfg.Brokers[0], err)
 	}
+	bound(conn)
 	c, err := conn.Controller()
 	if err != nil {
-		conn.Close()
-		return nil, nil, fmt.Errorf("kafka: controller: %w", err)
+		done()
+		return nil, nil, nil, fmt.Errorf("kafka: controller: %w", err)
 	}
 	ctrl, err = d.DialContext(ctx, "tcp", net.JoinHostPort(c.Host, strconv.Itoa(c.Port)))
 	if err != nil {
-		conn.Close()
-		return nil, nil, fmt.Errorf("kafka: dial controller: %w", err)
+		done()
+		return nil, nil, nil, fmt.Errorf("kafka: dial controller: %w", err)
 	}
-	return conn, ctrl, nil
+	bound(ctrl)
+	return conn, ctrl, done, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/transform"
 )
@@ -107,7 +108,7 @@ func (f *Feed) run(hard, soft context.Context) {
 	err := f.p.stages(hard, soft, countingSource{f.tail, &f.handed}, soft)
 	err = errors.Join(err, f.tail.Close())
 	if err == nil {
-		err = f.p.store.Sweep(hard)
+		err = f.p.store.Sweep(store.WithRetryStop(hard, soft.Done()))
 	}
 	f.err = err
 }

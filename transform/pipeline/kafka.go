@@ -97,6 +97,11 @@ func (k *kafkaGeneration) Commit(settled schemas.Settled) error {
 // but the run stopped before finishing.
 var ErrStoppedInOutage = errors.New("kafka: stopped while the broker was unreachable")
 
+// ErrStoppedUncommitted is RunKafka's error when the store failed what a
+// soft stop commits: records read and not committed are read again by
+// the partitions' next owner (exit 3, as for ErrStoppedInOutage).
+var ErrStoppedUncommitted = errors.New("stopped with records read but not committed (the next run reads them again)")
+
 // RunKafka consumes generation after generation of the consumer group
 // that join joins, until a soft stop. Each generation claims its
 // partitions in the manifest (fencing their previous owners), starts every
@@ -162,7 +167,7 @@ func (p *Pipeline) RunKafka(ctx, soft context.Context, join func() (Group, error
 			// A rebalance: uncommitted work is the next owner's.
 			p.cfg.Log.Info("kafka: generation ended; rejoining", "reason", err)
 			backoff, failing = time.Second, time.Time{}
-		case ctx.Err() != nil:
+		case ctx.Err() != nil, errors.Is(err, ErrStoppedUncommitted):
 			return err
 		default:
 			// Fenced, an outage outlasting the retries, a broker error:
@@ -213,10 +218,16 @@ func (p *Pipeline) generation(ctx, soft context.Context, gen Generation) error {
 	<-hints
 	// No commit of ours is in flight now: what we published without
 	// listing it goes.
-	if serr := p.store.Sweep(ctx); serr != nil {
+	if serr := p.store.Sweep(store.WithRetryStop(ctx, soft.Done())); serr != nil {
 		p.cfg.Log.Warn("sweeping unlisted objects", "err", serr)
 	}
 	if soft.Err() != nil {
+		if err != nil && !errors.Is(err, kafka.ErrGenerationEnded) && !errors.Is(err, context.Canceled) {
+			// The store failed the stop's commits (an outage): nothing is
+			// lost, the next owner reads those records again, but this
+			// run did not finish what it had.
+			return fmt.Errorf("%w: %w", ErrStoppedUncommitted, err)
+		}
 		return nil
 	}
 	return err

@@ -178,7 +178,8 @@ func (p *Pipeline) Run(ctx, soft context.Context, src ingest.Source, stream stri
 		err = p.stages(ctx, soft, src, soft)
 	}
 	if err == nil {
-		err = p.store.Sweep(ctx)
+		// A stop during an outage ends the sweep's retries too.
+		err = p.store.Sweep(store.WithRetryStop(ctx, soft.Done()))
 	}
 	return err
 }
