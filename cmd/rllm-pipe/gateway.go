@@ -35,6 +35,7 @@ type gatewayOpts struct {
 	kafkaPartitions             int
 	shutdownTimeout             time.Duration
 	wholePrompts                bool
+	forward                     []string
 	conn                        connFlags
 }
 
@@ -104,6 +105,7 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.StringVar(&o.to, "to", "", "where records go: kafka://host:port/topic, a record log PATH.jsonl, or a shard root (a path or s3://bucket/prefix)")
 	f.StringVar(&o.ready, "ready-file", "", "write the bound address to this file once listening")
 	f.BoolVar(&o.wholePrompts, "whole-prompts", false, "write every step's whole prompt_ids, never parent_step_id + prompt_delta_ids (for readers of the records other than rllm-pipe ingest)")
+	f.StringArrayVar(&o.forward, "forward", nil, "a route besides the recorded endpoints forwarded to the workers, \"[METHOD ]/v1/path\" (a trailing /* for every path below; \"*\" for all); repeatable; default: GET /v1/models, GET /v1/models/*, POST /v1/embeddings. Any other call is answered 404: a worker's admin routes (vLLM's /v1/load_lora_adapter) are not the agents'")
 	f.Int64Var(&o.weightVersion, "weight-version", 0, "initial weight (policy) version stamped on calls (POST /admin/weight_version changes it)")
 	f.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding the bearer token of the agent routes (default: $RLLM_GATEWAY_AGENT_TOKEN; none: loopback only)")
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_GATEWAY_ADMIN_TOKEN; none: loopback only)")
@@ -252,6 +254,10 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 	}
 	c.WeightVersion = o.weightVersion
 	c.WholePrompts = o.wholePrompts
+	c.Forward = o.forward
+	if err := gateway.ValidateForward(c.Forward); err != nil {
+		return c, usageErrorf("--forward: %v", err)
+	}
 	if groupSizeSet {
 		c.GroupSize = ing.groupSize
 	}

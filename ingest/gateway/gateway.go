@@ -96,6 +96,11 @@ type Config struct {
 	// multi-turn agents from the output; ingest stores the same either
 	// way.
 	WholePrompts bool
+	// Forward lists the routes besides the recorded endpoints that agents'
+	// calls are forwarded to upstream (nil: DefaultForward): "[METHOD
+	// ]/v1/path", a trailing "/*" for every path below, or "*" for all.
+	// Any other call is answered 404 without reaching a worker.
+	Forward []string
 	// Transport overrides the upstream transport (tests); the default is
 	// tuned for many keep-alive connections to few hosts.
 	Transport http.RoundTripper
@@ -104,6 +109,9 @@ type Config struct {
 func (c *Config) defaults() {
 	if c.MaxRequestBytes <= 0 {
 		c.MaxRequestBytes = 32 << 20
+	}
+	if c.Forward == nil {
+		c.Forward = DefaultForward
 	}
 	if c.MaxRecordBytes <= 0 {
 		c.MaxRecordBytes = 16 << 20
@@ -156,6 +164,7 @@ type Server struct {
 	sessions *sessions
 	metrics  *metrics
 	client   *http.Client
+	forward  []route // Config.Forward
 	weight   atomic.Int64
 
 	closing  atomic.Bool
@@ -175,6 +184,10 @@ func New(cfg Config, out Output) (*Server, error) {
 		return nil, fmt.Errorf("gateway: group size %d and weight version %d must be >= 0", cfg.GroupSize, cfg.WeightVersion)
 	}
 	cfg.defaults()
+	forward, err := parseRoutes(cfg.Forward)
+	if err != nil {
+		return nil, err
+	}
 	tr := cfg.Transport
 	if tr == nil {
 		tr = newTransport()
@@ -186,6 +199,7 @@ func New(cfg Config, out Output) (*Server, error) {
 		metrics:  newMetrics(),
 		client:   &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		sessions: newSessions(cfg.MaxTracesPerSession, cfg.MaxTraces, cfg.MaxTraceBytes, cfg.MaxRetiredSessions),
+		forward:  forward,
 	}
 	s.weight.Store(cfg.WeightVersion)
 	s.queue = newQueue(out, cfg.MaxBufferedBytes, cfg.Writers, cfg.BatchRecords, s.metrics, cfg.Log)

@@ -1,0 +1,54 @@
+package gateway
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestForwardRoutes: besides the recorded endpoints, only the routes of
+// Config.Forward reach the workers; any other call (an inference server's
+// admin routes, which the gateway would call with the upstream key) is
+// answered 404 without an upstream request.
+func TestForwardRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		forward []string
+		method  string
+		path    string
+		sent    bool
+	}{
+		{"models", nil, "GET", "/v1/models", true},
+		{"a model", nil, "GET", "/v1/models/m", true},
+		{"models in a session", nil, "GET", "/sessions/fw:0/v1/models", true},
+		{"embeddings", nil, "POST", "/v1/embeddings", true},
+		{"chat outside a session", nil, "POST", "/v1/chat/completions", true},
+		{"an adapter load", nil, "POST", "/v1/load_lora_adapter", false},
+		{"an adapter load in a session", nil, "POST", "/sessions/fw:0/v1/unload_lora_adapter", false},
+		{"models by another method", nil, "DELETE", "/v1/models", false},
+		{"chat by GET", nil, "GET", "/v1/chat/completions", false},
+		{"dot segments", nil, "GET", "/v1/models/../load_lora_adapter", false},
+		{"doubled slash", nil, "GET", "/v1/models//x", false},
+		{"every route", []string{"*"}, "POST", "/v1/load_lora_adapter", true},
+		{"a route added", []string{"POST /v1/load_lora_adapter"}, "POST", "/v1/load_lora_adapter", true},
+		{"a route added, others not", []string{"POST /v1/load_lora_adapter"}, "GET", "/v1/models", false},
+		{"a prefix, any method", []string{"/v1/admin/*"}, "PUT", "/v1/admin/x/y", true},
+		{"a prefix is not its parent", []string{"/v1/admin/*"}, "PUT", "/v1/administer", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, func(c *Config) { c.Forward = tc.forward })
+			code, body := e.do(tc.method, tc.path, "")
+			sent := len(e.backend.Requests()) > 0
+			if sent != tc.sent {
+				t.Fatalf("%s %s: reached the worker: %v, want %v (status %d: %s)", tc.method, tc.path, sent, tc.sent, code, body)
+			}
+			if !tc.sent && (code != 404 || !strings.Contains(string(body), "does not forward")) {
+				t.Fatalf("%s %s: %d %s, want 404 saying it is not forwarded", tc.method, tc.path, code, body)
+			}
+		})
+	}
+	for _, bad := range []string{"/admin", "FETCH /v1/x", "GET v1/models", ""} {
+		if _, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Forward: []string{bad}}, &memOutput{}); err == nil {
+			t.Errorf("New with Forward %q: no error", bad)
+		}
+	}
+}
