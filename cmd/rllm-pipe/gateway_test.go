@@ -63,6 +63,14 @@ func TestGatewayUsageErrors(t *testing.T) {
 			args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "b.jsonl")},
 			env:  map[string]string{"RLLM_GATEWAY_AGENT_TOKEN": "secret-agent"},
 		},
+		"beyond loopback, short tokens": {
+			args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "c.jsonl")},
+			env:  map[string]string{"RLLM_GATEWAY_AGENT_TOKEN": "secret-agent", "RLLM_GATEWAY_ADMIN_TOKEN": "secret-admin-token-0123456789"},
+		},
+		"beyond loopback, one token for both": {
+			args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "d.jsonl")},
+			env:  map[string]string{"RLLM_GATEWAY_AGENT_TOKEN": "secret-agent-0123456789", "RLLM_GATEWAY_ADMIN_TOKEN": "secret-agent-0123456789"},
+		},
 		"bad size":           {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--max-buffered-bytes", "lots"}},
 		"missing token file": {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--agent-token-file", filepath.Join(dir, "none")}},
 		"upstream key unset": {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--upstream-key-env", "RLLM_TEST_UPSTREAM_KEY_UNSET"}},
@@ -74,7 +82,10 @@ func TestGatewayUsageErrors(t *testing.T) {
 				t.Setenv(k, v)
 			}
 			var stderr bytes.Buffer
-			if code := run(context.Background(), append([]string{"gateway"}, tc.args...), io.Discard, &stderr); code != exitUsage {
+			// A gateway that starts serving is stopped, and fails the test.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if code := run(ctx, append([]string{"gateway"}, tc.args...), io.Discard, &stderr); code != exitUsage {
 				t.Fatalf("exit %d, want %d\n%s", code, exitUsage, stderr.String())
 			}
 			if strings.Contains(stderr.String(), "secret-agent") {
