@@ -235,6 +235,19 @@ func newTransport() *http.Transport {
 // WeightVersion is the weight version stamped on calls dispatched now.
 func (s *Server) WeightVersion() int64 { return s.weight.Load() }
 
+// enter counts a request in flight unless the gateway is closing (the
+// caller then calls s.inflight.done). Counted first and checked after:
+// Close sets closing before it waits for the count, so a request either
+// sees closing or is waited for, never slips in between.
+func (s *Server) enter() bool {
+	s.inflight.add(1)
+	if s.closing.Load() {
+		s.inflight.done(1)
+		return false
+	}
+	return true
+}
+
 // Close stops taking calls (new ones get 503), waits for the calls in
 // flight, waits until every queued record is durable, then closes the
 // Output. When ctx ends first it stops the writers and returns an error

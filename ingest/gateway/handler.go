@@ -476,11 +476,10 @@ func (s *Server) weightVersion(w http.ResponseWriter, r *http.Request) {
 // repeat with the same body waits again and answers the same; a different
 // one is a 409.
 func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
-	if s.closing.Load() {
+	if !s.enter() {
 		writeError(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return
 	}
-	s.inflight.add(1)
 	defer s.inflight.done(1)
 	sess := s.sessions.pin(sid) // a failing call no longer removes it
 	gone, retired := s.sessions.retiredFinish(sid)
@@ -578,11 +577,10 @@ func (s *session) stepsNow() int64 {
 // dead-letters what is wrong); one that is not refuses the whole body, so
 // nothing is half taken.
 func (s *Server) postRecords(w http.ResponseWriter, r *http.Request) {
-	if s.closing.Load() {
+	if !s.enter() {
 		writeError(w, http.StatusServiceUnavailable, "the gateway is shutting down")
 		return
 	}
-	s.inflight.add(1)
 	defer s.inflight.done(1)
 	body, ok := s.readBody(w, r)
 	if !ok {

@@ -174,17 +174,16 @@ func (s *Server) upstreamDo(ctx context.Context, r *http.Request, sid, tail stri
 // is "" outside a session.
 func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail string) {
 	start := time.Now()
-	if s.closing.Load() {
-		writeOpenAIError(w, http.StatusServiceUnavailable, "gateway_closing", "the gateway is shutting down")
-		return
-	}
 	if !s.forwards(r.Method, tail) {
 		s.metrics.errors.inc("not_forwarded")
 		writeOpenAIError(w, http.StatusNotFound, "not_found",
 			fmt.Sprintf("the gateway does not forward %s %s to the inference workers (its --forward routes: %s)", r.Method, tail, strings.Join(s.cfg.Forward, ", ")))
 		return
 	}
-	s.inflight.add(1)
+	if !s.enter() {
+		writeOpenAIError(w, http.StatusServiceUnavailable, "gateway_closing", "the gateway is shutting down")
+		return
+	}
 	defer s.inflight.done(1)
 	endpoint := endpointOf(tail)
 	recorded := sid != "" && endpoint != "" && r.Method == http.MethodPost
