@@ -121,6 +121,9 @@ write-ahead log and resume on the next start); a second aborts.`,
 	for _, name := range pipelineFlags {
 		f.AddFlag(ingestFlags.Lookup(name))
 	}
+	// The flags are this command's own copies: the gateway says what the
+	// bound means for it.
+	f.Lookup("max-record-bytes").Usage = "longest record line written to a record log or a shard root's write-ahead log (a kafka:// topic's bound is its message size): a larger POST /records line or finish is refused (413), a larger recorded step is written as its stub, which ingest dead-letters"
 	return cmd
 }
 
