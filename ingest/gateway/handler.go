@@ -319,8 +319,11 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		sampling = fs
 	}
 	fresh := newSession(body.SessionID, s.sessions.incarnation(), time.Now(), body.Metadata, sampling, ident, s.cfg.GroupSize)
-	if !s.sessions.create(fresh) {
-		s.log.Info("gateway: session exists with recorded calls; kept as it was", "session_id", body.SessionID)
+	if kept := s.sessions.create(fresh); kept != fresh && !kept.sameSetup(fresh, ident.TrajectoryID != "") {
+		// Its recorded steps carry its identity: a session cannot change
+		// it midway. The same request again is a retry (200).
+		writeError(w, http.StatusConflict, "session "+body.SessionID+" is open with recorded calls under other metadata or sampling params; finish or DELETE it before starting it again")
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"session_id": body.SessionID, "url": "/sessions/" + body.SessionID + "/v1"})
 }

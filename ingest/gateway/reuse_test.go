@@ -90,3 +90,31 @@ func TestSessionIDReuse(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateOpenSessionAgain: POST /sessions for a session open with
+// recorded calls answers 200 when it asks for what the session has (a
+// retry, spacing aside) and 409 when it asks for other metadata or
+// sampling params: the steps recorded carry the session's identity, so
+// it cannot change midway (it was answered 200 and silently kept).
+// Finished, the id starts again with whatever it asks for.
+func TestCreateOpenSessionAgain(t *testing.T) {
+	e := newEnv(t, nil)
+	const create = `{"session_id":"again:0","metadata":{"task_id":"t","group_size":4},"sampling_params":{"temperature":0.7}}`
+	e.mustJSON("POST", "/sessions", create, 200, nil)
+	e.mustJSON("POST", "/sessions/again:0/v1/chat/completions", chatBody, 200, nil)
+	e.mustJSON("POST", "/sessions", create, 200, nil)
+	e.mustJSON("POST", "/sessions", `{"session_id": "again:0", "metadata": {"task_id": "t", "group_size": 4}, "sampling_params": {"temperature": 0.7}}`, 200, nil)
+	for _, other := range []string{
+		`{"session_id":"again:0","metadata":{"task_id":"u","group_size":4},"sampling_params":{"temperature":0.7}}`,
+		`{"session_id":"again:0","metadata":{"task_id":"t","group_size":8},"sampling_params":{"temperature":0.7}}`,
+		`{"session_id":"again:0","metadata":{"task_id":"t","group_size":4},"sampling_params":{"temperature":1.0}}`,
+		`{"session_id":"again:0","metadata":{"task_id":"t","group_size":4,"note":"x"},"sampling_params":{"temperature":0.7}}`,
+		`{"session_id":"again:0"}`,
+	} {
+		if code, b := e.do("POST", "/sessions", other); code != 409 {
+			t.Errorf("POST /sessions %s for the open session: %d %s, want 409", other, code, b)
+		}
+	}
+	e.finish("again:0", 1)
+	e.mustJSON("POST", "/sessions", `{"session_id":"again:0","metadata":{"task_id":"u"}}`, 200, nil)
+}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base32"
@@ -549,17 +550,16 @@ func (s *session) traceList(since float64, limit int) []byte {
 // create registers s (POST /sessions). It replaces a session of the same
 // id that has no recorded call and is not finished (an agent's call may
 // have created it first), or one that is finished (the id starts again, as
-// a new incarnation); a retired id is taken back. It returns false, and
-// keeps the session in force, when that one is open with recorded calls
-// or being finished.
-func (t *sessions) create(s *session) bool {
+// a new incarnation); a retired id is taken back. It returns the session
+// in force: not s when one is open with recorded calls or being finished.
+func (t *sessions) create(s *session) *session {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	delete(t.retired, s.id) // its entry in retiredQ goes when it comes first
 	old := t.m[s.id]
 	if old == nil {
 		t.m[s.id] = s
-		return true
+		return s
 	}
 	old.mu.Lock()
 	unused := old.steps == 0 && old.finished == nil && old.inflight.count() == 0
@@ -570,8 +570,35 @@ func (t *sessions) create(s *session) bool {
 	case done:
 		t.dropLocked(old)
 	default:
-		return false
+		return old
 	}
 	t.m[s.id] = s
+	return s
+}
+
+// sameSetup reports whether fresh, a POST /sessions for a session in
+// force, asks for what s already has: the same identity (the trajectory
+// id only when fresh names one), metadata and sampling params. Such a
+// request is a retry.
+func (s *session) sameSetup(fresh *session, namedTrajectory bool) bool {
+	if s.taskID != fresh.taskID || s.groupID != fresh.groupID || s.role != fresh.role || s.groupSize != fresh.groupSize ||
+		namedTrajectory && s.trajID != fresh.trajID || !sameJSON(s.metadata, fresh.metadata) || len(s.sampling) != len(fresh.sampling) {
+		return false
+	}
+	for i, f := range s.sampling {
+		if f.key != fresh.sampling[i].key || !sameJSON(f.val, fresh.sampling[i].val) {
+			return false
+		}
+	}
 	return true
+}
+
+// sameJSON compares two JSON values byte for byte after removing
+// insignificant space.
+func sameJSON(a, b json.RawMessage) bool {
+	var ca, cb bytes.Buffer
+	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
+		return bytes.Equal(a, b)
+	}
+	return bytes.Equal(ca.Bytes(), cb.Bytes())
 }
