@@ -73,9 +73,9 @@ func TestIntegrationSourceIdlePartitions(t *testing.T) {
 // read to interrupt) or just before the loop set the next fetch's
 // deadline was overridden by that deadline: on an idle partition the loop
 // then fetched nothing every fetchWait for ever, so the generation never
-// ended and a stopping ingest never exited. Each round starts the loop
-// with its context already ended, which puts the end anywhere in its
-// first steps, at the partition's first record or at its end.
+// ended and a stopping ingest never exited. Each round ends the context
+// as soon as the partition's records are handed over, which races the
+// end against the loop setting the next fetch's deadline.
 func TestIntegrationFetchEndsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -98,24 +98,28 @@ func TestIntegrationFetchEndsWithItsContext(t *testing.T) {
 		t.Fatal(err)
 	}
 	fetcher := WithReadBuffer(d)
-	s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk, 1)}
-	for round := range 200 {
+	s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk)}
+	for round := range 300 {
 		conn, err := fetcher.DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		from := int64(0) // records to take
-		if round%2 == 1 {
-			from = int64(len(recs)) // none: an idle partition
-		}
 		ended, end := context.WithCancel(ctx)
-		end()
 		done := make(chan struct{})
 		var lag atomic.Int64
 		go func() {
 			defer close(done)
-			s.fetch(ended, conn, 0, from, &lag)
+			s.fetch(ended, conn, 0, 0, &lag)
 		}()
+		select {
+		case c := <-s.chunks:
+			end()
+			if len(c.Records) != len(recs) {
+				t.Fatalf("round %d: a chunk of %d records, want %d", round, len(c.Records), len(recs))
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("round %d: no records in a minute", round)
+		}
 		select {
 		case <-done:
 		case <-time.After(20 * fetchWait):
@@ -124,9 +128,5 @@ func TestIntegrationFetchEndsWithItsContext(t *testing.T) {
 			t.Fatalf("round %d: the fetch loop still ran %s after its context ended", round, 20*fetchWait)
 		}
 		conn.Close()
-		select {
-		case <-s.chunks:
-		default:
-		}
 	}
 }

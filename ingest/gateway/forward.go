@@ -69,8 +69,10 @@ func validMethod(m string) bool {
 // path after a session's prefix) goes upstream. The recorded endpoints
 // always do (outside a session they are forwarded unrecorded).
 func (s *Server) forwards(method, tail string) bool {
-	if clean := path.Clean(tail); clean != tail && clean+"/" != tail {
-		return false // dot segments or doubled slashes: no way around a route
+	if clean := path.Clean(tail); clean != tail && clean+"/" != tail || strings.ContainsAny(tail, "\\%") {
+		// Dot segments, doubled slashes, a backslash (a slash to some
+		// servers), a % (what was encoded twice): no way around a route.
+		return false
 	}
 	if method == http.MethodPost && endpointOf(tail) != "" {
 		return true

@@ -28,6 +28,8 @@ func TestForwardRoutes(t *testing.T) {
 		{"chat by GET", nil, "GET", "/v1/chat/completions", false},
 		{"dot segments", nil, "GET", "/v1/models/../load_lora_adapter", false},
 		{"doubled slash", nil, "GET", "/v1/models//x", false},
+		{"dot segments encoded twice", nil, "GET", "/v1/models/%252e%252e/load_lora_adapter", false},
+		{"a backslash", nil, "GET", `/v1/models/..\load_lora_adapter`, false},
 		{"every route", []string{"*"}, "POST", "/v1/load_lora_adapter", true},
 		{"a route added", []string{"POST /v1/load_lora_adapter"}, "POST", "/v1/load_lora_adapter", true},
 		{"a route added, others not", []string{"POST /v1/load_lora_adapter"}, "GET", "/v1/models", false},
@@ -45,6 +47,24 @@ func TestForwardRoutes(t *testing.T) {
 				t.Fatalf("%s %s: %d %s, want 404 saying it is not forwarded", tc.method, tc.path, code, body)
 			}
 		})
+	}
+	// What reaches the worker is the path the gateway checked: escaped
+	// again, never decoded a second time.
+	for _, tc := range []struct{ path, want string }{
+		{"/v1/models/a%3Fb", "/v1/models/a?b"}, // was cut at the ?, the rest sent as a query
+		{"/v1/models/a%23b", "/v1/models/a#b"},
+		{"/v1/models/Qwen%2FQwen3-8B", "/v1/models/Qwen/Qwen3-8B"},
+		{"/v1/models/..%3F", "/v1/models/..?"}, // was a ".." segment
+	} {
+		e := newEnv(t, nil)
+		if code, b := e.do("GET", tc.path, ""); code == 404 && strings.Contains(string(b), "does not forward") {
+			t.Errorf("GET %s: not forwarded", tc.path)
+			continue
+		}
+		reqs := e.backend.Requests()
+		if len(reqs) != 1 || reqs[0].Path != tc.want {
+			t.Errorf("GET %s: the worker got %+v, want one request for %q", tc.path, reqs, tc.want)
+		}
 	}
 	for _, bad := range []string{"/admin", "FETCH /v1/x", "GET v1/models", ""} {
 		if _, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Forward: []string{bad}}, &memOutput{}); err == nil {

@@ -43,13 +43,15 @@ func (w *worker) info() WorkerInfo {
 }
 
 // target is the upstream URL of an agent route tail ("/v1/chat/completions"
-// or "/generate").
+// or "/generate"), a decoded path: it is escaped again, so that the worker
+// gets the path the gateway checked (Config.Forward), never one decoded
+// twice (an agent's %252e%252e sent on as %2e%2e, a "..").
 func (w *worker) target(tail, rawQuery string) string {
 	var u string
 	if rest, ok := strings.CutPrefix(tail, "/v1"); ok {
-		u = w.url + w.apiPath + rest
+		u = w.url + w.apiPath + (&url.URL{Path: rest}).EscapedPath()
 	} else {
-		u = w.url + tail
+		u = w.url + (&url.URL{Path: tail}).EscapedPath()
 	}
 	if rawQuery != "" {
 		u += "?" + rawQuery

@@ -93,7 +93,7 @@ func TestSessionIDReuse(t *testing.T) {
 
 // TestCreateOpenSessionAgain: POST /sessions for a session open with
 // recorded calls answers 200 when it asks for what the session has (a
-// retry, spacing aside) and 409 when it asks for other metadata or
+// retry, whatever its spacing and member order) and 409 when it asks for other metadata or
 // sampling params: the steps recorded carry the session's identity, so
 // it cannot change midway (it was answered 200 and silently kept).
 // Finished, the id starts again with whatever it asks for.
@@ -103,7 +103,7 @@ func TestCreateOpenSessionAgain(t *testing.T) {
 	e.mustJSON("POST", "/sessions", create, 200, nil)
 	e.mustJSON("POST", "/sessions/again:0/v1/chat/completions", chatBody, 200, nil)
 	e.mustJSON("POST", "/sessions", create, 200, nil)
-	e.mustJSON("POST", "/sessions", `{"session_id": "again:0", "metadata": {"task_id": "t", "group_size": 4}, "sampling_params": {"temperature": 0.7}}`, 200, nil)
+	e.mustJSON("POST", "/sessions", `{"session_id": "again:0", "sampling_params": {"temperature": 0.70}, "metadata": {"group_size": 4, "task_id": "t"}}`, 200, nil)
 	for _, other := range []string{
 		`{"session_id":"again:0","metadata":{"task_id":"u","group_size":4},"sampling_params":{"temperature":0.7}}`,
 		`{"session_id":"again:0","metadata":{"task_id":"t","group_size":8},"sampling_params":{"temperature":0.7}}`,

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -585,20 +586,24 @@ func (s *session) sameSetup(fresh *session, namedTrajectory bool) bool {
 		namedTrajectory && s.trajID != fresh.trajID || !sameJSON(s.metadata, fresh.metadata) || len(s.sampling) != len(fresh.sampling) {
 		return false
 	}
-	for i, f := range s.sampling {
-		if f.key != fresh.sampling[i].key || !sameJSON(f.val, fresh.sampling[i].val) {
+	given := make(map[string]json.RawMessage, len(s.sampling))
+	for _, f := range s.sampling {
+		given[f.key] = f.val
+	}
+	for _, f := range fresh.sampling {
+		if v, ok := given[f.key]; !ok || !sameJSON(v, f.val) {
 			return false
 		}
 	}
 	return true
 }
 
-// sameJSON compares two JSON values byte for byte after removing
-// insignificant space.
+// sameJSON reports whether two JSON texts hold the same value (objects
+// compared as sets of members, whatever their order and spacing).
 func sameJSON(a, b json.RawMessage) bool {
-	var ca, cb bytes.Buffer
-	if json.Compact(&ca, a) != nil || json.Compact(&cb, b) != nil {
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
 		return bytes.Equal(a, b)
 	}
-	return bytes.Equal(ca.Bytes(), cb.Bytes())
+	return reflect.DeepEqual(va, vb)
 }

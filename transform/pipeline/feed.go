@@ -23,6 +23,10 @@ type FeedOptions struct {
 	// PruneEvery is how often sealed log segments whose every record is
 	// settled are removed (default 10s).
 	PruneEvery time.Duration
+	// RetryStop, when closed (the process's first signal), ends the
+	// store's retries of commits and of the final sweep during an
+	// outage; nil: they run for the store's own limit.
+	RetryStop <-chan struct{}
 }
 
 // Feed runs the pipeline in-process over a write-ahead record log that
@@ -86,7 +90,15 @@ func (p *Pipeline) Feed(ctx context.Context, log *recordlog.Log, o FeedOptions) 
 	hard, cancelHard := context.WithCancel(ctx)
 	soft, cancelSoft := context.WithCancel(hard)
 	f.hard, f.soft = cancelHard, cancelSoft
-	go f.run(hard, soft)
+	retry, stopRetries := context.WithCancel(context.Background())
+	go func() {
+		defer stopRetries()
+		select {
+		case <-o.RetryStop: // nil: never
+		case <-f.done:
+		}
+	}()
+	go f.run(hard, soft, retry)
 	go f.pruner()
 	return f, nil
 }
@@ -103,12 +115,16 @@ func (f *Feed) claim(ctx context.Context, s recordlog.Segment) error {
 	return nil
 }
 
-func (f *Feed) run(hard, soft context.Context) {
+func (f *Feed) run(hard, soft, retry context.Context) {
 	defer close(f.done)
-	err := f.p.stages(hard, soft, countingSource{f.tail, &f.handed}, soft)
+	err := f.p.stages(hard, soft, countingSource{f.tail, &f.handed}, retry)
 	err = errors.Join(err, f.tail.Close())
 	if err == nil {
-		err = f.p.store.Sweep(store.WithRetryStop(hard, soft.Done()))
+		// The sweep only removes objects no manifest lists (invisible to
+		// readers): a failure is logged, the data is whole.
+		if serr := f.p.store.Sweep(store.WithRetryStop(hard, retry.Done())); serr != nil {
+			f.p.cfg.Log.Warn("feed: sweeping unlisted objects", "err", serr)
+		}
 	}
 	f.err = err
 }

@@ -226,7 +226,7 @@ func openFeed(ctx context.Context, to string, o Options) (Output, error) {
 	pl := pipeline.New(o.Pipeline, st, dl)
 	// The pipeline lives until Close or ctx (a second signal), not the
 	// first signal: Close stops it after the output is flushed.
-	feed, err := pl.Feed(ctx, l, pipeline.FeedOptions{})
+	feed, err := pl.Feed(ctx, l, pipeline.FeedOptions{RetryStop: o.Stop})
 	if err != nil {
 		l.Close()
 		st.Close()
