@@ -74,6 +74,7 @@ func TestCrashRestartExactlyOnce(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		defer watchdog(cmd, 3*time.Minute)()
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
 		if kills < 12 {

@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -188,6 +189,16 @@ func e2eClip(s string, n int) string {
 		return s
 	}
 	return s[:n] + fmt.Sprintf("...(%d more bytes)", len(s)-n)
+}
+
+// watchdog sends c SIGQUIT (its goroutines go to its stderr) if it still
+// runs after d, and kills it 30 s later: a hung child fails its test in
+// minutes, with the dump, instead of holding the suite to its timeout.
+// The returned func disarms it.
+func watchdog(c *exec.Cmd, d time.Duration) func() {
+	quit := time.AfterFunc(d, func() { c.Process.Signal(syscall.SIGQUIT) })
+	kill := time.AfterFunc(d+30*time.Second, func() { c.Process.Kill() })
+	return func() { quit.Stop(); kill.Stop() }
 }
 
 // e2eTail is the last n bytes of s.
@@ -1966,6 +1977,7 @@ func TestSecondWriterRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer first.Process.Kill()
+	defer watchdog(first, 3*time.Minute)()
 	// The first holds the lock once it has opened the output.
 	lock := filepath.Join(out, "_manifest", "lock")
 	for deadline := time.Now().Add(30 * time.Second); ; {

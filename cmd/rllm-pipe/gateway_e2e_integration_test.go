@@ -178,8 +178,16 @@ func TestIntegrationGatewayKafkaS3Consume(t *testing.T) {
 	cons := exec.Command(bin, "consume", "--from", "s3://rllm-pipe-test/"+prefix, "--consumer-group", "c-"+id,
 		"--format", "arrow", "--out", arrowOut)
 	cons.Env = serviceEnv()
-	if out, err := cons.CombinedOutput(); err != nil {
-		t.Fatalf("consume: %v\n%s", err, out)
+	var consOut bytes.Buffer
+	cons.Stdout, cons.Stderr = &consOut, &consOut
+	if err := cons.Start(); err != nil {
+		t.Fatal(err)
+	}
+	disarm := watchdog(cons, 3*time.Minute)
+	err = cons.Wait()
+	disarm()
+	if err != nil {
+		t.Fatalf("consume: %v\n%s", err, consOut.String())
 	}
 	rows := gwReadRows(t, arrowOut)
 

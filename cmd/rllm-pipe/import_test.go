@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -162,7 +163,12 @@ func TestImportRLLMTraces(t *testing.T) {
 	if err := ing.Start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := imp.Run(); err != nil {
+	defer watchdog(ing, 3*time.Minute)()
+	if err := imp.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer watchdog(imp, 3*time.Minute)()
+	if err := imp.Wait(); err != nil {
 		t.Fatalf("import: %v\n%s", err, impErr.String())
 	}
 	if err := ing.Wait(); err != nil {
