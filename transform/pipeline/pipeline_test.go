@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -223,7 +224,7 @@ func testRunKafka(t *testing.T, flush time.Duration) {
 	}
 	time.Sleep(50 * time.Millisecond)
 	stop()
-	if err := <-done; err != nil {
+	if err := stopped(t, done); err != nil {
 		t.Fatal(err)
 	}
 	if s := st.Settled(); s[kafka.Stream("t", 0)].Len()+s[kafka.Stream("t", 1)].Len() != int64(total) {
@@ -352,7 +353,7 @@ func TestIntegrationKafkaRetryAfterRestart(t *testing.T) {
 		}
 	}
 	stop()
-	if err := <-done; err != nil {
+	if err := stopped(t, done); err != nil {
 		t.Fatal(err)
 	}
 	if r := p.Result(); r.Duplicates != 1 {
@@ -360,5 +361,21 @@ func TestIntegrationKafkaRetryAfterRestart(t *testing.T) {
 	}
 	if counts := storetest.StepCounts(t, st); len(counts) != 2 || counts["g1-t0"] != 1 || counts["g1-t1"] != 1 {
 		t.Errorf("steps committed %v, want group 1's two steps once", counts)
+	}
+}
+
+// stopped waits for a stopped run's error, at most two minutes: a run
+// that does not end (a consumer group whose Close waits for a fetch that
+// never ends) fails the test with every goroutine's stack instead of
+// holding the suite to its timeout.
+func stopped(t *testing.T, done <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(2 * time.Minute):
+		buf := make([]byte, 1<<20)
+		t.Fatalf("the run did not end within 2 minutes of its stop:\n%s", buf[:runtime.Stack(buf, true)])
+		return nil
 	}
 }
