@@ -140,19 +140,9 @@ func TestIntegrationStopKafkaDuringS3Outage(t *testing.T) {
 		t.Fatal(err)
 	}
 	proxy := newTCPProxy(t, strings.TrimPrefix(sc.cfg.Endpoint, "http://"))
-	c := sc.ingest("--s3-endpoint", "http://"+proxy.addr())
-	var stderr syncBuffer
-	c.Stderr = &stderr
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := waitChan(c)
-	defer c.Process.Kill()
-	for deadline := time.Now().Add(2 * time.Minute); settledCount(t, sc.cfg) == 0; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("nothing settled in 2 minutes\n%s", stderr.String())
-		}
-	}
+	w := sc.start("--s3-endpoint", "http://"+proxy.addr())
+	c, stderr := w.cmd, w.stderr
+	sc.waitSettled(w, "a first commit", func(n int64) bool { return n > 0 })
 	proxy.Close()
 	if err := sc.produce(sc.lines[half:], "b.jsonl", 2); err != nil {
 		t.Fatal(err)
@@ -161,10 +151,10 @@ func TestIntegrationStopKafkaDuringS3Outage(t *testing.T) {
 	start := time.Now()
 	c.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-done:
+	case <-w.done:
 	case <-time.After(30 * time.Second):
 		c.Process.Signal(syscall.SIGQUIT)
-		<-done
+		<-w.done
 		t.Fatalf("ingest went on retrying for 30s after SIGTERM\n%s", e2eTail(stderr.String(), 100_000))
 	}
 	t.Logf("stopped %s after SIGTERM:\n%s", time.Since(start).Round(time.Millisecond), e2eTail(stderr.String(), 600))
@@ -172,21 +162,10 @@ func TestIntegrationStopKafkaDuringS3Outage(t *testing.T) {
 		t.Fatalf("exit %d, want %d (stopped before finishing), saying records were not committed\n%s", code, exitStopped, e2eTail(stderr.String(), 3000))
 	}
 
-	again := sc.ingest()
-	var stderr2 syncBuffer
-	again.Stderr = &stderr2
-	if err := again.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done2 := waitChan(again)
-	defer again.Process.Kill()
-	for deadline := time.Now().Add(2 * time.Minute); settledCount(t, sc.cfg) < int64(len(sc.lines)); time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d settled\n%s", settledCount(t, sc.cfg), len(sc.lines), stderr2.String())
-		}
-	}
-	if err := terminate(t, again, done2, &stderr2); err != nil {
-		t.Fatalf("second ingest: %v\n%s", err, stderr2.String())
+	again := sc.start()
+	sc.waitSettled(again, "every record settled by a second run", func(n int64) bool { return n == int64(len(sc.lines)) })
+	if err := terminate(t, again.cmd, again.done, again.stderr); err != nil {
+		t.Fatalf("second ingest: %v\n%s", err, again.stderr.String())
 	}
 	verifyS3Output(t, sc.cfg, sc.reference(sc.lines), sc.work, true)
 }

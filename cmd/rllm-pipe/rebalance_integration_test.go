@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os/exec"
 	"testing"
 	"time"
 )
@@ -21,27 +20,7 @@ func TestIntegrationRebalance(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	type worker struct {
-		cmd    *exec.Cmd
-		stderr *syncBuffer
-		done   <-chan error
-	}
-	start := func() *worker {
-		c := sc.ingest("--shard-size", "256KiB")
-		w := &worker{cmd: c, stderr: &syncBuffer{}}
-		c.Stderr = w.stderr
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		w.done = waitChan(c)
-		return w
-	}
-	workers := []*worker{start(), start(), start()}
-	defer func() {
-		for _, w := range workers {
-			w.cmd.Process.Kill()
-		}
-	}()
+	workers := []*worker{sc.start("--shard-size", "256KiB"), sc.start("--shard-size", "256KiB"), sc.start("--shard-size", "256KiB")}
 	produced := make(chan error, 1)
 	go func() {
 		for k := 1; k < 10; k++ {

@@ -108,6 +108,39 @@ func (s *scenario) ingest(extra ...string) *exec.Cmd {
 	return c
 }
 
+// worker is an ingest process of the scenario, started.
+type worker struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   <-chan error // c.Wait's result
+}
+
+// start starts an ingest worker (s.ingest with extra flags); it is killed
+// when the test ends.
+func (s *scenario) start(extra ...string) *worker {
+	s.t.Helper()
+	c := s.ingest(extra...)
+	w := &worker{cmd: c, stderr: &syncBuffer{}}
+	c.Stderr = w.stderr
+	if err := c.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	w.done = waitChan(c)
+	s.t.Cleanup(func() { c.Process.Kill() })
+	return w
+}
+
+// waitSettled polls the output's settled positions until cond holds, at
+// most two minutes, failing with w's log.
+func (s *scenario) waitSettled(w *worker, what string, cond func(settled int64) bool) {
+	s.t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); !cond(settledCount(s.t, s.cfg)); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("%s: not within 2 minutes (%d of %d settled)\n%s", what, settledCount(s.t, s.cfg), len(s.lines), w.stderr.String())
+		}
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe to read while a child process writes
 // to it (exec copies its output on another goroutine).
 type syncBuffer struct {
