@@ -90,15 +90,7 @@ func (p *Pipeline) Feed(ctx context.Context, log *recordlog.Log, o FeedOptions) 
 	hard, cancelHard := context.WithCancel(ctx)
 	soft, cancelSoft := context.WithCancel(hard)
 	f.hard, f.soft = cancelHard, cancelSoft
-	retry, stopRetries := context.WithCancel(context.Background())
-	go func() {
-		defer stopRetries()
-		select {
-		case <-o.RetryStop: // nil: never
-		case <-f.done:
-		}
-	}()
-	go f.run(hard, soft, retry)
+	go f.run(hard, soft)
 	go f.pruner()
 	return f, nil
 }
@@ -115,14 +107,14 @@ func (f *Feed) claim(ctx context.Context, s recordlog.Segment) error {
 	return nil
 }
 
-func (f *Feed) run(hard, soft, retry context.Context) {
+func (f *Feed) run(hard, soft context.Context) {
 	defer close(f.done)
-	err := f.p.stages(hard, soft, countingSource{f.tail, &f.handed}, retry)
+	err := f.p.stages(hard, soft, countingSource{f.tail, &f.handed}, f.o.RetryStop)
 	err = errors.Join(err, f.tail.Close())
 	if err == nil {
 		// The sweep only removes objects no manifest lists (invisible to
 		// readers): a failure is logged, the data is whole.
-		if serr := f.p.store.Sweep(store.WithRetryStop(hard, retry.Done())); serr != nil {
+		if serr := f.p.store.Sweep(store.WithRetryStop(hard, f.o.RetryStop)); serr != nil {
 			f.p.cfg.Log.Warn("feed: sweeping unlisted objects", "err", serr)
 		}
 	}

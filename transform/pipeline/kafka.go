@@ -213,7 +213,7 @@ func (p *Pipeline) generation(ctx, soft context.Context, gen Generation) error {
 		defer close(hints)
 		commitHints(hintCtx, gen, p.store.Settled)
 	}()
-	err = p.stages(ctx, soft, src, soft)
+	err = p.stages(ctx, soft, src, soft.Done())
 	stopHints()
 	<-hints
 	// No commit of ours is in flight now: what we published without

@@ -175,7 +175,7 @@ func (p *Pipeline) Run(ctx, soft context.Context, src ingest.Source, stream stri
 	if st, ok := src.(Stopper); ok && stream == "" {
 		err = p.drainStages(ctx, soft, src, st)
 	} else {
-		err = p.stages(ctx, soft, src, soft)
+		err = p.stages(ctx, soft, src, soft.Done())
 	}
 	if err == nil {
 		// A stop during an outage ends the sweep's retries too.
@@ -194,7 +194,7 @@ func (p *Pipeline) drainStages(ctx, soft context.Context, src ingest.Source, st 
 		// Retries go on after the stop (for at most the store's bound):
 		// what was read from stdin exists nowhere else. A second signal
 		// ends them.
-		err := p.stages(ctx, context.Background(), src, context.Background())
+		err := p.stages(ctx, context.Background(), src, nil)
 		if soft.Err() != nil && err == nil {
 			p.res.Drained = true
 		}
@@ -208,7 +208,7 @@ func (p *Pipeline) drainStages(ctx, soft context.Context, src ingest.Source, st 
 	defer func() { p.spool = nil }()
 	// The first signal ends the store's retries too: what a commit could
 	// not write goes to the spill file.
-	err = p.stages(ctx, context.Background(), spoolSource{src, sp}, soft)
+	err = p.stages(ctx, context.Background(), spoolSource{src, sp}, soft.Done())
 	n, serr := sp.finish()
 	p.res.Spilled += n
 	if n > 0 {
@@ -230,10 +230,10 @@ func (p *Pipeline) drainStages(ctx, soft context.Context, src ingest.Source, st 
 
 // stages runs source → decode → assemble → sink until the source ends or
 // a soft stop cancels reading (open groups are then left unwritten, to
-// be read again). retryStop ends the store's retries of a commit while
-// an outage lasts.
-func (p *Pipeline) stages(ctx, soft context.Context, src ingest.Source, retryStop context.Context) error {
-	ctx = store.WithRetryStop(ctx, retryStop.Done())
+// be read again). retryStop, when closed, ends the store's retries of a
+// commit while an outage lasts (nil: never).
+func (p *Pipeline) stages(ctx, soft context.Context, src ingest.Source, retryStop <-chan struct{}) error {
+	ctx = store.WithRetryStop(ctx, retryStop)
 	cfg := p.cfg
 	mem := memory.DefaultAllocator
 	batcher := transform.NewBatcher(mem, transform.BatchConfig{Estimator: cfg.Estimator, Label: cfg.Label, Distill: cfg.Distill, Filters: cfg.Filters, FullPrompts: cfg.FullPrompts})
