@@ -191,6 +191,49 @@ func e2eClip(s string, n int) string {
 	return s[:n] + fmt.Sprintf("...(%d more bytes)", len(s)-n)
 }
 
+// stopWithin bounds how long a worker may take to stop cleanly after
+// SIGTERM in the integration tests.
+const stopWithin = 2 * time.Minute
+
+// terminate sends c SIGTERM and returns its exit status from done (which
+// receives c.Wait's result), within stopWithin (terminateWithin).
+func terminate(t testing.TB, c *exec.Cmd, done <-chan error, stderr fmt.Stringer) error {
+	t.Helper()
+	return terminateWithin(t, c, done, stderr, stopWithin)
+}
+
+// terminateWithin sends c SIGTERM and returns its exit status from done.
+// A process still running after within is sent SIGQUIT, so that its
+// goroutines are dumped to its stderr, and the test fails with that dump:
+// a hung stop is reported, never waited for until the suite's timeout.
+func terminateWithin(t testing.TB, c *exec.Cmd, done <-chan error, stderr fmt.Stringer, within time.Duration) error {
+	t.Helper()
+	if err := c.Process.Signal(syscall.SIGTERM); err != nil {
+		return fmt.Errorf("SIGTERM: %w", err)
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(within):
+	}
+	c.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		c.Process.Kill()
+		<-done
+	}
+	t.Fatalf("%s did not stop within %s of SIGTERM; its goroutines (SIGQUIT):\n%s", c.Args[1], within, e2eTail(stderr.String(), 200_000))
+	return nil
+}
+
+// waitChan runs c.Wait on a goroutine of its own and returns its result.
+func waitChan(c *exec.Cmd) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	return done
+}
+
 // watchdog sends c SIGQUIT (its goroutines go to its stderr) if it still
 // runs after d, and kills it 30 s later: a hung child fails its test in
 // minutes, with the dump, instead of holding the suite to its timeout.

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -149,14 +148,7 @@ func TestIntegrationStopKafkaDuringS3Outage(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // read, and its commits failing
 	start := time.Now()
-	c.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-w.done:
-	case <-time.After(30 * time.Second):
-		c.Process.Signal(syscall.SIGQUIT)
-		<-w.done
-		t.Fatalf("ingest went on retrying for 30s after SIGTERM\n%s", e2eTail(stderr.String(), 100_000))
-	}
+	terminateWithin(t, c, w.done, stderr, 30*time.Second) // its exit code is checked below
 	t.Logf("stopped %s after SIGTERM:\n%s", time.Since(start).Round(time.Millisecond), e2eTail(stderr.String(), 600))
 	if code := c.ProcessState.ExitCode(); code != exitStopped || !strings.Contains(stderr.String(), "not committed") {
 		t.Fatalf("exit %d, want %d (stopped before finishing), saying records were not committed\n%s", code, exitStopped, e2eTail(stderr.String(), 3000))

@@ -449,14 +449,7 @@ func TestIntegrationStopStdinDuringS3Outage(t *testing.T) {
 	feed(records[half:])
 	time.Sleep(2 * time.Second) // read, and retrying its commits
 	start := time.Now()
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("ingest went on retrying for 30s after SIGTERM\n%s", e2eClip(stderr.String(), 3000))
-	}
+	terminateWithin(t, cmd, done, &stderr, 30*time.Second) // its exit code is checked below
 	stdin.Close()
 	t.Logf("stopped %s after SIGTERM", time.Since(start))
 	if code := cmd.ProcessState.ExitCode(); code != exitStopped {
@@ -624,16 +617,7 @@ func signalWhileRetrying(t *testing.T, bin string, env []string, args ...string)
 	}
 	time.Sleep(1500 * time.Millisecond) // retrying by now
 	start := time.Now()
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		<-done
-		t.Fatalf("%s went on retrying for 20s after SIGTERM\n%s", args[0], e2eClip(stderr.String(), 2000))
-	}
+	terminateWithin(t, cmd, waitChan(cmd), &stderr, 20*time.Second) // the exit code is the caller's
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("stopped %s after the signal", took)
 	}
