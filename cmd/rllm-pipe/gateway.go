@@ -178,14 +178,12 @@ func runGateway(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, groupS
 		return usageErrorf("--listen %s is beyond loopback: the gateway refuses it without both tokens (--agent-token-file or RLLM_GATEWAY_AGENT_TOKEN, --admin-token-file or RLLM_GATEWAY_ADMIN_TOKEN), or listen on 127.0.0.1", o.listen)
 	}
 	if !loopbackAddr(addr) {
-		// A short token is guessed; an agent token equal to the admin's
-		// gives every agent the management routes.
-		for _, t := range []struct{ flag, env, tok string }{{"agent-token-file", "RLLM_GATEWAY_AGENT_TOKEN", cfg.AgentToken}, {"admin-token-file", "RLLM_GATEWAY_ADMIN_TOKEN", cfg.AdminToken}} {
-			if len(t.tok) < minTokenLen {
-				ln.Close()
-				return usageErrorf("--%s (or $%s): a token of %d bytes to listen beyond loopback (%s); want at least %d", t.flag, t.env, len(t.tok), o.listen, minTokenLen)
-			}
+		if err := shortToken(o.listen, tokenFlag{"agent-token-file", "RLLM_GATEWAY_AGENT_TOKEN", cfg.AgentToken}, tokenFlag{"admin-token-file", "RLLM_GATEWAY_ADMIN_TOKEN", cfg.AdminToken}); err != nil {
+			ln.Close()
+			return err
 		}
+		// An agent token equal to the admin's gives every agent the
+		// management routes.
 		if cfg.AgentToken == cfg.AdminToken {
 			ln.Close()
 			return usageErrorf("--listen %s is beyond loopback: the agent token equals the admin token (agents would manage sessions, weight versions and workers); give them different tokens", o.listen)

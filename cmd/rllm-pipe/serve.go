@@ -57,8 +57,24 @@ func (o *serveOpts) register(f *pflag.FlagSet) {
 	f.DurationVar(&o.shutdownGrace, "shutdown-grace", 10*time.Second, "on the first signal, close connections still open after this (a second signal: at once)")
 }
 
-// minTokenLen is the shortest token serve accepts beyond loopback.
+// minTokenLen is the shortest token serve and gateway accept beyond
+// loopback.
 const minTokenLen = 16
+
+// tokenFlag is a token and where it came from, for errors.
+type tokenFlag struct{ flag, env, tok string }
+
+// shortToken refuses a token (one given: empty ones are the caller's
+// rule) shorter than minTokenLen to listen on listen: beyond loopback a
+// token is all that guards the routes, and a short one is guessed.
+func shortToken(listen string, tokens ...tokenFlag) error {
+	for _, t := range tokens {
+		if t.tok != "" && len(t.tok) < minTokenLen {
+			return usageErrorf("--%s (or $%s): a token of %d bytes to listen beyond loopback (%s); want at least %d", t.flag, t.env, len(t.tok), listen, minTokenLen)
+		}
+	}
+	return nil
+}
 
 // token is the token in file, or else in the environment variable env;
 // "" when neither is set. Tokens never come from a flag value (visible in
@@ -91,10 +107,8 @@ func (o *serveOpts) options() (trainflight.Options, error) {
 	// Beyond loopback a token is all that guards the data: a short one
 	// is guessed.
 	if host, _, _ := net.SplitHostPort(o.listen); host != "localhost" && !loopbackAddr(o.listen) {
-		for _, t := range []struct{ flag, env, tok string }{{"token-file", "RLLM_PIPE_TOKEN", opts.Token}, {"admin-token-file", "RLLM_PIPE_ADMIN_TOKEN", opts.AdminToken}} {
-			if t.tok != "" && len(t.tok) < minTokenLen {
-				return opts, usageErrorf("--%s (or $%s): a token of %d bytes to listen beyond loopback (%s); want at least %d", t.flag, t.env, len(t.tok), o.listen, minTokenLen)
-			}
+		if err := shortToken(o.listen, tokenFlag{"token-file", "RLLM_PIPE_TOKEN", opts.Token}, tokenFlag{"admin-token-file", "RLLM_PIPE_ADMIN_TOKEN", opts.AdminToken}); err != nil {
+			return opts, err
 		}
 	}
 	switch {
