@@ -559,7 +559,7 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 			if err := s.refresh(ctx); err != nil {
 				return err
 			}
-			if s.isOurs(e.Seq, e.Nonce) {
+			if s.isOurs(ctx, e.Seq, e.Nonce) {
 				return nil // an earlier attempt landed; its answer was lost
 			}
 		default:
@@ -589,12 +589,13 @@ func (s *Store) snapshot(ctx context.Context, seq int64, snap []byte, segs []sto
 	return nil
 }
 
-// isOurs reports whether log entry seq carries nonce.
-func (s *Store) isOurs(seq int64, nonce string) bool {
+// isOurs reports whether log entry seq carries nonce, loading the log's
+// sealed segments (bounded by ctx) if the entry is in none it holds.
+func (s *Store) isOurs(ctx context.Context, seq int64, nonce string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.log.Last(seq)
-	if !ok && !s.log.Loaded() && s.loaded(context.Background()) == nil {
+	if !ok && !s.log.Loaded() && s.loaded(ctx) == nil {
 		e, ok = s.log.Last(seq)
 	}
 	return ok && e.Nonce == nonce
