@@ -10,6 +10,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -32,6 +33,45 @@ func TestReplayAndConsumedView(t *testing.T) {
 func TestIntegrationReplayS3(t *testing.T) {
 	target := newS3Target(t, "replay")
 	replayScenario(t, e2eBinary(t), t.TempDir(), target.url, target.flags())
+}
+
+// pastedConsumed checks that the --views-sql script of local root, run in
+// a fresh DuckDB after sql has exited (its temporary folder gone), holds
+// the consumed rows sql answered.
+func pastedConsumed[R any](t *testing.T, bin, work, root string, want []R) {
+	t.Helper()
+	r := e2eRun(t, bin, work, "sql", "--from", root, "--views-sql")
+	if r.code != 0 {
+		t.Fatalf("--views-sql: exit %d\n%s", r.code, r.stderr)
+	}
+	db, err := sql.Open("duckdb", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(r.stdout); err != nil {
+		t.Fatalf("running the --views-sql script: %v", err)
+	}
+	var got []R
+	rows, err := db.Query("SELECT to_json(x)::VARCHAR FROM (SELECT consumer_group, train_step, position, groups_in_batch, member, policy_version, group_id, group_version, staleness, trajectories, steps FROM consumed ORDER BY consumer_group, train_step, position) x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var line string
+		var x R
+		if err := rows.Scan(&line); err != nil || json.Unmarshal([]byte(line), &x) != nil {
+			t.Fatalf("pasted consumed row %q: %v", line, err)
+		}
+		got = append(got, x)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pasted consumed rows differ from sql's:\n%v\nwant\n%v", got, want)
+	}
 }
 
 // replayScenario consumes root as group orig, checks the consumed view,
@@ -109,6 +149,9 @@ func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 	}
 	if len(seen) != len(want) || len(steps) < 3 {
 		t.Fatalf("consumed has %d groups in %d steps, committed %d groups", len(seen), len(steps), len(want))
+	}
+	if ep == nil {
+		pastedConsumed(t, bin, work, root, rows)
 	}
 
 	replayArgs := func(group, as string) []string {

@@ -149,7 +149,12 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 	}
 
 	if o.viewsSQL {
-		out := db.ViewsSQL()
+		out, err := db.ViewsSQL()
+		if errors.Is(err, duckdb.ErrViewsNeedCopies) {
+			return usageErrorf("--views-sql: %v: give --download-dir to keep them", err)
+		} else if err != nil {
+			return err
+		}
 		if query != "" {
 			what := "query"
 			if o.report != "" {
@@ -157,7 +162,7 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 			}
 			out += "\n-- " + what + "\n" + strings.TrimSuffix(query, ";") + ";\n"
 		}
-		_, err := io.WriteString(stdout, out)
+		_, err = io.WriteString(stdout, out)
 		return err
 	}
 	if query == "" {

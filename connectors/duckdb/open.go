@@ -905,10 +905,19 @@ func (d *DB) warnf(format string, args ...any) {
 // Views returns the views, in creation order.
 func (d *DB) Views() []View { return append([]View(nil), d.views...) }
 
+// ErrViewsNeedCopies is ViewsSQL's answer when the views read local
+// copies in the temporary folder Close removes (a compaction snapshot's,
+// the committed prefix of a dead-letter file with an uncommitted tail,
+// an S3 output's files): the script would name files gone once the
+// caller exits. Options.DownloadDir keeps them.
+var ErrViewsNeedCopies = errors.New("the views read local copies that are removed on exit")
+
 // ViewsSQL returns the CREATE VIEW statements, to paste into the DuckDB
-// CLI. They name local files: with an S3 output, those live only as long
-// as the DB unless Options.DownloadDir keeps them.
-func (d *DB) ViewsSQL() string {
+// CLI. They name local files, which must outlive the DB: the rows of the
+// consumer groups' acknowledgements are written into the script itself
+// unless Options.DownloadDir keeps their file, and any other copy in the
+// temporary folder is ErrViewsNeedCopies.
+func (d *DB) ViewsSQL() (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- rllm-pipe sql: views over the committed data of %s (%d shards, %d dead-letter files)\n", d.from, d.shards, d.dlqFiles)
 	for _, v := range d.views {
@@ -925,10 +934,59 @@ func (d *DB) ViewsSQL() string {
 			if q, err = d.layout.storedStepsSQL(true); err != nil {
 				q = "-- " + err.Error() + "\n"
 			}
+		case ViewConsumed:
+			if d.temporary(d.layout.consumed) {
+				var err error
+				if q, err = consumedValuesSQL(d.layout.consumed); err != nil {
+					return "", err
+				}
+			}
+		}
+		if d.temporary(q) {
+			return "", fmt.Errorf("duckdb: view %s: %w", v.Name, ErrViewsNeedCopies)
 		}
 		fmt.Fprintf(&b, "\n-- %s: %s\n%s", v.Name, v.Doc, q)
 	}
-	return b.String()
+	return b.String(), nil
+}
+
+// temporary reports whether s names a file in the folder Close removes.
+func (d *DB) temporary(s string) bool {
+	return s != "" && strings.Contains(s, d.work+string(filepath.Separator))
+}
+
+// consumedValuesSQL is consumedSQL with the rows of file in the
+// statement, for a script that outlives the file.
+func consumedValuesSQL(file string) (string, error) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("duckdb: consumed: %w", err)
+	}
+	var b strings.Builder
+	b.WriteString("CREATE OR REPLACE TABLE consumed AS\nSELECT " + consumedCols + "\nFROM (VALUES")
+	dec := json.NewDecoder(bytes.NewReader(data))
+	n := 0
+	for ; ; n++ {
+		var c consumedLine
+		if err := dec.Decode(&c); err == io.EOF {
+			break
+		} else if err != nil {
+			return "", fmt.Errorf("duckdb: consumed: %w", err)
+		}
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "\n  (%s, %d, %d, %d, %s, %s, %d::UBIGINT, %d, %s, %d, %d, %d, %s, %d, %d, %s::TIMESTAMP)",
+			sqlString(c.Group), c.Step, c.Position, c.Groups, sqlString(c.Member), sqlString(c.MemberID), c.BatchID,
+			c.PolicyVersion, sqlString(c.GroupID), c.GroupVersion, c.Trajectories, c.Steps, sqlString(c.Shard),
+			c.Ordinal, c.Seq, sqlString(c.AckedAt))
+	}
+	if n == 0 {
+		return (&layout{}).consumedSQL(), nil
+	}
+	b.WriteString("\n) AS t(consumer_group, train_step, position, groups_in_batch, member, member_id, batch_id, policy_version,\n" +
+		"  group_id, group_version, trajectories, steps, shard, group_ordinal, log_seq, acked_at)\nORDER BY consumer_group, train_step, position;\n")
+	return b.String(), nil
 }
 
 // Shards is the number of committed shards the views read.

@@ -140,9 +140,9 @@ func TestSnapshotEqualsWholeManifest(t *testing.T) {
 			if rerr != nil {
 				t.Fatal(rerr)
 			}
-			d, err = Open(ctx, remoteOnly{rr}, Options{})
+			d, err = Open(ctx, remoteOnly{rr}, Options{DownloadDir: t.TempDir()})
 		} else {
-			d, err = OpenLocal(ctx, root, Options{})
+			d, err = OpenLocal(ctx, root, Options{DownloadDir: t.TempDir()})
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -160,7 +160,11 @@ func TestSnapshotEqualsWholeManifest(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := db.Exec(d.ViewsSQL()); err != nil {
+		script, err := d.ViewsSQL()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(script); err != nil {
 			db.Close()
 			t.Fatalf("remote %t: running the printed views: %v", remote, err)
 		}

@@ -175,8 +175,11 @@ func TestViewsSQLInADatabaseFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := d.ViewsSQL()
+	script, err := d.ViewsSQL()
 	d.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	file := filepath.Join(t.TempDir(), "views.duckdb")
 	for round := range 2 {
 		db, err := sql.Open("duckdb", file)

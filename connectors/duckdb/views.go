@@ -651,11 +651,14 @@ const consumedColumns = `{consumer_group: 'VARCHAR', train_step: 'BIGINT', posit
   group_version: 'BIGINT', trajectories: 'INTEGER', steps: 'BIGINT', shard: 'VARCHAR', group_ordinal: 'INTEGER',
   log_seq: 'BIGINT', acked_at: 'TIMESTAMP'}`
 
+// consumedCols are the consumed table's columns, from a consumed line's.
+const consumedCols = `consumer_group, train_step, position, groups_in_batch, member, member_id, batch_id, policy_version,
+  group_id, group_version, greatest(policy_version - group_version, 0) AS staleness, trajectories, steps, shard, group_ordinal, log_seq, acked_at`
+
 // consumedSQL materialises the consumed rows into a table: the file is
 // read once, before the sandbox closes, so it need not be allowed after.
 func (l *layout) consumedSQL() string {
-	const cols = `consumer_group, train_step, position, groups_in_batch, member, member_id, batch_id, policy_version,
-  group_id, group_version, greatest(policy_version - group_version, 0) AS staleness, trajectories, steps, shard, group_ordinal, log_seq, acked_at`
+	const cols = consumedCols
 	if l.consumed == "" {
 		return "CREATE OR REPLACE TABLE consumed AS\nSELECT " + cols + "\nFROM (SELECT NULL::VARCHAR AS consumer_group, NULL::BIGINT AS train_step, NULL::INTEGER AS position,\n" +
 			"  NULL::INTEGER AS groups_in_batch, NULL::VARCHAR AS member, NULL::VARCHAR AS member_id, NULL::UBIGINT AS batch_id,\n" +
