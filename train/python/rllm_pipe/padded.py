@@ -37,10 +37,11 @@ The layout is the one rLLM's verl backend builds
 - Rows added to reach a multiple of ``pad_rows_to_multiple`` (the
   data-parallel world size) are laid out as verl's
   ``pad_dataproto_to_divisor`` does and marked as rLLM's trainer marks them:
-  padding row j copies real row j mod n (every token tensor and per-row id),
-  then ``response_mask``, ``advantages``, ``traj_rewards`` and
-  ``step_rewards`` are zeroed, ``is_last_step`` is False, ``is_pad`` True and
-  ``is_valid`` False. Each padding row thus attends to real tokens (an
+  padding row j copies real row j mod n (every token tensor, the rewards
+  and per-row ids), then ``response_mask`` and ``advantages`` are zeroed,
+  ``is_last_step`` is False, ``is_pad`` True and ``is_valid`` False (rLLM's
+  trainer keeps the copied ``traj_rewards`` and ``step_rewards`` too: its
+  reward metrics count them). Each padding row thus attends to real tokens (an
   all-masked row gives NaN in an eager softmax and an empty sequence in
   verl's no-padding path) but adds nothing to the loss or its token count.
 
@@ -338,11 +339,12 @@ def to_padded(
         step_reward = _column(record, "step_reward").fill_null(0).to_numpy(zero_copy_only=False).astype(np.float32)
         step_rewards[at] = step_reward[fits]
 
-    # Padding rows copy real rows cyclically (verl's pad_dataproto_to_divisor)
-    # with nothing to train on: response_mask, advantages and rewards stay 0.
+    # Padding rows copy real rows cyclically (verl's pad_dataproto_to_divisor),
+    # rewards included (rLLM's trainer zeroes only the response mask and the
+    # advantages): response_mask and advantages stay 0, nothing to train on.
     copied = np.arange(n_pad) % n if n else np.zeros(0, dtype=np.int64)
     if n_pad:
-        for a in (input_ids, attention_mask, position_ids, rollout_log_probs, old_log_probs):
+        for a in (input_ids, attention_mask, position_ids, rollout_log_probs, old_log_probs, traj_rewards, step_rewards):
             if a is not None:
                 a[n:] = a[copied]
     is_pad = np.zeros(total_rows, dtype=bool)
