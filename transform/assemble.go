@@ -345,22 +345,23 @@ func (a *Assembler) Add(it *ingest.Item, now time.Time) {
 
 // closedCheck handles a record whose id was already written or whose group
 // is already closed: a retry of a written record is dropped; a different
-// record under a written id is a conflict; anything else for a closed
-// group is late. It reports whether the record was consumed.
+// record under a written id is a conflict (whichever group it names);
+// anything else for a closed group is late. It reports whether the record was consumed.
 func (a *Assembler) closedCheck(it *ingest.Item, key string, kind byte, id string, content uint64) bool {
 	if c, ok := a.written[idHash(kind, id)]; ok {
 		if c == content {
 			a.drop(it)
 			return true
 		}
-		if a.closed[key] == nil {
-			what := "step_id"
-			if kind == 't' {
-				what = "trajectory_id"
-			}
-			a.reject(it, schemas.ReasonDuplicateConflict, "%s %q was already written, in another group and with different content", what, id)
-			return true
+		what, where := "step_id", "in another group"
+		if kind == 't' {
+			what = "trajectory_id"
 		}
+		if a.closed[key] != nil {
+			where = "in this group, which is closed"
+		}
+		a.reject(it, schemas.ReasonDuplicateConflict, "%s %q was already written, %s, with different content", what, id, where)
+		return true
 	}
 	if a.closed[key] == nil {
 		return false

@@ -144,12 +144,13 @@ func TestAssembleRetriesConflictsLate(t *testing.T) {
 		step("A", "a2", 0),    // retry after close: dropped
 		traj("A", "a2", 0, 1), // retry after close: dropped
 		step("A", "a3", 0),    // a new trajectory for a closed group: late
-		traj("A", "a2", 9, 1), // changed record of a closed group: late
+		traj("A", "a2", 9, 1), // changed record under an id the closed group wrote: conflict
+		step("A", "a2", 0, `"model":"other"`),
 	)
 	if got, want := h.summary(), "A@v1:a1[0],a2[0]"; got != want {
 		t.Fatalf("got %s, want %s", got, want)
 	}
-	if got, want := h.reasons(), "11:late 12:late 5:duplicate_conflict 6:duplicate_conflict"; got != want {
+	if got, want := h.reasons(), "11:late 12:duplicate_conflict 13:duplicate_conflict 5:duplicate_conflict 6:duplicate_conflict"; got != want {
 		t.Fatalf("dead letters %s, want %s", got, want)
 	}
 	if h.a.Counters.Duplicates != 4 || len(h.dropped) != 4 || h.dropped[0].Line != 2 || h.dropped[3].Line != 10 {
