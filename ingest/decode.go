@@ -831,8 +831,10 @@ func (d *Decoder) finishStep() error {
 		return schemas.Rejectf(schemas.ReasonMissingField, "prompt_delta_ids", "parent_step_id needs prompt_delta_ids")
 	case !delta:
 		return schemas.Rejectf(schemas.ReasonMissingField, "prompt_ids", "step record has no prompt_ids")
-	case s.ParentStepID == "" || s.ParentStepID == s.StepID:
-		return schemas.Rejectf(schemas.ReasonInvalidValue, "parent_step_id", "parent_step_id %q is empty or the step itself", s.ParentStepID)
+	case s.ParentStepID == "":
+		return schemas.Rejectf(schemas.ReasonInvalidValue, "parent_step_id", "parent_step_id is empty")
+	case s.ParentStepID == s.StepID:
+		return schemas.Rejectf(schemas.ReasonInvalidParent, "parent_step_id", "parent_step_id %q is the step itself, not an earlier step of its trajectory", s.ParentStepID)
 	}
 	for _, id := range [...]struct {
 		f field

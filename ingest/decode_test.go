@@ -112,7 +112,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"prompt and delta", with(with(goodStep, "prompt_delta_ids", "[4]"), "parent_step_id", `"s0"`), schemas.ReasonInvalidValue, "prompt_delta_ids"},
 		{"delta without parent", with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), schemas.ReasonMissingField, "parent_step_id"},
 		{"parent without delta", with(with(goodStep, "prompt_ids", "<delete>"), "parent_step_id", `"s0"`), schemas.ReasonMissingField, "prompt_delta_ids"},
-		{"parent is the step", with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), "parent_step_id", `"s1"`), schemas.ReasonInvalidValue, "parent_step_id"},
+		{"parent is the step", with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), "parent_step_id", `"s1"`), schemas.ReasonInvalidParent, "parent_step_id"},
 		{"parent not a string", with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), "parent_step_id", `7`), schemas.ReasonWrongType, "parent_step_id"},
 		{"messages and messages_added", with(with(with(with(with(goodStep, "prompt_ids", "<delete>"), "prompt_delta_ids", "[4]"), "parent_step_id", `"s0"`), "messages_added", `[{"role":"tool"}]`), "messages", `[{"role":"user"}]`), schemas.ReasonInvalidValue, "messages_added"},
 		{"messages_added without parent", with(goodStep, "messages_added", `[{"role":"tool"}]`), schemas.ReasonMissingField, "parent_step_id"},
