@@ -181,6 +181,8 @@ type Decoder struct {
 	floats  []float32
 	int64s  []int64
 	signals []schemas.Signal
+	// signalIdx indexes the names in signals once they are many.
+	signalIdx map[string]int
 
 	step  schemas.Step
 	traj  schemas.Trajectory
@@ -542,6 +544,9 @@ func (d *Decoder) intField(f field) (v int64, rerr *schemas.RejectError, err err
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 0", fieldNames[f], v), nil
 	case (f == fNumSteps || f == fGroupSize) && v < 1:
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 1", fieldNames[f], v), nil
+	case f != fPolicyVersion && v > math.MaxInt32:
+		// Stored as INT32 columns: a larger value would wrap.
+		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, beyond 2^31-1", fieldNames[f], v), nil
 	}
 	return v, nil, nil
 }
@@ -743,6 +748,7 @@ func (d *Decoder) signalObject(f field, start int) error {
 	}
 	d.lx.pos++
 	d.signals = d.signals[:0]
+	clear(d.signalIdx)
 	if d.lx.peek() == '}' {
 		d.lx.pos++
 		d.traj.Signals, d.traj.HasSignals = []schemas.Signal{}, true
@@ -773,14 +779,11 @@ func (d *Decoder) signalObject(f field, start int) error {
 			return d.reject(f, start, schemas.ReasonNonFinite, "signals[%q] is %s, not a finite number", nameStr, tok)
 		}
 		// A repeated name keeps its last value, as JSON decoders do; a MAP
-		// with duplicate keys would confuse readers.
-		dup := false
-		for i := range d.signals {
-			if d.signals[i].Name == nameStr {
-				d.signals[i].Value, dup = v, true
-			}
-		}
-		if !dup {
+		// with duplicate keys would confuse readers. Names are looked up
+		// in the list while it is short, then in an index of it.
+		if i, dup := d.signalIndex(nameStr); dup {
+			d.signals[i].Value = v
+		} else {
 			d.signals = append(d.signals, schemas.Signal{Name: nameStr, Value: v})
 		}
 		switch d.lx.peek() {
@@ -795,6 +798,34 @@ func (d *Decoder) signalObject(f field, start int) error {
 			return errSyntax
 		}
 	}
+}
+
+// signalIndex returns the place of signal name in d.signals, if it is
+// there. Past signalScan names it keeps d.signalIdx, so that an object of
+// many signals is not quadratic in them.
+func (d *Decoder) signalIndex(name string) (int, bool) {
+	const signalScan = 16
+	if len(d.signals) < signalScan {
+		for i := range d.signals {
+			if d.signals[i].Name == name {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	if d.signalIdx == nil {
+		d.signalIdx = map[string]int{}
+	}
+	if len(d.signalIdx) == 0 {
+		for i, sg := range d.signals {
+			d.signalIdx[sg.Name] = i
+		}
+	}
+	i, ok := d.signalIdx[name]
+	if !ok {
+		d.signalIdx[name] = len(d.signals) // the caller appends it
+	}
+	return i, ok
 }
 
 func (d *Decoder) finishStep() error {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"math/big"
 	"reflect"
 	"sort"
 	"strconv"
@@ -147,6 +149,9 @@ func TestDecodeRejects(t *testing.T) {
 		{"traj num_steps 0", with(goodTraj, "num_steps", `0`), schemas.ReasonInvalidValue, "num_steps"},
 		{"traj no num_steps", with(goodTraj, "num_steps", "<delete>"), schemas.ReasonMissingField, "num_steps"},
 		{"traj group_size 0", with(goodTraj, "group_size", `0`), schemas.ReasonInvalidValue, "group_size"},
+		{"traj group_size over int32", with(goodTraj, "group_size", `4294967298`), schemas.ReasonInvalidValue, "group_size"},
+		{"traj num_steps over int32", with(goodTraj, "num_steps", `2147483648`), schemas.ReasonInvalidValue, "num_steps"},
+		{"step_index over int32", with(goodStep, "step_index", `2147483648`), schemas.ReasonInvalidValue, "step_index"},
 		{"traj signals array", with(goodTraj, "signals", `[1]`), schemas.ReasonWrongType, "signals"},
 		{"traj signal string", with(goodTraj, "signals", `{"a":"b"}`), schemas.ReasonWrongType, "signals"},
 		{"traj signal NaN", with(goodTraj, "signals", `{"a":NaN}`), schemas.ReasonNonFinite, "signals"},
@@ -605,6 +610,110 @@ func TestDecodeFieldNamedTwice(t *testing.T) {
 			t.Errorf("%s: %v, want accepted", c.rest, err)
 		case c.reason != "" && (!errors.As(err, &re) || re.Reason != c.reason):
 			t.Errorf("%s: %v, want %s", c.rest, err, c.reason)
+		}
+	}
+}
+
+// A signals object of many names (past the decoder's linear scan), with
+// repeats: each name once, in order of first appearance, with its last
+// value; and the decoder, reused, starts the next object afresh.
+func TestDecodeManySignals(t *testing.T) {
+	var d Decoder
+	for _, n := range []int{3, 16, 17, 300} {
+		var obj strings.Builder
+		obj.WriteByte('{')
+		want := map[string]float64{}
+		var order []string
+		for i := range 2 * n {
+			name := fmt.Sprintf("s%d", (i*7)%n)
+			if i > 0 {
+				obj.WriteByte(',')
+			}
+			fmt.Fprintf(&obj, "%q:%d", name, i)
+			if _, ok := want[name]; !ok {
+				order = append(order, name)
+			}
+			want[name] = float64(i)
+		}
+		obj.WriteByte('}')
+		r, err := d.Decode([]byte(with(goodTraj, "signals", obj.String())))
+		if err != nil {
+			t.Fatalf("%d names: %v", n, err)
+		}
+		got := r.Trajectory.Signals
+		if len(got) != len(order) {
+			t.Fatalf("%d names: %d signals, want %d", n, len(got), len(order))
+		}
+		for i, sg := range got {
+			if sg.Name != order[i] || sg.Value != want[sg.Name] {
+				t.Fatalf("%d names: signal %d is %s=%v, want %s=%v", n, i, sg.Name, sg.Value, order[i], want[order[i]])
+			}
+		}
+	}
+}
+
+func BenchmarkDecodeManySignals(b *testing.B) {
+	for _, n := range []int{10, 1000, 100000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			var obj strings.Builder
+			obj.WriteByte('{')
+			for i := range n {
+				if i > 0 {
+					obj.WriteByte(',')
+				}
+				fmt.Fprintf(&obj, `"signal%d":%d`, i, i)
+			}
+			obj.WriteByte('}')
+			line := []byte(with(goodTraj, "signals", obj.String()))
+			var d Decoder
+			b.SetBytes(int64(len(line)))
+			for b.Loop() {
+				if _, err := d.Decode(line); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/signal")
+		})
+	}
+}
+
+// Number tokens past longNumber read as their exact value rounded once,
+// as math/big says, where strconv.ParseFloat alone loses the decimal
+// point of a mantissa of more than 800 integer digits.
+func TestFloatValueLongNumbers(t *testing.T) {
+	zeros := func(n int) string { return strings.Repeat("0", n) }
+	toks := []string{
+		"1" + zeros(800) + "e-800",
+		"-1" + zeros(800) + "e-800",
+		"1" + zeros(900) + "e-900",
+		"1" + zeros(5000) + "e-5000",
+		"12345" + zeros(1000) + "e-1004",
+		"1" + zeros(1000) + ".5e-1000",
+		"0." + zeros(1000) + "15e1001",
+		"0." + zeros(2000),
+		"-0." + zeros(2000),
+		"3" + zeros(799) + "1e-800",
+		"1." + strings.Repeat("7", 3000),
+		"2" + zeros(1000) + "E+5",
+		"2" + zeros(1000) + "e-400",
+		"1" + zeros(1000),
+		"9" + strings.Repeat("9", 1000) + "e-1001",
+	}
+	for _, tok := range toks {
+		got, err := floatValue([]byte(tok))
+		if err != nil {
+			t.Fatalf("%.40s...: %v", tok, err)
+		}
+		r, ok := new(big.Rat).SetString(tok)
+		if !ok {
+			t.Fatalf("big.Rat cannot read %.40s...", tok)
+		}
+		want, _ := r.Float64()
+		if strings.HasPrefix(tok, "-") && want == 0 {
+			want = math.Copysign(0, -1)
+		}
+		if math.Float64bits(got) != math.Float64bits(want) && !(math.IsInf(got, 1) && math.IsInf(want, 1)) {
+			t.Errorf("%.40s... (%d bytes): %v, want %v", tok, len(tok), got, want)
 		}
 	}
 }

@@ -447,6 +447,9 @@ func floatValue(tok []byte) (float64, error) {
 	case "-Infinity":
 		return math.Inf(-1), nil
 	}
+	if len(tok) > longNumber {
+		tok = normalizeLong(tok)
+	}
 	f, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
 	if err != nil {
 		var ne *strconv.NumError
@@ -456,6 +459,64 @@ func floatValue(tok []byte) (float64, error) {
 		return 0, errSyntax
 	}
 	return f, nil
+}
+
+// longNumber is the length past which a number token is rewritten by
+// normalizeLong before strconv.ParseFloat reads it: Go's slow path keeps
+// 800 digits and, for a mantissa with more integer digits than that,
+// loses the decimal point's place ("1" + 800 zeros + "e-800" reads as
+// 0.1).
+const longNumber = 700
+
+// normalizeLong rewrites a valid JSON number token as "0." + its
+// significant digits + "e" + the exponent that keeps its value, a form
+// ParseFloat reads correctly (digits past its 800 only round).
+func normalizeLong(tok []byte) []byte {
+	i := 0
+	out := make([]byte, 0, len(tok)+24)
+	if tok[0] == '-' {
+		out = append(out, '-')
+		i++
+	}
+	digits := make([]byte, 0, len(tok))
+	intDigits := 0
+	for ; i < len(tok) && tok[i] >= '0' && tok[i] <= '9'; i++ {
+		digits = append(digits, tok[i])
+		intDigits++
+	}
+	if i < len(tok) && tok[i] == '.' {
+		for i++; i < len(tok) && tok[i] >= '0' && tok[i] <= '9'; i++ {
+			digits = append(digits, tok[i])
+		}
+	}
+	exp := 0
+	if i < len(tok) && (tok[i] == 'e' || tok[i] == 'E') {
+		i++
+		neg := false
+		if tok[i] == '+' || tok[i] == '-' {
+			neg = tok[i] == '-'
+			i++
+		}
+		for ; i < len(tok); i++ {
+			if exp < 1e9 { // beyond, the value is 0 or infinite whatever the digits
+				exp = exp*10 + int(tok[i]-'0')
+			}
+		}
+		if neg {
+			exp = -exp
+		}
+	}
+	z := 0
+	for z < len(digits) && digits[z] == '0' {
+		z++
+	}
+	if z == len(digits) {
+		return append(out, '0')
+	}
+	out = append(out, "0."...)
+	out = append(out, digits[z:]...)
+	out = append(out, 'e')
+	return strconv.AppendInt(out, int64(exp+intDigits-z), 10)
 }
 
 // skip consumes one JSON value of any kind, validating it.

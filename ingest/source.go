@@ -261,12 +261,15 @@ func (s *LineSource) read(ctx context.Context) (Chunk, error) {
 		buf = s.add(&c, buf, p.data, p.truncated, p.size, p.off)
 	}
 	for !s.done && len(buf) < s.chunkSize {
+		if s.off == 0 {
+			// A byte-order mark is not part of the record, nor of its size.
+			if b, err := s.r.Peek(len(utf8BOM)); err == nil && bytes.Equal(b, utf8BOM) {
+				_, _ = s.r.Discard(len(utf8BOM))
+				s.off += int64(len(utf8BOM))
+			}
+		}
 		off := s.off
 		data, truncated, size, err := s.readLine()
-		if off == 0 && bytes.HasPrefix(data, utf8BOM) {
-			data = data[len(utf8BOM):] // a byte-order mark is not part of the record
-			off += int64(len(utf8BOM))
-		}
 		if err == io.EOF {
 			s.done = true
 		} else if err != nil {

@@ -488,3 +488,28 @@ func readMapped(t *testing.T, in string, want []string, copyChunks bool) {
 		off += int64(len(want[i])) + 1
 	}
 }
+
+// A byte-order mark counts toward no record's size: a first record of
+// exactly the limit after one is taken whole from a stream and from a
+// mapped file alike, and one byte more is too large in both.
+func TestBOMOutsideTheSizeLimit(t *testing.T) {
+	const limit = 8 << 10
+	for _, extra := range []int{0, 1} {
+		rec := `{"pad":"` + strings.Repeat("x", limit-10+extra) + `"}`
+		in := "\xef\xbb\xbf" + rec + "\n{}\n"
+		mapped, _ := openMapped(t, in, limit)
+		for name, src := range map[string]Source{
+			"stream": NewLineSource("-", strings.NewReader(in), nil, limit),
+			"mapped": mapped,
+		} {
+			recs, _ := readAll(t, src)
+			if len(recs) != 2 || recs[0].Truncated != (extra > 0) || recs[0].Size != int64(len(rec)) {
+				t.Fatalf("%s, record of %d bytes (limit %d): %d records, truncated %v, size %d",
+					name, len(rec), limit, len(recs), recs[0].Truncated, recs[0].Size)
+			}
+			if extra == 0 && string(recs[0].Data) != rec {
+				t.Fatalf("%s: the record is not whole", name)
+			}
+		}
+	}
+}
