@@ -40,16 +40,8 @@ func TestIntegrationReplayS3(t *testing.T) {
 // the consumed rows sql answered.
 func pastedConsumed[R any](t *testing.T, bin, work, root string, want []R) {
 	t.Helper()
-	r := e2eRun(t, bin, work, "sql", "--from", root, "--views-sql")
-	if r.code != 0 {
-		t.Fatalf("--views-sql: exit %d\n%s", r.code, r.stderr)
-	}
-	db, err := sql.Open("duckdb", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Exec(r.stdout); err != nil {
+	script, db := viewsScript(t, bin, work, "--from", root)
+	if _, err := db.Exec(script); err != nil {
 		t.Fatalf("running the --views-sql script: %v", err)
 	}
 	var got []R
@@ -72,6 +64,22 @@ func pastedConsumed[R any](t *testing.T, bin, work, root string, want []R) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("pasted consumed rows differ from sql's:\n%v\nwant\n%v", got, want)
 	}
+}
+
+// viewsScript runs `sql --views-sql` with args and opens a fresh DuckDB,
+// closed when the test ends, to run the script in.
+func viewsScript(t *testing.T, bin, work string, args ...string) (string, *sql.DB) {
+	t.Helper()
+	r := e2eRun(t, bin, work, append([]string{"sql", "--views-sql"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("--views-sql: exit %d\n%s", r.code, r.stderr)
+	}
+	db, err := sql.Open("duckdb", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return r.stdout, db
 }
 
 // replayScenario consumes root as group orig, checks the consumed view,

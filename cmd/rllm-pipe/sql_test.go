@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -934,16 +933,8 @@ func TestSQLReports(t *testing.T) {
 
 	// --views-sql statements run as they are in a fresh DuckDB, and the
 	// report query after them.
-	r = e2eRun(t, bin, work, append([]string{"sql", "--views-sql", "--report", "dead-letters"}, from...)...)
-	if r.code != 0 {
-		t.Fatalf("--views-sql: exit %d\n%s", r.code, r.stderr)
-	}
-	db, err := sql.Open("duckdb", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	stmts := strings.Split(r.stdout, ";\n")
+	script, db := viewsScript(t, bin, work, append([]string{"--report", "dead-letters"}, from...)...)
+	stmts := strings.Split(script, ";\n")
 	last := strings.TrimSpace(stmts[len(stmts)-2])
 	for _, s := range stmts[:len(stmts)-2] {
 		if _, err := db.Exec(s); err != nil {
