@@ -25,6 +25,10 @@ type capture struct {
 	choices      int  // n
 	unreadable   bool // a body or chunk was not the JSON expected
 	upstreamErr  bool // a stream's error event: the generation failed midway
+	// weightVersion is the version the engine stamped on its response
+	// (root "weight_version", as rLLM's gateway reads it); -1 when absent
+	// or not a non-negative integer.
+	weightVersion int64
 
 	// streaming accumulation (choice 0)
 	role       string
@@ -53,6 +57,9 @@ type wireResp struct {
 	// {"object": "error", ...} of older servers.
 	Error  json.RawMessage `json:"error"`
 	Object string          `json:"object"`
+	// The weight version a rollout engine stamps on its response (absent
+	// from plain vLLM): a number, or its decimal string.
+	WeightVersion json.RawMessage `json:"weight_version"`
 }
 
 type wireUsage struct {
@@ -100,6 +107,15 @@ type sgMeta struct {
 	CompletionTokens    int64               `json:"completion_tokens"`
 }
 
+// setWeightVersion keeps a response's weight_version when it is a
+// non-negative integer (or its decimal string, as rLLM's int() takes it).
+func (c *capture) setWeightVersion(raw json.RawMessage) {
+	v := bytes.Trim(raw, `"`)
+	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil && n >= 0 && n <= 1<<53 {
+		c.weightVersion = n
+	}
+}
+
 // parseResponse reads a non-streaming response body.
 func parseResponse(body []byte, c *capture) {
 	var r wireResp
@@ -108,6 +124,7 @@ func parseResponse(body []byte, c *capture) {
 		return
 	}
 	c.model = r.Model
+	c.setWeightVersion(r.WeightVersion)
 	if r.Usage != nil {
 		c.promptTok, c.complTok = r.Usage.PromptTokens, r.Usage.CompletionTokens
 	}
@@ -223,6 +240,9 @@ func (c *capture) addChunk(data []byte) bool {
 	}
 	if c.model == "" {
 		c.model = r.Model
+	}
+	if c.weightVersion < 0 {
+		c.setWeightVersion(r.WeightVersion)
 	}
 	if (len(r.Error) > 0 && string(r.Error) != "null") || r.Object == "error" {
 		c.upstreamErr = true // the generation failed: what arrived is cut short

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -98,4 +99,76 @@ func int64s(v []int32) []int64 {
 		out[i] = int64(x)
 	}
 	return out
+}
+
+// stampingBackend answers as a rollout engine that stamps the weight
+// version it generated with (root "weight_version"; a stream's first
+// chunk), as rLLM's gateway reads it: a number, a decimal string, or
+// absent (plain vLLM); "bad" is not a version.
+type stampingBackend struct{ version string }
+
+func (b stampingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct{ Stream bool }
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	wv := ""
+	if b.version != "" {
+		wv = `"weight_version":` + b.version + `,`
+	}
+	if !req.Stream {
+		fmt.Fprintf(w, `{"id":"c","object":"chat.completion","model":"m",%s"prompt_token_ids":[1,2],"choices":[{"index":0,"message":{"role":"assistant","content":"ab"},"finish_reason":"stop","token_ids":[3,4],"logprobs":{"content":[{"token":"a","logprob":-0.5},{"token":"b","logprob":-0.25}]}}]}`, wv)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",%s\"prompt_token_ids\":[1,2],\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"a\"},\"token_ids\":[3],\"logprobs\":{\"content\":[{\"token\":\"a\",\"logprob\":-0.5}]}}]}\n\n", wv)
+	fmt.Fprintf(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",%s\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"},\"token_ids\":[4],\"logprobs\":{\"content\":[{\"token\":\"b\",\"logprob\":-0.25}]},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n", wv)
+}
+
+// TestEngineWeightVersion: a version the engine stamps on its response is
+// the step's policy_version (the gateway's own, set by the admin route,
+// is the fallback), and the agent does not see it; token ids it did not
+// ask for are removed, logprobs null.
+func TestEngineWeightVersion(t *testing.T) {
+	for _, tc := range []struct {
+		stamp string
+		want  int64
+	}{{"", 3}, {"7", 7}, {`"8"`, 8}, {`"bad"`, 3}, {"-1", 3}} {
+		for _, stream := range []bool{false, true} {
+			up := httptest.NewServer(stampingBackend{tc.stamp})
+			e := newEnv(t, func(c *Config) { c.Upstreams = []string{up.URL} })
+			e.mustJSON("POST", "/admin/weight_version", `{"weight_version":3}`, 200, nil)
+			code, body := e.do("POST", "/sessions/wv:0/v1/chat/completions", fmt.Sprintf(`{"model":"m","stream":%t,"messages":[{"role":"user","content":"hi"}]}`, stream))
+			if code != 200 {
+				t.Fatalf("status %d: %s", code, body)
+			}
+			payloads := []string{string(body)}
+			if stream {
+				payloads = sseData(t, strings.NewReader(string(body)))
+				payloads = payloads[:len(payloads)-1]
+			}
+			for _, p := range payloads {
+				var m map[string]any
+				if err := json.Unmarshal([]byte(p), &m); err != nil {
+					t.Fatalf("agent got bad JSON: %s", p)
+				}
+				_, wv := m["weight_version"]
+				_, pti := m["prompt_token_ids"]
+				if wv || pti {
+					t.Fatalf("stamp %s stream %t: the agent sees weight_version or prompt_token_ids: %s", tc.stamp, stream, p)
+				}
+				for _, c := range m["choices"].([]any) {
+					ch := c.(map[string]any)
+					lp, hasLP := ch["logprobs"]
+					if _, ok := ch["token_ids"]; ok || !hasLP || lp != nil {
+						t.Fatalf("stamp %s stream %t: token_ids kept or logprobs not null: %s", tc.stamp, stream, p)
+					}
+				}
+			}
+			e.finish("wv:0", 1)
+			st := steps(decodeAll(t, e.out.records()))
+			if len(st) != 1 || st[0].rec.Step.PolicyVersion != tc.want {
+				t.Fatalf("stamp %s stream %t: %d steps, policy_version %d, want %d", tc.stamp, stream, len(st), st[0].rec.Step.PolicyVersion, tc.want)
+			}
+			up.Close()
+		}
+	}
 }

@@ -45,8 +45,8 @@ func TestSplitSessionPath(t *testing.T) {
 }
 
 // The agent did not ask for logprobs or token ids: the upstream gets them
-// forced on, the agent gets them back as null (as vLLM would answer it),
-// the record has them.
+// forced on, the agent gets logprobs back as null (as vLLM would answer
+// it) and no token ids, the record has them.
 func TestRewriteAndStrip(t *testing.T) {
 	e := newEnv(t, nil)
 	for _, stream := range []bool{false, true} {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 )
 
@@ -91,19 +92,37 @@ func isNull(v json.RawMessage) bool {
 	return len(bytes.TrimSpace(v)) == 0 || string(bytes.TrimSpace(v)) == "null"
 }
 
-// nullFields sets the present root keys and choices[i] keys of a response
-// (or a stream chunk) to null; changed is false when nothing was there.
-func nullFields(body []byte, rootKeys, choiceKeys []string) (out []byte, changed bool, err error) {
+// removedKeys are the engine's extras a response loses rather than set
+// to null, as rLLM's gateway removes them: vLLM's token ids and the
+// weight version an engine stamps. Other keys (logprobs, an OpenAI field)
+// become null, their value when not requested.
+var removedKeys = map[string]bool{"prompt_token_ids": true, "token_ids": true, "weight_version": true}
+
+// stripFields removes (removedKeys) or sets to null the present root keys
+// and choices[i] keys of a response (or a stream chunk); changed is false
+// when nothing was there.
+func stripFields(body []byte, rootKeys, choiceKeys []string) (out []byte, changed bool, err error) {
 	fs, err := splitObject(body)
 	if err != nil {
 		return nil, false, err
 	}
-	for i := range fs {
-		for _, k := range rootKeys {
-			if fs[i].key == k && !isNull(fs[i].val) {
-				fs[i].val, changed = jsonNull, true
+	strip := func(fs []field, keys []string) ([]field, bool) {
+		hit := false
+		kept := fs[:0]
+		for _, f := range fs {
+			if slices.Contains(keys, f.key) && (removedKeys[f.key] || !isNull(f.val)) {
+				hit = true
+				if removedKeys[f.key] {
+					continue
+				}
+				f.val = jsonNull
 			}
+			kept = append(kept, f)
 		}
+		return kept, hit
+	}
+	fs, changed = strip(fs, rootKeys)
+	for i := range fs {
 		if fs[i].key != "choices" || len(choiceKeys) == 0 || isNull(fs[i].val) {
 			continue
 		}
@@ -117,15 +136,7 @@ func nullFields(body []byte, rootKeys, choiceKeys []string) (out []byte, changed
 			if err != nil {
 				return nil, false, err
 			}
-			hit := false
-			for k := range cf {
-				for _, key := range choiceKeys {
-					if cf[k].key == key && !isNull(cf[k].val) {
-						cf[k].val, hit = jsonNull, true
-					}
-				}
-			}
-			if hit {
+			if cf, hit := strip(cf, choiceKeys); hit {
 				choices[j], cchanged = joinObject(cf), true
 			}
 		}

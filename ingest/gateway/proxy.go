@@ -109,8 +109,13 @@ func rewriteRequest(body []byte, endpoint string, sampling []field) (*rewrite, e
 	return rw, nil
 }
 
-// strip sets back to null what the agent did not ask for.
-func (rw *rewrite) stripKeys() (root, choice []string) {
+// stripKeys are what the agent did not ask for, in a response (or chunk)
+// body: token ids and logprobs the gateway asked for in its place, and the
+// weight version an engine stamped (the gateway records it).
+func (rw *rewrite) stripKeys(body []byte) (root, choice []string) {
+	if bytes.Contains(body, []byte(`"weight_version"`)) {
+		root = append(root, "weight_version")
+	}
 	if !rw.askedTokenIDs {
 		root = append(root, "prompt_token_ids")
 		choice = append(choice, "token_ids", "prompt_token_ids")
@@ -254,6 +259,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 	}
 	cl := &call{sess: sess, endpoint: endpoint, version: s.weight.Load(), dispatch: time.Now(), messages: rw.messages,
 		tools: rw.tools, model: rw.model, stream: rw.stream}
+	cl.cap.weightVersion = -1
 	cl.cap.promptIDs = rw.inputIDs
 	// The upstream request outlives the agent's: a call the agent gives up
 	// on is still answered and recorded (the backend serves it either way).
@@ -291,8 +297,8 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 			cl.cutOff = cutClientDisconnect
 		} else {
 			out := raw
-			if root, choice := rw.stripKeys(); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
-				if b, _, err := nullFields(raw, root, choice); err == nil {
+			if root, choice := rw.stripKeys(raw); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
+				if b, _, err := stripFields(raw, root, choice); err == nil {
 					out = b
 				}
 			}
@@ -328,10 +334,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		w.WriteHeader(resp.StatusCode)
 		_ = rc.Flush()
 	}
-	root, choice := rw.stripKeys()
-	if cl.endpoint == "generate" {
-		root, choice = nil, nil
-	}
+	strip := cl.endpoint != "generate"
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	var waited time.Duration
 	clientGone, sawDone := goneBefore, false
@@ -362,9 +365,11 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 				data = bytes.TrimSpace(data)
 				if string(data) == "[DONE]" {
 					sawDone = true
-				} else if len(data) > 0 && cl.cap.addChunk(data) && len(root)+len(choice) > 0 {
-					if b, changed, err := nullFields(data, root, choice); err == nil && changed {
-						out = append(append([]byte("data: "), b...), '\n')
+				} else if len(data) > 0 && cl.cap.addChunk(data) && strip {
+					if root, choice := rw.stripKeys(data); len(root)+len(choice) > 0 {
+						if b, changed, err := stripFields(data, root, choice); err == nil && changed {
+							out = append(append([]byte("data: "), b...), '\n')
+						}
 					}
 				}
 			}

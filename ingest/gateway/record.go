@@ -149,8 +149,12 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 	}
 	metaJSON := marshal(meta)
 	id := stepID(s.trajID, index)
+	version := cl.version // in force at dispatch, unless the engine stamped its own
+	if c.weightVersion >= 0 {
+		version = c.weightVersion
+	}
 	rec := stepRecord{Type: "step", StepID: id, TaskID: s.taskID, GroupID: s.groupID, Role: s.role, TrajectoryID: s.trajID,
-		StepIndex: index, PolicyVersion: cl.version, FinishReason: finish, Model: model,
+		StepIndex: index, PolicyVersion: version, FinishReason: finish, Model: model,
 		CreatedAt: cl.dispatch.UTC().Format("2006-01-02T15:04:05.000000Z"), Metadata: metaJSON}
 	if c.promptIDs != nil {
 		rec.PromptIDs = &c.promptIDs
@@ -198,7 +202,7 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 	}
 	t := TraceRecord{TraceID: traceID(id), SessionID: s.id, Model: model, Messages: msgs, PromptTokenIDs: nonNil(c.promptIDs),
 		ResponseMessage: respMsg, CompletionTokenIDs: nonNil(c.responseIDs), Logprobs: c.logprobs, FinishReason: fr,
-		WeightVersion: cl.version, LatencyMS: meta.LatencyMS, TokenCounts: counts, Timestamp: unixSeconds(cl.dispatch), Metadata: metaJSON}
+		WeightVersion: version, LatencyMS: meta.LatencyMS, TokenCounts: counts, Timestamp: unixSeconds(cl.dispatch), Metadata: metaJSON}
 	tj := marshal(t)
 	return line, &trace{id: t.TraceID, ts: t.Timestamp, json: tj}, reject
 }
