@@ -10,7 +10,9 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -427,6 +429,53 @@ func TestUITrajectoryAgainstInput(t *testing.T) {
 	for _, u := range reqs {
 		if !strings.HasPrefix(u, hs.URL+"/") {
 			t.Errorf("request outside the server: %s", u)
+		}
+	}
+}
+
+// TestUITrajectoryOfOverlappingRuns: two runs whose trajectory ids
+// overlap, ingested into one root. A trajectory's page shows the steps of
+// the first shard holding it (by path), as the trajectories view counts
+// them, not both runs' steps interleaved.
+func TestUITrajectoryOfOverlappingRuns(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	from := filepath.Join(work, "out")
+	for _, seed := range []string{"1", "2"} {
+		in := filepath.Join(work, "in"+seed+".jsonl")
+		if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "6", "--group-size", "4", "--seed", seed, "--quiet"); r.code != 0 {
+			t.Fatalf("gen: %s", r.stderr)
+		}
+		if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", from, "--group-size", "4", "--quiet"); r.code != 0 {
+			t.Fatalf("ingest: %s", r.stderr)
+		}
+	}
+	// Keys held by more than one shard, with the first shard's step count.
+	rows := sqlRows(t, bin, work, nil, "--from", from, `SELECT group_id, group_version, trajectory_id, arg_min(n, shard) AS first, sum(n) AS all_steps
+FROM (SELECT group_id, group_version, trajectory_id, shard, count(*) AS n FROM steps GROUP BY ALL)
+GROUP BY ALL HAVING count(*) > 1 AND arg_min(n, shard) <> sum(n) ORDER BY ALL`)
+	if len(rows) == 0 {
+		t.Fatal("no trajectory key is held by two shards: the test needs some")
+	}
+	view := map[string]string{}
+	for _, r := range sqlRows(t, bin, work, nil, "--from", from, "SELECT trajectory_id, group_version, steps FROM trajectories") {
+		view[fmt.Sprint(r["trajectory_id"], "@", r["group_version"])] = fmt.Sprint(r["steps"])
+	}
+	hs := liveServer(t, from, live.Options{PageSize: 1000})
+	for _, r := range rows[:min(3, len(rows))] {
+		key := fmt.Sprint(r["trajectory_id"], "@", r["group_version"])
+		if view[key] != fmt.Sprint(r["first"]) {
+			t.Errorf("%s: the trajectories view counts %s steps, the first shard holds %v", key, view[key], r["first"])
+		}
+		u := hs.URL + "/trajectory?" + url.Values{"g": {fmt.Sprint(r["group_id"])}, "v": {fmt.Sprint(r["group_version"])}, "t": {fmt.Sprint(r["trajectory_id"])}}.Encode()
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		page, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if n := strings.Count(string(page), `<section class="step"`); fmt.Sprint(n) != fmt.Sprint(r["first"]) {
+			t.Errorf("%s: %d steps on its page, the first shard holds %v (%v in all)", key, n, r["first"], r["all_steps"])
 		}
 	}
 }

@@ -267,8 +267,15 @@ func TestTrajectoriesDeterministicOnCollidingKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 		tmp := file + ".tmp.parquet"
-		q := fmt.Sprintf("COPY (SELECT * REPLACE (%d::DOUBLE AS reward, 'task-%d' AS task_id) FROM read_parquet(%s)) TO %s (FORMAT parquet)",
-			i+1, i, sqlString(file), sqlString(tmp))
+		// The files other than a.parquet hold each trajectory twice more,
+		// as later steps: their step and token counts must not add up.
+		more := ""
+		if i != 1 {
+			more = fmt.Sprintf(" UNION ALL SELECT * EXCLUDE (k) REPLACE (%d::DOUBLE AS reward, 'task-%d' AS task_id, step_index + k AS step_index) FROM read_parquet(%s), range(1, 3) r(k)",
+				i+1, i, sqlString(file))
+		}
+		q := fmt.Sprintf("COPY (SELECT * REPLACE (%d::DOUBLE AS reward, 'task-%d' AS task_id) FROM read_parquet(%s)%s) TO %s (FORMAT parquet)",
+			i+1, i, sqlString(file), more, sqlString(tmp))
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)
 		}
@@ -284,12 +291,17 @@ func TestTrajectoriesDeterministicOnCollidingKeys(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := strings.Join(queryStrings(t, d, "SELECT trajectory_id || ':' || task_id || ':' || reward || ':' || shard FROM trajectories ORDER BY trajectory_id"), " ")
+		got := strings.Join(queryStrings(t, d, "SELECT trajectory_id || ':' || task_id || ':' || reward || ':' || shard || ':' || steps FROM trajectories ORDER BY trajectory_id"), " ")
+		tokens := strings.Join(queryStrings(t, d, `SELECT (t.response_tokens = s.n)::VARCHAR FROM trajectories t
+  JOIN (SELECT trajectory_id, sum(len(response_ids)) AS n FROM steps WHERE shard = 'policy=0/a.parquet' GROUP BY ALL) s USING (trajectory_id) ORDER BY trajectory_id`), " ")
 		g := strings.Join(queryStrings(t, d, "SELECT group_id || ':' || task_id || ':' || shard FROM groups ORDER BY group_id"), " ")
 		d.Close()
 		// a.parquet (reward 2, task-1) sorts first.
-		if want := "t1:task-1:2.0:policy=0/a.parquet t2:task-1:2.0:policy=0/a.parquet"; got != want {
+		if want := "t1:task-1:2.0:policy=0/a.parquet:1 t2:task-1:2.0:policy=0/a.parquet:1"; got != want {
 			t.Fatalf("trajectories: %s, want %s", got, want)
+		}
+		if tokens != "true true" {
+			t.Fatalf("trajectories' response_tokens are not the first shard's: %s", tokens)
 		}
 		if want := "t1:task-1:policy=0/a.parquet t2:task-1:policy=0/a.parquet"; g != want {
 			t.Fatalf("groups: %s, want %s", g, want)

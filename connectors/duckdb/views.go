@@ -514,37 +514,59 @@ func duckType(t arrow.DataType) (string, error) {
 }
 
 // trajectoriesSQL folds the steps of a trajectory (as stored: it needs
-// their token counts, never the tokens). Trajectory and group
-// values are repeated on every step row, so arg_min(x, {shard,
-// step_index}) (which skips nulls) reads them: the first step's value of
-// the first shard holding the key (two runs with overlapping ids ingested
-// into one root), so every query gives the same answer whatever order
-// the rows are scanned in (a compacted file holds many shards' rows);
-// groups likewise by {shard, trajectory_id}; advantage is the first
-// step's (ingest broadcasts one value per trajectory; token-level
-// advantages stay in steps).
+// their token counts, never the tokens), per shard holding its key first
+// (two runs with overlapping ids ingested into one root), then keeps the
+// first shard's fold, counts and sums included, so every query gives the
+// same answer whatever order the rows are scanned in (a compacted file
+// holds many shards' rows). Trajectory and group values are repeated on
+// every step row, so arg_min(x, step_index) (which skips nulls) reads
+// them: the first step's; groups likewise by {shard, trajectory_id};
+// advantage is the first step's (ingest broadcasts one value per
+// trajectory; token-level advantages stay in steps).
 const trajectoriesSQL = `CREATE OR REPLACE VIEW trajectories AS
+WITH per_shard AS (
+  SELECT group_id, group_version, trajectory_id, shard,
+    arg_min(task_id, step_index) AS task_id,
+    arg_min(role, step_index) AS role,
+    arg_min(reward, step_index) AS reward,
+    arg_min(num_steps, step_index) AS num_steps,
+    count(*) AS steps,
+    sum(prompt_tokens)::BIGINT AS prompt_tokens,
+    sum(response_tokens)::BIGINT AS response_tokens,
+    min(policy_version) AS min_policy_version,
+    max(policy_version) AS max_policy_version,
+    arg_min(is_correct, step_index) AS is_correct,
+    arg_min(termination_reason, step_index) AS termination_reason,
+    bool_or(partial) AS partial,
+    arg_min(filter_reason, step_index) AS filter_reason,
+    arg_min(advantage, step_index) AS advantage,
+    arg_min(estimator, step_index) AS estimator,
+    arg_min(group_size, step_index) AS group_size,
+    arg_min(expected_group_size, step_index) AS expected_group_size
+  FROM stored_steps
+  GROUP BY group_id, group_version, trajectory_id, shard
+)
 SELECT group_id, group_version, trajectory_id,
-  arg_min(task_id, {'s': shard, 'i': step_index}) AS task_id,
-  arg_min(role, {'s': shard, 'i': step_index}) AS role,
-  arg_min(reward, {'s': shard, 'i': step_index}) AS reward,
-  arg_min(num_steps, {'s': shard, 'i': step_index}) AS num_steps,
-  count(*) AS steps,
-  sum(prompt_tokens)::BIGINT AS prompt_tokens,
-  sum(response_tokens)::BIGINT AS response_tokens,
-  min(policy_version) AS min_policy_version,
-  max(policy_version) AS max_policy_version,
-  arg_min(is_correct, {'s': shard, 'i': step_index}) AS is_correct,
-  arg_min(termination_reason, {'s': shard, 'i': step_index}) AS termination_reason,
-  bool_or(partial) AS partial,
-  arg_min(filter_reason, {'s': shard, 'i': step_index}) AS filter_reason,
-  arg_min(advantage, {'s': shard, 'i': step_index}) AS advantage,
-  arg_min(estimator, {'s': shard, 'i': step_index}) AS estimator,
-  arg_min(group_size, {'s': shard, 'i': step_index}) AS group_size,
-  arg_min(expected_group_size, {'s': shard, 'i': step_index}) AS expected_group_size,
+  arg_min(task_id, shard) AS task_id,
+  arg_min(role, shard) AS role,
+  arg_min(reward, shard) AS reward,
+  arg_min(num_steps, shard) AS num_steps,
+  arg_min(steps, shard) AS steps,
+  arg_min(prompt_tokens, shard) AS prompt_tokens,
+  arg_min(response_tokens, shard) AS response_tokens,
+  arg_min(min_policy_version, shard) AS min_policy_version,
+  arg_min(max_policy_version, shard) AS max_policy_version,
+  arg_min(is_correct, shard) AS is_correct,
+  arg_min(termination_reason, shard) AS termination_reason,
+  arg_min(partial, shard) AS partial,
+  arg_min(filter_reason, shard) AS filter_reason,
+  arg_min(advantage, shard) AS advantage,
+  arg_min(estimator, shard) AS estimator,
+  arg_min(group_size, shard) AS group_size,
+  arg_min(expected_group_size, shard) AS expected_group_size,
   min(shard) AS shard,
-  coalesce(arg_min(is_correct, {'s': shard, 'i': step_index}), arg_min(reward, {'s': shard, 'i': step_index}) > 0) AS pass
-FROM stored_steps
+  coalesce(arg_min(is_correct, shard), arg_min(reward, shard) > 0) AS pass
+FROM per_shard
 GROUP BY group_id, group_version, trajectory_id;
 `
 

@@ -88,6 +88,7 @@ const stepsSQL = `SELECT step_index, step_id, policy_version, messages, response
   reward, step_reward, advantage, finish_reason
 FROM steps
 WHERE group_id = $1 AND group_version = $2 AND trajectory_id = $3
+  AND shard = (SELECT min(shard) FROM stored_steps WHERE group_id = $1 AND group_version = $2 AND trajectory_id = $3)
 ORDER BY step_index
 LIMIT 10000`
 
