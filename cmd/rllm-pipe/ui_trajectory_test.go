@@ -479,3 +479,43 @@ GROUP BY ALL HAVING count(*) > 1 AND arg_min(n, shard) <> sum(n) ORDER BY ALL`)
 		}
 	}
 }
+
+// TestUIPageKeepsLeadingNewlines: a message whose text starts with a
+// newline keeps it on the trajectory page (an HTML parser drops the
+// newline right after <pre>, so the page writes one of its own first);
+// and the browser's icon request is answered, not a 404 in the console.
+func TestUIPageKeepsLeadingNewlines(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	in := filepath.Join(work, "in.jsonl")
+	rec := `{"type":"step","step_id":"t/r0#0","task_id":"t","trajectory_id":"t/r0","step_index":0,"policy_version":0,"prompt_ids":[1,2],"response_ids":[3],"response_logprobs":[-0.1],"messages":[{"role":"user","content":"\nafter one newline"},{"role":"assistant","content":"\n\nafter two"}]}
+{"type":"trajectory","trajectory_id":"t/r0","task_id":"t","reward":1,"num_steps":1}
+`
+	if err := os.WriteFile(in, []byte(rec), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	from := filepath.Join(work, "out")
+	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", from, "--group-size", "1", "--min-group-size", "1", "--quiet"); r.code != 0 {
+		t.Fatalf("ingest: %s", r.stderr)
+	}
+	hs := liveServer(t, from, live.Options{})
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(hs.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	_, page := get("/trajectory?" + url.Values{"g": {"t"}, "v": {"0"}, "t": {"t/r0"}}.Encode())
+	for _, want := range []string{"<pre>\n\nafter one newline</pre>", "<pre>\n\n\nafter two</pre>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the page does not hold %q", want)
+		}
+	}
+	if code, _ := get("/favicon.ico"); code != http.StatusNoContent {
+		t.Errorf("/favicon.ico: %d", code)
+	}
+}

@@ -436,7 +436,7 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 			for _, m := range msgs {
 				fmt.Fprintf(&b, `<div class="msg %s"><b>%s</b>`, html.EscapeString(m.Role), html.EscapeString(m.Role))
 				if txt := contentText(m.Content); txt != "" && txt != "null" {
-					fmt.Fprintf(&b, `<pre>%s</pre>`, html.EscapeString(txt))
+					fmt.Fprintf(&b, "<pre>\n%s</pre>", html.EscapeString(txt)) // the parser drops a newline right after <pre>: this one, not the text's
 				}
 				for _, tc := range m.ToolCalls {
 					fmt.Fprintf(&b, `<div class="toolcall">tool call <code>%s(%s)</code></div>`, html.EscapeString(tc.Function.Name), html.EscapeString(tc.Function.Arguments))

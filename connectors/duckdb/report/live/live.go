@@ -292,6 +292,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/ingest", s.ingestSection)
 	mux.HandleFunc("/trajectories", s.trajectories)
 	mux.HandleFunc("/trajectory", s.trajectory)
+	mux.HandleFunc("/favicon.ico", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusNoContent) // no icon: not a 404 in every page's console
+	})
 	mux.HandleFunc("/app.js", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
 		w.Write([]byte(appJS))
