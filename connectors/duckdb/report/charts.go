@@ -1,8 +1,10 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
+	"slices"
 	"sort"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
@@ -179,9 +181,31 @@ func histSeries(t *Table, lk func(...string) string) []Series {
 }
 
 // filteredSeries: one series per filter reason (not "(kept)"), x the
-// group_version.
+// group_version; a version where a reason filtered no group is a point at
+// 0 (the table has no row for it), so the line does not pass over it.
 func filteredSeries(t *Table, lk func(...string) string) []Series {
-	return reasonSeries(t, "group_version", "filter_reason", "groups", func(v float64, reason string, _ []any) string { return lk("version", fmtNum(v), "reason", reason) })
+	link := func(v float64, reason string) string { return lk("version", fmtNum(v), "reason", reason) }
+	out := reasonSeries(t, "group_version", "filter_reason", "groups", func(v float64, reason string, _ []any) string { return link(v, reason) })
+	if t == nil {
+		return out
+	}
+	xi := t.Col("group_version")
+	var versions []float64
+	for _, r := range t.Rows {
+		if v, ok := Num(r[xi]); ok && !slices.Contains(versions, v) {
+			versions = append(versions, v)
+		}
+	}
+	for i := range out {
+		s := &out[i]
+		for _, v := range versions {
+			if !slices.ContainsFunc(s.Points, func(p Point) bool { return p.X == v }) {
+				s.Points = append(s.Points, Point{X: v, Y: 0, Link: link(v, s.Name)})
+			}
+		}
+		slices.SortFunc(s.Points, func(a, b Point) int { return cmp.Compare(a.X, b.X) })
+	}
+	return out
 }
 
 // reasonSeries: one series per value of the reason column (not

@@ -1,6 +1,7 @@
 package report
 
 import (
+	"fmt"
 	"math"
 	"regexp"
 	"slices"
@@ -162,5 +163,31 @@ func TestTimeTooltips(t *testing.T) {
 	c := Chart{ID: "c", Title: "t", Kind: KindLine, XTime: true, Series: []Series{{Name: "rows", Points: []Point{{X: at, Y: 7}}}}}
 	if svg := c.SVG(); !strings.Contains(svg, "<title>rows at 2026-01-02 03:04:05.250 UTC: 7</title>") {
 		t.Errorf("tooltip of a time point: %s", regexp.MustCompile(`<title>rows at [^<]*</title>`).FindString(svg))
+	}
+}
+
+// A version where a reason filtered no group has no row in the table: the
+// reason's line still drops to 0 there instead of passing over it.
+func TestFilteredSeriesZeroWhereNoRow(t *testing.T) {
+	tab := &Table{Columns: []string{"group_version", "filter_reason", "groups"}, Rows: [][]any{
+		{int64(0), "truncated", int64(8)}, {int64(0), "(kept)", int64(5)},
+		{int64(1), "(kept)", int64(3)}, {int64(1), "zero-variance", int64(2)},
+		{int64(2), "truncated", int64(1)},
+	}}
+	lk := func(kv ...string) string { return fmt.Sprint(kv) }
+	got := map[string]string{}
+	for _, s := range filteredSeries(tab, lk) {
+		var pts []string
+		for _, p := range s.Points {
+			pts = append(pts, fmt.Sprintf("%v:%v", p.X, p.Y))
+		}
+		got[s.Name] = strings.Join(pts, " ")
+	}
+	want := map[string]string{"truncated": "0:8 1:0 2:1", "zero-variance": "0:0 1:2 2:0"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("series %v, want %v", got, want)
+	}
+	if filteredSeries(nil, lk) != nil {
+		t.Fatal("series from no table")
 	}
 }
