@@ -74,7 +74,7 @@ func sqlReport(t *testing.T, bin, work, from, name string) []map[string]any {
 
 var (
 	svgRe    = regexp.MustCompile(`(?s)<svg class="chart" id="([^"]+)".*?</svg>`)
-	seriesRe = regexp.MustCompile(`(?s)<g class="series s\d" data-series="([^"]*)" data-points="\d+">(.*?)</g>`)
+	seriesRe = regexp.MustCompile(`(?s)<g class="series s\d(?: alt)?" data-series="([^"]*)" data-points="\d+">(.*?)</g>`)
 	pointRe  = regexp.MustCompile(`class="(?:pt|bar)"[^>]*data-x="([^"]*)" data-y="([^"]*)"`)
 )
 

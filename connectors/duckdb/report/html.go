@@ -33,6 +33,7 @@ var seriesCSS = func() string {
 	for i := range 8 {
 		fmt.Fprintf(&b, "svg .s%[1]d .line{stroke:var(--c%[1]d)} svg .s%[1]d .pt,svg .s%[1]d .bar,svg .key.s%[1]d{fill:var(--c%[1]d)}\n", i)
 	}
+	b.WriteString("svg .alt .line{stroke-dasharray:6 3} svg .alt .bar,svg .alt .pt,svg .key.alt{fill-opacity:.45}\n")
 	return b.String()
 }()
 

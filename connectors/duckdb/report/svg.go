@@ -133,6 +133,16 @@ func niceTicks(lo, hi float64, n int) []float64 {
 	return out
 }
 
+// seriesClass is series si's style: one of 8 colours, then the same
+// colours dashed and paler ("alt") for series 8 to 15, and so on, so that
+// up to 16 series (ten dead-letter reasons) look apart.
+func seriesClass(si int) string {
+	if si/8%2 == 1 {
+		return fmt.Sprintf("s%d alt", si%8)
+	}
+	return fmt.Sprintf("s%d", si%8)
+}
+
 // SVG draws the chart. Each series is a <g class="series"
 // data-series="NAME">, each point a <circle class="pt"> or <rect
 // class="bar"> with data-x and data-y holding its exact values.
@@ -268,7 +278,7 @@ func (c *Chart) SVG() string {
 	fmt.Fprintf(&b, `<text class="label" x="%d" y="%d" text-anchor="middle">%s</text></g>`, padL+int(pw/2), svgH-8, esc(c.XLabel))
 	// Series.
 	for si, s := range c.Series {
-		fmt.Fprintf(&b, `<g class="series s%d" data-series="%s" data-points="%d">`, si%8, esc(s.Name), len(s.Points))
+		fmt.Fprintf(&b, `<g class="series %s" data-series="%s" data-points="%d">`, seriesClass(si), esc(s.Name), len(s.Points))
 		pts := s.Points
 		stride := max(1, len(pts)/maxPointsDrawn)
 		switch c.Kind {
@@ -339,8 +349,8 @@ func (c *Chart) SVG() string {
 			x := padL + 8 + (si%perRow)*interval
 			y := legendTop + 6 + (si/perRow)*legendLine
 			// The whole name in a tooltip, when the text is cut or not.
-			fmt.Fprintf(&b, `<g class="entry"><title>%s</title><rect class="key s%d" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text></g>`,
-				esc(s.Name), si%8, x, y, x+14, y+9, esc(clip(s.Name, clipAt)))
+			fmt.Fprintf(&b, `<g class="entry"><title>%s</title><rect class="key %s" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text></g>`,
+				esc(s.Name), seriesClass(si), x, y, x+14, y+9, esc(clip(s.Name, clipAt)))
 		}
 		b.WriteString(`</g>`)
 	}

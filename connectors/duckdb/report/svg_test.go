@@ -191,3 +191,19 @@ func TestFilteredSeriesZeroWhereNoRow(t *testing.T) {
 		t.Fatal("series from no table")
 	}
 }
+
+// Ten series (ten dead-letter reasons) get ten different styles: the
+// colours, then the same colours dashed and paler.
+func TestSeriesStylesApart(t *testing.T) {
+	seen := map[string]int{}
+	for i := range 16 {
+		c := seriesClass(i)
+		if j, ok := seen[c]; ok {
+			t.Fatalf("series %d and %d share the style %q", j, i, c)
+		}
+		seen[c] = i
+	}
+	if !strings.Contains(CSS, "svg .alt .line{stroke-dasharray") {
+		t.Fatal("no style for the alt series")
+	}
+}
