@@ -87,21 +87,21 @@ ROUNDS ?= 3
 .PHONY: bench-kafka
 bench-kafka: build
 	scripts/services.sh up >/dev/null
-	eval "$$(scripts/services.sh env)" && $(GO) run ./cmd/kafkabench --bin $(BIN) --size $(SIZE) --rounds $(ROUNDS) --work $(WORK)
+	eval "$$(scripts/services.sh env)" && $(GO) run ./cmd/kafkabench --bin $(BIN) --size $(SIZE) --rounds $(ROUNDS) --work $(BENCH_WORK)
 
 # bench-ingest: `rllm-pipe ingest` (GRPO, zstd Parquet) against DuckDB doing
-# the same job on the same generated input of SIZE (cached in WORK), PAIRS
+# the same job on the same generated input of SIZE (cached in BENCH_WORK), PAIRS
 # alternating runs, traces of SHAPE (steps: 1-4 calls; steps-nomsg; agents, agents-100, agents-text or several comma-separated: the multi-turn comparison, see bench-multiturn);
 # prints wall times, the ratio DuckDB / rllm-pipe and peak
 # RSS (cmd/ingestbench; BENCH_FLAGS adds flags, e.g. --json FILE).
 SIZE  ?= 1GB
 PAIRS ?= 3
 SHAPE ?= steps
-WORK  ?= $(HOME)/.cache/rllm-pipe/bench
+BENCH_WORK ?= $(HOME)/.cache/rllm-pipe/bench
 BENCH_FLAGS ?=
 .PHONY: bench-ingest
 bench-ingest: build
-	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(WORK) --shape $(SHAPE) $(BENCH_FLAGS)
+	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(SIZE) --pairs $(PAIRS) --work $(BENCH_WORK) --shape $(SHAPE) $(BENCH_FLAGS)
 
 # bench-multiturn: issue 16's comparison in one run (cmd/ingestbench/multiturn.go):
 # 30- and 100-turn agent traces of MT_SIZE each (and 30 turns with token ids
@@ -116,7 +116,7 @@ MT_SIZE   ?= 500MB
 MT_PYTHON ?= $(firstword $(wildcard $(HOME)/.cache/rllm-pipe/venv-*/bin/python))
 .PHONY: bench-multiturn
 bench-multiturn: build
-	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(MT_SIZE) --pairs $(PAIRS) --reads $(PAIRS) --work $(WORK) --shape agents,agents-100,agents-text $(if $(MT_PYTHON),--python $(MT_PYTHON)) $(BENCH_FLAGS)
+	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(MT_SIZE) --pairs $(PAIRS) --reads $(PAIRS) --work $(BENCH_WORK) --shape agents,agents-100,agents-text $(if $(MT_PYTHON),--python $(MT_PYTHON)) $(BENCH_FLAGS)
 
 # bench-scale: issue 19's scaling figures (scripts/bench-scale.sh, ~8-15 min):
 # the manifest's commit rate and consumer-group acknowledgements with 1, 4

@@ -544,7 +544,7 @@ func (d *Decoder) intField(f field) (v int64, rerr *schemas.RejectError, err err
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 0", fieldNames[f], v), nil
 	case (f == fNumSteps || f == fGroupSize) && v < 1:
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 1", fieldNames[f], v), nil
-	case f != fPolicyVersion && v > math.MaxInt32:
+	case (f == fStepIndex || f == fNumSteps || f == fGroupSize) && v > math.MaxInt32:
 		// Stored as INT32 columns: a larger value would wrap.
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, beyond 2^31-1", fieldNames[f], v), nil
 	}
