@@ -715,5 +715,18 @@ func TestFloatValueLongNumbers(t *testing.T) {
 		if math.Float64bits(got) != math.Float64bits(want) && !(math.IsInf(got, 1) && math.IsInf(want, 1)) {
 			t.Errorf("%.40s... (%d bytes): %v, want %v", tok, len(tok), got, want)
 		}
+		// The same token in a logprob list (the list's own fast path and
+		// its fallback), as float32.
+		if math.Abs(want) > math.MaxFloat32 {
+			continue
+		}
+		var d Decoder
+		rec, err := d.Decode([]byte(with(goodStep, "response_logprobs", "["+tok+",-0.5]")))
+		if err != nil {
+			t.Fatalf("%.40s... in a list: %v", tok, err)
+		}
+		if lp := rec.Step.ResponseLogprobs; len(lp) != 2 || math.Float32bits(lp[0]) != math.Float32bits(float32(want)) {
+			t.Errorf("%.40s... in a list: %v, want %v", tok, lp, float32(want))
+		}
 	}
 }

@@ -394,6 +394,9 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 			}
 		default:
 			tok := b[start:i]
+			if len(tok) > longNumber {
+				tok = normalizeLong(tok) // as floatValue: see longNumber
+			}
 			var err error
 			f, err = strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
 			if err != nil || math.IsInf(float64(float32(f)), 0) {

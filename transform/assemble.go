@@ -353,14 +353,11 @@ func (a *Assembler) closedCheck(it *ingest.Item, key string, kind byte, id strin
 			a.drop(it)
 			return true
 		}
-		what, where := "step_id", "in another group"
+		what := "step_id"
 		if kind == 't' {
 			what = "trajectory_id"
 		}
-		if a.closed[key] != nil {
-			where = "in this group, which is closed"
-		}
-		a.reject(it, schemas.ReasonDuplicateConflict, "%s %q was already written, %s, with different content", what, id, where)
+		a.reject(it, schemas.ReasonDuplicateConflict, "%s %q was already written with different content", what, id)
 		return true
 	}
 	if a.closed[key] == nil {

@@ -84,7 +84,7 @@ and carries them as they are.`,
 	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of --report pass-at-k")
 	f.StringVar(&o.format, "format", duckdb.FormatTable, "output: table (aligned, for terminals), csv or jsonl")
 	f.BoolVar(&o.viewsSQL, "views-sql", false, "print the CREATE VIEW statements (over absolute local paths) for the DuckDB CLI instead of running anything")
-	f.StringVar(&o.downloadDir, "download-dir", "", "keep the local copies of S3 shards and dead letters here (default: a temporary folder removed on exit)")
+	f.StringVar(&o.downloadDir, "download-dir", "", "keep the local copies here: S3 shards and dead letters, a compaction snapshot, the committed part of a dead-letter file being written, the consumer groups' acknowledgements (default: a temporary folder removed on exit; not under the root read)")
 	f.BoolVar(&o.hostFiles, "allow-host-files", false, "lift the read-only sandbox: the query may read and write any file you can (to join your own data), reach the network and install extensions")
 	o.conn.register(f)
 	return cmd

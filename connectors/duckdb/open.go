@@ -798,6 +798,9 @@ func newDB(from string, o Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("duckdb: temporary folder: %w", err)
 	}
+	if abs, err := filepath.Abs(work); err == nil {
+		work = abs // clean: the copies' paths are joined (cleaned) from it, and temporary compares them
+	}
 	d := &DB{from: from, work: work, open: o.AllowHostFiles}
 	c, err := duckdbdrv.NewConnector("", func(e driver.ExecerContext) error {
 		if q := d.connInit.Load(); q != nil {
@@ -914,9 +917,9 @@ var ErrViewsNeedCopies = errors.New("the views read local copies that are remove
 
 // ViewsSQL returns the CREATE VIEW statements, to paste into the DuckDB
 // CLI. They name local files, which must outlive the DB: the rows of the
-// consumer groups' acknowledgements are written into the script itself
-// unless Options.DownloadDir keeps their file, and any other copy in the
-// temporary folder is ErrViewsNeedCopies.
+// consumer groups' acknowledgements (up to maxInlineConsumed of them) are
+// written into the script itself unless Options.DownloadDir keeps their
+// file, and any other copy in the temporary folder is ErrViewsNeedCopies.
 func (d *DB) ViewsSQL() (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "-- rllm-pipe sql: views over the committed data of %s (%d shards, %d dead-letter files)\n", d.from, d.shards, d.dlqFiles)
@@ -936,6 +939,9 @@ func (d *DB) ViewsSQL() (string, error) {
 			}
 		case ViewConsumed:
 			if d.temporary(d.layout.consumed) {
+				if fi, err := os.Stat(d.layout.consumed); err == nil && fi.Size() > maxInlineConsumed {
+					return "", fmt.Errorf("duckdb: view %s: %d bytes of acknowledgements: %w", v.Name, fi.Size(), ErrViewsNeedCopies)
+				}
 				var err error
 				if q, err = consumedValuesSQL(d.layout.consumed); err != nil {
 					return "", err
@@ -950,9 +956,29 @@ func (d *DB) ViewsSQL() (string, error) {
 	return b.String(), nil
 }
 
-// temporary reports whether s names a file in the folder Close removes.
+// temporary reports whether s (a path, or SQL naming paths as quoted
+// literals) names a file in the folder Close removes.
 func (d *DB) temporary(s string) bool {
-	return s != "" && strings.Contains(s, d.work+string(filepath.Separator))
+	dir := d.work + string(filepath.Separator)
+	return s != "" && (strings.Contains(s, dir) || strings.Contains(s, strings.ReplaceAll(dir, "'", "''")))
+}
+
+// maxInlineConsumed is the largest consumed file ViewsSQL writes into a
+// script; beyond, the script would be slow to parse, and the file must be
+// kept (Options.DownloadDir).
+const maxInlineConsumed = 64 << 20
+
+// sqlText is s as a SQL string literal that any text survives: a NUL,
+// which ends a literal in DuckDB's parser, is spliced in with chr(0).
+func sqlText(s string) string {
+	if !strings.Contains(s, "\x00") {
+		return sqlString(s)
+	}
+	parts := strings.Split(s, "\x00")
+	for i, p := range parts {
+		parts[i] = sqlString(p)
+	}
+	return "(" + strings.Join(parts, " || chr(0) || ") + ")"
 }
 
 // consumedValuesSQL is consumedSQL with the rows of file in the
@@ -976,10 +1002,11 @@ func consumedValuesSQL(file string) (string, error) {
 		if n > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, "\n  (%s, %d, %d, %d, %s, %s, %d::UBIGINT, %d, %s, %d, %d, %d, %s, %d, %d, %s::TIMESTAMP)",
-			sqlString(c.Group), c.Step, c.Position, c.Groups, sqlString(c.Member), sqlString(c.MemberID), c.BatchID,
-			c.PolicyVersion, sqlString(c.GroupID), c.GroupVersion, c.Trajectories, c.Steps, sqlString(c.Shard),
-			c.Ordinal, c.Seq, sqlString(c.AckedAt))
+		// Typed as consumedColumns types them (read_json's table).
+		fmt.Fprintf(&b, "\n  (%s, %d::BIGINT, %d::INTEGER, %d::INTEGER, %s, %s, %d::UBIGINT, %d::BIGINT, %s, %d::BIGINT, %d::INTEGER, %d::BIGINT, %s, %d::INTEGER, %d::BIGINT, %s::TIMESTAMP)",
+			sqlText(c.Group), c.Step, c.Position, c.Groups, sqlText(c.Member), sqlText(c.MemberID), c.BatchID,
+			c.PolicyVersion, sqlText(c.GroupID), c.GroupVersion, c.Trajectories, c.Steps, sqlText(c.Shard),
+			c.Ordinal, c.Seq, sqlText(c.AckedAt))
 	}
 	if n == 0 {
 		return (&layout{}).consumedSQL(), nil

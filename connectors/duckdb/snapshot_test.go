@@ -131,7 +131,7 @@ func TestSnapshotEqualsWholeManifest(t *testing.T) {
 	}
 	writeManifest(t, root, entries)
 
-	open := func(remote bool) (string, *DB) {
+	openWith := func(remote bool, o Options) *DB {
 		t.Helper()
 		var d *DB
 		var err error
@@ -140,14 +140,26 @@ func TestSnapshotEqualsWholeManifest(t *testing.T) {
 			if rerr != nil {
 				t.Fatal(rerr)
 			}
-			d, err = Open(ctx, remoteOnly{rr}, Options{DownloadDir: t.TempDir()})
+			d, err = Open(ctx, remoteOnly{rr}, o)
 		} else {
-			d, err = OpenLocal(ctx, root, Options{DownloadDir: t.TempDir()})
+			d, err = OpenLocal(ctx, root, o)
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	// Without a download folder the snapshot's copy is temporary: the
+	// printed views would name a file gone after Close.
+	for _, remote := range []bool{false, true} {
+		if _, err := openWith(remote, Options{}).ViewsSQL(); !errors.Is(err, ErrViewsNeedCopies) {
+			t.Fatalf("remote %t: views over a temporary snapshot copy: %v, want ErrViewsNeedCopies", remote, err)
+		}
+	}
+	open := func(remote bool) (string, *DB) {
+		t.Helper()
+		d := openWith(remote, Options{DownloadDir: t.TempDir()})
 		return digestViews(t, d), d
 	}
 	for _, remote := range []bool{false, true} {

@@ -1,8 +1,10 @@
 package duckdb
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -274,8 +276,15 @@ func TestTrajectoriesDeterministicOnCollidingKeys(t *testing.T) {
 			more = fmt.Sprintf(" UNION ALL SELECT * EXCLUDE (k) REPLACE (%d::DOUBLE AS reward, 'task-%d' AS task_id, step_index + k AS step_index) FROM read_parquet(%s), range(1, 3) r(k)",
 				i+1, i, sqlString(file))
 		}
-		q := fmt.Sprintf("COPY (SELECT * REPLACE (%d::DOUBLE AS reward, 'task-%d' AS task_id) FROM read_parquet(%s)%s) TO %s (FORMAT parquet)",
-			i+1, i, sqlString(file), more, sqlString(tmp))
+		// a.parquet has no termination reason; the others have one, which
+		// must not stand in for a's.
+		term := "'ENV_DONE'"
+		if i == 1 {
+			term = "NULL::VARCHAR"
+		}
+		more = strings.ReplaceAll(more, "AS task_id,", "AS task_id, "+term+" AS termination_reason,")
+		q := fmt.Sprintf("COPY (SELECT * REPLACE (%d::DOUBLE AS reward, 'task-%d' AS task_id, %s AS termination_reason) FROM read_parquet(%s)%s) TO %s (FORMAT parquet)",
+			i+1, i, term, sqlString(file), more, sqlString(tmp))
 		if _, err := db.Exec(q); err != nil {
 			t.Fatal(err)
 		}
@@ -291,13 +300,13 @@ func TestTrajectoriesDeterministicOnCollidingKeys(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := strings.Join(queryStrings(t, d, "SELECT trajectory_id || ':' || task_id || ':' || reward || ':' || shard || ':' || steps FROM trajectories ORDER BY trajectory_id"), " ")
+		got := strings.Join(queryStrings(t, d, "SELECT trajectory_id || ':' || task_id || ':' || reward || ':' || shard || ':' || steps || ':' || coalesce(termination_reason, '-') FROM trajectories ORDER BY trajectory_id"), " ")
 		tokens := strings.Join(queryStrings(t, d, `SELECT (t.response_tokens = s.n)::VARCHAR FROM trajectories t
   JOIN (SELECT trajectory_id, sum(len(response_ids)) AS n FROM steps WHERE shard = 'policy=0/a.parquet' GROUP BY ALL) s USING (trajectory_id) ORDER BY trajectory_id`), " ")
 		g := strings.Join(queryStrings(t, d, "SELECT group_id || ':' || task_id || ':' || shard FROM groups ORDER BY group_id"), " ")
 		d.Close()
 		// a.parquet (reward 2, task-1) sorts first.
-		if want := "t1:task-1:2.0:policy=0/a.parquet:1 t2:task-1:2.0:policy=0/a.parquet:1"; got != want {
+		if want := "t1:task-1:2.0:policy=0/a.parquet:1:- t2:task-1:2.0:policy=0/a.parquet:1:-"; got != want {
 			t.Fatalf("trajectories: %s, want %s", got, want)
 		}
 		if tokens != "true true" {
@@ -306,5 +315,52 @@ func TestTrajectoriesDeterministicOnCollidingKeys(t *testing.T) {
 		if want := "t1:task-1:policy=0/a.parquet t2:task-1:policy=0/a.parquet"; g != want {
 			t.Fatalf("groups: %s, want %s", g, want)
 		}
+	}
+}
+
+// The consumed rows written into a script are the table read_json makes
+// of their file: the same column types and values, a NUL in an id
+// included (a literal would end there).
+func TestConsumedValuesLikeTheFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "consumed.jsonl")
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for i, g := range []string{"g", "a'b\x00c", `back\slash`} {
+		if err := enc.Encode(consumedLine{Group: g, Step: i, Position: 0, Groups: 1, Member: "m", MemberID: "m/1", BatchID: 1 << 63,
+			PolicyVersion: 1 << 40, GroupID: g + "-id", GroupVersion: 3, Trajectories: 8, Steps: 1 << 35, Shard: "policy=0/x.parquet",
+			Ordinal: 2, Seq: 1 << 50, AckedAt: "2026-12-03 05:00:00.123456"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	inline, err := consumedValuesSQL(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables := map[string]string{}
+	for name, script := range map[string]string{"file": (&layout{consumed: file}).consumedSQL(), "inline": inline} {
+		db, err := sql.Open("duckdb", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Exec(script); err != nil {
+			db.Close()
+			t.Fatalf("%s: %v", name, err)
+		}
+		var desc, rows string
+		err = db.QueryRow("SELECT string_agg(column_name || ' ' || column_type, ', ') FROM (DESCRIBE consumed)").Scan(&desc)
+		if err == nil {
+			err = db.QueryRow("SELECT string_agg(to_json(c)::VARCHAR, ' ') FROM consumed c").Scan(&rows)
+		}
+		db.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		tables[name] = desc + "\n" + rows
+	}
+	if tables["file"] != tables["inline"] {
+		t.Fatalf("the inline table differs from the file's:\nfile:   %s\ninline: %s", tables["file"], tables["inline"])
 	}
 }

@@ -546,26 +546,28 @@ WITH per_shard AS (
   FROM stored_steps
   GROUP BY group_id, group_version, trajectory_id, shard
 )
+-- The first shard's fold: arg_min_null keeps a NULL of that shard rather
+-- than take another shard's value (one row per shard: no ties).
 SELECT group_id, group_version, trajectory_id,
-  arg_min(task_id, shard) AS task_id,
-  arg_min(role, shard) AS role,
-  arg_min(reward, shard) AS reward,
-  arg_min(num_steps, shard) AS num_steps,
-  arg_min(steps, shard) AS steps,
-  arg_min(prompt_tokens, shard) AS prompt_tokens,
-  arg_min(response_tokens, shard) AS response_tokens,
-  arg_min(min_policy_version, shard) AS min_policy_version,
-  arg_min(max_policy_version, shard) AS max_policy_version,
-  arg_min(is_correct, shard) AS is_correct,
-  arg_min(termination_reason, shard) AS termination_reason,
-  arg_min(partial, shard) AS partial,
-  arg_min(filter_reason, shard) AS filter_reason,
-  arg_min(advantage, shard) AS advantage,
-  arg_min(estimator, shard) AS estimator,
-  arg_min(group_size, shard) AS group_size,
-  arg_min(expected_group_size, shard) AS expected_group_size,
+  arg_min_null(task_id, shard) AS task_id,
+  arg_min_null(role, shard) AS role,
+  arg_min_null(reward, shard) AS reward,
+  arg_min_null(num_steps, shard) AS num_steps,
+  arg_min_null(steps, shard) AS steps,
+  arg_min_null(prompt_tokens, shard) AS prompt_tokens,
+  arg_min_null(response_tokens, shard) AS response_tokens,
+  arg_min_null(min_policy_version, shard) AS min_policy_version,
+  arg_min_null(max_policy_version, shard) AS max_policy_version,
+  arg_min_null(is_correct, shard) AS is_correct,
+  arg_min_null(termination_reason, shard) AS termination_reason,
+  arg_min_null(partial, shard) AS partial,
+  arg_min_null(filter_reason, shard) AS filter_reason,
+  arg_min_null(advantage, shard) AS advantage,
+  arg_min_null(estimator, shard) AS estimator,
+  arg_min_null(group_size, shard) AS group_size,
+  arg_min_null(expected_group_size, shard) AS expected_group_size,
   min(shard) AS shard,
-  coalesce(arg_min(is_correct, shard), arg_min(reward, shard) > 0) AS pass
+  coalesce(arg_min_null(is_correct, shard), arg_min_null(reward, shard) > 0) AS pass
 FROM per_shard
 GROUP BY group_id, group_version, trajectory_id;
 `

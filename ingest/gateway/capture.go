@@ -3,8 +3,10 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // capture is what one upstream call yielded for its step: choice 0's token
@@ -108,11 +110,17 @@ type sgMeta struct {
 }
 
 // setWeightVersion keeps a response's weight_version when it is a
-// non-negative integer (or its decimal string, as rLLM's int() takes it).
+// non-negative integral number up to 2^53 (3, 3.0, 3e0), or such a
+// number's decimal string, blanks around it allowed (as rLLM's int()
+// takes it).
 func (c *capture) setWeightVersion(raw json.RawMessage) {
-	v := bytes.Trim(raw, `"`)
-	if n, err := strconv.ParseInt(string(v), 10, 64); err == nil && n >= 0 && n <= 1<<53 {
+	v := strings.TrimSpace(string(bytes.Trim(raw, `"`)))
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 && n <= 1<<53 {
 		c.weightVersion = n
+		return
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f <= 1<<53 && f == math.Trunc(f) && len(raw) > 0 && raw[0] != '"' {
+		c.weightVersion = int64(f) // a JSON number written 3.0 or 3e0
 	}
 }
 

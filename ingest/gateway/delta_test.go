@@ -131,7 +131,7 @@ func TestEngineWeightVersion(t *testing.T) {
 	for _, tc := range []struct {
 		stamp string
 		want  int64
-	}{{"", 3}, {"7", 7}, {`"8"`, 8}, {`"bad"`, 3}, {"-1", 3}} {
+	}{{"", 3}, {"7", 7}, {`"8"`, 8}, {`"bad"`, 3}, {"-1", 3}, {"9.0", 9}, {"1e1", 10}, {`" 11 "`, 11}, {"4.5", 3}, {`"3.0"`, 3}, {"null", 3}} {
 		for _, stream := range []bool{false, true} {
 			up := httptest.NewServer(stampingBackend{tc.stamp})
 			e := newEnv(t, func(c *Config) { c.Upstreams = []string{up.URL} })

@@ -182,7 +182,8 @@ func histSeries(t *Table, lk func(...string) string) []Series {
 
 // filteredSeries: one series per filter reason (not "(kept)"), x the
 // group_version; a version where a reason filtered no group is a point at
-// 0 (the table has no row for it), so the line does not pass over it.
+// 0 (the table has no row for it), so the line does not pass over it —
+// unless there are more versions than a line draws points.
 func filteredSeries(t *Table, lk func(...string) string) []Series {
 	link := func(v float64, reason string) string { return lk("version", fmtNum(v), "reason", reason) }
 	out := reasonSeries(t, "group_version", "filter_reason", "groups", func(v float64, reason string, _ []any) string { return link(v, reason) })
@@ -190,16 +191,25 @@ func filteredSeries(t *Table, lk func(...string) string) []Series {
 		return out
 	}
 	xi := t.Col("group_version")
-	var versions []float64
+	versions := map[float64]bool{}
 	for _, r := range t.Rows {
-		if v, ok := Num(r[xi]); ok && !slices.Contains(versions, v) {
-			versions = append(versions, v)
+		if v, ok := Num(r[xi]); ok {
+			versions[v] = true
 		}
+	}
+	if len(versions) > maxPointsDrawn {
+		// Too many to draw each: thinned, the zeros could hide the only
+		// points that matter. The lines join what was filtered.
+		return out
 	}
 	for i := range out {
 		s := &out[i]
-		for _, v := range versions {
-			if !slices.ContainsFunc(s.Points, func(p Point) bool { return p.X == v }) {
+		have := map[float64]bool{}
+		for _, p := range s.Points {
+			have[p.X] = true
+		}
+		for v := range versions {
+			if !have[v] {
 				s.Points = append(s.Points, Point{X: v, Y: 0, Link: link(v, s.Name)})
 			}
 		}
