@@ -172,6 +172,9 @@ type Server struct {
 	closeMu  sync.Mutex
 	closed   bool
 	closeErr error
+
+	// beforeRecord, when set (tests), runs as a call's recording begins.
+	beforeRecord func()
 }
 
 // New returns a Server over out with cfg's upstream workers; it starts the

@@ -912,3 +912,37 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A call's answer reaches the agent before the gateway records it: a trace
+// list the agent asks for right after (as rLLM's client does) waits for the
+// recording, streamed or not, instead of missing the call.
+func TestTracesListAnsweredCalls(t *testing.T) {
+	e := newEnv(t, nil)
+	e.gw.beforeRecord = func() { time.Sleep(300 * time.Millisecond) }
+	for i, stream := range []bool{false, true} {
+		body := chatBody
+		if stream {
+			body = strings.Replace(body, `{"model"`, `{"stream":true,"model"`, 1)
+		}
+		if code, b := e.do("POST", "/sessions/tr:0/v1/chat/completions", body); code != 200 {
+			t.Fatalf("status %d: %s", code, b)
+		}
+		// On a connection of its own, as the agent's client and rLLM's are
+		// two (one connection serves its requests in turn).
+		c := &http.Client{Transport: &http.Transport{}}
+		resp, err := c.Get(e.srv.URL + "/sessions/tr:0/traces")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var traces []TraceRecord
+		err = json.NewDecoder(resp.Body).Decode(&traces)
+		resp.Body.Close()
+		c.CloseIdleConnections()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(traces) != i+1 {
+			t.Fatalf("stream %t: %d traces listed right after the call, want %d", stream, len(traces), i+1)
+		}
+	}
+}

@@ -21,6 +21,11 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
+// answeredWait bounds how long a trace list waits for the calls already
+// answered to be recorded (recording takes microseconds; the bound only
+// matters if it is stuck).
+const answeredWait = 5 * time.Second
+
 // Handler returns the handler of every route (package doc).
 func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serve) }
 
@@ -230,6 +235,11 @@ func (s *Server) sessionRoute(w http.ResponseWriter, r *http.Request, rest strin
 			writeJSON(w, http.StatusOK, []byte("[]"))
 			return
 		}
+		// Calls already answered are listed: wait (briefly) until they
+		// are recorded.
+		ctx, cancel := context.WithTimeout(r.Context(), answeredWait)
+		_ = sess.answered.wait(ctx)
+		cancel()
 		since, limit := queryFloat(r, "since"), int(queryFloat(r, "limit"))
 		writeJSON(w, http.StatusOK, sess.traceList(since, limit))
 	case strings.HasSuffix(rest, "/finish") && r.Method == http.MethodPost:

@@ -261,6 +261,11 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		tools: rw.tools, model: rw.model, stream: rw.stream}
 	cl.cap.weightVersion = -1
 	cl.cap.promptIDs = rw.inputIDs
+	defer func() { // after s.record
+		if cl.answering {
+			sess.answered.done(1)
+		}
+	}()
 	// The upstream request outlives the agent's: a call the agent gives up
 	// on is still answered and recorded (the backend serves it either way).
 	up := detach(r.Context(), s.cfg.AbandonedCallTimeout)
@@ -305,6 +310,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 			copyHeaders(w.Header(), resp.Header)
 			w.Header().Set("Content-Length", fmt.Sprint(len(out)))
 			w.WriteHeader(resp.StatusCode)
+			cl.answer()
 			_, werr := w.Write(out)
 			if http.NewResponseController(w).Flush() != nil || werr != nil {
 				cl.cutOff = cutClientDisconnect
@@ -365,6 +371,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 				data = bytes.TrimSpace(data)
 				if string(data) == "[DONE]" {
 					sawDone = true
+					cl.answer() // the agent's stream ends with this event
 				} else if len(data) > 0 && cl.cap.addChunk(data) && strip {
 					if root, choice := rw.stripKeys(data); len(root)+len(choice) > 0 {
 						if b, changed, err := stripFields(data, root, choice); err == nil && changed {
@@ -457,6 +464,9 @@ var errAbandoned = errors.New("the agent disconnected and the upstream did not a
 
 // record turns a finished call into its step and trace.
 func (s *Server) record(cl *call) {
+	if s.beforeRecord != nil {
+		s.beforeRecord()
+	}
 	sess := cl.sess
 	sess.mu.Lock()
 	index := sess.steps

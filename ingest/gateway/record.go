@@ -40,6 +40,17 @@ type call struct {
 	stream   bool
 	cutOff   string // why the agent did not get the whole answer ("" when it did)
 	partial  bool   // the response recorded is cut short (else whole, the agent just never read it)
+	// answering: the call is counted in sess.answered from the moment its
+	// answer's end is written to the agent until it is recorded.
+	answering bool
+}
+
+// answer counts cl in its session's answered calls, once.
+func (cl *call) answer() {
+	if !cl.answering {
+		cl.answering = true
+		cl.sess.answered.add(1)
+	}
 }
 
 // stepRecord is a Step of the wire format. Pointer slices: nil is absent

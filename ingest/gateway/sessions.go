@@ -66,6 +66,10 @@ type session struct {
 
 	durable  *tracker // this session's records not yet durable (its own allocation: a retired id keeps it)
 	inflight tracker  // recorded calls running
+	// answered counts calls whose answer reached (or is reaching) the
+	// agent but that are not recorded yet: a trace list waits for them,
+	// so an agent that lists its traces after a call sees that call.
+	answered tracker
 
 	mu       sync.Mutex
 	steps    int64  // recorded calls: the next step_index
