@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"math"
 	"math/bits"
-	"strconv"
 	"unsafe"
 )
 
@@ -393,12 +392,8 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 				f *= pow10[exp]
 			}
 		default:
-			tok := b[start:i]
-			if len(tok) > longNumber {
-				tok = normalizeLong(tok) // as floatValue: see longNumber
-			}
 			var err error
-			f, err = strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
+			f, err = parseNumber(b[start:i])
 			if err != nil || math.IsInf(float64(float32(f)), 0) {
 				return dst, false
 			}

@@ -447,10 +447,7 @@ func floatValue(tok []byte) (float64, error) {
 	case "-Infinity":
 		return math.Inf(-1), nil
 	}
-	if len(tok) > longNumber {
-		tok = normalizeLong(tok)
-	}
-	f, err := strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
+	f, err := parseNumber(tok)
 	if err != nil {
 		var ne *strconv.NumError
 		if errors.As(err, &ne) && ne.Err == strconv.ErrRange {
@@ -467,6 +464,17 @@ func floatValue(tok []byte) (float64, error) {
 // loses the decimal point's place ("1" + 800 zeros + "e-800" reads as
 // 0.1).
 const longNumber = 700
+
+// parseNumber is strconv.ParseFloat of a JSON number token (float64,
+// correctly rounded), long tokens normalised first (see longNumber): the
+// one place every float of a record is read, the fast paths' fallbacks
+// included.
+func parseNumber(tok []byte) (float64, error) {
+	if len(tok) > longNumber {
+		tok = normalizeLong(tok)
+	}
+	return strconv.ParseFloat(unsafe.String(unsafe.SliceData(tok), len(tok)), 64)
+}
 
 // normalizeLong rewrites a valid JSON number token as "0." + its
 // significant digits + "e" + the exponent that keeps its value, a form
