@@ -964,8 +964,8 @@ func (d *DB) temporary(s string) bool {
 }
 
 // maxInlineConsumed is the largest consumed file ViewsSQL writes into a
-// script; beyond, the script would be slow to parse, and the file must be
-// kept (Options.DownloadDir).
+// script (a statement of that many bytes of VALUES); beyond, the file
+// must be kept (Options.DownloadDir) and the script reads it.
 const maxInlineConsumed = 64 << 20
 
 // sqlText is s as a SQL string literal that any text survives: a NUL,

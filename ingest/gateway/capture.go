@@ -114,6 +114,9 @@ type sgMeta struct {
 // number's decimal string, blanks around it allowed (as rLLM's int()
 // takes it).
 func (c *capture) setWeightVersion(raw json.RawMessage) {
+	if len(raw) == 0 {
+		return // absent: every chunk of a plain vLLM stream
+	}
 	v := strings.TrimSpace(string(bytes.Trim(raw, `"`)))
 	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 && n <= 1<<53 {
 		c.weightVersion = n

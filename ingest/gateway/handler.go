@@ -22,8 +22,8 @@ import (
 )
 
 // answeredWait bounds how long a trace list waits for the calls already
-// answered to be recorded (recording takes microseconds; the bound only
-// matters if it is stuck).
+// answered to be recorded (a call is recorded right after its answer is
+// written; the bound only matters if recording is stuck).
 const answeredWait = 5 * time.Second
 
 // Handler returns the handler of every route (package doc).
