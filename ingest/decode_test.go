@@ -653,7 +653,7 @@ func TestDecodeManySignals(t *testing.T) {
 }
 
 func BenchmarkDecodeManySignals(b *testing.B) {
-	for _, n := range []int{10, 1000, 100000} {
+	for _, n := range []int{10, 1000, 10000, 40000, 100000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			var obj strings.Builder
 			obj.WriteByte('{')
