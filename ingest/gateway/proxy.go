@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -109,13 +110,9 @@ func rewriteRequest(body []byte, endpoint string, sampling []field) (*rewrite, e
 	return rw, nil
 }
 
-// stripKeys are what the agent did not ask for, in a response (or chunk)
-// body: token ids and logprobs the gateway asked for in its place, and the
-// weight version an engine stamped (the gateway records it).
-func (rw *rewrite) stripKeys(body []byte) (root, choice []string) {
-	if bytes.Contains(body, []byte(`"weight_version"`)) {
-		root = append(root, "weight_version")
-	}
+// stripKeys are what the agent did not ask for: the token ids and
+// logprobs the gateway asked for in its place.
+func (rw *rewrite) stripKeys() (root, choice []string) {
 	if !rw.askedTokenIDs {
 		root = append(root, "prompt_token_ids")
 		choice = append(choice, "token_ids", "prompt_token_ids")
@@ -124,6 +121,16 @@ func (rw *rewrite) stripKeys(body []byte) (root, choice []string) {
 		choice = append(choice, "logprobs")
 	}
 	return root, choice
+}
+
+// withEngineKeys adds to root the keys of body that an engine stamps for
+// the gateway (its weight version, which the gateway records), when body
+// holds one; root is not modified.
+func withEngineKeys(root []string, body []byte) []string {
+	if bytes.Contains(body, []byte(`"weight_version"`)) {
+		return append(slices.Clip(root), "weight_version")
+	}
+	return root
 }
 
 // upstreamDo sends the request to the session's worker; a worker that
@@ -302,7 +309,8 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 			cl.cutOff = cutClientDisconnect
 		} else {
 			out := raw
-			if root, choice := rw.stripKeys(raw); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
+			root, choice := rw.stripKeys()
+			if root = withEngineKeys(root, raw); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
 				if b, _, err := stripFields(raw, root, choice); err == nil {
 					out = b
 				}
@@ -341,6 +349,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 		_ = rc.Flush()
 	}
 	strip := cl.endpoint != "generate"
+	root, choice := rw.stripKeys()
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	var waited time.Duration
 	clientGone, sawDone := goneBefore, false
@@ -373,7 +382,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 					sawDone = true
 					cl.answer() // the agent's stream ends with this event
 				} else if len(data) > 0 && cl.cap.addChunk(data) && strip {
-					if root, choice := rw.stripKeys(data); len(root)+len(choice) > 0 {
+					if root := withEngineKeys(root, data); len(root)+len(choice) > 0 {
 						if b, changed, err := stripFields(data, root, choice); err == nil && changed {
 							out = append(append([]byte("data: "), b...), '\n')
 						}
