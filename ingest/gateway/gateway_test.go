@@ -929,20 +929,34 @@ func TestTracesListAnsweredCalls(t *testing.T) {
 		}
 		// On a connection of its own, as the agent's client and rLLM's are
 		// two (one connection serves its requests in turn).
-		c := &http.Client{Transport: &http.Transport{}}
-		resp, err := c.Get(e.srv.URL + "/sessions/tr:0/traces")
-		if err != nil {
-			t.Fatal(err)
+		list := func(method, path, body string) []TraceRecord {
+			c := &http.Client{Transport: &http.Transport{}}
+			defer c.CloseIdleConnections()
+			req, err := http.NewRequest(method, e.srv.URL+path, strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var traces []TraceRecord
+			if err := json.NewDecoder(resp.Body).Decode(&traces); err != nil {
+				t.Fatal(err)
+			}
+			return traces
 		}
-		var traces []TraceRecord
-		err = json.NewDecoder(resp.Body).Decode(&traces)
-		resp.Body.Close()
-		c.CloseIdleConnections()
-		if err != nil {
-			t.Fatal(err)
+		if n := len(list("GET", "/sessions/tr:0/traces", "")); n != i+1 {
+			t.Fatalf("stream %t: %d traces listed right after the call, want %d", stream, n, i+1)
 		}
-		if len(traces) != i+1 {
-			t.Fatalf("stream %t: %d traces listed right after the call, want %d", stream, len(traces), i+1)
+		// Across sessions too: a call answered in another session is
+		// listed by a query of both.
+		if code, b := e.do("POST", "/sessions/tr:1/v1/chat/completions", body); code != 200 {
+			t.Fatalf("status %d: %s", code, b)
+		}
+		if n := len(list("POST", "/traces/query", `{"session_ids":["tr:0","tr:1"]}`)); n != 2*(i+1) {
+			t.Fatalf("stream %t: %d traces queried right after the calls, want %d", stream, n, 2*(i+1))
 		}
 	}
 }

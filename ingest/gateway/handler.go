@@ -388,12 +388,21 @@ func (s *Server) queryTraces(w http.ResponseWriter, r *http.Request) {
 	if !s.readJSON(w, r, &body) {
 		return
 	}
-	out := []byte{'['}
+	sessions := make([]*session, 0, len(body.SessionIDs))
 	for _, id := range body.SessionIDs {
-		sess := s.sessions.get(id)
-		if sess == nil {
-			continue
+		if sess := s.sessions.get(id); sess != nil {
+			sessions = append(sessions, sess)
 		}
+	}
+	// As a session's list: the calls already answered are recorded
+	// first, all sessions waiting within one bound.
+	ctx, cancel := context.WithTimeout(r.Context(), answeredWait)
+	for _, sess := range sessions {
+		_ = sess.answered.wait(ctx)
+	}
+	cancel()
+	out := []byte{'['}
+	for _, sess := range sessions {
 		arr := sess.traceList(body.Since, body.Limit)
 		if len(arr) > 2 {
 			if len(out) > 1 {
