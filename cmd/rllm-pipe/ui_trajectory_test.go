@@ -484,12 +484,15 @@ GROUP BY ALL HAVING count(*) > 1 AND arg_min(n, shard) <> sum(n) ORDER BY ALL`)
 // newline keeps it on the trajectory page (an HTML parser drops the
 // newline right after <pre>, so the page writes one of its own first);
 // and the browser's icon request is answered, not a 404 in the console.
-func TestUIPageKeepsLeadingNewlines(t *testing.T) {
+// TestUIPageShowsText checks that record text shows as it is: a leading
+// newline kept, and the Unicode bidirectional controls written out as
+// \uNNNN (as sql's table does) instead of reordering the page.
+func TestUIPageShowsText(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	rec := `{"type":"step","step_id":"t/r0#0","task_id":"t","trajectory_id":"t/r0","step_index":0,"policy_version":0,"prompt_ids":[1,2],"response_ids":[3],"response_logprobs":[-0.1],"messages":[{"role":"user","content":"\nafter one newline"},{"role":"assistant","content":"\n\nafter two"}]}
-{"type":"trajectory","trajectory_id":"t/r0","task_id":"t","reward":1,"num_steps":1}
+	rec := `{"type":"step","step_id":"t/r\u202e0#0","task_id":"t","trajectory_id":"t/r\u202e0","step_index":0,"policy_version":0,"prompt_ids":[1,2],"response_ids":[3],"response_logprobs":[-0.1],"messages":[{"role":"user","content":"\nafter one newline"},{"role":"assistant","content":"\n\nafter two"},{"role":"user","content":"run \u202egnp.exe\u202c or \u2067x\u2069"}]}
+{"type":"trajectory","trajectory_id":"t/r\u202e0","task_id":"t","reward":1,"num_steps":1}
 `
 	if err := os.WriteFile(in, []byte(rec), 0o644); err != nil {
 		t.Fatal(err)
@@ -509,10 +512,20 @@ func TestUIPageKeepsLeadingNewlines(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	_, page := get("/trajectory?" + url.Values{"g": {"t"}, "v": {"0"}, "t": {"t/r0"}}.Encode())
-	for _, want := range []string{"<pre>\n\nafter one newline</pre>", "<pre>\n\n\nafter two</pre>"} {
+	_, page := get("/trajectory?" + url.Values{"g": {"t"}, "v": {"0"}, "t": {"t/r\u202e0"}}.Encode())
+	for _, want := range []string{"<pre>\n\nafter one newline</pre>", "<pre>\n\n\nafter two</pre>",
+		"<pre>\nrun \\u202egnp.exe\\u202c or \\u2067x\\u2069</pre>", `t/r\u202e0`} {
 		if !strings.Contains(page, want) {
-			t.Errorf("the page does not hold %q", want)
+			t.Errorf("the trajectory page does not hold %q", want)
+		}
+	}
+	_, list := get("/trajectories?" + url.Values{"g": {"t"}, "v": {"0"}}.Encode())
+	if !strings.Contains(list, `t/r\u202e0`) {
+		t.Errorf("the trajectories page does not show the id's control")
+	}
+	for name, p := range map[string]string{"trajectory": page, "trajectories": list} {
+		if i := strings.IndexAny(p, "\u202e\u202c\u2067\u2069"); i >= 0 {
+			t.Errorf("the %s page holds a bidirectional control at %d: %q", name, i, p[max(0, i-40):min(len(p), i+40)])
 		}
 	}
 	if code, _ := get("/favicon.ico"); code != http.StatusNoContent {

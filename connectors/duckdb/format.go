@@ -338,13 +338,40 @@ func escapeControls(s string, keepLines bool) string {
 
 // needsEscape says whether printable escapes the character r.
 func needsEscape(r rune) bool {
-	switch {
-	case r < 0x20, r >= 0x7f && r <= 0x9f:
-		return true
-	case r == 0x061c, r == 0x200e, r == 0x200f, r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x2028, r == 0x2029:
-		return true
+	return r < 0x20 || r >= 0x7f && r <= 0x9f || isLayoutControl(r)
+}
+
+// isLayoutControl says whether r is a Unicode bidirectional control
+// (U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069) or a line or
+// paragraph separator (U+2028, U+2029): characters that reorder or break
+// the text around them instead of showing.
+func isLayoutControl(r rune) bool {
+	return r == 0x061c || r == 0x200e || r == 0x200f || r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069 || r == 0x2028 || r == 0x2029
+}
+
+// ShowLayoutControls writes the layout controls in s (see
+// isLayoutControl) as \uNNNN, as a table shows them, and keeps every
+// other character: for record text put in a web page, where a right-to-left
+// override would reverse what follows it (the trick that makes a file name
+// or a line of code read differently from what it is).
+func ShowLayoutControls(s string) string {
+	if strings.IndexByte(s, 0xd8) < 0 && strings.IndexByte(s, 0xe2) < 0 {
+		return s // none of them can be there: their UTF-8 begins with D8 or E2
 	}
-	return false
+	var b strings.Builder
+	last := 0
+	for i, r := range s {
+		if isLayoutControl(r) {
+			b.WriteString(s[last:i])
+			fmt.Fprintf(&b, `\u%04x`, r)
+			last = i + utf8.RuneLen(r)
+		}
+	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
 }
 
 // jsonEscapes are the characters encoding/json writes raw that a terminal

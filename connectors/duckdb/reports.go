@@ -52,7 +52,7 @@ func Reports() []ReportInfo {
 		{ReportPassAtK, "per task: n trajectories, c passing, unbiased pass@k = 1 - C(n-c,k)/C(n,k) for each --k (null when k > n); last row the mean over tasks"},
 		{ReportStaleness, "groups by staleness: newest group_version committed at or before the group's shard (manifest order) minus the group's group_version"},
 		{ReportTokenLengths, "prompt and response tokens per step: steps, mean, quantiles p50/p90/p99 (quantile_cont: linear interpolation), min, max"},
-		{ReportAdvantage, "per estimator, over trajectories: count, mean, std (population), min, p01, p50, p99 (quantile_cont), max, fraction exactly zero"},
+		{ReportAdvantage, "per estimator, over trajectories: count, mean (to 12 decimals), std (population), min, p01, p50, p99 (quantile_cont), max, fraction exactly zero"},
 		{ReportDeadLetters, "committed dead letters by reason code, with their share"},
 		{ReportDeadLettersOverTime, "per manifest entry that committed dead letters, in commit-time order (ties by seq), and every reason seen: committed_at, the entry's dead letters of that reason (0 if none), and the cumulative dead letters of that reason"},
 		{ReportPassAtKByVersion, "per group_version: tasks, then per --k the mean over its tasks of the unbiased pass@k of pass-at-k (tasks with k > n left out)"},
@@ -221,7 +221,11 @@ FROM (
 GROUP BY tokens, o
 ORDER BY o`
 
-const advantageSQL = `SELECT estimator, count(*) AS trajectories, avg(advantage) AS mean, stddev_pop(advantage) AS std,
+// advantageSQL rounds the mean to 12 decimals: the group estimators'
+// means are 0 up to the summation's rounding (3.8e-17 in one run, -1.2e-17
+// in the next, as the parallel sum's order varies), shown as 0, and the
+// same in every run. Adding 0.0 turns a -0 into 0.
+const advantageSQL = `SELECT estimator, count(*) AS trajectories, round(avg(advantage), 12) + 0.0 AS mean, stddev_pop(advantage) AS std,
   min(advantage) AS min, quantile_cont(advantage, 0.01) AS p01, quantile_cont(advantage, 0.5) AS p50,
   quantile_cont(advantage, 0.99) AS p99, max(advantage) AS max,
   avg(CASE WHEN advantage = 0 THEN 1.0::DOUBLE ELSE 0.0::DOUBLE END) AS zero_fraction

@@ -47,3 +47,27 @@ func TestFilteredReportsSplitReasons(t *testing.T) {
 		t.Errorf("filtered-over-time:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestAdvantageMeanWithoutRoundingNoise: a group's advantages that sum to
+// 0 in exact arithmetic (0.1 + 0.2 - 0.3) but not in floating point show
+// a mean of exactly 0, and the same in every run.
+func TestAdvantageMeanWithoutRoundingNoise(t *testing.T) {
+	d, err := OpenLocal(context.Background(), t.TempDir(), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	synthetic(t, d, "group_id, group_version, trajectory_id, step_index, reward, advantage, estimator, shard",
+		[]string{"('g0', 0, 'a', 0, 1, 0.1, 'grpo', 's0')", "('g0', 0, 'b', 0, 1, 0.2, 'grpo', 's0')", "('g0', 0, 'c', 0, 0, -0.3, 'grpo', 's0')",
+			"('g1', 0, 'a', 0, 1, -0.1, 'rloo', 's0')", "('g1', 0, 'b', 0, 1, -0.2, 'rloo', 's0')", "('g1', 0, 'c', 0, 0, 0.3, 'rloo', 's0')"},
+		[]string{"(0, 's0')"})
+	rows := reportRows(t, d, ReportAdvantage)
+	if len(rows) != 2 {
+		t.Fatalf("%d rows: %v", len(rows), rows)
+	}
+	for _, r := range rows {
+		if !strings.Contains(r, `"mean":0,`) {
+			t.Errorf("mean not exactly 0: %s", r)
+		}
+	}
+}

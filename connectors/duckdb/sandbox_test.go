@@ -332,3 +332,22 @@ func TestTerminalSafeKeepsLines(t *testing.T) {
 		}
 	}
 }
+
+// ShowLayoutControls (record text in a web page) writes out the
+// bidirectional controls and line separators, and keeps everything else:
+// newlines, other controls (HTML shows them inertly), invalid bytes.
+func TestShowLayoutControls(t *testing.T) {
+	all := "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029"
+	for _, c := range []struct{ in, want string }{
+		{"", ""},
+		{"plain é 中文 ‐ ‑ \u2065\u2070 \u061b", "plain é 中文 ‐ ‑ \u2065\u2070 \u061b"},
+		{"a\nb\tc\x1b\u0085\xff", "a\nb\tc\x1b\u0085\xff"},
+		{"run \u202egnp.exe", `run \u202egnp.exe`},
+		{all, `\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u2028\u2029`},
+		{"x\u2029", `x\u2029`},
+	} {
+		if got := ShowLayoutControls(c.in); got != c.want {
+			t.Errorf("ShowLayoutControls(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}

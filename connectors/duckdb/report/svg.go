@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 )
 
 // Chart kinds.
@@ -420,7 +422,12 @@ func link(href string) (string, string) {
 	return `<a href="` + esc(href) + `">`, `</a>`
 }
 
-func esc(s string) string { return html.EscapeString(s) }
+// Esc escapes record text for a page, in text and in attribute values:
+// HTML's special characters, and the layout controls shown as \uNNNN
+// (duckdb.ShowLayoutControls) so that they cannot reorder the page.
+func Esc(s string) string { return html.EscapeString(duckdb.ShowLayoutControls(s)) }
+
+func esc(s string) string { return Esc(s) }
 
 func clip(s string, n int) string {
 	r := []rune(s)

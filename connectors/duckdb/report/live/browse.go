@@ -220,14 +220,14 @@ func (s *Server) trajectories(w http.ResponseWriter, r *http.Request) {
 	b.WriteString(`<button type="submit">filter</button></form>`)
 	fmt.Fprintf(&b, `<table id="trajectories" data-page="%d" data-rows="%d"><tr>`, page, len(t.Rows))
 	for _, c := range t.Columns {
-		fmt.Fprintf(&b, `<th>%s</th>`, html.EscapeString(c))
+		fmt.Fprintf(&b, `<th>%s</th>`, report.Esc(c))
 	}
 	b.WriteString(`</tr>`)
 	for _, row := range t.Rows {
 		v := url.Values{"g": {report.Str(row[0])}, "v": {report.FormatCell(row[1])}, "t": {report.Str(row[2])}}
 		b.WriteString(`<tr class="traj">`)
 		for i, c := range row {
-			cell := html.EscapeString(report.FormatCell(c))
+			cell := report.Esc(report.FormatCell(c))
 			if i == 2 {
 				cell = `<a href="/trajectory?` + html.EscapeString(v.Encode()) + `">` + cell + `</a>`
 			}
@@ -406,7 +406,7 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<p class="meta"><a href="/trajectories">trajectories</a> · group %s v%d · trajectory %s · %d steps</p>`,
-		html.EscapeString(q.Get("g")), gv, html.EscapeString(q.Get("t")), len(t.Rows))
+		report.Esc(q.Get("g")), gv, report.Esc(q.Get("t")), len(t.Rows))
 	b.WriteString(`<p class="meta" id="colour-modes">colour tokens by: `)
 	for _, m := range modes {
 		v := url.Values{"g": {q.Get("g")}, "v": {q.Get("v")}, "t": {q.Get("t")}, "colour": {m.name}}
@@ -418,7 +418,7 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 	}
 	fmt.Fprintf(&b, `</p><p class="meta legend" id="legend" data-mode="%s">%s: `, mode.name, mode.label)
 	for _, l := range mode.legend {
-		fmt.Fprintf(&b, `<span class="tok %s">%s</span> `, l[0], html.EscapeString(l[1]))
+		fmt.Fprintf(&b, `<span class="tok %s">%s</span> `, l[0], report.Esc(l[1]))
 	}
 	switch mode.name {
 	case "teacher":
@@ -429,17 +429,17 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 	b.WriteString(`</p>`)
 	for _, row := range t.Rows {
 		fmt.Fprintf(&b, `<section class="step" data-step="%s"><h3>step %s · policy v%s · reward <span class="reward">%s</span> · advantage <span class="advantage">%s</span> · finish %s</h3>`,
-			html.EscapeString(report.FormatCell(row[0])), html.EscapeString(report.FormatCell(row[0])), html.EscapeString(report.FormatCell(row[2])),
-			html.EscapeString(report.FormatCell(row[8])), html.EscapeString(report.FormatCell(row[10])), html.EscapeString(report.FormatCell(row[11])))
+			report.Esc(report.FormatCell(row[0])), report.Esc(report.FormatCell(row[0])), report.Esc(report.FormatCell(row[2])),
+			report.Esc(report.FormatCell(row[8])), report.Esc(report.FormatCell(row[10])), report.Esc(report.FormatCell(row[11])))
 		var msgs []message
 		if m := report.Str(row[3]); m != "" && json.Unmarshal([]byte(m), &msgs) == nil {
 			for _, m := range msgs {
-				fmt.Fprintf(&b, `<div class="msg %s"><b>%s</b>`, html.EscapeString(m.Role), html.EscapeString(m.Role))
+				fmt.Fprintf(&b, `<div class="msg %s"><b>%s</b>`, report.Esc(m.Role), report.Esc(m.Role))
 				if txt := contentText(m.Content); txt != "" && txt != "null" {
-					fmt.Fprintf(&b, "<pre>\n%s</pre>", html.EscapeString(txt)) // the parser drops a newline right after <pre>: this one, not the text's
+					fmt.Fprintf(&b, "<pre>\n%s</pre>", report.Esc(txt)) // the parser drops a newline right after <pre>: this one, not the text's
 				}
 				for _, tc := range m.ToolCalls {
-					fmt.Fprintf(&b, `<div class="toolcall">tool call <code>%s(%s)</code></div>`, html.EscapeString(tc.Function.Name), html.EscapeString(tc.Function.Arguments))
+					fmt.Fprintf(&b, `<div class="toolcall">tool call <code>%s(%s)</code></div>`, report.Esc(tc.Function.Name), report.Esc(tc.Function.Arguments))
 				}
 				b.WriteString(`</div>`)
 			}
@@ -513,7 +513,7 @@ const appJS = `(function(){
 const health=document.getElementById('health'), charts=document.getElementById('charts');
 if(!health) return;
 let gen=document.body.dataset.generation;
-function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]));}
+function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c])).replace(/[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]/g,c=>'\\u'+c.charCodeAt(0).toString(16).padStart(4,'0'));}
 async function tick(){
   try{
     const st=await (await fetch('/api/state')).json();
