@@ -87,6 +87,7 @@ const (
 	padL, padR, padT, padB = 64, 16, 16, 48
 	maxPointsDrawn         = 2000
 	legendLine             = 14
+	charW                  = 6.2 // the mean width of a character of an 11 px label
 	legendTop              = padT
 )
 
@@ -191,6 +192,25 @@ func (c *Chart) SVG() string {
 	if len(c.Series) > 1 {
 		padT += ((len(c.Series) + perRow - 1) / perRow) * legendLine
 	}
+	// A bar's category is written under it, whole when its slot holds it
+	// (up to 40 characters); categories too long to sit side by side
+	// (ten dead-letter reasons) are slanted, with room made for them below
+	// the plot, and cut at 24.
+	padB, catClip, slant := padB, 18, false
+	if c.Kind == KindBar {
+		every := max(1, len(cats)/12)
+		slot := float64(svgW-padL-padR) / float64(len(cats)) * float64(every)
+		longest := 0
+		for _, cat := range cats {
+			longest = max(longest, len([]rune(cat)))
+		}
+		if fit := int((slot - 4) / charW); fit >= catClip {
+			catClip = min(fit, 40) // as much of a name as its slot holds
+		} else if longest > fit {
+			slant, catClip = true, 24
+			padB += int(float64(min(longest, catClip)) * charW / 2)
+		}
+	}
 	pw, ph := float64(svgW-padL-padR), float64(svgH-padT-padB)
 	ymap := func(v float64) float64 { return float64(padT) + ph - (v-ylo)/(yhi-ylo)*ph }
 	// Axes and grid.
@@ -214,10 +234,15 @@ func (c *Chart) SVG() string {
 			}
 			// A category cut short keeps its whole name as a tooltip.
 			tip := ""
-			if clip(cat, 18) != cat {
+			if clip(cat, catClip) != cat {
 				tip = `<title>` + esc(cat) + `</title>`
 			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s%s</text>`, float64(padL)+slot*(float64(i)+0.5), padT+int(ph)+16, esc(clip(cat, 18)), tip)
+			x := float64(padL) + slot*(float64(i)+0.5)
+			if slant {
+				fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" transform="rotate(-30 %.1f %d)">%s%s</text>`, x, padT+int(ph)+14, x, padT+int(ph)+14, esc(clip(cat, catClip)), tip)
+				continue
+			}
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s%s</text>`, x, padT+int(ph)+16, esc(clip(cat, catClip)), tip)
 		}
 	default:
 		var xt []float64

@@ -132,9 +132,47 @@ func TestLegendNamesWhole(t *testing.T) {
 		t.Errorf("a 23-character name cut in the legend")
 	}
 	// A bar chart's category cut under its bar keeps a tooltip too.
-	bars := Chart{ID: "b", Title: "t", Kind: KindBar, Series: []Series{{Name: "dead letters", Points: []Point{{Label: "a_very_long_reason_code", Y: 3}}}}}
-	if svg := bars.SVG(); !strings.Contains(svg, "a_very_long_reaso…<title>a_very_long_reason_code</title></text>") {
+	cut := strings.Repeat("a_very_long_reason_code_", 3)
+	bars := Chart{ID: "b", Title: "t", Kind: KindBar, Series: []Series{{Name: "dead letters", Points: []Point{{Label: cut, Y: 3}}}}}
+	if svg := bars.SVG(); !strings.Contains(svg, ">"+cut[:39]+"…<title>"+cut+"</title></text>") {
 		t.Errorf("a cut category without its whole name as a tooltip")
+	}
+}
+
+// TestBarCategories: a bar's category shows whole when its slot holds it
+// (a role name of 27 characters under one of three bars); ten long ones
+// are slanted instead of overlapping, and the plot leaves them room.
+func TestBarCategories(t *testing.T) {
+	chart := func(names ...string) string {
+		var pts []Point
+		for i, n := range names {
+			pts = append(pts, Point{Label: n, Y: float64(i + 1)})
+		}
+		return (&Chart{ID: "b", Title: "t", Kind: KindBar, Series: []Series{{Name: "n", Points: pts}}}).SVG()
+	}
+	roles := []string{"solver", "verifier_with_a_longer_name", "critic"}
+	svg := chart(roles...)
+	for _, r := range roles {
+		if !strings.Contains(svg, `text-anchor="middle">`+r+`</text>`) {
+			t.Errorf("role %q not shown whole, level under its bar", r)
+		}
+	}
+	reasons := []string{"invalid_json", "missing_field", "invalid_value", "duplicate_conflict", "too_large",
+		"invalid_parent", "late", "orphan_step", "schema_mismatch", "empty_response"}
+	svg = chart(reasons...)
+	slanted := regexp.MustCompile(`<text x="([0-9.]+)" y="([0-9]+)" text-anchor="end" transform="rotate\(-30 `).FindAllStringSubmatch(svg, -1)
+	if len(slanted) != len(reasons) {
+		t.Fatalf("%d slanted categories, want %d", len(slanted), len(reasons))
+	}
+	for _, r := range reasons {
+		if !strings.Contains(svg, ">"+r+"</text>") {
+			t.Errorf("reason %q cut", r)
+		}
+	}
+	// The labels start below the axis and end above the chart's bottom.
+	y, _ := strconv.Atoi(slanted[0][2])
+	if bottom := float64(y) + 18*charW/2; y >= svgH || bottom > svgH {
+		t.Errorf("slanted labels from y=%d to %.0f, past the chart's height %d", y, bottom, svgH)
 	}
 }
 
