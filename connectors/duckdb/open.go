@@ -416,6 +416,20 @@ func (d *DB) localDeadLetters(ctx context.Context, c schemas.DeadLetterState, ma
 	if complete == 0 {
 		return nil, nil
 	}
+	if filepath.IsAbs(c.File) {
+		// A file outside the root (ingest --dlq FILE) is read only when
+		// it holds dead letters: a manifest naming any other file (a
+		// host file) would otherwise open it to every query.
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return nil, fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
+		}
+		if line, err := notDeadLetters(ctx, io.LimitReader(f, complete)); err != nil {
+			return nil, fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
+		} else if line > 0 {
+			d.warnf("committed dead-letter file %s is not a dead-letter file (line %d is not a dead letter): not shown", c.File, line)
+			return nil, nil
+		}
+	}
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("duckdb: dead letters %s: %w", c.File, err)
 	}
@@ -436,6 +450,35 @@ func (d *DB) localDeadLetters(ctx context.Context, c schemas.DeadLetterState, ma
 		return nil, fmt.Errorf("duckdb: copy committed dead letters of %s: %w", c.File, err)
 	}
 	return &dlqFile{rel: c.File, file: dst, longest: longest, commits: commits}, nil
+}
+
+// notDeadLetters returns the number (from 1) of the first line of r that
+// is not a dead letter (a JSON object with a reason), or 0 if every line is
+// one.
+func notDeadLetters(ctx context.Context, r io.Reader) (int, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	for n := 1; ; n++ {
+		if n%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+		}
+		line, err := br.ReadBytes('\n')
+		if len(line) > 0 {
+			var dl struct {
+				Reason string `json:"reason"`
+			}
+			if json.Unmarshal(line, &dl) != nil || dl.Reason == "" {
+				return n, nil
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
 }
 
 // scanLines reads r and returns its longest line and the length of its

@@ -3,6 +3,7 @@ package duckdb
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -85,7 +86,7 @@ func (d *DB) readOnly(ctx context.Context, q string) error {
 	}
 	switch typ {
 	case duckdbdrv.STATEMENT_TYPE_SELECT:
-		return nil
+		return d.noStateFunctions(ctx, q)
 	case duckdbdrv.STATEMENT_TYPE_EXPLAIN:
 		inner, ok := explained(q)
 		if !ok {
@@ -95,9 +96,78 @@ func (d *DB) readOnly(ctx context.Context, q string) error {
 		if err != nil || it != duckdbdrv.STATEMENT_TYPE_SELECT {
 			return fmt.Errorf("%w: EXPLAIN: only EXPLAIN [ANALYZE] followed by a query runs here", ErrRefused)
 		}
-		return nil
+		return d.noStateFunctions(ctx, inner)
 	}
 	return fmt.Errorf("%w: %s statements are not allowed: sql is read only (queries only)", ErrRefused, stmtName(typ))
+}
+
+// stateFunctions are DuckDB's functions that change the database from
+// inside a query, where lock_configuration does not reach (they are
+// functions, not SET): logging (to stdout it prints record text past the
+// table format's escaping) and its settings, profiling, checkpoints, the
+// random seed.
+var stateFunctions = []string{"enable_logging", "disable_logging", "truncate_duckdb_logs", "write_log",
+	"enable_profiling", "enable_profile", "disable_profiling", "disable_profile",
+	"checkpoint", "force_checkpoint", "enable_checkpoint_on_shutdown", "disable_checkpoint_on_shutdown", "setseed"}
+
+// textRunners are the table functions that run SQL text computed at bind
+// time, where a call of a state function can hide from a look at the
+// query's own text.
+var textRunners = []string{"query", "query_table", "json_execute_serialized_sql"}
+
+// noStateFunctions refuses a query that calls one of stateFunctions. It
+// looks at the query's bound plan (json_serialize_plan, which binds but
+// does not run it), so that a call inside the text query() builds at
+// bind time (query(concat('… ena', 'ble_logging()'))) is found too. Some
+// plans cannot be serialised (those reading JSON: the dead_letters view);
+// for them the query's text must name neither a state function nor a
+// function that runs computed text.
+func (d *DB) noStateFunctions(ctx context.Context, q string) error {
+	var plan string
+	if err := d.db.QueryRowContext(ctx, "SELECT json_serialize_plan("+sqlString(q)+")::VARCHAR").Scan(&plan); err != nil {
+		return classify(err)
+	}
+	var head struct {
+		Error bool `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(plan), &head); err != nil || head.Error {
+		text := strings.ToLower(q)
+		for _, f := range append(stateFunctions, textRunners...) {
+			if containsWord(text, f) {
+				return fmt.Errorf("%w: %s: not allowed in a query whose plan cannot be checked (one that reads dead_letters): sql is read only", ErrRefused, f)
+			}
+		}
+		return nil
+	}
+	for _, f := range stateFunctions {
+		if strings.Contains(plan, `"name":"`+f+`"`) {
+			return fmt.Errorf("%w: %s changes the database's state: sql is read only", ErrRefused, f)
+		}
+	}
+	return nil
+}
+
+// containsWord says whether w occurs in s between characters that cannot
+// continue an identifier.
+func containsWord(s, w string) bool {
+	ident := func(i int) bool {
+		if i < 0 || i >= len(s) {
+			return false
+		}
+		c := s[i]
+		return c == '_' || c == '$' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c >= 0x80
+	}
+	for off := 0; ; {
+		i := strings.Index(s[off:], w)
+		if i < 0 {
+			return false
+		}
+		i += off
+		if !ident(i-1) && !ident(i+len(w)) {
+			return true
+		}
+		off = i + 1
+	}
 }
 
 // statementType prepares q on a connection of its own, without running

@@ -127,6 +127,24 @@ func TestSandboxRefusesEscapes(t *testing.T) {
 		{"call", "CALL pragma_version()", false},
 		{"several statements", "COPY (SELECT 1 AS x) TO " + q(out) + " (FORMAT csv); SELECT 1", false},
 		{"transaction", "BEGIN", false},
+		// Functions that change settings past lock_configuration.
+		{"enable logging to stdout", "SELECT * FROM enable_logging(level='trace', storage='stdout')", false},
+		{"enable logging in a subquery", "SELECT count(*) FROM steps WHERE (SELECT count(*) FROM enable_logging(level='trace', storage='stdout')) = 0", false},
+		{"write log", "SELECT write_log(task_id, level:='error', scope:='database', return_value:=1) FROM steps", false},
+		{"write log as a method", "SELECT task_id.write_log() FROM steps", false},
+		{"enable logging qualified and quoted", `SELECT * FROM system.main."enable_logging"(level='trace')`, false},
+		{"enable logging built by query()", "SELECT * FROM query(concat('SELECT * FROM ena', 'ble_logging(level=trace)'))", false},
+		{"enable profiling", "SELECT * FROM enable_profiling(save_location:=" + q(out+".json") + ")", false},
+		{"explain analyze enable logging", "EXPLAIN ANALYZE SELECT * FROM enable_logging(level='trace')", false},
+		{"truncate logs", "SELECT * FROM truncate_duckdb_logs()", false},
+		{"checkpoint", "SELECT * FROM force_checkpoint()", false},
+		{"setseed", "SELECT setseed(0.5)", false},
+		// A plan that cannot be serialised (the dead-letters view reads
+		// JSON) falls back to the text: no state function, no SQL built
+		// at bind time.
+		{"dead letters and enable logging", "SELECT * FROM dead_letters, enable_logging(level='trace')", false},
+		{"dead letters and query()", "SELECT * FROM dead_letters, query(concat('SELECT * FROM ena', 'ble_logging()'))", false},
+		{"dead letters and a serialised statement", "SELECT * FROM dead_letters, json_execute_serialized_sql(json_serialize_sql('SELECT 1 AS x'))", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rows, err := d.Query(ctx, c.q)
@@ -153,7 +171,17 @@ func TestSandboxRefusesEscapes(t *testing.T) {
 			t.Errorf("SQL().Exec(%s) ran", s)
 		}
 	}
-	for _, p := range []string{out, out + ".db", filepath.Join(dir, "written.txt")} {
+	// The refused functions changed nothing, not even while checked.
+	for _, c := range []struct{ q, want string }{
+		{"SELECT current_setting('enable_logging')::VARCHAR", "0"},
+		{"SELECT current_setting('logging_level')::VARCHAR", "INFO"},
+		{"SELECT coalesce(current_setting('enable_profiling')::VARCHAR, 'null')", "null"},
+	} {
+		if got := strings.Join(queryStrings(t, d, c.q), ","); got != c.want {
+			t.Errorf("%s: %q, want %q", c.q, got, c.want)
+		}
+	}
+	for _, p := range []string{out, out + ".db", out + ".json", filepath.Join(dir, "written.txt")} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s was written (%v)", p, err)
 		}
@@ -172,6 +200,11 @@ func TestSandboxRefusesEscapes(t *testing.T) {
 		{"-- a comment\nWITH s AS (SELECT * FROM steps) SELECT sum(len(response_ids))::VARCHAR FROM s;", "3"},
 		{"SELECT count(*)::VARCHAR FROM (DESCRIBE steps) WHERE column_name = 'reward'", "1"},
 		{"SELECT count(*)::VARCHAR FROM read_parquet(" + q(shard) + ")", "2"},
+		// The functions' names as text, and functions that only read.
+		{"SELECT 'enable_logging(), write_log()' AS checkpoint", "enable_logging(), write_log()"},
+		{"SELECT count(*)::VARCHAR FROM duckdb_logs()", "0"},
+		{"SELECT * FROM query('SELECT count(*)::VARCHAR FROM steps')", "2"},
+		{"SELECT count(*)::VARCHAR FROM dead_letters WHERE reason <> 'enable_logging_query'", "1"},
 	} {
 		if got := strings.Join(queryStrings(t, d, c.q), ","); got != c.want {
 			t.Errorf("%s: %q, want %q", c.q, got, c.want)
@@ -349,5 +382,67 @@ func TestShowLayoutControls(t *testing.T) {
 		if got := ShowLayoutControls(c.in); got != c.want {
 			t.Errorf("ShowLayoutControls(%q) = %q, want %q", c.in, got, c.want)
 		}
+	}
+}
+
+// TestDeadLettersOutsideTheRoot: a manifest may name a dead-letter file
+// outside the root (ingest --dlq FILE), by its absolute path. One that
+// holds dead letters is shown; any other file (a host file the manifest
+// was made to name) is not, and no query can read it.
+func TestDeadLettersOutsideTheRoot(t *testing.T) {
+	root, secret := sandboxRoot(t)
+	dir := filepath.Dir(root)
+	shard := filepath.Join(root, "policy=1", "shard-0.parquet")
+	info, err := os.Stat(shard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(dir, "elsewhere.jsonl")
+	dl := dlLine(t, schemas.ReasonMalformedJSON, 7, "outside")
+	if err := os.WriteFile(outside, []byte(dl), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hostJSON := filepath.Join(dir, "host.jsonl")
+	if err := os.WriteFile(hostJSON, []byte(`{"token":"host secret"}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		file  string
+		bytes int64
+		shown bool
+	}{
+		{outside, int64(len(dl)), true},
+		{secret, 12, false},   // "host secret\n"
+		{hostJSON, 24, false}, // JSON, but not a dead letter
+	} {
+		t.Run(filepath.Base(c.file), func(t *testing.T) {
+			writeManifest(t, root, []schemas.ShardEntry{{
+				Path: "policy=1/shard-0.parquet", Rows: 2, Bytes: info.Size(), Groups: 1, PolicyVersion: 1, RunID: "a",
+				DeadLetters: &schemas.DeadLetterState{File: c.file, Bytes: c.bytes},
+			}})
+			ctx := context.Background()
+			d, err := OpenLocal(ctx, root, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			n := strings.Join(queryStrings(t, d, "SELECT count(*)::VARCHAR FROM dead_letters"), "")
+			rows, err := d.Query(ctx, "SELECT content FROM read_text("+sqlString(c.file)+")")
+			if err == nil {
+				rows.Close()
+			}
+			if c.shown {
+				if n != "1" || err != nil {
+					t.Errorf("dead letters %s, read_text: %v; want 1 dead letter, readable", n, err)
+				}
+				return
+			}
+			if n != "0" || !errors.Is(err, ErrRefused) {
+				t.Errorf("dead letters %s, read_text: %v; want none shown, read_text refused", n, err)
+			}
+			if w := strings.Join(d.Warnings(), "\n"); !strings.Contains(w, "not a dead-letter file") {
+				t.Errorf("no warning says why: %q", w)
+			}
+		})
 	}
 }
