@@ -131,3 +131,30 @@ func TestIntegrationClaimsAndSweepsListOnlyWhatTheyNeed(t *testing.T) {
 		t.Fatalf("a sweep after nothing was written listed %q", got)
 	}
 }
+
+// TestEndpointCredentialsNotShown: an endpoint URL holding a user and
+// password is refused, and neither appears in the error or in the
+// configuration's description (both are logged).
+func TestEndpointCredentialsNotShown(t *testing.T) {
+	cfg := Config{Endpoint: "http://EPUSER:EPSECRETXYZ@127.0.0.1:1", Bucket: "b", Prefix: "p", Region: "us-east-1", AccessKey: "a", SecretKey: "b"}
+	_, err := OpenReader(context.Background(), cfg, "t")
+	if err == nil {
+		t.Fatal("an endpoint with credentials was accepted")
+	}
+	for _, s := range []string{err.Error(), cfg.String()} {
+		if strings.Contains(s, "EPSECRETXYZ") || strings.Contains(s, "EPUSER") {
+			t.Errorf("the endpoint's credentials are shown: %s", s)
+		}
+	}
+	if !strings.Contains(cfg.String(), "http://127.0.0.1:1") {
+		t.Errorf("the endpoint is not described: %s", cfg.String())
+	}
+	for _, u := range []string{"http://127.0.0.1:1", "https://s3.us-east-1.amazonaws.com"} {
+		if got := shownURL(u); got != u {
+			t.Errorf("shownURL(%s) = %s", u, got)
+		}
+	}
+	if got := shownURL("http://a b@%zz"); strings.Contains(got, "a b") {
+		t.Errorf("an endpoint that does not parse is repeated: %s", got)
+	}
+}

@@ -139,7 +139,19 @@ const SegmentSize = 4096
 
 // String describes the location without secrets.
 func (c Config) String() string {
-	return fmt.Sprintf("s3://%s/%s at %s", c.Bucket, c.Prefix, c.Endpoint)
+	return fmt.Sprintf("s3://%s/%s at %s", c.Bucket, c.Prefix, shownURL(c.Endpoint))
+}
+
+// shownURL is u for messages: without a user or password it holds (an
+// endpoint's credentials belong in the environment, and a message is
+// logged), and not repeated at all when it does not parse.
+func shownURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(an endpoint that is not a URL)"
+	}
+	p.User = nil
+	return p.String()
 }
 
 // ParseURL reads s3://bucket/prefix and fills the rest from the
@@ -221,7 +233,10 @@ func OpenReader(ctx context.Context, cfg Config, name string) (*Store, error) {
 func openStore(ctx context.Context, cfg Config, writer string, create bool) (*Store, error) {
 	ep, err := url.Parse(cfg.Endpoint)
 	if err != nil || ep.Host == "" {
-		return nil, fmt.Errorf("s3: endpoint %q is not a URL", cfg.Endpoint)
+		return nil, fmt.Errorf("s3: endpoint %s is not a URL", shownURL(cfg.Endpoint))
+	}
+	if ep.User != nil {
+		return nil, fmt.Errorf("s3: endpoint %s holds a user or password: give the keys in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the AWS config) instead", shownURL(cfg.Endpoint))
 	}
 	var creds *credentials.Credentials
 	if cfg.AccessKey != "" {
@@ -254,7 +269,7 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 		return nil, fmt.Errorf("s3: bucket %s: %w", cfg.Bucket, err)
 	}
 	if !ok && !create {
-		return nil, fmt.Errorf("s3: bucket %s does not exist at %s", cfg.Bucket, cfg.Endpoint)
+		return nil, fmt.Errorf("s3: bucket %s does not exist at %s", cfg.Bucket, shownURL(cfg.Endpoint))
 	}
 	if !ok {
 		if err := cli.MakeBucket(ctx, cfg.Bucket, minio.MakeBucketOptions{Region: cfg.Region}); err != nil {
@@ -444,9 +459,9 @@ func (c Config) retry(ctx context.Context, op func(attempt int) error) error {
 		case <-ctx.Done():
 			return errors.Join(err, ctx.Err())
 		case <-store.RetryStop(ctx):
-			return fmt.Errorf("%w: stopping while %s is unreachable (%d attempts): %w", ErrGaveUp, c.Endpoint, attempt+1, err)
+			return fmt.Errorf("%w: stopping while %s is unreachable (%d attempts): %w", ErrGaveUp, shownURL(c.Endpoint), attempt+1, err)
 		case <-giveUp:
-			return fmt.Errorf("%w: %s unreachable for %s (%d attempts; --retry-for): %w", ErrGaveUp, c.Endpoint, limit, attempt+1, err)
+			return fmt.Errorf("%w: %s unreachable for %s (%d attempts; --retry-for): %w", ErrGaveUp, shownURL(c.Endpoint), limit, attempt+1, err)
 		case <-time.After(delay):
 		}
 		delay = min(delay*2, 5*time.Second)
