@@ -46,6 +46,7 @@ type ingestOpts struct {
 	fullPrompts              bool
 	quiet                    bool
 	metricsAddr              string
+	metricsTokenFile         string
 	logFormat                string
 	cpuProfile               string
 	memoryLimit              string
@@ -94,7 +95,8 @@ input skips groups already committed.`,
 	f.BoolVar(&o.fullPrompts, "full-prompts", false, "store every prompt and message list whole, not as the delta of the step before (the layout before schema 4)")
 	f.BoolVar(&o.compact, "compact", false, "entropy-code the literals of zstd pages: shards about 11% smaller for 7-10% more ingest CPU")
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
-	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (host:port), at /metrics")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (host:port), at /metrics; beyond loopback only with a token")
+	f.StringVar(&o.metricsTokenFile, "metrics-token-file", "", "file holding the bearer token /metrics requires (default: $RLLM_PIPE_METRICS_TOKEN; none: loopback only)")
 	f.StringVar(&o.logFormat, "log-format", "text", "structured log format on stderr: text or json")
 	o.conn.register(f)
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
@@ -110,16 +112,22 @@ func newRunID() string {
 
 // plan is the validated configuration of one ingest.
 type plan struct {
-	cfg       pipeline.Config
-	maxRecord int64
-	label     string
-	runID     string
+	cfg          pipeline.Config
+	maxRecord    int64
+	label        string
+	runID        string
+	metricsToken string
 }
 
 func newPlan(o ingestOpts) (*plan, error) {
 	p := &plan{runID: newRunID()}
 	c := &p.cfg
 	var err error
+	if o.metricsAddr != "" {
+		if p.metricsToken, err = metricsToken(o.metricsAddr, o.metricsTokenFile); err != nil {
+			return nil, err
+		}
+	}
 	if c.ShardSize, err = bytesIn("shard-size", o.shardSize, 4<<10, 64<<30); err != nil {
 		return nil, err
 	}
@@ -228,7 +236,7 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	m := &metrics{deadLetter: dl.Counts}
 	p.cfg.Observer = m
 	if o.metricsAddr != "" {
-		stop, err := serveMetrics(ctx, o.metricsAddr, m)
+		stop, err := serveMetrics(ctx, o.metricsAddr, p.metricsToken, m)
 		if err != nil {
 			return err
 		}

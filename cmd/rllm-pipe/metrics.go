@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -122,17 +125,54 @@ func (m *metrics) write(w io.Writer) {
 	}
 }
 
-// serveMetrics serves /metrics on addr until ctx ends.
-func serveMetrics(ctx context.Context, addr string, m *metrics) (stop func(), err error) {
+// metricsHandler writes m; with a token, to requests that carry it
+// ("Authorization: Bearer TOKEN", as Prometheus sends a scrape's
+// credentials).
+func metricsHandler(token string, m *metrics) http.Handler {
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if token != "" {
+			got := ""
+			if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "Bearer ") {
+				got = a[7:]
+			}
+			// Compared as digests: a length mismatch takes the same time.
+			if g := sha256.Sum256([]byte(got)); subtle.ConstantTimeCompare(g[:], want[:]) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="rllm-pipe metrics"`)
+				http.Error(w, "unauthorised", http.StatusUnauthorized)
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		m.write(w)
+	})
+}
+
+// metricsToken is the token /metrics on addr requires: from file, else
+// $RLLM_PIPE_METRICS_TOKEN. Beyond loopback one is required, of at least
+// minTokenLen bytes, as for every other server.
+func metricsToken(addr, file string) (string, error) {
+	tok, err := token("metrics-token-file", file, "RLLM_PIPE_METRICS_TOKEN")
+	if err != nil {
+		return "", err
+	}
+	if host, _, _ := net.SplitHostPort(addr); host == "localhost" || loopbackAddr(addr) {
+		return tok, nil
+	}
+	if tok == "" {
+		return "", usageErrorf("--metrics-addr %s is beyond loopback: it needs a token (--metrics-token-file or RLLM_PIPE_METRICS_TOKEN), or listen on 127.0.0.1", addr)
+	}
+	return tok, shortToken(addr, tokenFlag{"metrics-token-file", "RLLM_PIPE_METRICS_TOKEN", tok})
+}
+
+// serveMetrics serves /metrics on addr until ctx ends (metricsHandler).
+func serveMetrics(ctx context.Context, addr, token string, m *metrics) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		m.write(w)
-	})
+	mux.Handle("/metrics", metricsHandler(token, m))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: idleTimeout}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

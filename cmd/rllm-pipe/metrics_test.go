@@ -1,6 +1,10 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -38,6 +42,66 @@ func TestMetricsExposition(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+}
+
+// TestMetricsToken: --metrics-addr beyond loopback needs a token of at
+// least 16 bytes, and then /metrics answers only requests that carry it.
+func TestMetricsToken(t *testing.T) {
+	t.Setenv("RLLM_PIPE_METRICS_TOKEN", "")
+	dir := t.TempDir()
+	short, long := filepath.Join(dir, "short"), filepath.Join(dir, "long")
+	if err := os.WriteFile(short, []byte("abc\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const tok = "0123456789abcdef-metrics"
+	if err := os.WriteFile(long, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		addr, file, err string
+	}{
+		{"127.0.0.1:0", "", ""},
+		{"localhost:0", "", ""},
+		{"[::1]:0", "", ""},
+		{"0.0.0.0:9464", "", "beyond loopback"},
+		{":9464", "", "beyond loopback"},
+		{"192.0.2.1:9464", short, "want at least 16"},
+		{"0.0.0.0:9464", long, ""},
+	} {
+		got, err := metricsToken(c.addr, c.file)
+		if c.err == "" && err != nil || c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("%s with %q: %v, want %q", c.addr, c.file, err, c.err)
+		}
+		if c.file == long && got != tok {
+			t.Errorf("%s: token %q, want %q", c.addr, got, tok)
+		}
+	}
+	h := metricsHandler(tok, &metrics{})
+	for _, c := range []struct {
+		auth string
+		want int
+	}{
+		{"", http.StatusUnauthorized},
+		{"Bearer " + tok, http.StatusOK},
+		{"bearer " + tok, http.StatusOK},
+		{"Bearer " + tok[:16], http.StatusUnauthorized},
+		{"Bearer " + tok + "x", http.StatusUnauthorized},
+		{"Basic " + tok, http.StatusUnauthorized},
+		{tok, http.StatusUnauthorized},
+	} {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		if c.auth != "" {
+			r.Header.Set("Authorization", c.auth)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.want {
+			t.Errorf("Authorization %q: %d, want %d", c.auth, w.Code, c.want)
+		}
+		if w.Code == http.StatusOK && !strings.Contains(w.Body.String(), "rllm_pipe_") {
+			t.Errorf("no metrics: %s", w.Body.String())
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -67,7 +68,7 @@ basic-authentication prompt.`,
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8817", "address to serve on (host:port; port 0 picks one; localhost counts as loopback when it resolves to loopback only); beyond loopback only with a token")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token (default: $RLLM_PIPE_UI_TOKEN; none: loopback only)")
-	f.StringVar(&o.ingestMetrics, "ingest-metrics", "", "metrics endpoint of an ingest process (http://host:port/metrics, from its --metrics-addr): chart its open-group backlog and commits per minute, scraped every --poll")
+	f.StringVar(&o.ingestMetrics, "ingest-metrics", "", "metrics endpoint of an ingest process (http://host:port/metrics, from its --metrics-addr): chart its open-group backlog and commits per minute, scraped every --poll (with $RLLM_PIPE_METRICS_TOKEN as the bearer token, when set)")
 	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often to re-read the manifest (charts are rebuilt when it grew, at most every max(poll, 4x the last rebuild's duration))")
 	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of pass@k")
 	o.conn.register(f)
@@ -131,6 +132,11 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	if tok == "" && !loopback {
 		return usageErrorf("--listen %s is beyond loopback: ui refuses it without a token (--token-file or RLLM_PIPE_UI_TOKEN), or listen on 127.0.0.1 or localhost", o.listen)
 	}
+	if !loopback {
+		if err := shortToken(o.listen, tokenFlag{"token-file", "RLLM_PIPE_UI_TOKEN", tok}); err != nil {
+			return err
+		}
+	}
 	if o.ingestMetrics != "" {
 		u, err := url.Parse(o.ingestMetrics)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -142,7 +148,8 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 		return err
 	}
 	defer r.Close()
-	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers, IngestMetrics: o.ingestMetrics})
+	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers, IngestMetrics: o.ingestMetrics,
+		IngestMetricsToken: strings.TrimSpace(os.Getenv("RLLM_PIPE_METRICS_TOKEN"))})
 	if err := srv.Refresh(ctx); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -59,6 +60,15 @@ func TestUIListenCLI(t *testing.T) {
 	r := e2eRun(t, bin, work, "ui", "--from", from, "--listen", "0.0.0.0:0")
 	if r.code != 2 || !strings.Contains(r.stderr, "beyond loopback") {
 		t.Errorf("ui --listen 0.0.0.0:0 without a token: exit %d, %s; want 2, beyond loopback", r.code, r.stderr)
+	}
+	// Nor with a token short enough to guess (as serve and gateway).
+	short := filepath.Join(work, "short-token")
+	if err := os.WriteFile(short, []byte("a\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = e2eRun(t, bin, work, "ui", "--from", from, "--listen", "0.0.0.0:0", "--token-file", short)
+	if r.code != 2 || !strings.Contains(r.stderr, "want at least 16") {
+		t.Errorf("ui --listen 0.0.0.0:0 with a 1-byte token: exit %d, %s; want 2, want at least 16", r.code, r.stderr)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -21,6 +21,8 @@ func TestAuthorised(t *testing.T) {
 		{"prefix", func(h map[string]string) { h["Authorization"] = "Bearer s3cret" }, false},
 		{"longer", func(h map[string]string) { h["Authorization"] = "Bearer s3cret-token-and-more" }, false},
 		{"no scheme", func(h map[string]string) { h["Authorization"] = "s3cret-token" }, false},
+		{"scheme in any case", func(h map[string]string) { h["Authorization"] = "bEARER s3cret-token" }, true},
+		{"empty bearer", func(h map[string]string) { h["Authorization"] = "Bearer " }, false},
 	} {
 		r := httptest.NewRequest("GET", "/", nil)
 		h := map[string]string{}

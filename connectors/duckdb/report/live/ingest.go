@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,6 +55,8 @@ type IngestState struct {
 // ingestWatch scrapes the ingest metrics endpoint and keeps its history.
 type ingestWatch struct {
 	url    string
+	shown  string // url without the user and password it may hold, for pages
+	token  string // sent as a bearer token, when set
 	client *http.Client
 
 	mu      sync.Mutex
@@ -62,8 +65,13 @@ type ingestWatch struct {
 	scrapes int
 }
 
-func newIngestWatch(url string) *ingestWatch {
-	return &ingestWatch{url: url, client: &http.Client{Timeout: 5 * time.Second}}
+func newIngestWatch(raw, token string) *ingestWatch {
+	shown := raw
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		u.User = nil
+		shown = u.String()
+	}
+	return &ingestWatch{url: raw, shown: shown, token: token, client: &http.Client{Timeout: 5 * time.Second}}
 }
 
 // scrape reads the endpoint once and appends a sample; a failed scrape
@@ -117,6 +125,9 @@ func (w *ingestWatch) fetch(ctx context.Context) (map[string]float64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ingest metrics: %w", err)
 	}
+	if w.token != "" {
+		req.Header.Set("Authorization", "Bearer "+w.token)
+	}
 	resp, err := w.client.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("ingest metrics: %w", err)
@@ -164,7 +175,7 @@ func parseMetrics(r io.Reader) (map[string]float64, error) {
 func (w *ingestWatch) state() *IngestState {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	st := &IngestState{URL: w.url, Error: w.err, Scrape: w.scrapes}
+	st := &IngestState{URL: w.shown, Error: w.err, Scrape: w.scrapes}
 	if n := len(w.samples); n > 0 {
 		last := w.samples[n-1]
 		st.Last = &last
@@ -184,7 +195,7 @@ func (w *ingestWatch) charts() []*report.Chart {
 		open.Points = append(open.Points, report.Point{X: x, Y: s.OpenGroups})
 		commits.Points = append(commits.Points, report.Point{X: x, Y: s.CommitsPerMinute})
 	}
-	note := "no scrape of " + w.url + " yet"
+	note := "no scrape of " + w.shown + " yet"
 	if w.err != "" {
 		note = w.err
 	}
@@ -200,7 +211,7 @@ func (w *ingestWatch) charts() []*report.Chart {
 func (w *ingestWatch) html() template.HTML {
 	var b strings.Builder
 	st := w.state()
-	fmt.Fprintf(&b, `<p class="meta" id="ingest-status" data-scrapes="%d">ingest metrics: %s`, st.Scrape, template.HTMLEscapeString(w.url))
+	fmt.Fprintf(&b, `<p class="meta" id="ingest-status" data-scrapes="%d">ingest metrics: %s`, st.Scrape, template.HTMLEscapeString(w.shown))
 	if st.Last != nil {
 		fmt.Fprintf(&b, ` · %s open groups · %s shards and %s rows committed by this process · %.1f commits/min`,
 			fmtInt(st.Last.OpenGroups), fmtInt(st.Last.Shards), fmtInt(st.Last.Rows), st.Last.CommitsPerMinute)

@@ -2,6 +2,7 @@ package live
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -63,10 +64,14 @@ func TestCommitsPerMinute(t *testing.T) {
 
 // TestIngestWatch: the section scrapes the endpoint, charts one point per
 // scrape with the scraped values, and keeps the history when a scrape
-// fails.
+// fails. A user and password in the endpoint's URL are sent, never shown.
 func TestIngestWatch(t *testing.T) {
 	var open, fail atomic.Int64
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, p, ok := r.BasicAuth(); !ok || u != "MUSER" || p != "MSECRETXYZ" {
+			http.Error(w, "who", http.StatusUnauthorized)
+			return
+		}
 		if fail.Load() == 1 {
 			http.Error(w, "down", http.StatusInternalServerError)
 			return
@@ -74,7 +79,7 @@ func TestIngestWatch(t *testing.T) {
 		w.Write([]byte("rllm_pipe_open_groups " + itoa(open.Load()) + "\nrllm_pipe_shards_committed_total " + itoa(open.Load()/2) + "\n"))
 	}))
 	defer hs.Close()
-	w := newIngestWatch(hs.URL + "/metrics")
+	w := newIngestWatch(strings.Replace(hs.URL, "http://", "http://MUSER:MSECRETXYZ@", 1)+"/metrics", "")
 	t0 := time.Now()
 	for i, n := range []int64{4, 9, 2} {
 		open.Store(n)
@@ -101,6 +106,15 @@ func TestIngestWatch(t *testing.T) {
 	}
 	if !strings.Contains(page, "last scrape failed") {
 		t.Errorf("the failed scrape is not shown")
+	}
+	state, _ := json.Marshal(st)
+	for _, s := range []string{page, string(state)} {
+		if strings.Contains(s, "MSECRETXYZ") || strings.Contains(s, "MUSER") {
+			t.Errorf("the endpoint's user or password is shown: %s", s)
+		}
+	}
+	if !strings.Contains(page, hs.URL+"/metrics") {
+		t.Errorf("the endpoint is not named")
 	}
 }
 

@@ -74,6 +74,9 @@ type Options struct {
 	// scrapes it every Poll and the health panel charts the open-group
 	// backlog and the commits per minute over time.
 	IngestMetrics string
+	// IngestMetricsToken, when set, is sent to it as a bearer token (an
+	// ingest's --metrics-token-file).
+	IngestMetricsToken string
 }
 
 // Server is the live view of one output root.
@@ -122,7 +125,7 @@ func New(r store.Reader, o Options) *Server {
 		return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: s.cacheDir()})
 	}
 	if o.IngestMetrics != "" {
-		s.ingest = newIngestWatch(o.IngestMetrics)
+		s.ingest = newIngestWatch(o.IngestMetrics, o.IngestMetricsToken)
 	}
 	return s
 }
@@ -326,8 +329,8 @@ func (s *Server) guard(next http.Handler) http.Handler {
 
 func (s *Server) authorised(r *http.Request) bool {
 	got := ""
-	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-		got = strings.TrimPrefix(a, "Bearer ")
+	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "Bearer ") {
+		got = a[7:] // the scheme's case does not matter (RFC 9110)
 	} else if _, p, ok := r.BasicAuth(); ok {
 		got = p
 	}
