@@ -157,4 +157,11 @@ func TestEndpointCredentialsNotShown(t *testing.T) {
 	if got := shownURL("http://a b@%zz"); strings.Contains(got, "a b") {
 		t.Errorf("an endpoint that does not parse is repeated: %s", got)
 	}
+	// Nor in the s3:// URL itself (they would not be used either).
+	for _, u := range []string{"s3://KEYID:URLSECRETXYZ@bucket/prefix", "s3://KEYID:URLSECRETXYZ@/prefix", "s3://KEYID:URL SECRETXYZ@b%zz/p"} {
+		_, err := ParseURL(u)
+		if err == nil || strings.Contains(err.Error(), "SECRETXYZ") || strings.Contains(err.Error(), "KEYID") {
+			t.Errorf("ParseURL(%s): %v; want an error without the credentials", u, err)
+		}
+	}
 }

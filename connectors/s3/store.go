@@ -148,7 +148,7 @@ func (c Config) String() string {
 func shownURL(u string) string {
 	p, err := url.Parse(u)
 	if err != nil {
-		return "(an endpoint that is not a URL)"
+		return "(a URL that does not parse)"
 	}
 	p.User = nil
 	return p.String()
@@ -159,8 +159,11 @@ func shownURL(u string) string {
 // AWS_SECRET_ACCESS_KEY, AWS_REGION (default us-east-1).
 func ParseURL(raw string) (Config, error) {
 	u, err := url.Parse(raw)
+	if err == nil && u.User != nil {
+		return Config{}, errors.New("s3: the URL holds a user or password: give the keys in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the AWS config) instead")
+	}
 	if err != nil || u.Scheme != "s3" || u.Host == "" {
-		return Config{}, fmt.Errorf("s3: %q is not s3://bucket/prefix", raw)
+		return Config{}, fmt.Errorf("s3: %s is not s3://bucket/prefix", shownURL(raw))
 	}
 	c := Config{
 		Bucket:    u.Host,
