@@ -1078,7 +1078,7 @@ func (d *DB) SQL() *sql.DB { return d.db }
 // closes the rows; cancelling ctx interrupts the query.
 func (d *DB) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
 	if !d.open {
-		if err := d.readOnly(ctx, q); err != nil {
+		if err := d.readOnly(ctx, q, len(args) == 0); err != nil {
 			return nil, err
 		}
 	}
