@@ -211,7 +211,7 @@ func notDigits(x uint64) uint64 {
 // (a multiply; no two partial products share a bit).
 func bitsOf(x uint64) uint64 { return (x >> 7) * 0x0102040810204080 >> 56 }
 
-// digits is the value of the n (1 to 8) digits at the bottom of w, from
+// digits is the value of the n (0 to 8) digits at the bottom of w, from
 // which '0' was subtracted byte by byte, the first digit lowest.
 func digits(w uint64, n int) uint64 {
 	v := w << (64 - 8*uint(n))
@@ -255,28 +255,23 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 		}
 		// The common shape first: one integer digit, a point, 1 to 15
 		// fraction digits and a ',' or ']' right after them
-		// ("-0.00353707,"), the digits read a word at a time. It yields
-		// what the general path below does (the same mantissa and
-		// exponent, the same division).
+		// ("-0.00353707,"). The fraction is read from two words at once,
+		// without a branch on its length (which varies from number to
+		// number and would be mispredicted): n1 digits of the first word,
+		// then, only when all eight of it are digits, n2 of the second.
+		// It yields what the general path below does (the same mantissa
+		// and exponent, the same division).
 		if i+18 <= len(b) && b[i+1] == '.' && b[i]-'0' <= 9 {
-			w := word(b, i+2) - 0x3030303030303030
-			n := bits.TrailingZeros64((w|(w+0x7676767676767676))&0x8080808080808080) >> 3
-			m := uint64(b[i] - '0')
-			if n == 8 { // 8 fraction digits so far: the next word has the rest
-				m = m*1e8 + digits(w, 8)
-				w = word(b, i+10) - 0x3030303030303030
-				n = bits.TrailingZeros64((w|(w+0x7676767676767676))&0x8080808080808080) >> 3
-				n += 8 // 16 means 16 or more: no separator found, the general path
-			}
-			if n > 0 && n < 16 {
-				k := n & 7 // the digits in w
-				if sep := byte(w>>(8*uint(k))) + '0'; (sep == ',' || sep == ']') && (k > 0 || n == 8) {
-					if k > 0 {
-						m = m*pow10u[k] + digits(w, k)
-					}
-					if m >= 1<<53 {
-						goto general
-					}
+			w1 := word(b, i+2) - 0x3030303030303030
+			w2 := word(b, i+10) - 0x3030303030303030
+			n1 := bits.TrailingZeros64((w1|(w1+0x7676767676767676))&0x8080808080808080) >> 3
+			n2 := bits.TrailingZeros64((w2|(w2+0x7676767676767676))&0x8080808080808080) >> 3
+			n2 &= -(n1 >> 3) // n1 is 8 or less: n2 counts only when n1 is 8
+			n := n1 + n2     // 16 means 16 or more: no separator found
+			sep := b[i+2+n&15]
+			if uint(n-1) < 15 && (sep == ',' || sep == ']') {
+				m := (uint64(b[i]-'0')*pow10u[n1]+digits(w1, n1))*pow10u[n2] + digits(w2, n2)
+				if m < 1<<53 {
 					f := float64(m) / pow10[n]
 					if neg {
 						f = -f
@@ -294,8 +289,7 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 				}
 			}
 		}
-	general:
-		// The mantissa's digits (m, exact while !truncated) and the
+		// The general path: the mantissa's digits (m, exact while !truncated) and the
 		// decimal exponent.
 		var m uint64
 		exp := 0
