@@ -1,13 +1,18 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	kgo "github.com/segmentio/kafka-go"
 
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 )
@@ -129,4 +134,109 @@ func TestIntegrationFetchEndsWithItsContext(t *testing.T) {
 		}
 		conn.Close()
 	}
+}
+
+// TestIntegrationFetchLargeValues: values of several MiB, on a topic that
+// takes them, between small ones and across chunk boundaries, arrive once
+// each, in order, intact, with their offsets, though each chunk is
+// released as soon as it is checked.
+func TestIntegrationFetchLargeValues(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	if brokers == "" {
+		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+	}
+	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("large-values-%d", time.Now().UnixNano())}
+	// The broker takes values of up to 1 MiB by default: this topic, 16.
+	_, cc, done, err := dialController(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cc.CreateTopics(kgo.TopicConfig{Topic: cfg.Topic, NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: []kgo.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(16 << 20)}}})
+	done()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := EnsureTopic(ctx, cfg, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	defer DeleteTopics(context.Background(), cfg, cfg.Topic)
+
+	// 3.4 MiB of small values, then one of 2 MiB (a chunk ends within
+	// it), small ones, one of 6 MiB (larger than a chunk), small ones.
+	var sizes []int
+	for range 35 {
+		sizes = append(sizes, 100<<10)
+	}
+	sizes = append(sizes, 2<<20)
+	for range 20 {
+		sizes = append(sizes, 1<<10)
+	}
+	sizes = append(sizes, 6<<20)
+	for range 10 {
+		sizes = append(sizes, 1<<10)
+	}
+	value := func(i int) []byte {
+		v := bytes.Repeat([]byte{byte('a' + i%26)}, sizes[i])
+		copy(v, fmt.Sprintf("%06d", i))
+		return v
+	}
+	transport := &kgo.Transport{}
+	defer transport.CloseIdleConnections()
+	w := &kgo.Writer{Addr: kgo.TCP(cfg.Brokers...), Topic: cfg.Topic, Transport: transport,
+		BatchBytes: 16 << 20, BatchSize: len(sizes), RequiredAcks: kgo.RequireAll}
+	var msgs []kgo.Message
+	for i := range sizes {
+		msgs = append(msgs, kgo.Message{Value: value(i)})
+	}
+	// A new topic's metadata may reach the broker a writer asks a moment
+	// after its leaders are known.
+	for err := w.WriteMessages(ctx, msgs...); err != nil; err = w.WriteMessages(ctx, msgs...) {
+		if !errors.Is(err, kgo.UnknownTopicOrPartition) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	w.Close()
+
+	d, err := cfg.dialer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := WithReadBuffer(d).DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk, 4)}
+	fetchCtx, end := context.WithCancel(ctx)
+	fetched := make(chan error, 1)
+	go func() {
+		var lag atomic.Int64
+		_, _, err := s.fetch(fetchCtx, conn, 0, 0, &lag)
+		fetched <- err
+	}()
+	next := 0
+	for next < len(sizes) {
+		select {
+		case c := <-s.chunks:
+			for _, r := range c.Records {
+				if r.Source.Offset != int64(next) || !bytes.Equal(r.Data, value(next)) {
+					t.Fatalf("record at offset %d (%d bytes, %.8q), want value %d (%d bytes)", r.Source.Offset, len(r.Data), r.Data, next, sizes[next])
+				}
+				next++
+			}
+			if c.Release != nil {
+				c.Release()
+			}
+		case err := <-fetched:
+			t.Fatalf("the fetch ended after %d of %d values: %v", next, len(sizes), err)
+		case <-ctx.Done():
+			t.Fatalf("%d of %d values read", next, len(sizes))
+		}
+	}
+	end()
+	<-fetched
 }
