@@ -24,6 +24,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/transform"
 	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/metrics"
 )
 
 type ingestOpts struct {
@@ -233,10 +234,10 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 		return err
 	}
 	defer st.Close()
-	m := &metrics{deadLetter: dl.Counts}
+	m := metrics.New(dl.Counts)
 	p.cfg.Observer = m
 	if o.metricsAddr != "" {
-		stop, err := serveMetrics(ctx, o.metricsAddr, p.metricsToken, m)
+		stop, err := metrics.Serve(ctx, o.metricsAddr, p.metricsToken, m)
 		if err != nil {
 			return err
 		}
@@ -251,7 +252,7 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 		if err != nil {
 			return usageErrorf("--from: %v", err)
 		}
-		stop := newProgress(stderr, "ingest", -1, false, o.quiet).follow(m.recordsRead)
+		stop := newProgress(stderr, "ingest", -1, false, o.quiet).follow(m.RecordsRead)
 		runErr = pl.RunKafka(ctx, soft, pipeline.JoinKafka(o.conn.kafka(cfg)))
 		stop()
 	} else {
