@@ -69,6 +69,10 @@ func TestFastListsAgree(t *testing.T) {
 		{"[99999999999]", "[0.1,0.2,0.30000000000000004]"}, // 11 digits
 		{"[1 2]", "[-.5]"},
 		{"[\"1\"]", "[true]"},
+		// 16 significant digits, the mantissa over 2^53 (float64 would
+		// round it before the division), next to a float32 rounding tie:
+		// rounded twice they would give the neighbouring float32.
+		{"[1]", "[-9.840058803558349,-9.494114398956299,-9.448959827423097]"},
 	} {
 		sameRecords(t, stepWith(c.prompt, "[-0.25]"))
 		sameRecords(t, stepWith("[1]", c.logprobs))
