@@ -289,8 +289,8 @@ func (l *lexer) fastFloats(dst []float32) (out []float32, ok bool) {
 				}
 			}
 		}
-		// The general path: the mantissa's digits (m, exact while !truncated) and the
-		// decimal exponent.
+		// The general path: the mantissa's digits (m, exact while
+		// !truncated) and the decimal exponent.
 		var m uint64
 		exp := 0
 		truncated := false
