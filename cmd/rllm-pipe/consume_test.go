@@ -623,6 +623,7 @@ func consKillOneMember(t *testing.T, bin, work, from string, extra []string, d c
 // printed and acknowledged, once but for the dead member's unacknowledged
 // batch.
 func TestConsumeGroupKillOneMember(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
@@ -639,6 +640,7 @@ func TestConsumeGroupKillOneMember(t *testing.T) {
 // or killed) and started again under its name delivers exactly the groups
 // it had not acknowledged, at once (the killed run's leases are its own).
 func TestConsumeRestartResumes(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
@@ -903,6 +905,7 @@ func TestConsumeSlowMemberKeepsItsShards(t *testing.T) {
 // behind --policy-version are skipped (and counted), all others delivered
 // within the budget; groups newer than the trainer are not stale.
 func TestConsumeStalenessAndBudget(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
@@ -966,6 +969,7 @@ func TestConsumeStalenessAndBudget(t *testing.T) {
 // TestIntegrationConsumeS3KillOneMember is TestConsumeGroupKillOneMember
 // over MinIO: shards and the group's log in s3://.
 func TestIntegrationConsumeS3KillOneMember(t *testing.T) {
+	t.Parallel() // see main_test.go
 	target := newS3Target(t, "consume")
 	bin := e2eBinary(t)
 	work := t.TempDir()

@@ -23,6 +23,7 @@ import (
 // every valid step is committed exactly once with the right advantage and
 // every bad line is dead-lettered exactly once.
 func TestCrashRestartExactlyOnce(t *testing.T) {
+	t.Parallel() // see main_test.go
 	if testing.Short() {
 		t.Skip("crash loop: long")
 	}

@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -57,28 +58,51 @@ func e2eModuleRoot(t *testing.T) string {
 	}
 }
 
-// e2eBinary builds ./cmd/rllm-pipe into a per-test temporary directory (the
-// go build cache makes repeated builds cheap). RLLM_PIPE_E2E_BIN may name a
-// prebuilt binary instead. A build failure fails the test. When the tests
+// e2eBinary is ./cmd/rllm-pipe, built once per test run (linking it,
+// with DuckDB's library and under the race detector, takes seconds: once
+// per test, it was minutes of the package's run) into the directory
+// TestMain removes. RLLM_PIPE_E2E_BIN may name a prebuilt binary instead.
+// A build failure fails every test that needs the binary. When the tests
 // run under the race detector, so does the binary: a data race in the
-// process that does the work fails the test (its exit code is 66).
+// process that does the work fails the test (its exit code is 66). Tests
+// run the binary, never change it.
 func e2eBinary(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("RLLM_PIPE_E2E_BIN"); p != "" {
 		return p
 	}
-	bin := filepath.Join(t.TempDir(), "rllm-pipe")
+	root := e2eModuleRoot(t)
+	e2eBuild.once.Do(func() { e2eBuild.bin, e2eBuild.err = buildE2EBinary(root) })
+	if e2eBuild.err != nil {
+		t.Fatal(e2eBuild.err)
+	}
+	return e2eBuild.bin
+}
+
+// e2eBuild is the binary e2eBinary built, in e2eBuild.dir (made and
+// removed by TestMain).
+var e2eBuild struct {
+	dir  string
+	once sync.Once
+	bin  string
+	err  error
+}
+
+func buildE2EBinary(root string) (string, error) {
+	if e2eBuild.dir == "" {
+		return "", errors.New("e2eBinary: no build directory (TestMain makes it)")
+	}
+	bin := filepath.Join(e2eBuild.dir, "rllm-pipe")
 	args := []string{"build", "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
 	cmd := exec.Command("go", append(args, "./cmd/rllm-pipe")...)
-	cmd.Dir = e2eModuleRoot(t)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("building rllm-pipe failed: %v\n%s", err, out)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building rllm-pipe failed: %v\n%s", err, out)
 	}
-	return bin
+	return bin, nil
 }
 
 // e2eEnv is the environment without RLLM_* variables (they would override
@@ -1667,6 +1691,7 @@ func e2eReadWithParquetGo(t *testing.T, out string, files []string) (map[string]
 }
 
 func TestEndToEndGenerated(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	for _, tc := range []struct {
 		name              string

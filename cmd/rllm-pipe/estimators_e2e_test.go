@@ -721,6 +721,7 @@ func estCases() []estCase {
 }
 
 func TestEndToEndEstimators(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	const groupSize = 6

@@ -48,6 +48,7 @@ func serviceEnv() []string {
 // in the end every step is committed exactly once (read back with DuckDB)
 // and every bad record is dead-lettered exactly once.
 func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
+	t.Parallel() // see main_test.go
 	sc := newScenario(t, "crash", "--groups", "10000", "--duplicates", "0.01", "--seed", "5")
 	var lines [][]byte
 	for i, l := range sc.lines {

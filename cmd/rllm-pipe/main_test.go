@@ -1,15 +1,38 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-// Idle keep-alive connections of the HTTP clients' pools (the S3 checks)
-// are not leaks.
+// TestMain makes the directory e2eBinary builds the binary into, once for
+// the run, and checks for leaked goroutines after the tests. Idle
+// keep-alive connections of the HTTP clients' pools (the S3 checks) are
+// not leaks.
+//
+// The long tests that spend their time waiting on child processes (kills
+// and restarts, consumer groups, Kafka, MinIO, DuckDB) run in parallel
+// (t.Parallel), each on its own directories, topic, consumer group and
+// S3 prefix; Go starts them once every other test has finished. Tests
+// stay sequential when they stop the shared services
+// (TestIntegrationOutages), set the environment, run the CLI in this
+// process, or hold a sub-second deadline that a busy machine could miss
+// (leases of a second, idle timeouts).
 func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "rllm-pipe-e2e-bin-*")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "TestMain:", err)
+		os.Exit(1)
+	}
+	e2eBuild.dir = dir
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"))
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		goleak.Cleanup(func(code int) {
+			os.RemoveAll(dir)
+			os.Exit(code)
+		}))
 }

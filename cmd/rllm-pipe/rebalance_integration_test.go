@@ -11,6 +11,7 @@ import (
 // (fencing it in the manifest) and in the end every step is committed
 // exactly once.
 func TestIntegrationRebalance(t *testing.T) {
+	t.Parallel() // see main_test.go
 	sc := newScenario(t, "rebalance", "--groups", "4000", "--duplicates", "0.01", "--seed", "13")
 	lines, cfg := sc.lines, sc.cfg
 	ref := sc.reference(lines)

@@ -24,6 +24,7 @@ import (
 )
 
 func TestReplayAndConsumedView(t *testing.T) {
+	t.Parallel() // see main_test.go
 	work := t.TempDir()
 	replayScenario(t, e2eBinary(t), work, filepath.Join(work, "out"), nil)
 }
@@ -31,6 +32,7 @@ func TestReplayAndConsumedView(t *testing.T) {
 // TestIntegrationReplayS3 is the same over MinIO: the shards, the logs
 // and the audit in s3://.
 func TestIntegrationReplayS3(t *testing.T) {
+	t.Parallel() // see main_test.go
 	target := newS3Target(t, "replay")
 	replayScenario(t, e2eBinary(t), t.TempDir(), target.url, target.flags())
 }

@@ -165,6 +165,7 @@ func sameFigures(t *testing.T, what string, got map[string]float64, rows []map[s
 }
 
 func TestReportFiguresEqualSQLReports(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	from := reportFixture(t, bin, work)
@@ -411,6 +412,7 @@ func inputReasons(t *testing.T, in string) map[string]int {
 // for point in order; and the trajectory browser's reason filter finds
 // the groups of each reason.
 func TestReportFilteredEqualSQLReports(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in, from := filteredFixture(t, bin, work)

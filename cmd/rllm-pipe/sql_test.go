@@ -875,6 +875,7 @@ func sqlSnapshot(t *testing.T, root string) string {
 // whose path needs quoting, against the independent computation; the
 // output root is not modified.
 func TestSQLReports(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	files := sqlInputs(t, bin, work)
@@ -1078,6 +1079,7 @@ func sqlHostileTasks(t *testing.T, file string) string {
 // output escapes the terminal escapes a record carried; and
 // --allow-host-files lifts the limits.
 func TestSQLReadOnly(t *testing.T) {
+	t.Parallel() // see main_test.go
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	files := sqlInputs(t, bin, work)
@@ -1179,6 +1181,7 @@ func TestSQLReadOnly(t *testing.T) {
 // independent computation over the committed objects; the local copies
 // are removed on exit.
 func TestIntegrationSQLS3(t *testing.T) {
+	t.Parallel() // see main_test.go
 	target := newS3Target(t, "sql")
 	bin := e2eBinary(t)
 	work := t.TempDir()

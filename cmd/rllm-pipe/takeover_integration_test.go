@@ -12,6 +12,7 @@ import (
 // the owner is killed, the idle worker's empty generation must end and it
 // must take the partition over.
 func TestIntegrationIdleWorkerTakesOver(t *testing.T) {
+	t.Parallel() // see main_test.go
 	sc := newScenario(t, "takeover", "--groups", "600", "--seed", "21")
 	lines, cfg := sc.lines, sc.cfg
 	ref := sc.reference(lines)
