@@ -623,7 +623,7 @@ func consKillOneMember(t *testing.T, bin, work, from string, extra []string, d c
 // printed and acknowledged, once but for the dead member's unacknowledged
 // batch.
 func TestConsumeGroupKillOneMember(t *testing.T) {
-	t.Parallel() // see main_test.go
+	// Not parallel: its members renew 2 s leases (see main_test.go).
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
@@ -969,7 +969,7 @@ func TestConsumeStalenessAndBudget(t *testing.T) {
 // TestIntegrationConsumeS3KillOneMember is TestConsumeGroupKillOneMember
 // over MinIO: shards and the group's log in s3://.
 func TestIntegrationConsumeS3KillOneMember(t *testing.T) {
-	t.Parallel() // see main_test.go
+	// Not parallel: its members renew 2 s leases (see main_test.go).
 	target := newS3Target(t, "consume")
 	bin := e2eBinary(t)
 	work := t.TempDir()

@@ -19,8 +19,10 @@ import (
 // S3 prefix; Go starts them once every other test has finished. Tests
 // stay sequential when they stop the shared services
 // (TestIntegrationOutages), set the environment, run the CLI in this
-// process, or hold a sub-second deadline that a busy machine could miss
-// (leases of a second, idle timeouts).
+// process, or hold deadlines of a second or two that a busy machine
+// misses: consumer leases of 1–2 s (run beside the parallel tests, a
+// member's renewal came late, its shard was taken over and a group
+// delivered twice), idle timeouts.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "rllm-pipe-e2e-bin-*")
 	if err != nil {
