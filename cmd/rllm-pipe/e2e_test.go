@@ -58,14 +58,14 @@ func e2eModuleRoot(t *testing.T) string {
 	}
 }
 
-// e2eBinary is ./cmd/rllm-pipe, built once per test run (linking it,
-// with DuckDB's library and under the race detector, takes seconds: once
-// per test, it was minutes of the package's run) into the directory
-// TestMain removes. RLLM_PIPE_E2E_BIN may name a prebuilt binary instead.
-// A build failure fails every test that needs the binary. When the tests
-// run under the race detector, so does the binary: a data race in the
-// process that does the work fails the test (its exit code is 66). Tests
-// run the binary, never change it.
+// e2eBinary is ./cmd/rllm-pipe, built once per test run (the link, with
+// DuckDB's library and under the race detector, is slow; the build cache
+// does not keep it) into the directory TestMain removes.
+// RLLM_PIPE_E2E_BIN may name a prebuilt binary instead. A build failure
+// fails every test that needs the binary. When the tests run under the
+// race detector, so does the binary: a data race in the process that does
+// the work fails the test (its exit code is 66). Tests run the binary,
+// never change it.
 func e2eBinary(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("RLLM_PIPE_E2E_BIN"); p != "" {
