@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -70,5 +71,55 @@ func TestForwardRoutes(t *testing.T) {
 		if _, err := New(Config{Upstreams: []string{"http://127.0.0.1:1"}, Forward: []string{bad}}, &memOutput{}); err == nil {
 			t.Errorf("New with Forward %q: no error", bad)
 		}
+	}
+}
+
+// TestHopByHopHeaders: the headers a call's Connection header names stay
+// with the gateway, in both directions, besides the fixed hop-by-hop
+// ones; the others go through.
+func TestHopByHopHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		in         http.Header
+		gone, kept []string
+	}{
+		{"named", http.Header{"Connection": {"X-Hop"}, "X-Hop": {"1"}, "X-Kept": {"2"}}, []string{"Connection", "X-Hop"}, []string{"X-Kept"}},
+		{"a list, any case, blanks", http.Header{"Connection": {" keep-alive , x-hop,,X-Other "}, "X-Hop": {"1"}, "X-Other": {"2"}, "Keep-Alive": {"timeout=5"}, "X-Kept": {"3"}},
+			[]string{"X-Hop", "X-Other", "Keep-Alive"}, []string{"X-Kept"}},
+		{"two Connection lines", http.Header{"Connection": {"X-A", "X-B"}, "X-A": {"1"}, "X-B": {"2"}, "Content-Type": {"application/json"}},
+			[]string{"X-A", "X-B"}, []string{"Content-Type"}},
+		{"none", http.Header{"X-Kept": {"1"}, "Te": {"trailers"}}, []string{"Te"}, []string{"X-Kept"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, always := range [][]string{dropRequestHeaders, dropResponseHeaders} {
+				h := tc.in.Clone()
+				dropHeaders(h, always)
+				for _, g := range tc.gone {
+					if h.Get(g) != "" {
+						t.Errorf("%s kept: %v", g, h)
+					}
+				}
+				for _, k := range tc.kept {
+					if h.Get(k) != tc.in.Get(k) {
+						t.Errorf("%s dropped: %v", k, h)
+					}
+				}
+			}
+		})
+	}
+
+	// Through the gateway: the upstream never sees a header the agent
+	// marked as hop-by-hop.
+	e := newEnv(t, nil)
+	if code, b := e.do("POST", "/sessions/hop:0/v1/chat/completions", chatBody,
+		"Connection", "X-Agent-Secret", "X-Agent-Secret", "s", "X-Trace", "t"); code != 200 {
+		t.Fatalf("%d: %s", code, b)
+	}
+	reqs := e.backend.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d upstream requests, want 1", len(reqs))
+	}
+	if h := reqs[0].Header; h.Get("X-Agent-Secret") != "" || h.Get("X-Trace") != "t" {
+		t.Errorf("upstream headers %v: want X-Trace, not X-Agent-Secret", h)
 	}
 }

@@ -154,9 +154,7 @@ func (s *Server) upstreamDo(ctx context.Context, r *http.Request, sid, tail stri
 		for k, vs := range r.Header {
 			req.Header[k] = vs
 		}
-		for _, h := range dropRequestHeaders {
-			req.Header.Del(h)
-		}
+		dropHeaders(req.Header, dropRequestHeaders)
 		if s.cfg.UpstreamKey != "" {
 			req.Header.Set("Authorization", "Bearer "+s.cfg.UpstreamKey)
 		}
@@ -565,8 +563,22 @@ func copyHeaders(dst, src http.Header) {
 	for k, vs := range src {
 		dst[k] = vs
 	}
-	for _, h := range dropResponseHeaders {
-		dst.Del(h)
+	dropHeaders(dst, dropResponseHeaders)
+}
+
+// dropHeaders deletes from h the headers its Connection header names
+// (hop-by-hop too, RFC 9110 section 7.6.1: a client may mark any header
+// as meant for the gateway alone), then those of always.
+func dropHeaders(h http.Header, always []string) {
+	for _, v := range h.Values("Connection") {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, name := range always {
+		h.Del(name)
 	}
 }
 
