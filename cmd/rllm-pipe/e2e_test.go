@@ -72,7 +72,7 @@ func e2eBinary(t *testing.T) string {
 		return p
 	}
 	root := e2eModuleRoot(t)
-	e2eBuild.once.Do(func() { e2eBuild.bin, e2eBuild.err = buildE2EBinary(root) })
+	e2eBuild.once.Do(func() { e2eBuild.bin, e2eBuild.err = buildE2EBinary(root, e2eBuild.dir) })
 	if e2eBuild.err != nil {
 		t.Fatal(e2eBuild.err)
 	}
@@ -88,11 +88,12 @@ var e2eBuild struct {
 	err  error
 }
 
-func buildE2EBinary(root string) (string, error) {
-	if e2eBuild.dir == "" {
+// buildE2EBinary builds ./cmd/rllm-pipe of the module at root into dir.
+func buildE2EBinary(root, dir string) (string, error) {
+	if dir == "" {
 		return "", errors.New("e2eBinary: no build directory (TestMain makes it)")
 	}
-	bin := filepath.Join(e2eBuild.dir, "rllm-pipe")
+	bin := filepath.Join(dir, "rllm-pipe")
 	args := []string{"build", "-o", bin}
 	if raceEnabled {
 		args = append(args, "-race")
