@@ -550,7 +550,7 @@ func runChild(ctx context.Context, argv []string, dir, logPath string, stdout io
 	r.UserSeconds = ps.UserTime().Seconds()
 	r.SysSeconds = ps.SystemTime().Seconds()
 	r.CPUUse = (r.UserSeconds + r.SysSeconds) / r.WallSeconds
-	r.PeakRSS = peakRSS(ps)
+	r.PeakRSS = benchkit.PeakRSS(ps)
 	if busyOK && busyOK1 {
 		r.OtherCPU = max(0, (busy1-busy0).Seconds()-r.UserSeconds-r.SysSeconds) / r.WallSeconds
 	}

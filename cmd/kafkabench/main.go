@@ -197,7 +197,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			if round == 0 {
 				label = "warm-up"
 			}
-			fmt.Fprintf(stdout, "  %-8s %-9s %7.2f s %8.1f MiB/s  cpu %5.2f s  broker %4.2f s  minio %4.2f s  other cpu %4.2f cores\n", label, name, r.Wall, r.MiBs, r.CPU, r.Broker, r.MinIO, r.OtherCPU)
+			rss := ""
+			if r.RSS > 0 {
+				rss = fmt.Sprintf("  peak RSS %.0f MiB", r.RSS)
+			}
+			fmt.Fprintf(stdout, "  %-8s %-9s %7.2f s %8.1f MiB/s  cpu %5.2f s  broker %4.2f s  minio %4.2f s  other cpu %4.2f cores%s\n", label, name, r.Wall, r.MiBs, r.CPU, r.Broker, r.MinIO, r.OtherCPU, rss)
 			if round > 0 {
 				runs = append(runs, r)
 			}
@@ -236,6 +240,7 @@ type runResult struct {
 	MinIO    float64 `json:"minio_cpu_seconds"`  // MinIO's CPU during the run
 	First    float64 `json:"first_read_seconds"` // kafka, file: until the first record was read
 	Read     float64 `json:"read_seconds"`       // kafka, file: until every record was read
+	RSS      float64 `json:"peak_rss_mib"`       // kafka, file: the child's peak resident set
 }
 
 // freeAddr returns a loopback address no one listens on (for a child's
@@ -535,7 +540,8 @@ func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 		return runResult{}, fmt.Errorf("removing the run's output: %w", err)
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
-	return runResult{Name: "kafka", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
+	return runResult{Name: "kafka", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall,
+		RSS: float64(benchkit.PeakRSS(cmd.ProcessState)) / (1 << 20)}, nil
 }
 
 // fileRun ingests the input file into a new local directory.
@@ -580,7 +586,8 @@ func (b *bench) fileRun(ctx context.Context) (runResult, error) {
 		return runResult{}, errors.New("file ingest committed no rows")
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
-	return runResult{Name: "file", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall}, nil
+	return runResult{Name: "file", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall,
+		RSS: float64(benchkit.PeakRSS(cmd.ProcessState)) / (1 << 20)}, nil
 }
 
 // metric reads one unlabelled value from a Prometheus text endpoint.
@@ -633,6 +640,7 @@ type report struct {
 	CPU        map[string]stat `json:"cpu_seconds"`
 	BrokerCPU  map[string]stat `json:"broker_cpu_seconds"`
 	MinIOCPU   map[string]stat `json:"minio_cpu_seconds"`
+	PeakRSS    map[string]stat `json:"peak_rss_mib"` // kafka, file
 	// Phases of the kafka and file runs: seconds until the first record
 	// was read and until the last, and the throughput between the two.
 	FirstRead map[string]stat `json:"first_read_seconds"`
@@ -648,10 +656,10 @@ type report struct {
 
 func summarize(runs []runResult, c config, in inputInfo, records int64) *report {
 	rep := &report{Input: in.Path, InputBytes: in.Bytes, Records: records, Partitions: c.partitions, Rounds: c.rounds, Runs: runs,
-		MiBs: map[string]stat{}, Wall: map[string]stat{}, CPU: map[string]stat{}, BrokerCPU: map[string]stat{}, MinIOCPU: map[string]stat{}, Ratios: map[string]stat{}, MedianRatio: map[string]float64{},
+		MiBs: map[string]stat{}, Wall: map[string]stat{}, CPU: map[string]stat{}, BrokerCPU: map[string]stat{}, MinIOCPU: map[string]stat{}, PeakRSS: map[string]stat{}, Ratios: map[string]stat{}, MedianRatio: map[string]float64{},
 		Extra: map[string]string{"kafka_args": c.kafkaArgs, "file_args": c.fileArgs, "drain": c.drain}, byName: map[string][]float64{}}
 	walls, cpus := map[string][]float64{}, map[string][]float64{}
-	brokers, minios := map[string][]float64{}, map[string][]float64{}
+	brokers, minios, rss := map[string][]float64{}, map[string][]float64{}, map[string][]float64{}
 	byRound := map[int]map[string]float64{}
 	for _, r := range runs {
 		rep.byName[r.Name] = append(rep.byName[r.Name], r.MiBs)
@@ -659,6 +667,9 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 		cpus[r.Name] = append(cpus[r.Name], r.CPU)
 		brokers[r.Name] = append(brokers[r.Name], r.Broker)
 		minios[r.Name] = append(minios[r.Name], r.MinIO)
+		if r.RSS > 0 {
+			rss[r.Name] = append(rss[r.Name], r.RSS)
+		}
 		if byRound[r.Round] == nil {
 			byRound[r.Round] = map[string]float64{}
 		}
@@ -670,6 +681,9 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 		rep.CPU[name] = statOf(cpus[name])
 		rep.BrokerCPU[name] = statOf(brokers[name])
 		rep.MinIOCPU[name] = statOf(minios[name])
+		if len(rss[name]) > 0 {
+			rep.PeakRSS[name] = statOf(rss[name])
+		}
 	}
 	rep.FirstRead, rep.LastRead, rep.Steady = map[string]stat{}, map[string]stat{}, map[string]stat{}
 	mib := float64(in.Bytes) / (1 << 20)
@@ -737,6 +751,11 @@ func (rep *report) print(w io.Writer) {
 			wl.Median, wl.Min, wl.Max, c.Median, c.Min, c.Max, bk.Median, bk.Min, bk.Max, mn.Median, mn.Min, mn.Max)
 	}
 	tw.Flush()
+	for _, name := range []string{"kafka", "file"} {
+		if m, ok := rep.PeakRSS[name]; ok {
+			fmt.Fprintf(w, "%-5s peak RSS %.0f MiB (%.0f–%.0f)\n", name, m.Median, m.Min, m.Max)
+		}
+	}
 	for _, name := range []string{"kafka", "file"} {
 		f, ok := rep.FirstRead[name]
 		if !ok {

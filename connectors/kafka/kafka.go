@@ -260,9 +260,10 @@ func (g *Generation) CommitOffsets(offsets map[int]int64) error {
 //
 // Each partition is read on its own connection to its leader, a fetch of
 // up to FetchBytes at a time (Conn.ReadBatch), and every fetch is handed
-// to the decoder as one or a few chunks of at most ChunkBytes: no
-// per-message hop between goroutines. A partition holds at most two
-// chunks that Read has not taken, so a slow pipeline pauses fetching.
+// to the decoder in chunks of at most ChunkBytes: no per-message hop
+// between goroutines. A partition holds at most two chunks that Read has
+// not taken, so a slow pipeline pauses fetching; chunks are small so that
+// those queued stay a small part of the heap.
 // Connection failures are retried from the next offset with backoff (up
 // to 5 s) until the generation ends.
 func (g *Generation) Source(start map[int]int64) ingest.Source {
@@ -286,7 +287,7 @@ func (g *Generation) Source(start map[int]int64) ingest.Source {
 // ChunkBytes the most a chunk handed to the decoder holds.
 const (
 	FetchBytes = 16 << 20
-	ChunkBytes = 4 << 20
+	ChunkBytes = 1 << 20
 )
 
 // fetchWait is how long the broker may hold a fetch of a partition with

@@ -1,6 +1,6 @@
 //go:build unix
 
-package main
+package benchkit
 
 import (
 	"os"
@@ -8,10 +8,10 @@ import (
 	"syscall"
 )
 
-// peakRSS returns the finished child's peak resident set size in bytes
+// PeakRSS returns the finished child's peak resident set size in bytes
 // (getrusage's ru_maxrss: kilobytes on Linux, bytes on macOS), or 0 when
 // the platform does not report it.
-func peakRSS(ps *os.ProcessState) int64 {
+func PeakRSS(ps *os.ProcessState) int64 {
 	ru, ok := ps.SysUsage().(*syscall.Rusage)
 	if !ok || ru == nil {
 		return 0
