@@ -21,9 +21,8 @@ import (
 type Raw struct {
 	Data   []byte
 	Source schemas.Source
-	// Ref, when its File is set, locates Data in a seekable input, so
-	// that whoever keeps the record for later (a dead letter) can keep
-	// the reference instead of a copy.
+	// Ref, when valid, locates Data in an input that can be read again
+	// (see Rereader).
 	Ref RawRef
 	// Truncated is set when the record was larger than the source's limit;
 	// Data then holds only its first bytes and Size the full length.
@@ -88,34 +87,68 @@ type Source interface {
 	Close() error
 }
 
+// A Rereader reads records of its input again. Sources whose records can
+// be read again set a RawRef on each record, so that whoever keeps a
+// record for later (the assembler, for a dead letter it may never need)
+// keeps the reference instead of the bytes.
+type Rereader interface {
+	// Reread returns the records refs point to (every ref's From is this
+	// Rereader), in refs' order. A record that cannot be read again (the
+	// input changed, the broker no longer holds it) gets a nil record and
+	// its reason in errs; err is set only when nothing more can be read
+	// (ctx ended).
+	Reread(ctx context.Context, refs []RawRef) (recs [][]byte, errs []error, err error)
+}
+
+// RawRef is where a record lies in its input: a byte offset in a file, an
+// offset in a Kafka partition.
+type RawRef struct {
+	From Rereader
+	Off  int64
+	Len  int
+}
+
+// Valid reports whether r refers to a record.
+func (r RawRef) Valid() bool { return r.From != nil }
+
+// Bytes reads the one record r points to again.
+func (r RawRef) Bytes(ctx context.Context) ([]byte, error) {
+	recs, errs, err := r.From.Reread(ctx, []RawRef{r})
+	if err != nil {
+		return nil, err
+	}
+	return recs[0], errs[0]
+}
+
 // RawFile is an input file that records can be read from again.
 type RawFile struct {
 	name string
 	f    *os.File
 }
 
-// RawRef is where a record lies in a RawFile.
-type RawRef struct {
-	File *RawFile
-	Off  int64
-	Len  int
+// Reread reads the lines again. A line fails once the source is closed,
+// or if the file no longer holds a whole line there.
+func (rf *RawFile) Reread(ctx context.Context, refs []RawRef) ([][]byte, []error, error) {
+	recs, errs := make([][]byte, len(refs)), make([]error, len(refs))
+	for i, r := range refs {
+		if err := ctx.Err(); err != nil {
+			return nil, nil, err
+		}
+		recs[i], errs[i] = rf.line(r.Off, r.Len)
+	}
+	return recs, errs, nil
 }
 
-// Valid reports whether r refers to a record.
-func (r RawRef) Valid() bool { return r.File != nil }
-
-// Bytes reads the record again. It fails once the source is closed, or
-// if the file no longer holds a whole line there.
-func (r RawRef) Bytes() ([]byte, error) {
-	b := make([]byte, r.Len+1)
-	n, err := r.File.f.ReadAt(b, r.Off)
-	if err != nil && !(errors.Is(err, io.EOF) && n == r.Len) {
-		return nil, fmt.Errorf("read %s again at byte %d: %w", r.File.name, r.Off, err)
+func (rf *RawFile) line(off int64, n int) ([]byte, error) {
+	b := make([]byte, n+1)
+	got, err := rf.f.ReadAt(b, off)
+	if err != nil && !(errors.Is(err, io.EOF) && got == n) {
+		return nil, fmt.Errorf("read %s again at byte %d: %w", rf.name, off, err)
 	}
-	if n == r.Len+1 && b[r.Len] != '\n' && b[r.Len] != '\r' {
-		return nil, fmt.Errorf("read %s again at byte %d: the file changed (no line end after %d bytes)", r.File.name, r.Off, r.Len)
+	if got == n+1 && b[n] != '\n' && b[n] != '\r' {
+		return nil, fmt.Errorf("read %s again at byte %d: the file changed (no line end after %d bytes)", rf.name, off, n)
 	}
-	return b[:r.Len:r.Len], nil
+	return b[:n:n], nil
 }
 
 // DefaultMaxRecordBytes is the default limit on one record; larger records
@@ -433,7 +466,7 @@ func (s *LineSource) take(c *Chunk, data []byte, truncated bool, size, off int64
 		Size:      size,
 	}
 	if s.file != nil && !truncated {
-		r.Ref = RawRef{File: s.file, Off: off, Len: len(data)}
+		r.Ref = RawRef{From: s.file, Off: off, Len: len(data)}
 	}
 	c.Records = append(c.Records, r)
 }

@@ -18,7 +18,9 @@ type Item struct {
 	// Raw is the original record (for a too-large record only its first
 	// bytes), or nil when Ref can read it again from the input: a decoded
 	// record of a file is kept by reference, so that the bytes of every
-	// line are not copied for the few that end as dead letters.
+	// line are not copied for the few that end as dead letters. A Kafka
+	// record has both: its bytes while it is in hand, and a reference
+	// for whoever holds it longer (the assembler).
 	Raw []byte
 	Ref RawRef
 	// Size is the full length of a too_large record.
@@ -177,12 +179,12 @@ func decodeChunk(d *Decoder, c Chunk) Batch {
 			it.Err = re
 			continue
 		}
-		it.Rec = rec
+		it.Rec, it.Ref = rec, r.Ref
 		switch {
-		case r.Ref.Valid():
-			it.Ref = r.Ref
 		case c.Release == nil:
-			it.Raw = r.Data // the chunk's memory is not reused
+			it.Raw = r.Data // the chunk's memory is not reused (a Kafka record's own)
+		case r.Ref.Valid():
+			// read again if ever needed
 		default:
 			it.Raw = append([]byte(nil), r.Data...)
 		}

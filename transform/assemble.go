@@ -3,6 +3,7 @@ package transform
 import (
 	"bytes"
 	"container/list"
+	"context"
 	"fmt"
 	"slices"
 	"time"
@@ -93,7 +94,7 @@ func (c *Counters) Add(o Counters) {
 type Step struct {
 	*schemas.Step
 	Raw    []byte        // the record as received, or nil when Ref reads it
-	Ref    ingest.RawRef // where the record lies in its input file
+	Ref    ingest.RawRef // where the record lies in its input (a file, a Kafka partition)
 	Source schemas.Source
 	hash   uint64
 	// msgTail, when set, stands for the step's whole messages (then nil):
@@ -136,7 +137,7 @@ type Trajectory struct {
 	tip       *Step
 	tipPrompt []int32
 	tipMsgs   []byte
-	tipRaw    []byte // the tip's record as received (nil: read from its input file)
+	tipRaw    []byte // the tip's record as received (nil: its input reads it again)
 }
 
 func (t *Trajectory) complete() bool {
@@ -216,6 +217,7 @@ type Assembler struct {
 
 	out      []*Group
 	dead     []schemas.DeadLetter
+	rereads  []reread
 	dropped  []schemas.Source
 	Counters Counters
 }
@@ -280,15 +282,62 @@ func (a *Assembler) OpenGroups() int { return len(a.groups) }
 // retries (settled without a trace in the output).
 type Output struct {
 	Groups  []*Group
-	Dead    []schemas.DeadLetter
+	Dead    []schemas.DeadLetter // see ReadRecords
 	Dropped []schemas.Source
+	rereads []reread
+}
+
+// reread is a dead letter whose record its input must read again.
+type reread struct {
+	dead int // index in Output.Dead
+	ref  ingest.RawRef
 }
 
 // Take returns the output since the last call; the caller owns it.
 func (a *Assembler) Take() Output {
-	o := Output{Groups: a.out, Dead: a.dead, Dropped: a.dropped}
-	a.out, a.dead, a.dropped = nil, nil, nil
+	o := Output{Groups: a.out, Dead: a.dead, Dropped: a.dropped, rereads: a.rereads}
+	a.out, a.dead, a.dropped, a.rereads = nil, nil, nil, nil
 	return o
+}
+
+// ReadRecords reads again, from their inputs, the records of the dead
+// letters whose records were held by reference (a file's line, a Kafka
+// record): a batch of them per input, so that a group's worth of letters
+// costs a Kafka source a few fetches, not one each. A record its input
+// no longer holds leaves its letter without it, saying why; an error
+// (ctx ended) leaves the letters unfinished, and they must not be written.
+func (o *Output) ReadRecords(ctx context.Context) error {
+	if len(o.rereads) == 0 {
+		return nil
+	}
+	byFrom := map[ingest.Rereader][]reread{}
+	var order []ingest.Rereader
+	for _, r := range o.rereads {
+		if byFrom[r.ref.From] == nil {
+			order = append(order, r.ref.From)
+		}
+		byFrom[r.ref.From] = append(byFrom[r.ref.From], r)
+	}
+	for _, from := range order {
+		rs := byFrom[from]
+		refs := make([]ingest.RawRef, len(rs))
+		for i, r := range rs {
+			refs[i] = r.ref
+		}
+		recs, errs, err := from.Reread(ctx, refs)
+		if err != nil {
+			return fmt.Errorf("reading dead-lettered records again: %w", err)
+		}
+		for i, r := range rs {
+			d := &o.Dead[r.dead]
+			if d.Record = recs[i]; errs[i] != nil {
+				d.Record = nil
+				d.Error += "; the record could not be read again: " + errs[i].Error()
+			}
+		}
+	}
+	o.rereads = nil
+	return nil
 }
 
 // drop counts a producer retry and records its position as settled.
@@ -297,19 +346,24 @@ func (a *Assembler) drop(it *ingest.Item) {
 	a.dropped = append(a.dropped, it.Source)
 }
 
+// held is the bytes of it to keep while its group is open: none when
+// its input can read it again.
+func held(it *ingest.Item) []byte {
+	if it.Ref.Valid() {
+		return nil
+	}
+	return it.Raw
+}
+
 func (a *Assembler) reject(it *ingest.Item, reason schemas.Reason, format string, args ...any) {
 	a.deadLetter(reason, fmt.Sprintf(format, args...), it.Source, it.Raw, it.Ref)
 }
 
-// deadLetter adds a dead letter carrying the record: raw, or read again
-// through ref. Should the input no longer hold it (changed under the
-// run), the letter says so and carries no record.
+// deadLetter adds a dead letter carrying the record: raw, or, when raw
+// is nil, read again through ref by Output.ReadRecords.
 func (a *Assembler) deadLetter(reason schemas.Reason, msg string, src schemas.Source, raw []byte, ref ingest.RawRef) {
 	if raw == nil && ref.Valid() {
-		var err error
-		if raw, err = ref.Bytes(); err != nil {
-			msg += "; the record could not be read again: " + err.Error()
-		}
+		a.rereads = append(a.rereads, reread{dead: len(a.dead), ref: ref})
 	}
 	a.dead = append(a.dead, schemas.DeadLetter{Reason: reason, Error: msg, Source: src, Record: raw})
 }
@@ -429,7 +483,7 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 		}
 		t = a.newTrajectory(s.TrajectoryID, s.TaskID, key, now)
 	}
-	st := &Step{Step: s, Raw: it.Raw, Ref: it.Ref, Source: it.Source, hash: h, spans: it.Rec.Spans}
+	st := &Step{Step: s, Raw: held(it), Ref: it.Ref, Source: it.Source, hash: h, spans: it.Rec.Spans}
 	deltaOnArrival(t, st)
 	t.Steps = append(t.Steps, st)
 	a.steps[s.StepID] = st
@@ -583,7 +637,7 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 		}
 		t = a.newTrajectory(tr.TrajectoryID, tr.TaskID, key, now)
 	}
-	t.Trajectory, t.Raw, t.Ref, t.Source, t.hash = tr, it.Raw, it.Ref, it.Source, h
+	t.Trajectory, t.Raw, t.Ref, t.Source, t.hash = tr, held(it), it.Ref, it.Source, h
 	if tr.GroupSize > 0 {
 		t.g.size, t.g.sizeSet = int(tr.GroupSize), true
 	}

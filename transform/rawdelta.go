@@ -20,7 +20,8 @@ type rawPiece struct {
 }
 
 // keepRawAsDelta keeps st's record as received, which a dead letter would
-// need (a Kafka or stdin record cannot be read again), as its differences
+// need (a record of stdin or of the gateway's log cannot be read again; a
+// file's or Kafka's is held by reference instead), as its differences
 // from its predecessor's record praw (prev's, whole as received), when
 // the predecessor's prompt and response values start st's prompt value
 // and its messages value starts st's messages value, byte for byte: the

@@ -73,6 +73,9 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 			cfg.Observe(a.Counters, a.OpenGroups())
 		}
 		o := a.Take()
+		if err := o.ReadRecords(ctx); err != nil {
+			return err
+		}
 		if err := dl.Write(ctx, o.Dead, o.Dropped); err != nil {
 			return fmt.Errorf("write dead letters: %w", err)
 		}

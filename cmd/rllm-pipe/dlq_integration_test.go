@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -105,4 +107,88 @@ func mustBase64(t *testing.T, s string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// TestIntegrationKafkaHeldDeadLetters: records an ingest held while their
+// group was open, then dead-lettered when the group timed out incomplete,
+// reach the dead-letter topic byte for byte. The ingest holds a Kafka
+// record by its partition and offset, not its bytes, and fetches the
+// letters' records again before writing them; the good groups beside them
+// are committed.
+func TestIntegrationKafkaHeldDeadLetters(t *testing.T) {
+	sc := newScenario(t, "held", "--groups", "40", "--seed", "5")
+	// Two groups that never complete (group size 4): one trajectory each
+	// complete, one missing its last step. Multi-turn: each step's prompt
+	// extends the one before, as an agent's do.
+	var held [][]byte
+	for g := range 2 {
+		task := fmt.Sprintf("held-%d", g)
+		for r := range 2 {
+			id := fmt.Sprintf("%s/r%d", task, r)
+			prompt := fmt.Sprintf("%d,%d,%d", 100+g, 200+r, 300)
+			steps := 3 - r // r1 sends 2 of its 3 steps
+			for i := range steps {
+				held = append(held, fmt.Appendf(nil, `{"type":"step","step_id":"%s#%d","task_id":"%s","trajectory_id":"%s","step_index":%d,"policy_version":0,"prompt_ids":[%s],"response_ids":[7,%d],"response_logprobs":[-0.5,-0.25]}`,
+					id, i, task, id, i, prompt, i))
+				prompt += fmt.Sprintf(",7,%d,9", i)
+			}
+			held = append(held, fmt.Appendf(nil, `{"type":"trajectory","trajectory_id":"%s","task_id":"%s","reward":%d,"num_steps":3}`, id, task, r))
+		}
+	}
+	lines := slices.Clone(sc.lines)
+	for i, h := range held { // spread among the good records
+		at := (i*len(lines))/len(held) + 1
+		lines = slices.Insert(lines, at, h)
+	}
+	sc.setLines(lines)
+	if err := sc.produce(lines, "all.jsonl", 2); err != nil {
+		t.Fatal(err)
+	}
+	dlqTopic := sc.topic + ".dlq"
+	c := sc.ingest("--dlq", "kafka://"+sc.brokers+"/"+dlqTopic, "--group-timeout", "4s", "--min-group-size", "3", "--quiet")
+	var stderr syncBuffer
+	c.Stderr = &stderr
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); settledCount(t, sc.cfg) < int64(len(lines)); time.Sleep(300 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.Process.Kill()
+			t.Fatalf("%d of %d settled\n%s", settledCount(t, sc.cfg), len(lines), stderr.String())
+		}
+	}
+	if err := terminate(t, c, waitChan(c), &stderr); err != nil {
+		t.Fatalf("ingest: %v\n%s", err, stderr.String())
+	}
+
+	left := map[string]int{}
+	for _, h := range held {
+		left[string(h)]++
+	}
+	r := kgo.NewReader(kgo.ReaderConfig{Brokers: strings.Split(sc.brokers, ","), Topic: dlqTopic, Partition: 0, MaxWait: 200 * time.Millisecond})
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for got := 0; got < len(held); got++ {
+		m, err := r.ReadMessage(ctx)
+		if err != nil {
+			t.Fatalf("read dead-letter topic after %d of %d: %v", got, len(held), err)
+		}
+		var l schemas.DeadLetterLine
+		if err := json.Unmarshal(m.Value, &l); err != nil {
+			t.Fatal(err)
+		}
+		if left[l.Record] == 0 {
+			t.Fatalf("unexpected (or repeated) dead letter %s", m.Value)
+		}
+		left[l.Record]--
+		if l.Reason != schemas.ReasonIncompleteGroup || l.Source.Topic != sc.topic {
+			t.Errorf("dead letter %s: reason %s, topic %s", e2eClip(l.Record, 60), l.Reason, l.Source.Topic)
+		}
+	}
+	more, cancelMore := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelMore()
+	if m, err := r.ReadMessage(more); err == nil {
+		t.Errorf("a dead letter more than the held records': %s", m.Value)
+	}
 }

@@ -2,7 +2,9 @@
 // imported here only): a consumer-group source whose per-partition start
 // offsets come from the manifest (the source of truth), not from Kafka's
 // committed offsets, and a producer that keys records by their group so
-// that a group never straddles partitions or workers.
+// that a group never straddles partitions or workers. Each record the
+// source hands on refers to itself (partition, offset), and is read
+// again (reread.go) only if it ends as a dead letter.
 package kafka
 
 import (
@@ -299,11 +301,12 @@ const fetchWait = 250 * time.Millisecond
 // done, and otherwise never.
 func (g *Generation) readPartition(ctx context.Context, s *source, p int, offset int64, lag *atomic.Int64) error {
 	backoff := 100 * time.Millisecond
+	again := &partitionRecords{c: g.c, p: p}
 	for {
 		conn, err := g.dialLeader(ctx, p)
 		if err == nil {
 			var progressed bool
-			offset, progressed, err = s.fetch(ctx, conn, p, offset, lag)
+			offset, progressed, err = s.fetch(ctx, conn, p, again, offset, lag)
 			conn.Close()
 			if progressed {
 				backoff = 100 * time.Millisecond
@@ -336,8 +339,9 @@ func (g *Generation) dialLeader(ctx context.Context, p int) (*kgo.Conn, error) {
 }
 
 // fetch reads batches from conn at offset and sends them as chunks until
-// an error or the end of ctx; it returns the next offset to read.
-func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, offset int64, lag *atomic.Int64) (next int64, progressed bool, err error) {
+// an error or the end of ctx; it returns the next offset to read. Each
+// record refers to itself through again.
+func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, again ingest.Rereader, offset int64, lag *atomic.Int64) (next int64, progressed bool, err error) {
 	// A call blocked on the broker ends with ctx. Every deadline set below
 	// is followed by a check of ctx: an end that came before (while
 	// records were taken from the read buffer, with no read to interrupt)
@@ -373,7 +377,8 @@ func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, offset int64,
 				continue // a compressed batch may start before the offset asked for
 			}
 			c.Records = append(c.Records, ingest.Raw{Data: m.Value,
-				Source: schemas.Source{Stream: stream, Topic: s.topic, Partition: int32(p), Offset: m.Offset}})
+				Source: schemas.Source{Stream: stream, Topic: s.topic, Partition: int32(p), Offset: m.Offset},
+				Ref:    ingest.RawRef{From: again, Off: m.Offset, Len: len(m.Value)}})
 			offset = m.Offset + 1
 			if size += len(m.Value); size >= ChunkBytes {
 				if !s.send(ctx, c) {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	kgo "github.com/segmentio/kafka-go"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest"
 )
 
 // silentBroker accepts connections and never answers: a broker that is up
@@ -73,9 +75,19 @@ func TestSilentBrokerEndsWithContext(t *testing.T) {
 		defer cancel()
 		s := &source{topic: "t"}
 		var lag atomic.Int64
-		within(t, 5*time.Second, "fetch", func() { s.fetch(ctx, conn, 0, 42, &lag) })
+		within(t, 5*time.Second, "fetch", func() { s.fetch(ctx, conn, 0, nil, 42, &lag) })
 	})
 	cfg := Config{Brokers: []string{addr}, Topic: "t"}
+	t.Run("Reread", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		again := &partitionRecords{c: &Consumer{cfg: cfg, dialer: &kgo.Dialer{Timeout: time.Minute}}}
+		within(t, 5*time.Second, "Reread", func() {
+			if _, _, err := again.Reread(ctx, []ingest.RawRef{{From: again, Off: 42, Len: 1}}); err == nil {
+				t.Error("Reread from a broker that never answers succeeded")
+			}
+		})
+	})
 	t.Run("EnsureTopic", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		defer cancel()

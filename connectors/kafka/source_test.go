@@ -114,7 +114,7 @@ func TestIntegrationFetchEndsWithItsContext(t *testing.T) {
 		var lag atomic.Int64
 		go func() {
 			defer close(done)
-			s.fetch(ended, conn, 0, 0, &lag)
+			s.fetch(ended, conn, 0, nil, 0, &lag)
 		}()
 		select {
 		case c := <-s.chunks:
@@ -210,14 +210,16 @@ func TestIntegrationFetchLargeValues(t *testing.T) {
 	}
 	defer conn.Close()
 	s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk, 4)}
+	again := &partitionRecords{c: &Consumer{cfg: cfg, dialer: d}}
 	fetchCtx, end := context.WithCancel(ctx)
 	fetched := make(chan error, 1)
 	go func() {
 		var lag atomic.Int64
-		_, _, err := s.fetch(fetchCtx, conn, 0, 0, &lag)
+		_, _, err := s.fetch(fetchCtx, conn, 0, again, 0, &lag)
 		fetched <- err
 	}()
 	next := 0
+	var refs []ingest.RawRef
 	for next < len(sizes) {
 		select {
 		case c := <-s.chunks:
@@ -225,6 +227,10 @@ func TestIntegrationFetchLargeValues(t *testing.T) {
 				if r.Source.Offset != int64(next) || !bytes.Equal(r.Data, value(next)) {
 					t.Fatalf("record at offset %d (%d bytes, %.8q), want value %d (%d bytes)", r.Source.Offset, len(r.Data), r.Data, next, sizes[next])
 				}
+				if r.Ref != (ingest.RawRef{From: again, Off: int64(next), Len: sizes[next]}) {
+					t.Fatalf("record at offset %d refers to %+v", next, r.Ref)
+				}
+				refs = append(refs, r.Ref)
 				next++
 			}
 		case err := <-fetched:
@@ -235,4 +241,33 @@ func TestIntegrationFetchLargeValues(t *testing.T) {
 	}
 	end()
 	<-fetched
+
+	// Every record read again through its reference, in an order of its
+	// own (one offset twice), and offsets past the end, which fail alone.
+	var ask []ingest.RawRef
+	for i := len(refs) - 1; i >= 0; i -= 2 {
+		ask = append(ask, refs[i])
+	}
+	for i := 0; i < len(refs); i += 2 {
+		ask = append(ask, refs[i])
+	}
+	ask = append(ask, refs[36], ingest.RawRef{From: again, Off: int64(len(sizes)) + 5, Len: 10}, ingest.RawRef{From: again, Off: 3, Len: 7})
+	recs, errs, err := again.Reread(ctx, ask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ref := range ask {
+		switch {
+		case ref.Off >= int64(len(sizes)):
+			if errs[i] == nil || recs[i] != nil || !strings.Contains(errs[i].Error(), "no longer holds offset") {
+				t.Errorf("offset %d past the end read again: %d bytes, error %v", ref.Off, len(recs[i]), errs[i])
+			}
+		case ref.Len != sizes[ref.Off]:
+			if errs[i] == nil || recs[i] != nil {
+				t.Errorf("offset %d read again as %d bytes, not %d: no error", ref.Off, sizes[ref.Off], ref.Len)
+			}
+		case errs[i] != nil || !bytes.Equal(recs[i], value(int(ref.Off))):
+			t.Errorf("offset %d read again: %d bytes (%.8q), error %v; want value %d", ref.Off, len(recs[i]), recs[i], errs[i], ref.Off)
+		}
+	}
 }
