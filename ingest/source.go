@@ -111,15 +111,6 @@ type RawRef struct {
 // Valid reports whether r refers to a record.
 func (r RawRef) Valid() bool { return r.From != nil }
 
-// Bytes reads the one record r points to again.
-func (r RawRef) Bytes(ctx context.Context) ([]byte, error) {
-	recs, errs, err := r.From.Reread(ctx, []RawRef{r})
-	if err != nil {
-		return nil, err
-	}
-	return recs[0], errs[0]
-}
-
 // RawFile is an input file that records can be read from again.
 type RawFile struct {
 	name string

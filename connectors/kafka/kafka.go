@@ -303,7 +303,7 @@ func (g *Generation) readPartition(ctx context.Context, s *source, p int, offset
 	backoff := 100 * time.Millisecond
 	again := &partitionRecords{c: g.c, p: p}
 	for {
-		conn, err := g.dialLeader(ctx, p)
+		conn, err := g.c.dialLeader(ctx, g.c.fetcher, p)
 		if err == nil {
 			var progressed bool
 			offset, progressed, err = s.fetch(ctx, conn, p, again, offset, lag)
@@ -326,16 +326,17 @@ func (g *Generation) readPartition(ctx context.Context, s *source, p int, offset
 	}
 }
 
-// dialLeader connects to the leader of partition p through any broker.
-func (g *Generation) dialLeader(ctx context.Context, p int) (*kgo.Conn, error) {
+// dialLeader connects to the leader of partition p through any broker,
+// with d (the consumer's dialer or its fetcher).
+func (c *Consumer) dialLeader(ctx context.Context, d *kgo.Dialer, p int) (*kgo.Conn, error) {
 	var err error
-	for _, b := range g.c.cfg.Brokers {
+	for _, b := range c.cfg.Brokers {
 		var conn *kgo.Conn
-		if conn, err = g.c.fetcher.DialLeader(ctx, "tcp", b, g.c.cfg.Topic, p); err == nil {
+		if conn, err = d.DialLeader(ctx, "tcp", b, c.cfg.Topic, p); err == nil {
 			return conn, nil
 		}
 	}
-	return nil, fmt.Errorf("kafka: leader of %s: %w", Stream(g.c.cfg.Topic, p), err)
+	return nil, fmt.Errorf("kafka: leader of %s: %w", Stream(c.cfg.Topic, p), err)
 }
 
 // fetch reads batches from conn at offset and sends them as chunks until

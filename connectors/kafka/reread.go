@@ -88,15 +88,9 @@ func (r *partitionRecords) Reread(ctx context.Context, refs []ingest.RawRef) ([]
 // failed before it was done with them.
 func (r *partitionRecords) fetch(ctx context.Context, offs []int64, got func(int64, []byte), gone func(int64, error)) ([]int64, error) {
 	stream := Stream(r.c.cfg.Topic, r.p)
-	var conn *kgo.Conn
-	var err error
-	for _, b := range r.c.cfg.Brokers {
-		if conn, err = r.c.dialer.DialLeader(ctx, "tcp", b, r.c.cfg.Topic, r.p); err == nil {
-			break
-		}
-	}
+	conn, err := r.c.dialLeader(ctx, r.c.dialer, r.p)
 	if err != nil {
-		return offs, fmt.Errorf("kafka: leader of %s: %w", stream, err)
+		return offs, err
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
