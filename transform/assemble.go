@@ -302,8 +302,8 @@ func (a *Assembler) Take() Output {
 
 // ReadRecords reads again, from their inputs, the records of the dead
 // letters whose records were held by reference (a file's line, a Kafka
-// record): a batch of them per input, so that a group's worth of letters
-// costs a Kafka source a few fetches, not one each. A record its input
+// record): all of one input in one call, so that a Kafka partition serves
+// many in one fetch instead of a fetch each. A record its input
 // no longer holds leaves its letter without it, saying why; an error
 // (ctx ended) leaves the letters unfinished, and they must not be written.
 func (o *Output) ReadRecords(ctx context.Context) error {
@@ -330,10 +330,11 @@ func (o *Output) ReadRecords(ctx context.Context) error {
 		}
 		for i, r := range rs {
 			d := &o.Dead[r.dead]
-			if d.Record = recs[i]; errs[i] != nil {
-				d.Record = nil
+			if errs[i] != nil {
 				d.Error += "; the record could not be read again: " + errs[i].Error()
+				continue
 			}
+			d.Record = recs[i]
 		}
 	}
 	o.rereads = nil

@@ -541,7 +541,7 @@ func (b *bench) kafkaRun(ctx context.Context) (runResult, error) {
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
 	return runResult{Name: "kafka", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall,
-		RSS: float64(benchkit.PeakRSS(cmd.ProcessState)) / (1 << 20)}, nil
+		RSS: peakMiB(cmd.ProcessState)}, nil
 }
 
 // fileRun ingests the input file into a new local directory.
@@ -587,8 +587,11 @@ func (b *bench) fileRun(ctx context.Context) (runResult, error) {
 	}
 	cpu := cmd.ProcessState.UserTime().Seconds() + cmd.ProcessState.SystemTime().Seconds()
 	return runResult{Name: "file", Wall: wall, First: first, Read: read, CPU: cpu, OtherCPU: max(0, (busy1-busy0).Seconds()-cpu) / wall,
-		RSS: float64(benchkit.PeakRSS(cmd.ProcessState)) / (1 << 20)}, nil
+		RSS: peakMiB(cmd.ProcessState)}, nil
 }
+
+// peakMiB is a finished child's peak RSS in MiB (0: not reported).
+func peakMiB(ps *os.ProcessState) float64 { return float64(benchkit.PeakRSS(ps)) / (1 << 20) }
 
 // metric reads one unlabelled value from a Prometheus text endpoint.
 func metric(addr, name string) (float64, bool) {

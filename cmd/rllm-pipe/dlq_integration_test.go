@@ -63,41 +63,61 @@ func TestIntegrationDeadLetterTopic(t *testing.T) {
 	verifyS3Output(t, cfg, ref, sc.work, false)
 
 	// The dead-letter topic holds each bad record once, with its reason.
-	r := kgo.NewReader(kgo.ReaderConfig{Brokers: strings.Split(brokers, ","), Topic: dlqTopic, Partition: 0, MaxWait: 200 * time.Millisecond})
-	defer r.Close()
 	want := map[string]string{} // record → reason
 	left := map[string]int{}    // record → letters still expected
 	for _, d := range ref.DeadLetters {
 		want[string(d.Raw)] = d.Reason
 		left[string(d.Raw)]++
 	}
-	got := 0
+	for _, l := range readDeadLetterTopic(t, brokers, dlqTopic, len(ref.DeadLetters)) {
+		reason, ok := want[l.raw]
+		if !ok || left[l.raw] == 0 {
+			t.Fatalf("unexpected (or repeated) dead letter %s", l.value)
+		}
+		left[l.raw]--
+		if string(l.Reason) != reason || l.Source.Topic != topic || !strings.HasPrefix(l.key, topic+"/") {
+			t.Errorf("dead letter %s: reason %s (want %s), key %s", e2eClip(l.raw, 60), l.Reason, reason, l.key)
+		}
+	}
+	t.Logf("%d dead letters on %s; %d steps committed", len(ref.DeadLetters), dlqTopic, len(ref.Rows))
+}
+
+// topicLetter is a message of a dead-letter topic, decoded.
+type topicLetter struct {
+	schemas.DeadLetterLine
+	raw, key, value string // raw: the record, base64 undone
+}
+
+// readDeadLetterTopic reads the n letters of partition 0 of a dead-letter
+// topic and checks that no more follow.
+func readDeadLetterTopic(t *testing.T, brokers, topic string, n int) []topicLetter {
+	t.Helper()
+	r := kgo.NewReader(kgo.ReaderConfig{Brokers: strings.Split(brokers, ","), Topic: topic, Partition: 0, MaxWait: 200 * time.Millisecond})
+	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for got < len(ref.DeadLetters) {
+	var out []topicLetter
+	for len(out) < n {
 		m, err := r.ReadMessage(ctx)
 		if err != nil {
-			t.Fatalf("read dead-letter topic after %d of %d: %v", got, len(ref.DeadLetters), err)
+			t.Fatalf("read dead-letter topic after %d of %d: %v", len(out), n, err)
 		}
-		var l schemas.DeadLetterLine
-		if err := json.Unmarshal(m.Value, &l); err != nil {
+		l := topicLetter{key: string(m.Key), value: string(m.Value)}
+		if err := json.Unmarshal(m.Value, &l.DeadLetterLine); err != nil {
 			t.Fatal(err)
 		}
-		raw := l.Record
+		l.raw = l.Record
 		if l.RecordEncoding == "base64" {
-			raw = string(mustBase64(t, l.Record))
+			l.raw = string(mustBase64(t, l.Record))
 		}
-		reason, ok := want[raw]
-		if !ok || left[raw] == 0 {
-			t.Fatalf("unexpected (or repeated) dead letter %s", m.Value)
-		}
-		left[raw]--
-		if string(l.Reason) != reason || l.Source.Topic != topic || !strings.HasPrefix(string(m.Key), topic+"/") {
-			t.Errorf("dead letter %s: reason %s (want %s), key %s", e2eClip(raw, 60), l.Reason, reason, m.Key)
-		}
-		got++
+		out = append(out, l)
 	}
-	t.Logf("%d dead letters on %s; %d steps committed", got, dlqTopic, len(ref.Rows))
+	more, cancelMore := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancelMore()
+	if m, err := r.ReadMessage(more); err == nil {
+		t.Errorf("a dead letter more than the %d expected: %s", n, m.Value)
+	}
+	return out
 }
 
 func mustBase64(t *testing.T, s string) []byte {
@@ -165,30 +185,13 @@ func TestIntegrationKafkaHeldDeadLetters(t *testing.T) {
 	for _, h := range held {
 		left[string(h)]++
 	}
-	r := kgo.NewReader(kgo.ReaderConfig{Brokers: strings.Split(sc.brokers, ","), Topic: dlqTopic, Partition: 0, MaxWait: 200 * time.Millisecond})
-	defer r.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	for got := 0; got < len(held); got++ {
-		m, err := r.ReadMessage(ctx)
-		if err != nil {
-			t.Fatalf("read dead-letter topic after %d of %d: %v", got, len(held), err)
+	for _, l := range readDeadLetterTopic(t, sc.brokers, dlqTopic, len(held)) {
+		if left[l.raw] == 0 {
+			t.Fatalf("unexpected (or repeated) dead letter %s", l.value)
 		}
-		var l schemas.DeadLetterLine
-		if err := json.Unmarshal(m.Value, &l); err != nil {
-			t.Fatal(err)
-		}
-		if left[l.Record] == 0 {
-			t.Fatalf("unexpected (or repeated) dead letter %s", m.Value)
-		}
-		left[l.Record]--
+		left[l.raw]--
 		if l.Reason != schemas.ReasonIncompleteGroup || l.Source.Topic != sc.topic {
-			t.Errorf("dead letter %s: reason %s, topic %s", e2eClip(l.Record, 60), l.Reason, l.Source.Topic)
+			t.Errorf("dead letter %s: reason %s, topic %s", e2eClip(l.raw, 60), l.Reason, l.Source.Topic)
 		}
-	}
-	more, cancelMore := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancelMore()
-	if m, err := r.ReadMessage(more); err == nil {
-		t.Errorf("a dead letter more than the held records': %s", m.Value)
 	}
 }
