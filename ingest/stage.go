@@ -17,10 +17,9 @@ type Item struct {
 	Source schemas.Source
 	// Raw is the original record (for a too-large record only its first
 	// bytes), or nil when Ref can read it again from the input: a decoded
-	// record of a file is kept by reference, so that the bytes of every
-	// line are not copied for the few that end as dead letters. A Kafka
-	// record has both: its bytes while it is in hand, and a reference
-	// for whoever holds it longer (the assembler).
+	// record of a file or of a Kafka topic is kept by reference (its
+	// line's offset; its partition and offset), so that the bytes of every
+	// record are not copied for the few that end as dead letters.
 	Raw []byte
 	Ref RawRef
 	// Size is the full length of a too_large record.
@@ -182,7 +181,7 @@ func decodeChunk(d *Decoder, c Chunk) Batch {
 		it.Rec, it.Ref = rec, r.Ref
 		switch {
 		case c.Release == nil:
-			it.Raw = r.Data // the chunk's memory is not reused (a Kafka record's own)
+			it.Raw = r.Data // the chunk's memory is not reused
 		case r.Ref.Valid():
 			// read again if ever needed
 		default:

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -271,6 +272,10 @@ func (g *Generation) CommitOffsets(offsets map[int]int64) error {
 func (g *Generation) Source(start map[int]int64) ingest.Source {
 	s := &source{chunks: make(chan ingest.Chunk, 2*max(len(g.Partitions), 1)), errs: make(chan error, len(g.Partitions)+1),
 		topic: g.c.cfg.Topic, lags: make([]atomic.Int64, len(g.Partitions))}
+	// Arenas kept idle between chunks: a few more than the partitions
+	// filling one at a time. (Each kept arena stays resident: 20 of them
+	// cost ~40 MiB of peak RSS on 30-turn agents, 4 none; see BENCHMARKS.md.)
+	s.arenas.free = make(chan []byte, len(g.Partitions)+4)
 	// The end of the generation reaches Read even with no partition
 	// assigned (more workers than partitions).
 	g.gen.Start(func(ctx context.Context) {
@@ -359,6 +364,7 @@ func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, again ingest.
 		return offset, false, fmt.Errorf("kafka: seek %s to %d: %w", Stream(s.topic, p), offset, err)
 	}
 	stream := Stream(s.topic, p)
+	whole := false // the next value is read into a slice of its own
 	for {
 		if err := conn.SetDeadline(time.Now().Add(fetchWait + 30*time.Second)); err != nil {
 			return offset, progressed, err
@@ -368,34 +374,67 @@ func (s *source) fetch(ctx context.Context, conn *kgo.Conn, p int, again ingest.
 		}
 		batch := conn.ReadBatchWith(kgo.ReadBatchConfig{MinBytes: 1, MaxBytes: FetchBytes, MaxWait: fetchWait})
 		var c ingest.Chunk
-		size := 0
+		arena, size := s.arenas.get(), 0
 		for {
-			m, err := batch.ReadMessage()
-			if err != nil {
-				break // io.EOF at the end of the batch; other errors come from Close
+			var value []byte
+			var at int64
+			inArena := !whole
+			if whole {
+				// The value that did not fit an arena, read into a slice of
+				// its own (ReadMessage skips to the connection's offset,
+				// which the failed Read left at that value).
+				m, err := batch.ReadMessage()
+				if err != nil {
+					break
+				}
+				value, at, whole = m.Value, m.Offset, false
+				s.arenas.fit(len(value))
+			} else {
+				n, err := batch.Read(arena[len(arena):cap(arena)])
+				if errors.Is(err, io.ErrShortBuffer) {
+					whole = true // the rest of this fetch is discarded and fetched again
+					s.refetches.Add(1)
+					break
+				}
+				if err != nil {
+					break // io.EOF at the end of the batch; other errors come from Close
+				}
+				at = batch.Offset() - 1
+				value = arena[len(arena) : len(arena)+n : len(arena)+n]
 			}
-			if m.Offset < offset {
+			if at < offset {
 				continue // a compressed batch may start before the offset asked for
 			}
-			c.Records = append(c.Records, ingest.Raw{Data: m.Value,
-				Source: schemas.Source{Stream: stream, Topic: s.topic, Partition: int32(p), Offset: m.Offset},
-				Ref:    ingest.RawRef{From: again, Off: m.Offset, Len: len(m.Value)}})
-			offset = m.Offset + 1
-			if size += len(m.Value); size >= ChunkBytes {
+			if inArena {
+				arena = arena[:len(arena)+len(value)]
+			}
+			c.Records = append(c.Records, ingest.Raw{Data: value,
+				Source: schemas.Source{Stream: stream, Topic: s.topic, Partition: int32(p), Offset: at},
+				Ref:    ingest.RawRef{From: again, Off: at, Len: len(value)}})
+			offset = at + 1
+			if size += len(value); size >= ChunkBytes || len(arena) >= ChunkBytes {
+				c.Release = s.release(arena)
 				if !s.send(ctx, c) {
 					batch.Close()
 					return offset, true, ctx.Err()
 				}
 				c, size, progressed = ingest.Chunk{}, 0, true
+				arena = s.arenas.get()
 			}
 		}
 		hw := batch.HighWaterMark()
 		cerr := batch.Close()
+		if whole && errors.Is(cerr, io.ErrShortBuffer) {
+			cerr = nil // kafka-go kept the connection, at the value's offset
+		}
 		if len(c.Records) > 0 {
+			c.Release = s.release(arena)
 			if !s.send(ctx, c) {
 				return offset, true, ctx.Err()
 			}
 			progressed = true
+		} else {
+			s.arenas.put(arena)
 		}
 		lag.Store(max(hw-offset, 0))
 		if errors.Is(cerr, kgo.RequestTimedOut) {
@@ -427,6 +466,15 @@ type source struct {
 	lags   []atomic.Int64 // per partition, as of its last fetch
 	// retries counts the partitions' reconnections after a failed fetch.
 	retries atomic.Int64
+	arenas  arenaPool
+	// refetches counts the fetches cut short by a value larger than the
+	// room left in an arena (fetched again, that value read whole).
+	refetches atomic.Int64
+}
+
+// release returns a chunk's Release: arena back to the pool.
+func (s *source) release(arena []byte) func() {
+	return func() { s.arenas.put(arena) }
 }
 
 // Lag is how many records the generation's partitions hold beyond what

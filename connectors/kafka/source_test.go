@@ -142,29 +142,10 @@ func TestIntegrationFetchEndsWithItsContext(t *testing.T) {
 func TestIntegrationFetchLargeValues(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
-	if brokers == "" {
-		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
-	}
-	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("large-values-%d", time.Now().UnixNano())}
-	// The broker takes values of up to 1 MiB by default: this topic, 16.
-	_, cc, done, err := dialController(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = cc.CreateTopics(kgo.TopicConfig{Topic: cfg.Topic, NumPartitions: 1, ReplicationFactor: 1,
-		ConfigEntries: []kgo.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(16 << 20)}}})
-	done()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := EnsureTopic(ctx, cfg, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	defer DeleteTopics(context.Background(), cfg, cfg.Topic)
-
 	// 3.4 MiB of small values, then one of 2 MiB (a chunk ends within
-	// it), small ones, one of 6 MiB (larger than a chunk), small ones.
+	// it; larger than an arena's first headroom), small ones, one of 6 MiB
+	// (larger than a chunk and than the headroom grown for 2 MiB), one of
+	// 5 MiB (within the headroom grown for 6 MiB), small ones.
 	var sizes []int
 	for range 35 {
 		sizes = append(sizes, 100<<10)
@@ -173,7 +154,7 @@ func TestIntegrationFetchLargeValues(t *testing.T) {
 	for range 20 {
 		sizes = append(sizes, 1<<10)
 	}
-	sizes = append(sizes, 6<<20)
+	sizes = append(sizes, 6<<20, 5<<20)
 	for range 10 {
 		sizes = append(sizes, 1<<10)
 	}
@@ -182,65 +163,30 @@ func TestIntegrationFetchLargeValues(t *testing.T) {
 		copy(v, fmt.Sprintf("%06d", i))
 		return v
 	}
-	transport := &kgo.Transport{}
-	defer transport.CloseIdleConnections()
-	w := &kgo.Writer{Addr: kgo.TCP(cfg.Brokers...), Topic: cfg.Topic, Transport: transport,
-		BatchBytes: 16 << 20, BatchSize: len(sizes), RequiredAcks: kgo.RequireAll}
-	var msgs []kgo.Message
-	for i := range sizes {
-		msgs = append(msgs, kgo.Message{Value: value(i)})
-	}
-	// A new topic's metadata may reach the broker a writer asks a moment
-	// after its leaders are known.
-	for err := w.WriteMessages(ctx, msgs...); err != nil; err = w.WriteMessages(ctx, msgs...) {
-		if !errors.Is(err, kgo.UnknownTopicOrPartition) || ctx.Err() != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	w.Close()
+	cfg := largeValuesTopic(ctx, t, "large-values", kgo.Compression(0), len(sizes), value)
 
 	d, err := cfg.dialer()
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := WithReadBuffer(d).DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk, 4)}
 	again := &partitionRecords{c: &Consumer{cfg: cfg, dialer: d}}
-	fetchCtx, end := context.WithCancel(ctx)
-	fetched := make(chan error, 1)
-	go func() {
-		var lag atomic.Int64
-		_, _, err := s.fetch(fetchCtx, conn, 0, again, 0, &lag)
-		fetched <- err
-	}()
-	next := 0
+	s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk, 4)}
+	s.arenas.free = make(chan []byte, 2)
 	var refs []ingest.RawRef
-	for next < len(sizes) {
-		select {
-		case c := <-s.chunks:
-			for _, r := range c.Records {
-				if r.Source.Offset != int64(next) || !bytes.Equal(r.Data, value(next)) {
-					t.Fatalf("record at offset %d (%d bytes, %.8q), want value %d (%d bytes)", r.Source.Offset, len(r.Data), r.Data, next, sizes[next])
-				}
-				if r.Ref != (ingest.RawRef{From: again, Off: int64(next), Len: sizes[next]}) {
-					t.Fatalf("record at offset %d refers to %+v", next, r.Ref)
-				}
-				refs = append(refs, r.Ref)
-				next++
-			}
-		case err := <-fetched:
-			t.Fatalf("the fetch ended after %d of %d values: %v", next, len(sizes), err)
-		case <-ctx.Done():
-			t.Fatalf("%d of %d values read", next, len(sizes))
+	fetchAll(ctx, t, cfg, s, again, 0, int64(len(sizes)), func(r ingest.Raw) {
+		next := len(refs)
+		if r.Source.Offset != int64(next) || !bytes.Equal(r.Data, value(next)) {
+			t.Fatalf("record at offset %d (%d bytes, %.8q), want value %d (%d bytes)", r.Source.Offset, len(r.Data), r.Data, next, sizes[next])
 		}
+		if r.Ref != (ingest.RawRef{From: again, Off: int64(next), Len: sizes[next]}) {
+			t.Fatalf("record at offset %d refers to %+v", next, r.Ref)
+		}
+		refs = append(refs, r.Ref)
+	})
+	// The 2 MiB and 6 MiB values did not fit; the 5 MiB one did.
+	if n := s.refetches.Load(); n != 2 {
+		t.Errorf("%d fetches cut short by a value larger than the room left, want 2", n)
 	}
-	end()
-	<-fetched
 
 	// Every record read again through its reference, in an order of its
 	// own (one offset twice), and offsets past the end, which fail alone.
@@ -268,6 +214,133 @@ func TestIntegrationFetchLargeValues(t *testing.T) {
 			}
 		case errs[i] != nil || !bytes.Equal(recs[i], value(int(ref.Off))):
 			t.Errorf("offset %d read again: %d bytes (%.8q), error %v; want value %d", ref.Off, len(recs[i]), recs[i], errs[i], ref.Off)
+		}
+	}
+}
+
+// TestIntegrationFetchCompressed: a batch its producer compressed (zstd,
+// as rollout workers often send) comes whole from the broker even to a
+// fetch that starts within it: the records before the offset asked for
+// are skipped, those from it on arrive once each, in order and intact,
+// values larger than an arena's room among both.
+func TestIntegrationFetchCompressed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const n = 400
+	size := func(i int) int {
+		switch i {
+		case 50:
+			return 1800 << 10
+		case 300:
+			return 3 << 20
+		}
+		return 2<<10 + i*997%(18<<10)
+	}
+	value := func(i int) []byte {
+		return bytes.Repeat(fmt.Appendf(nil, "%06d-", i), size(i)/7+1)[:size(i)]
+	}
+	cfg := largeValuesTopic(ctx, t, "compressed", kgo.Zstd, n, value)
+	d, err := cfg.dialer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := &partitionRecords{c: &Consumer{cfg: cfg, dialer: d}}
+	for _, from := range []int64{0, 120, 300, 301} {
+		s := &source{topic: cfg.Topic, chunks: make(chan ingest.Chunk, 4)}
+		s.arenas.free = make(chan []byte, 2)
+		next := from
+		fetchAll(ctx, t, cfg, s, again, from, n, func(r ingest.Raw) {
+			if r.Source.Offset != next || !bytes.Equal(r.Data, value(int(next))) {
+				t.Fatalf("from offset %d: record at offset %d (%d bytes, %.8q), want value %d (%d bytes)", from, r.Source.Offset, len(r.Data), r.Data, next, size(int(next)))
+			}
+			next++
+		})
+	}
+}
+
+// largeValuesTopic creates a topic of one partition that takes values of
+// up to 16 MiB and writes n values to it, in one batch compressed with
+// codec (0: none), and returns its config; the topic is deleted when t
+// ends.
+func largeValuesTopic(ctx context.Context, t *testing.T, name string, codec kgo.Compression, n int, value func(int) []byte) Config {
+	t.Helper()
+	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	if brokers == "" {
+		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+	}
+	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("%s-%d", name, time.Now().UnixNano())}
+	// The broker takes values of up to 1 MiB by default: this topic, 16.
+	_, cc, done, err := dialController(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cc.CreateTopics(kgo.TopicConfig{Topic: cfg.Topic, NumPartitions: 1, ReplicationFactor: 1,
+		ConfigEntries: []kgo.ConfigEntry{{ConfigName: "max.message.bytes", ConfigValue: strconv.Itoa(16 << 20)}}})
+	done()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := EnsureTopic(ctx, cfg, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { DeleteTopics(context.Background(), cfg, cfg.Topic) })
+	transport := &kgo.Transport{}
+	defer transport.CloseIdleConnections()
+	w := &kgo.Writer{Addr: kgo.TCP(cfg.Brokers...), Topic: cfg.Topic, Transport: transport,
+		BatchBytes: 16 << 20, BatchSize: n, RequiredAcks: kgo.RequireAll, Compression: codec}
+	defer w.Close()
+	msgs := make([]kgo.Message, n)
+	for i := range msgs {
+		msgs[i].Value = value(i)
+	}
+	// A new topic's metadata may reach the broker a writer asks a moment
+	// after its leaders are known.
+	for err := w.WriteMessages(ctx, msgs...); err != nil; err = w.WriteMessages(ctx, msgs...) {
+		if !errors.Is(err, kgo.UnknownTopicOrPartition) || ctx.Err() != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return cfg
+}
+
+// fetchAll runs s.fetch on partition 0 of cfg's topic from offset from
+// until records up to offset until (excluded) came, handing each to check,
+// and releasing each chunk once checked, as the decoder does (the next
+// chunks reuse its arena).
+func fetchAll(ctx context.Context, t *testing.T, cfg Config, s *source, again ingest.Rereader, from, until int64, check func(ingest.Raw)) {
+	t.Helper()
+	d, err := cfg.dialer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := WithReadBuffer(d).DialLeader(ctx, "tcp", cfg.Brokers[0], cfg.Topic, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fetchCtx, end := context.WithCancel(ctx)
+	fetched := make(chan error, 1)
+	go func() {
+		var lag atomic.Int64
+		_, _, err := s.fetch(fetchCtx, conn, 0, again, from, &lag)
+		fetched <- err
+	}()
+	defer func() { end(); <-fetched }()
+	for next := from; next < until; {
+		select {
+		case c := <-s.chunks:
+			for _, r := range c.Records {
+				check(r)
+				next = r.Source.Offset + 1
+			}
+			if c.Release != nil {
+				c.Release()
+			}
+		case err := <-fetched:
+			t.Fatalf("the fetch ended before offset %d: %v", next, err)
+		case <-ctx.Done():
+			t.Fatalf("the fetch did not reach offset %d", next)
 		}
 	}
 }
