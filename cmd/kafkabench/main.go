@@ -36,7 +36,9 @@
 // every run, the median and spread (min–max) of each contender's
 // throughput in MiB/s of input, and the ratios kafka/file, kafka/drain
 // and kafka/drain-buf (median over the rounds of the per-round ratio, with its
-// spread). --json writes the same.
+// spread), then what the broker's and MinIO's CPU leave of the aims on
+// this machine whatever the pipeline costs (see bounds). --json writes
+// the same.
 //
 //	make bench-kafka
 //	go run ./cmd/kafkabench --bin bin/rllm-pipe --size 500MB --rounds 3
@@ -59,6 +61,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -653,6 +656,7 @@ type report struct {
 	SteadyRatio stat                 `json:"steady_ratio"`
 	Ratios      map[string]stat      `json:"ratios"`
 	MedianRatio map[string]float64   `json:"ratio_of_medians"`
+	Bounds      *bounds              `json:"bounds,omitempty"`
 	Extra       map[string]string    `json:"flags,omitempty"`
 	byName      map[string][]float64 // MiB/s by contender
 }
@@ -732,6 +736,9 @@ func summarize(runs []runResult, c config, in inputInfo, records int64) *report 
 		rep.Ratios[name] = statOf(xs)
 		rep.MedianRatio[name] = rep.MiBs[pair[0]].Median / rep.MiBs[pair[1]].Median
 	}
+	if b, ok := boundsOf(rep, runtime.NumCPU()); ok {
+		rep.Bounds = &b
+	}
 	return rep
 }
 
@@ -778,6 +785,9 @@ func (rep *report) print(w io.Writer) {
 			continue
 		}
 		fmt.Fprintf(w, "%-16s %.2f (%.2f–%.2f) per round; ratio of medians %.2f\n", name, r.Median, r.Min, r.Max, rep.MedianRatio[name])
+	}
+	if rep.Bounds != nil {
+		rep.Bounds.print(w, rep.CPU["file"].Median)
 	}
 }
 
