@@ -273,8 +273,9 @@ func (g *Generation) Source(start map[int]int64) ingest.Source {
 	s := &source{chunks: make(chan ingest.Chunk, 2*max(len(g.Partitions), 1)), errs: make(chan error, len(g.Partitions)+1),
 		topic: g.c.cfg.Topic, lags: make([]atomic.Int64, len(g.Partitions))}
 	// Arenas kept idle between chunks: a few more than the partitions
-	// filling one at a time. (Each kept arena stays resident: 20 of them
-	// cost ~40 MiB of peak RSS on 30-turn agents, 4 none; see BENCHMARKS.md.)
+	// filling one at a time. A kept arena is live heap, which raises the
+	// collector's goal and so the peak RSS (BENCHMARKS.md, "Kafka values in
+	// recycled arenas"): the pool stays small.
 	s.arenas.free = make(chan []byte, len(g.Partitions)+4)
 	// The end of the generation reaches Read even with no partition
 	// assigned (more workers than partitions).
