@@ -24,18 +24,16 @@ run: build
 	$(BIN) ingest --from $(WORK)/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(WORK)/ingest-stats.json
 	$(BIN) summary --from $(DATA)
 
-# test: the whole suite, race detector on, nothing cached. It first
-# installs (once, cached) and starts a real Kafka broker and MinIO server
-# (scripts/services.sh: Java 17 and Maven fetch the broker's jars) for the
-# TestIntegration* tier, which reads RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT.
-# Then the Python client's tests against a real `rllm-pipe serve`
-# (scripts/pytest.sh: a cached virtualenv with pyarrow and pytest from PyPI).
+# test: the whole suite, race detector on, nothing cached (scripts/test.sh).
+# It first installs (once, cached) and starts a real Kafka broker and MinIO
+# server (scripts/services.sh: Java 17 and Maven fetch the broker's jars) for
+# the TestIntegration* tier, which reads RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT,
+# while Debian's chromium (scripts/browser.sh) and the Python tests'
+# virtualenv install in the background. Then the Python client's tests
+# against a real `rllm-pipe serve` (scripts/pytest.sh: a cached virtualenv
+# with pyarrow and pytest from PyPI).
 test:
-	$(GO) vet ./...
-	scripts/services.sh up >/dev/null
-	scripts/browser.sh >/dev/null || echo "make test: NO CHROMIUM: the browser tests of report and ui will skip" >&2
-	eval "$$(scripts/services.sh env)" && $(GO) test -race -count=1 -timeout 60m ./...
-	scripts/pytest.sh
+	GO=$(GO) scripts/test.sh
 
 # test-python: only the Python client's tests.
 test-python:

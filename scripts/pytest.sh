@@ -2,7 +2,8 @@
 # scripts/pytest.sh: the Python client's tests (train/python) against a real
 # `rllm-pipe serve`. Builds the binary, makes (once, cached) a virtualenv with
 # the pinned packages of train/python/requirements-test.txt from PyPI, and
-# runs pytest. Extra arguments go to pytest.
+# runs pytest. Extra arguments go to pytest; `--prepare` alone only makes
+# the virtualenv (scripts/test.sh does that while the Go side builds).
 #
 # Environment:
 #   RLLM_CACHE   cache folder for the virtualenv (default ~/.cache/rllm-pipe)
@@ -34,6 +35,8 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
 	"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQS"
 	touch "$VENV/.complete"
 fi
+
+[ "${1:-}" = --prepare ] && [ $# = 1 ] && exit 0
 
 cd "$REPO_DIR"
 go build -o bin/rllm-pipe ./cmd/rllm-pipe
