@@ -31,6 +31,8 @@ type mapped struct {
 	reading sync.Mutex
 	closed  bool // under both locks
 
+	ahead int // data[:ahead] was asked for ahead of use (readAhead); under reading
+
 	mu      sync.Mutex
 	open    []int // start of each chunk handed out and not released
 	handed  int   // end of the last chunk handed out
@@ -72,6 +74,45 @@ func (m *mapped) release(off int) {
 }
 
 var pageSize = osPageSize()
+
+// Where the file is not in the page cache, each chunk's populate waits for
+// the disk, and the decoders wait for the chunk. The kernel is asked
+// instead (asynchronously, MADV_WILLNEED) to read readAheadBytes past the
+// chunk being handed out, renewed each time readAheadStep of it was used:
+// the disk keeps reading while the decoders work. The hint maps nothing
+// into the process (its resident set does not grow); pages already cached
+// cost a look-up.
+const (
+	readAheadBytes = 32 << 20
+	readAheadStep  = 4 << 20
+)
+
+// adviseWillNeed is willNeed; tests replace it to see the hints.
+var adviseWillNeed = willNeed
+
+// readAhead asks for the file past a chunk ending at end to be read in,
+// when it is time (readAheadRange). The caller holds m.reading.
+func (m *mapped) readAhead(end int) {
+	if lo, hi, ok := readAheadRange(m.ahead, end, len(m.data)); ok {
+		adviseWillNeed(m.data[lo:hi])
+		m.ahead = hi
+	}
+}
+
+// readAheadRange is the range [lo, hi) of a mapping of size bytes to ask
+// for after a chunk ending at end, given that [0, ahead) was asked for
+// already: from the page holding the first byte past both (lo, page
+// aligned) to readAheadBytes past end or the end of the mapping; ok is
+// false when nothing is left to ask for, or less than readAheadStep short
+// of the end of the mapping.
+func readAheadRange(ahead, end, size int) (lo, hi int, ok bool) {
+	lo = max(ahead, end)
+	hi = min(end+readAheadBytes, size)
+	if hi <= lo || hi-lo < readAheadStep && hi < size {
+		return 0, 0, false
+	}
+	return lo &^ (pageSize - 1), hi, true
+}
 
 // close unmaps the file once no read is under way.
 func (m *mapped) close() {

@@ -9,6 +9,7 @@ import (
 
 func mapFile(*os.File, int64) ([]byte, error) { return nil, errors.ErrUnsupported }
 func dropPages([]byte)                        {}
+func willNeed([]byte)                         {}
 func unmapFile([]byte) error                  { return nil }
 
 func osPageSize() int { return 4096 }

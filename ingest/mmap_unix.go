@@ -23,6 +23,10 @@ func mapFile(f *os.File, size int64) ([]byte, error) {
 // cache).
 func dropPages(b []byte) { _ = unix.Madvise(b, unix.MADV_DONTNEED) }
 
+// willNeed asks the kernel to read b's pages (page aligned) into the page
+// cache in the background.
+func willNeed(b []byte) { _ = unix.Madvise(b, unix.MADV_WILLNEED) }
+
 func unmapFile(b []byte) error { return unix.Munmap(b) }
 
 func osPageSize() int { return os.Getpagesize() }

@@ -332,6 +332,7 @@ func (s *LineSource) readMapped() Chunk {
 	}
 	copyChunk := s.copyChunks
 	if !copyChunk {
+		m.readAhead(end)
 		if err := populate(m.data[start&^(pageSize-1) : end]); err != nil {
 			// This chunk is copied; every later one too when the
 			// kernel cannot populate at all.
