@@ -22,6 +22,12 @@ type StageConfig struct {
 	// BatchRows is the number of rows gathered before a batch is built.
 	// Default 2048 (about 7 MB of Arrow buffers with 512+256-token steps).
 	BatchRows int
+	// BatchBytes cuts a batch sooner, once its records as received reach
+	// this many bytes, so that long rows (8k-token responses are 160 KB
+	// of JSON each) do not make batches of hundreds of megabytes, several
+	// of which are in flight between here and the encoders. Default
+	// DefaultBatchBytes; at most maxBatchBytes.
+	BatchBytes int
 	// Tick is how often timeouts are checked and pending groups flushed.
 	// Default 1 s.
 	Tick time.Duration
@@ -37,6 +43,13 @@ type StageConfig struct {
 	// stage's goroutine and must not block.
 	Observe func(c Counters, openGroups int)
 }
+
+// DefaultBatchBytes is StageConfig.BatchBytes's default. Rows of the
+// default benchmark shape (about 9 KB as received) fill it at about 1,800,
+// near BatchRows; rows of 8k-token responses at about 100. The few batches
+// in flight between the stage and the encoders then stay far below the
+// ingest's memory limit whatever the rows' length.
+const DefaultBatchBytes = 16 << 20
 
 // maxBatchBytes caps the raw bytes gathered into one batch, so that Arrow's
 // 32-bit string and list offsets never overflow on huge records.
@@ -58,6 +71,10 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 	if cfg.BatchRows <= 0 {
 		cfg.BatchRows = 2048
 	}
+	if cfg.BatchBytes <= 0 {
+		cfg.BatchBytes = DefaultBatchBytes
+	}
+	cfg.BatchBytes = min(cfg.BatchBytes, maxBatchBytes)
 	if cfg.Tick <= 0 {
 		cfg.Tick = time.Second
 	}
@@ -130,7 +147,7 @@ func Stage(ctx context.Context, in <-chan ingest.Batch, out chan<- Batch, dl Dea
 			if err := collect(); err != nil {
 				return a.Counters, err
 			}
-			if rows >= cfg.BatchRows || bytes >= maxBatchBytes {
+			if rows >= cfg.BatchRows || bytes >= cfg.BatchBytes {
 				if err := flush(); err != nil {
 					return a.Counters, err
 				}
