@@ -1,10 +1,7 @@
 package ingest
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"testing"
 	"unsafe"
@@ -61,14 +58,7 @@ func TestMappedReadAhead(t *testing.T) {
 	}
 	size := len(src.m.data)
 	chunks := 0
-	for {
-		c, err := src.Read(context.Background())
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachChunk(t, src, func(c Chunk) {
 		chunks++
 		end := int(c.whole.off) + len(c.whole.data)
 		if len(hints) == 0 {
@@ -78,7 +68,7 @@ func TestMappedReadAhead(t *testing.T) {
 			t.Fatalf("chunk %d ends at byte %d; read ahead to %d, want at least %d", chunks, end, reach, want)
 		}
 		c.Release()
-	}
+	})
 	for i, h := range hints {
 		if h.lo%pageSize != 0 || h.lo < 0 || h.hi > size || h.hi <= h.lo {
 			t.Fatalf("hint %d: [%d, %d) of a mapping of %d bytes: not page aligned or outside it", i, h.lo, h.hi, size)

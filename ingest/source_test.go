@@ -20,6 +20,21 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// eachChunk hands every chunk src reads to f, until the end of the input.
+func eachChunk(t *testing.T, src *LineSource, f func(Chunk)) {
+	t.Helper()
+	for {
+		c, err := src.Read(context.Background())
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		f(c)
+	}
+}
+
 func readAll(t *testing.T, s Source) ([]Raw, int64) {
 	t.Helper()
 	var out []Raw
@@ -445,14 +460,7 @@ func readMapped(t *testing.T, in string, want []string, copyChunks bool) {
 	var got []Raw
 	var lines lineNumbering
 	copied, fromMap := 0, 0
-	for {
-		c, err := src.Read(context.Background())
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachChunk(t, src, func(c Chunk) {
 		if c.whole != nil && len(c.whole.data) > 0 && src.m != nil && &c.whole.data[0] == &src.m.data[c.whole.off] {
 			fromMap++
 		} else {
@@ -465,7 +473,7 @@ func readMapped(t *testing.T, in string, want []string, copyChunks bool) {
 			got = append(got, r)
 		}
 		c.Release()
-	}
+	})
 	switch {
 	case copyChunks && (copied == 0 || fromMap == 0):
 		t.Fatalf("%d chunks copied, %d from the mapping: want both", copied, fromMap)
