@@ -50,7 +50,7 @@ test-short:
 
 # bench: unit benchmarks (estimators, generator, decoder, merged trajectory
 # rows), opening long logs (BENCHMARKS.md), the hand-written decoder and
-# Parquet writer against libraries (ingest/compare, a nested module), the
+# Parquet writer against libraries (cmd/ingestbench/compare, a nested module), the
 # ui's paging at a million steps, merged padded batches delivered to
 # Python against the same work in Python (bench_padded.py); then the service-backed ones: opening a
 # long S3 manifest, the produce→commit delay at 1,000 steps/s, Kafka→MinIO
@@ -66,7 +66,7 @@ bench:
 	$(GO) test -run '^$$' -bench OpenManifest -benchtime 3x ./connectors/local/
 	$(GO) test -run '^$$' -bench '^BenchmarkOpenViews$$' -benchtime 3x ./connectors/duckdb/
 	$(GO) test -run '^$$' -bench Snapshot -benchtime 3x -count 3 ./connectors/store/
-	cd ingest/compare && $(GO) test -run '^$$' -bench . -count 1
+	cd cmd/ingestbench/compare && $(GO) test -run '^$$' -bench . -count 1
 	$(GO) test -run '^$$' -bench 'UIBrowse|UIRefresh' -benchtime 1x -timeout 90m ./cmd/rllm-pipe/
 	train/python/examples/bench.sh --rounds 3
 	scripts/services.sh up >/dev/null
@@ -140,6 +140,7 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
+	GO=$(GO) scripts/layers.sh
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
 fmt:

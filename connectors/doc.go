@@ -20,5 +20,13 @@
 //   - compact: merges runs of small committed shards into larger files
 //     that duckdb's views read instead (the manifest and shards stay);
 //   - recordlog: an append-only log of wire-format records on local disk
-//     (the capture gateway's record-log output and write-ahead log).
+//     (the capture gateway's record-log output and write-ahead log);
+//   - pipeline: the runtime that wires a source, the transform stage and a
+//     sink into ingest's exactly-once loop (a file or stdin, or a Kafka
+//     consumer group), with its metrics in pipeline/metrics;
+//   - gatewayout: the capture gateway's outputs (a Kafka topic, a record
+//     log, or a shard root with the pipeline in-process) opened from a URL.
+//
+// The folders above connectors (train, cmd) may import it; it imports
+// transform, ingest, advantage and schemas, never train or cmd.
 package connectors

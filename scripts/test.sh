@@ -27,6 +27,7 @@ scripts/pytest.sh --prepare >"$logs/venv" 2>&1 &
 venv=$!
 
 "$GO" vet ./...
+GO="$GO" scripts/layers.sh
 scripts/services.sh up >/dev/null
 
 if ! wait "$browser"; then

@@ -8,11 +8,11 @@ import (
 	"io/fs"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/apache/arrow-go/v18/arrow/array"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // The audit of a consumer group is what it acknowledged, batch by batch:
@@ -26,28 +26,10 @@ import (
 // run, a snapshot rewritten every SnapshotEvery events must not.
 
 // ConsumedGroup is one group of an acknowledged batch.
-type ConsumedGroup struct {
-	Shard        string `json:"shard"`   // its shard's manifest path
-	Ordinal      int32  `json:"ordinal"` // its place in the shard
-	GroupID      string `json:"group_id"`
-	GroupVersion int64  `json:"group_version"`
-	Trajectories int32  `json:"trajectories"` // delivered (rows a filter dropped do not count)
-	Steps        int64  `json:"steps"`        // step rows delivered
-}
+type ConsumedGroup = schemas.ConsumedGroup
 
 // Consumed is one acknowledged batch of a consumer group.
-type Consumed struct {
-	// Seq is the acknowledgement's place in the group's log: the order
-	// in which the group acknowledged its batches.
-	Seq           int64     `json:"seq"`
-	Member        string    `json:"member"`
-	Time          time.Time `json:"time"`
-	BatchID       uint64    `json:"batch_id"`
-	PolicyVersion int64     `json:"policy_version"`
-	// Groups are those the acknowledgement settled, in batch order (a
-	// group of a shard the member had lost is not among them).
-	Groups []ConsumedGroup `json:"groups"`
-}
+type Consumed = schemas.ConsumedBatch
 
 // auditSegment is the audit of the events (From-1, To].
 type auditSegment struct {
@@ -278,4 +260,27 @@ func accepted(st *groupState, member string, a auditBatch) []ConsumedGroup {
 		}
 	}
 	return out
+}
+
+// ConsumerLogs reads the consumer groups' logs of an output root: the
+// consumed view of the SQL layer takes it (connectors/duckdb's
+// ConsumerGroups), injected by the commands.
+type ConsumerLogs struct{}
+
+// Groups lists the consumer groups of r (ListGroups).
+func (ConsumerLogs) Groups(ctx context.Context, r store.Reader) ([]string, error) {
+	obj, err := r.Objects(GroupsDir)
+	if err != nil {
+		return nil, fmt.Errorf("train: consumer groups: %w", err)
+	}
+	return ListGroups(ctx, obj)
+}
+
+// Consumed returns what group acknowledged (ReadConsumed).
+func (ConsumerLogs) Consumed(ctx context.Context, r store.Reader, group string) ([]Consumed, error) {
+	obj, err := r.Objects(GroupDir(group))
+	if err != nil {
+		return nil, fmt.Errorf("train: consumer group %s: %w", group, err)
+	}
+	return ReadConsumed(ctx, obj)
 }

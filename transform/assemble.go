@@ -10,7 +10,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
-	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
+	"github.com/rllm-pipe/rllm-pipe/schemas/prefix"
 )
 
 // Config sets the assembler's rules. Zero values take the defaults noted.

@@ -12,7 +12,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
-	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
+	"github.com/rllm-pipe/rllm-pipe/schemas/prefix"
 )
 
 // Batch is an Arrow record of emitted groups, all of one group version

@@ -12,7 +12,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
-	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
+	"github.com/rllm-pipe/rllm-pipe/schemas/prefix"
 )
 
 // TestMissingParentNamed: a prompt delta whose parent never arrives keeps

@@ -16,7 +16,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
-	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
+	"github.com/rllm-pipe/rllm-pipe/schemas/prefix"
 )
 
 // chainGroups makes groups of multi-turn trajectories from r: steps that

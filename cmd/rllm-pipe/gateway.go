@@ -16,9 +16,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/gatewayout"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway"
-	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/output"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -303,15 +303,15 @@ func writeReady(path, addr string) error {
 
 // openGatewayOutput opens --to; a shard root gets ingest's pipeline,
 // configured by ingest's flags.
-func openGatewayOutput(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, log *slog.Logger) (output.Output, error) {
-	opts := output.Options{Kafka: o.conn.kafka, KafkaPartitions: o.kafkaPartitions, RetryFor: o.conn.retryFor,
+func openGatewayOutput(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, log *slog.Logger) (gatewayout.Output, error) {
+	opts := gatewayout.Options{Kafka: o.conn.kafka, KafkaPartitions: o.kafkaPartitions, RetryFor: o.conn.retryFor,
 		Stop: soft.Done(), Root: ing.conn.options(), WALDir: o.walDir}
 	maxRecord, err := bytesIn("max-record-bytes", ing.maxRecord, 1<<10, 1<<30)
 	if err != nil {
 		return nil, err
 	}
 	opts.MaxRecordBytes = int(maxRecord)
-	if output.KindOf(o.to) == output.KindShardRoot {
+	if gatewayout.KindOf(o.to) == gatewayout.KindShardRoot {
 		ing.to = o.to
 		p, err := newPlan(ing)
 		if err != nil {
@@ -323,9 +323,9 @@ func openGatewayOutput(ctx, soft context.Context, o gatewayOpts, ing ingestOpts,
 			return nil, err
 		}
 	}
-	out, err := output.Open(ctx, o.to, opts)
-	if errors.Is(err, output.ErrUsage) {
-		return nil, usageErrorf("%v", strings.TrimPrefix(err.Error(), output.ErrUsage.Error()+": "))
+	out, err := gatewayout.Open(ctx, o.to, opts)
+	if errors.Is(err, gatewayout.ErrUsage) {
+		return nil, usageErrorf("%v", strings.TrimPrefix(err.Error(), gatewayout.ErrUsage.Error()+": "))
 	}
 	return out, err
 }

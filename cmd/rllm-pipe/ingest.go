@@ -20,11 +20,11 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline/metrics"
 	"github.com/rllm-pipe/rllm-pipe/connectors/sink"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/transform"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/metrics"
 )
 
 type ingestOpts struct {

@@ -7,9 +7,9 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
 )
 
 // runFile ingests a file or stdin, with a progress bar of the input read.

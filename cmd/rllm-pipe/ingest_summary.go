@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
 )
 
 // ingestStats is the run summary, printed on stderr and written by

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
+	"github.com/rllm-pipe/rllm-pipe/train"
 )
 
 // sqlOpts are the flags of `rllm-pipe sql`.
@@ -211,7 +212,7 @@ func openSQL(ctx context.Context, o sqlOpts) (*duckdb.DB, error) {
 		return nil, err
 	}
 	defer r.Close()
-	opts := duckdb.Options{DownloadDir: o.downloadDir, AllowHostFiles: o.hostFiles}
+	opts := duckdb.Options{DownloadDir: o.downloadDir, AllowHostFiles: o.hostFiles, ConsumerGroups: train.ConsumerLogs{}}
 	if o.progress != nil {
 		var (
 			mu   sync.Mutex

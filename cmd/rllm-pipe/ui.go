@@ -148,7 +148,7 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 		return err
 	}
 	defer r.Close()
-	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers, IngestMetrics: o.ingestMetrics,
+	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers, ConsumerGroups: train.ConsumerLogs{}, IngestMetrics: o.ingestMetrics,
 		IngestMetricsToken: strings.TrimSpace(os.Getenv("RLLM_PIPE_METRICS_TOKEN"))})
 	if err := srv.Refresh(ctx); err != nil {
 		return err

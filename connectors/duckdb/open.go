@@ -27,7 +27,6 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
-	"github.com/rllm-pipe/rllm-pipe/train"
 )
 
 // ErrBadQuery marks a query DuckDB could not parse or bind (a syntax
@@ -60,6 +59,20 @@ type Options struct {
 	// far, out of those to download, as each shard lands (for a progress
 	// bar: a first query over a large S3 output waits on this).
 	Progress func(done, total int64)
+	// ConsumerGroups, when set, reads the consumer groups' logs for the
+	// consumed view (the commands pass train.ConsumerLogs; connectors sit
+	// below train and do not import it). Nil: consumed stays empty.
+	ConsumerGroups ConsumerGroups
+}
+
+// ConsumerGroups reads what the consumer groups of an output root
+// acknowledged.
+type ConsumerGroups interface {
+	// Groups lists the consumer groups under r.
+	Groups(ctx context.Context, r store.Reader) ([]string, error)
+	// Consumed returns the batches group acknowledged, in the order of
+	// acknowledgement.
+	Consumed(ctx context.Context, r store.Reader, group string) ([]schemas.ConsumedBatch, error)
 }
 
 // DB is an in-memory DuckDB with the views over one output root's
@@ -75,6 +88,7 @@ type DB struct {
 	work     string // temporary folder removed by Close
 	kept     string // Options.DownloadDir of a remote opening, absolute ("" otherwise)
 	open     bool   // Options.AllowHostFiles: no sandbox
+	groups   ConsumerGroups
 
 	// connInit runs on every new connection once set: the per-connection
 	// variables holding the shard files the views read (filesSQL).
@@ -178,7 +192,7 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 	}
 	// The consumer groups' logs, if any: opening them through a reader
 	// creates no folder, since they exist.
-	if info, err := os.Stat(filepath.Join(root, train.GroupsDir)); err == nil && info.IsDir() {
+	if info, err := os.Stat(filepath.Join(root, store.ConsumersDir)); err == nil && info.IsDir() {
 		r, err := local.OpenReader(root)
 		if err != nil {
 			return fmt.Errorf("duckdb: %w", err)
@@ -234,26 +248,22 @@ type consumedLine struct {
 }
 
 // writeConsumed writes the consumed rows of every consumer group of r
-// (train.ReadConsumed) to a file in dir, and returns it ("" when there is
-// no row). A group whose log cannot be read is left out with a warning.
+// (Options.ConsumerGroups) to a file in dir, and returns it ("" when
+// there is no row). A group whose log cannot be read is left out with a
+// warning.
 func (d *DB) writeConsumed(ctx context.Context, r store.Reader, dir string) (string, error) {
-	obj, err := r.Objects(train.GroupsDir)
+	if d.groups == nil {
+		return "", nil
+	}
+	groups, err := d.groups.Groups(ctx, r)
 	if err != nil {
 		return "", fmt.Errorf("duckdb: consumer groups: %w", err)
-	}
-	groups, err := train.ListGroups(ctx, obj)
-	if err != nil {
-		return "", fmt.Errorf("duckdb: %w", err)
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	rows := 0
 	for _, g := range groups {
-		gobj, err := r.Objects(train.GroupDir(g))
-		if err != nil {
-			return "", fmt.Errorf("duckdb: consumer group %s: %w", g, err)
-		}
-		batches, err := train.ReadConsumed(ctx, gobj)
+		batches, err := d.groups.Consumed(ctx, r, g)
 		if err != nil {
 			if ctx.Err() != nil {
 				return "", ctx.Err()
@@ -844,7 +854,7 @@ func newDB(from string, o Options) (*DB, error) {
 	if abs, err := filepath.Abs(work); err == nil {
 		work = abs // clean: the copies' paths are joined (cleaned) from it, and temporary compares them
 	}
-	d := &DB{from: from, work: work, open: o.AllowHostFiles}
+	d := &DB{from: from, work: work, open: o.AllowHostFiles, groups: o.ConsumerGroups}
 	c, err := duckdbdrv.NewConnector("", func(e driver.ExecerContext) error {
 		if q := d.connInit.Load(); q != nil {
 			if _, err := e.ExecContext(context.Background(), *q, nil); err != nil {

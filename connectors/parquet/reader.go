@@ -14,7 +14,7 @@ import (
 	"github.com/apache/arrow-go/v18/parquet/file"
 	"github.com/apache/arrow-go/v18/parquet/pqarrow"
 
-	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
+	"github.com/rllm-pipe/rllm-pipe/schemas/prefix"
 )
 
 // ReadFile calls fn with record batches of the named columns of the
@@ -48,7 +48,7 @@ func (r *Reader) Each(fn func(arrow.RecordBatch) error) error {
 
 // Reader pulls record batches from one Parquet file. A shard whose
 // prompts are stored as prefix deltas (schema 4) is read with whole
-// prompt_ids and messages (transform/prefix): every reader sees the
+// prompt_ids and messages (schemas/prefix): every reader sees the
 // prompts the steps were sent with.
 type Reader struct {
 	name   string

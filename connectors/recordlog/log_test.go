@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline/pipelinetest"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/pipelinetest"
 )
 
 func open(t *testing.T, path string, o recordlog.Options) *recordlog.Log {

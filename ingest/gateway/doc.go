@@ -6,7 +6,7 @@
 // POST /sessions/{id}/finish into the Trajectory record that closes it.
 //
 // Records go to an Output (Kafka, a record log, a shard root: package
-// ingest/gateway/output opens one from a --to URL) through a bounded queue:
+// connectors/gatewayout opens one from a --to URL) through a bounded queue:
 // the agent's response never waits for the output, but beyond
 // Config.MaxBufferedBytes new calls are refused with 503, and finish and
 // POST /records answer 200 only once their records are durable (Output.Write
@@ -109,5 +109,5 @@
 //     session id, usage, n) ride in the step's metadata object.
 //
 // The package must not import connectors/ or the pipeline runtime:
-// outputs are injected (ingest/gateway/output is where they are built).
+// outputs are injected (connectors/gatewayout is where they are built).
 package gateway

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/rllm-pipe/rllm-pipe/transform/prefix"
+	"github.com/rllm-pipe/rllm-pipe/schemas/prefix"
 )
 
 // Reasons a step is written so that ingest dead-letters it

@@ -18,7 +18,7 @@
 // counts the tokens they would hold without building them, so token
 // budgets can count merged rows. RowsOf and TokensOf do the same over a
 // batch's parts without joining them, skipping the rows a filter marked.
-// Prompts may be whole or stored as prefix deltas (transform/prefix):
+// Prompts may be whole or stored as prefix deltas (schemas/prefix):
 // merging works on the deltas as stored and rebuilds only the prompts
 // that start a merged row.
 package merge

@@ -103,7 +103,7 @@ type ref struct{ part, row int32 }
 //
 // A row's prompt is whole (prompt_ids), or a prefix delta (prompt_ids
 // null): the row before it, its predecessor step, then that step's
-// response, then prompt_delta_ids (transform/prefix writes them so).
+// response, then prompt_delta_ids (schemas/prefix writes them so).
 // Merging works on the deltas: a delta row extends the sequence of every
 // earlier row of its chain of deltas by construction, and its observation
 // is its delta; only rows that start a merged row get their prompt

@@ -67,6 +67,9 @@ type Options struct {
 	Progress Progress
 	// Members reads consumer groups' members; nil: none shown.
 	Members Members
+	// ConsumerGroups reads the consumer groups' logs for the consumed
+	// view (duckdb.Options.ConsumerGroups); nil: consumed stays empty.
+	ConsumerGroups duckdb.ConsumerGroups
 	// PageSize is the trajectories per page of the browser. Default 50.
 	PageSize int
 	// IngestMetrics is the URL of an ingest process's metrics endpoint
@@ -122,7 +125,7 @@ func New(r store.Reader, o Options) *Server {
 	}
 	s := &Server{r: r, o: o}
 	s.open = func(ctx context.Context) (*duckdb.DB, error) {
-		return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: s.cacheDir()})
+		return duckdb.Open(ctx, r, duckdb.Options{DownloadDir: s.cacheDir(), ConsumerGroups: s.o.ConsumerGroups})
 	}
 	if o.IngestMetrics != "" {
 		s.ingest = newIngestWatch(o.IngestMetrics, o.IngestMetricsToken)

@@ -1,14 +1,14 @@
-// Package output opens where the capture gateway's records go (a
+// Package gatewayout opens where the capture gateway's records go (a
 // gateway.Output) from a --to URL: a Kafka topic, a local record log, or a
 // shard root with ingest's pipeline running in-process over a write-ahead
 // log (the embedded default).
 //
 // It is the only gateway package that imports connectors and the pipeline
-// runtime (transform/pipeline): the gateway core (ingest/gateway) takes
+// runtime (connectors/pipeline): the gateway core (ingest/gateway) takes
 // its Output injected and must not. Command-line concerns (flags, usage
 // messages, exit codes) stay in cmd/rllm-pipe; errors a user can fix by
 // changing the target are wrapped with ErrUsage.
-package output
+package gatewayout
 
 import (
 	"context"
@@ -23,10 +23,10 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
 )
 
 // ErrUsage marks an error in the target or the options (a bad URL, a

@@ -17,11 +17,11 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline/pipelinetest"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
 	"github.com/rllm-pipe/rllm-pipe/ingest"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/pipelinetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

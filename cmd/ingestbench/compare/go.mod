@@ -1,4 +1,4 @@
-module github.com/rllm-pipe/rllm-pipe/ingest/compare
+module github.com/rllm-pipe/rllm-pipe/cmd/ingestbench/compare
 
 go 1.26.8
 
@@ -39,4 +39,4 @@ require (
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
-replace github.com/rllm-pipe/rllm-pipe => ../..
+replace github.com/rllm-pipe/rllm-pipe => ../../..

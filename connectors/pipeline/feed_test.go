@@ -8,10 +8,10 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline/pipelinetest"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline/pipelinetest"
 )
 
 // TestFeedExactlyOnceAcrossRestarts: records written through a Feed are

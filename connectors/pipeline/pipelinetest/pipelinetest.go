@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
-	"github.com/rllm-pipe/rllm-pipe/transform/pipeline"
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
 )
 
 // Config is a pipeline configuration for tests: GRPO (rLLM), groups of 2,

@@ -15,5 +15,5 @@
 // contender produces the same records (the decoders) or the same rows
 // read back (the writers); the benchmarks time them side by side:
 //
-//	cd ingest/compare && go test -run '^$' -bench . -count 3
+//	cd cmd/ingestbench/compare && go test -run '^$' -bench . -count 3
 package compare
