@@ -85,4 +85,3 @@ func TestConsumedFromInjectedGroups(t *testing.T) {
 		t.Errorf("consumed without ConsumerGroups: count %q, want 0", got)
 	}
 }
-

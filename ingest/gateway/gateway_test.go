@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/gatewaytest"
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer/bearertest"
 )
 
 const chatBody = `{"model":"Qwen/Qwen2.5-7B-Instruct","messages":[{"role":"user","content":"What is 6*7?"}]}`
@@ -958,5 +959,27 @@ func TestTracesListAnsweredCalls(t *testing.T) {
 		if n := len(list("POST", "/traces/query", `{"session_ids":["tr:0","tr:1"]}`)); n != 2*(i+1) {
 			t.Fatalf("stream %t: %d traces queried right after the calls, want %d", stream, n, 2*(i+1))
 		}
+	}
+}
+
+// TestTokensSuite: the bearer header rule every server shares, on an
+// agent route and a management route (the x-api-key header is
+// TestTokens').
+func TestTokensSuite(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.AgentToken, c.AdminToken = bearertest.Token, "admin-"+bearertest.Token })
+	for _, route := range []struct{ method, path, body string }{
+		{"POST", "/sessions/tk:0/v1/chat/completions", chatBody},
+		{"POST", "/records", `{"type":"step"}`},
+	} {
+		t.Run(route.path, func(t *testing.T) {
+			bearertest.Run(t, func(t *testing.T, header string) bool {
+				var hdr []string
+				if header != "" {
+					hdr = []string{"Authorization", header}
+				}
+				code, _ := e.do(route.method, route.path, route.body, hdr...)
+				return code == 200
+			})
+		})
 	}
 }

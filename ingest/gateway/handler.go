@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -19,6 +17,7 @@ import (
 	"unicode"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer"
 )
 
 // answeredWait bounds how long a trace list waits for the calls already
@@ -66,29 +65,24 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 // OpenAI SDK's) or else "x-api-key" (the Anthropic SDK's), as rLLM reads
 // them.
 func presentedToken(r *http.Request) (string, bool) {
-	if v := r.Header.Get("Authorization"); len(v) > 7 && strings.EqualFold(v[:7], "bearer ") {
-		return strings.TrimSpace(v[7:]), true
+	if v, ok := bearer.Parse(r.Header.Get("Authorization")); ok {
+		return v, true
 	}
 	if v := r.Header.Get("X-Api-Key"); v != "" {
-		return strings.TrimSpace(v), true
+		return v, true
 	}
 	return "", false
 }
 
 // tokenOK reports whether r carries one of tokens (empty ones never
-// match), comparing in constant time over hashes against each.
+// match), checked against every one of them (bearer.Key).
 func (s *Server) tokenOK(r *http.Request, tokens ...string) bool {
 	got, ok := presentedToken(r)
-	h := sha256.Sum256([]byte(got))
-	match := 0
+	match := false
 	for _, token := range tokens {
-		if token == "" {
-			continue
-		}
-		want := sha256.Sum256([]byte(token))
-		match |= subtle.ConstantTimeCompare(h[:], want[:])
+		match = bearer.NewKey(token).Matches(got) || match
 	}
-	return ok && match == 1
+	return ok && match
 }
 
 // splitSessionPath splits "{session_id}/v1/..." at the shortest /v1 tail

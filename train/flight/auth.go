@@ -2,16 +2,15 @@ package flight
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"net"
-	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer"
 )
 
 // ErrNeedToken is Serve's refusal to listen beyond loopback without a
@@ -35,30 +34,20 @@ func callRole(ctx context.Context) role {
 	return r
 }
 
-// auth checks bearer tokens. It holds their digests only.
+// auth checks bearer tokens (bearer.Key: it holds their digests only).
 type auth struct {
-	member, admin *[sha256.Size]byte
+	member, admin bearer.Key
 }
 
 func newAuth(token, adminToken string) *auth {
-	a := &auth{}
-	if token != "" {
-		d := sha256.Sum256([]byte(token))
-		a.member = &d
-	}
-	if adminToken != "" {
-		d := sha256.Sum256([]byte(adminToken))
-		a.admin = &d
-	}
-	return a
+	return &auth{member: bearer.NewKey(token), admin: bearer.NewKey(adminToken)}
 }
 
 // enabled reports whether calls must carry a token.
-func (a *auth) enabled() bool { return a.member != nil || a.admin != nil }
+func (a *auth) enabled() bool { return a.member.IsSet() || a.admin.IsSet() }
 
 // check returns ctx with the call's role, or Unauthenticated. The token
-// is compared in constant time (digest against digest, so its length
-// does not show either) and never appears in an error or log.
+// is compared in constant time and never appears in an error or log.
 func (a *auth) check(ctx context.Context) (context.Context, error) {
 	if !a.enabled() {
 		return context.WithValue(ctx, roleKey{}, roleOpen), nil
@@ -68,22 +57,15 @@ func (a *auth) check(ctx context.Context) (context.Context, error) {
 	if len(vals) != 1 {
 		return nil, status.Error(codes.Unauthenticated, "missing bearer token (authorization: Bearer TOKEN)")
 	}
-	scheme, token, ok := strings.Cut(vals[0], " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
+	token, ok := bearer.Parse(vals[0])
+	if !ok {
 		return nil, status.Error(codes.Unauthenticated, "authorization is not a bearer token")
 	}
-	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	isAdmin, isMember := 0, 0
-	if a.admin != nil {
-		isAdmin = subtle.ConstantTimeCompare(got[:], a.admin[:])
-	}
-	if a.member != nil {
-		isMember = subtle.ConstantTimeCompare(got[:], a.member[:])
-	}
+	isAdmin, isMember := a.admin.Matches(token), a.member.Matches(token)
 	switch {
-	case isAdmin == 1:
+	case isAdmin:
 		return context.WithValue(ctx, roleKey{}, roleAdmin), nil
-	case isMember == 1:
+	case isMember:
 		return context.WithValue(ctx, roleKey{}, roleMember), nil
 	}
 	return nil, status.Error(codes.Unauthenticated, "invalid bearer token")

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer/bearertest"
 	"github.com/rllm-pipe/rllm-pipe/train"
 )
 
@@ -90,13 +91,13 @@ func startServer(t *testing.T, g Group, opts Options) *running {
 	return r
 }
 
-// bearer puts a token on every call.
-type bearer string
+// bearerCreds puts a token on every call.
+type bearerCreds string
 
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+func (b bearerCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
 	return map[string]string{"authorization": "Bearer " + string(b)}, nil
 }
-func (bearer) RequireTransportSecurity() bool { return false }
+func (bearerCreds) RequireTransportSecurity() bool { return false }
 
 // dial is a Flight client of addr with token (if any) and TLS roots (nil:
 // plaintext).
@@ -107,7 +108,7 @@ func dial(t *testing.T, addr, token string, roots *x509.CertPool) flight.Client 
 		opts[0] = grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
 	}
 	if token != "" {
-		opts = append(opts, grpc.WithPerRPCCredentials(bearer(token)))
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerCreds(token)))
 	}
 	cli, err := flight.NewClientWithMiddleware(addr, nil, nil, opts...)
 	if err != nil {
@@ -765,4 +766,25 @@ func TestOneHostCannotTakeEverySlot(t *testing.T) {
 	if onHost != 16 || !trainer {
 		t.Errorf("%d streams of the hog's host after the eviction (trainer among them: %v), want 16: 15 of the hog and the trainer", onHost, trainer)
 	}
+}
+
+// TestTokensSuite: the bearer header rule every server shares, on a
+// unary action.
+func TestTokensSuite(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 1, 0)
+	r := startServer(t, newGroup(t, root, -1, 2), Options{AdminToken: bearertest.Token})
+	cli := dial(t, r.addr, "", nil)
+	bearertest.Run(t, func(t *testing.T, header string) bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if header != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", header)
+		}
+		_, err := act(ctx, cli, "stats", map[string]any{})
+		if status.Code(err) != codes.Unauthenticated && err != nil {
+			t.Fatalf("stats: %v", err)
+		}
+		return err == nil
+	})
 }

@@ -6,8 +6,6 @@ package metrics
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -15,12 +13,12 @@ import (
 	"net"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer"
 	"github.com/rllm-pipe/rllm-pipe/transform"
 )
 
@@ -135,15 +133,10 @@ func (m *Pipeline) Write(w io.Writer) {
 // ("Authorization: Bearer TOKEN", the scheme in any case, as Prometheus
 // sends a scrape's credentials).
 func Handler(token string, m *Pipeline) http.Handler {
-	want := sha256.Sum256([]byte(token))
+	key := bearer.NewKey(token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if token != "" {
-			got := ""
-			if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "Bearer ") {
-				got = a[7:]
-			}
-			// Compared as digests: a length mismatch takes the same time.
-			if g := sha256.Sum256([]byte(got)); subtle.ConstantTimeCompare(g[:], want[:]) != 1 {
+		if key.IsSet() {
+			if got, _ := bearer.Parse(r.Header.Get("Authorization")); !key.Matches(got) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="rllm-pipe metrics"`)
 				http.Error(w, "unauthorised", http.StatusUnauthorized)
 				return

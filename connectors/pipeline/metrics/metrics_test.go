@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer/bearertest"
 	"github.com/rllm-pipe/rllm-pipe/transform"
 )
 
@@ -80,4 +81,18 @@ func TestHandlerToken(t *testing.T) {
 			t.Errorf("a 401 without WWW-Authenticate")
 		}
 	}
+}
+
+// TestHandlerTokenSuite: the bearer header rule every server shares.
+func TestHandlerTokenSuite(t *testing.T) {
+	h := Handler(bearertest.Token, New(nil))
+	bearertest.Run(t, func(t *testing.T, header string) bool {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		if header != "" {
+			r.Header.Set("Authorization", header)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code == http.StatusOK
+	})
 }

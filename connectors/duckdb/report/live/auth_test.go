@@ -3,6 +3,8 @@ package live
 import (
 	"net/http/httptest"
 	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer/bearertest"
 )
 
 // TestAuthorised: the token as a bearer header or a basic-auth password
@@ -38,4 +40,16 @@ func TestAuthorised(t *testing.T) {
 			t.Errorf("%s: authorised = %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// TestAuthorisedSuite: the bearer header rule every server shares.
+func TestAuthorisedSuite(t *testing.T) {
+	s := New(nil, Options{Token: bearertest.Token})
+	bearertest.Run(t, func(t *testing.T, header string) bool {
+		r := httptest.NewRequest("GET", "/", nil)
+		if header != "" {
+			r.Header.Set("Authorization", header)
+		}
+		return s.authorised(r)
+	})
 }

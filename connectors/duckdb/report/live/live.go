@@ -7,8 +7,6 @@ package live
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +24,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/schemas/bearer"
 )
 
 // Progress reads a consumer group's progress (train.GroupProgress).
@@ -331,16 +330,11 @@ func (s *Server) guard(next http.Handler) http.Handler {
 }
 
 func (s *Server) authorised(r *http.Request) bool {
-	got := ""
-	if a := r.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "Bearer ") {
-		got = a[7:] // the scheme's case does not matter (RFC 9110)
-	} else if _, p, ok := r.BasicAuth(); ok {
-		got = p
+	got, ok := bearer.Parse(r.Header.Get("Authorization"))
+	if !ok {
+		_, got, _ = r.BasicAuth()
 	}
-	// Compared as digests: ConstantTimeCompare returns at once on a
-	// length mismatch, which would tell the token's length.
-	a, b := sha256.Sum256([]byte(got)), sha256.Sum256([]byte(s.o.Token))
-	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+	return bearer.NewKey(s.o.Token).Matches(got)
 }
 
 func (s *Server) snapshot() (*report.Data, []schemas.ShardEntry, int, error) {
