@@ -14,6 +14,9 @@ set -euo pipefail
 
 cd "$(dirname -- "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
+# A binary built with -race sleeps 1 s before it exits (GORACE's
+# atexit_sleep_ms): every test binary, and every rllm-pipe the tests launch.
+export GORACE=${GORACE:-atexit_sleep_ms=0}
 logs=$(mktemp -d "${TMPDIR:-/tmp}/rllm-test.XXXXXX")
 
 # A failing step ends the run only once the background installs have

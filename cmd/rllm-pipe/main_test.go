@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -24,6 +25,7 @@ import (
 // member's renewal came late, its shard was taken over and a group
 // delivered twice), idle timeouts.
 func TestMain(m *testing.M) {
+	raceNoExitSleep()
 	dir, err := os.MkdirTemp("", "rllm-pipe-e2e-bin-*")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "TestMain:", err)
@@ -37,4 +39,15 @@ func TestMain(m *testing.M) {
 			os.RemoveAll(dir)
 			os.Exit(code)
 		}))
+}
+
+// raceNoExitSleep stops the binaries the tests launch from sleeping before
+// they exit: a binary built with -race sleeps GORACE's atexit_sleep_ms
+// (1 s by default) at exit, and the tests launch it hundreds of times.
+// Races are still reported while it runs, and fail the test (exit 66).
+// A GORACE that sets atexit_sleep_ms itself is kept.
+func raceNoExitSleep() {
+	if g := os.Getenv("GORACE"); !strings.Contains(g, "atexit_sleep_ms") {
+		os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+	}
 }
