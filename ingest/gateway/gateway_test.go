@@ -983,3 +983,32 @@ func TestTokensSuite(t *testing.T) {
 		})
 	}
 }
+
+// A call's policy_version is the weight version when it was dispatched,
+// not when its response ended (rLLM PR #622): a version published while
+// the upstream is still generating does not reach the step.
+func TestWeightVersionAtDispatch(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.WeightVersion = 3 })
+	first, release := e.backend.HoldLast()
+	done := make(chan error, 1)
+	go func() {
+		resp := e.req("POST", "/sessions/wvd:0/v1/chat/completions", `{"stream":true,"messages":[]}`)
+		_, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- err
+	}()
+	<-first // the upstream is generating
+	e.mustJSON("POST", "/admin/weight_version", `{"weight_version":5}`, 200, nil)
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	e.finish("wvd:0", 1)
+	st := steps(decodeAll(t, e.out.records()))
+	if len(st) != 1 {
+		t.Fatalf("%d steps, want 1", len(st))
+	}
+	if got := st[0].rec.Step.PolicyVersion; got != 3 {
+		t.Fatalf("policy_version %d, want 3 (the version at dispatch)", got)
+	}
+}
