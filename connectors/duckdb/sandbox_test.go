@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -442,6 +443,90 @@ func TestDeadLettersOutsideTheRoot(t *testing.T) {
 			}
 			if w := strings.Join(d.Warnings(), "\n"); !strings.Contains(w, "not a dead-letter file") {
 				t.Errorf("no warning says why: %q", w)
+			}
+		})
+	}
+}
+
+// stateChanging are the DuckDB functions that change the database's
+// state from inside a query, written out here apart from the sandbox's
+// own list (stateFunctions), so that a name dropped from that list is
+// caught.
+var stateChanging = []string{"enable_logging", "disable_logging", "truncate_duckdb_logs", "write_log",
+	"enable_profiling", "enable_profile", "disable_profiling", "disable_profile",
+	"checkpoint", "force_checkpoint", "enable_checkpoint_on_shutdown", "disable_checkpoint_on_shutdown", "setseed"}
+
+// TestSandboxRefusesEveryStateFunction calls every function of
+// stateChanging and stateFunctions, as DuckDB declares it (scalar or table, with arguments
+// of its shortest overload), in a query whose plan is checked and in one
+// over dead_letters whose plan cannot be: each is refused, by name (a
+// pragma, which only a PRAGMA statement calls, as a PRAGMA).
+func TestSandboxRefusesEveryStateFunction(t *testing.T) {
+	root, _ := sandboxRoot(t)
+	ctx := context.Background()
+	d, err := OpenLocal(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	names := slices.Clone(stateChanging)
+	for _, f := range stateFunctions {
+		if !slices.Contains(names, f) {
+			names = append(names, f)
+		}
+	}
+	literal := map[string]string{"VARCHAR": "'x'", "DOUBLE": "0.5", "FLOAT": "0.5", "BOOLEAN": "true", "INTEGER": "1", "BIGINT": "1"}
+	for _, f := range names {
+		t.Run(f, func(t *testing.T) {
+			var kind, types string
+			err := d.db.QueryRowContext(ctx, `SELECT function_type, array_to_string(parameter_types, ',') FROM duckdb_functions()
+				WHERE function_name = ? ORDER BY len(parameter_types) LIMIT 1`, f).Scan(&kind, &types)
+			if err != nil {
+				t.Fatalf("%s is not a DuckDB function: %v", f, err)
+			}
+			var args []string
+			for _, typ := range strings.Split(types, ",") {
+				if typ == "" || f == "enable_logging" { // its parameters are named ones, all optional
+					continue
+				}
+				a, ok := literal[typ]
+				if !ok {
+					a = "NULL"
+				}
+				args = append(args, a)
+			}
+			call := f + "(" + strings.Join(args, ", ") + ")"
+			var planned, unplanned string
+			switch kind {
+			case "table":
+				planned = "SELECT * FROM " + call
+				unplanned = "SELECT * FROM dead_letters, " + call
+			case "scalar":
+				planned = "SELECT " + call
+				unplanned = "SELECT " + call + " FROM dead_letters"
+			case "pragma":
+				// Only a PRAGMA statement calls it, and none runs here.
+				rows, err := d.Query(ctx, "PRAGMA "+f)
+				if err == nil {
+					rows.Close()
+				}
+				if !errors.Is(err, ErrRefused) {
+					t.Errorf("PRAGMA %s: %v, want refused", f, err)
+				}
+				return
+			default:
+				t.Fatalf("%s is a %s function", f, kind)
+			}
+			for _, q := range []string{planned, unplanned} {
+				rows, err := d.Query(ctx, q)
+				if err == nil {
+					rows.Close()
+					t.Errorf("%s: ran, want refused", q)
+					continue
+				}
+				if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), f) {
+					t.Errorf("%s: %v, want refused naming %s", q, err, f)
+				}
 			}
 		})
 	}
