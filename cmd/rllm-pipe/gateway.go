@@ -82,10 +82,10 @@ sessions that name no group size; the other pipeline flags (estimator,
 shard size, flush interval...) are ingest's and apply to a shard-root --to.
 
 Security: beyond loopback the gateway refuses to start without both tokens
-(--agent-token-file / RLLM_GATEWAY_AGENT_TOKEN for the agent routes, which
-take the admin token too, --admin-token-file / RLLM_GATEWAY_ADMIN_TOKEN for
-management, /records and /metrics), sent as "Authorization: Bearer" or
-"x-api-key". Workers started with an API key get it from
+(--agent-token-file / RLLM_GATEWAY_AGENT_TOKEN for the agent routes and
+POST /records, which take the admin token too, --admin-token-file /
+RLLM_GATEWAY_ADMIN_TOKEN for management and /metrics), sent as
+"Authorization: Bearer" or "x-api-key". Workers started with an API key get it from
 --upstream-key-env NAME (an environment variable, never a flag value). The first signal stops taking calls, finishes those in flight,
 flushes the output and stops the pipeline (groups still open stay in the
 write-ahead log and resume on the next start); a second aborts.`,

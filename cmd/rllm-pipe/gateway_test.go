@@ -280,3 +280,24 @@ func TestGatewayRecordLogBinary(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayHelpRecordsToken: the help says what the gateway does
+// (ingest/gateway's TestTokens): POST /records takes the agent token
+// (workers that build their own records are agents too), not only the
+// admin's.
+func TestGatewayHelpRecordsToken(t *testing.T) {
+	var out bytes.Buffer
+	if code := run(context.Background(), []string{"gateway", "--help"}, &out, io.Discard); code != 0 {
+		t.Fatalf("gateway --help: exit %d", code)
+	}
+	help := strings.Join(strings.Fields(out.String()), " ")
+	agent, admin, ok := strings.Cut(help, "--admin-token-file")
+	if !ok {
+		t.Fatalf("the help names no --admin-token-file:\n%s", out.String())
+	}
+	_, agent, _ = strings.Cut(agent, "--agent-token-file")
+	admin, _, _ = strings.Cut(admin, ")")
+	if !strings.Contains(agent, "/records") || strings.Contains(admin, "/records") {
+		t.Errorf("the help puts POST /records under the admin token; the gateway takes the agent's:\nagent: %s\nadmin: %s", agent, admin)
+	}
+}
