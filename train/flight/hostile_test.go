@@ -788,3 +788,41 @@ func TestTokensSuite(t *testing.T) {
 		return err == nil
 	})
 }
+
+// TestShutdownWithSilentConnection: a TCP connection that never sends a
+// byte (its handshake would wait for gRPC's connection timeout) holds
+// neither a graceful stop past its grace nor an abort.
+func TestShutdownWithSilentConnection(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 1, 0)
+	for _, abort := range []bool{false, true} {
+		t.Run(fmt.Sprintf("abort=%v", abort), func(t *testing.T) {
+			r := startServer(t, newGroup(t, root, -1, 2), Options{ShutdownGrace: 300 * time.Millisecond})
+			silent, err := net.Dial("tcp", r.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer silent.Close()
+			time.Sleep(200 * time.Millisecond) // accepted, handshaking
+			start := time.Now()
+			if abort {
+				r.srv.Abort()
+			} else {
+				r.stop()
+			}
+			select {
+			case err := <-r.done:
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.done <- nil // for the cleanup
+			case <-time.After(20 * time.Second):
+				t.Fatal("serve still running 20 s after its stop")
+			}
+			// gRPC's handshake timeout is 10 s; the grace 300 ms.
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("serve stopped after %v with a silent connection open, grace 300 ms", d.Round(time.Millisecond))
+			}
+		})
+	}
+}

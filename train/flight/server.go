@@ -849,12 +849,21 @@ func Serve(ctx context.Context, addr string, srv *Server, ready func(string)) er
 	if ready != nil {
 		ready(lis.Addr().String())
 	}
+	conns := &connTracker{Listener: lis, open: map[net.Conn]struct{}{}}
+	// stop ends every connection at once: gRPC's Stop waits for the
+	// handshakes under way, which a client that never sends a byte
+	// holds for the connection timeout; closing their connections ends
+	// them.
+	stop := func() {
+		conns.closeAll()
+		gs.Stop()
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- gs.Serve(lis) }()
+	go func() { errc <- gs.Serve(conns) }()
 	select {
 	case err := <-errc:
 		srv.Abort()
-		gs.Stop()
+		stop()
 		return fmt.Errorf("flight: serve: %w", err)
 	case <-ctx.Done():
 	case <-srv.aborted:
@@ -871,11 +880,65 @@ func Serve(ctx context.Context, addr string, srv *Server, ready func(string)) er
 	case <-graceful:
 	case <-grace.C:
 		slog.Warn("flight: shutdown grace over; closing the connections still open", "grace", srv.opts.ShutdownGrace)
-		gs.Stop()
+		stop()
 	case <-srv.aborted:
-		gs.Stop()
+		stop()
 	}
 	<-graceful
 	<-errc
 	return nil
+}
+
+// connTracker is a listener that keeps the connections it accepted until
+// they are closed, so that a stop can close them all, those still in
+// their handshake included.
+type connTracker struct {
+	net.Listener
+	mu     sync.Mutex
+	open   map[net.Conn]struct{}
+	closed bool
+}
+
+func (l *connTracker) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	tc := &trackedConn{Conn: c, l: l}
+	l.open[tc] = struct{}{}
+	return tc, nil
+}
+
+// closeAll closes every connection accepted and not yet closed, and every
+// one accepted from now on.
+func (l *connTracker) closeAll() {
+	l.mu.Lock()
+	l.closed = true
+	open := l.open
+	l.open = map[net.Conn]struct{}{}
+	l.mu.Unlock()
+	for c := range open {
+		c.(*trackedConn).Conn.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	l    *connTracker
+	once sync.Once
+}
+
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.open, c)
+		c.l.mu.Unlock()
+	})
+	return c.Conn.Close()
 }
