@@ -30,6 +30,7 @@ type gatewayOpts struct {
 	agentTokenFile, adminFile   string
 	upstreamKeyEnv              string
 	maxRequest, maxBuffered     string
+	maxRequestBodies            string
 	maxTraceBytes               string
 	walDir, walFileBytes        string
 	kafkaPartitions             int
@@ -111,6 +112,7 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_GATEWAY_ADMIN_TOKEN; none: loopback only)")
 	f.StringVar(&o.upstreamKeyEnv, "upstream-key-env", "", "name of an environment variable holding the workers' API key (vLLM's --api-key), sent upstream as \"Authorization: Bearer\"; the agents' tokens are never forwarded")
 	f.StringVar(&o.maxRequest, "max-request-bytes", "32MiB", "largest request body taken")
+	f.StringVar(&o.maxRequestBodies, "max-request-bodies-bytes", "256MiB", "request bodies held at once, of all requests together (at least --max-request-bytes); beyond it a request gets 503 and Retry-After")
 	f.StringVar(&o.maxBuffered, "max-buffered-bytes", "256MiB", "records waiting for the output at most; beyond it agents get 503 with a JSON error")
 	f.StringVar(&o.maxTraceBytes, "max-trace-bytes", "1GiB", "in-memory traces (GET /sessions/{id}/traces) and finished sessions at most; beyond it finished sessions go first, oldest first (the output keeps every record)")
 	f.StringVar(&o.walDir, "wal-dir", "", "write-ahead log folder of an s3:// --to (default: under the user cache folder, named after the --to)")
@@ -252,6 +254,9 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 	}
 	var err error
 	if c.MaxRequestBytes, err = bytesIn("max-request-bytes", o.maxRequest, 1<<10, 1<<30); err != nil {
+		return c, err
+	}
+	if c.MaxRequestBodiesBytes, err = bytesIn("max-request-bodies-bytes", o.maxRequestBodies, 1<<20, 64<<30); err != nil {
 		return c, err
 	}
 	if c.MaxBufferedBytes, err = bytesIn("max-buffered-bytes", o.maxBuffered, 1<<20, 64<<30); err != nil {

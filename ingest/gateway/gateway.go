@@ -39,6 +39,12 @@ type Config struct {
 	AdminToken      string   // bearer token for management routes, /records and /metrics, also taken on agent routes (empty: none)
 	UpstreamKey     string   // sent to the workers as "Authorization: Bearer" (vLLM's --api-key); empty: none. The agents' tokens are never forwarded
 	MaxRequestBytes int64    // request body bound (default 32 MiB)
+	// MaxRequestBodiesBytes bounds the request bodies held at once, of
+	// every request together (default 256 MiB, at least MaxRequestBytes):
+	// a request whose body does not fit in what the others leave is
+	// answered 503 with Retry-After. A body is held until its handler
+	// returns (for an agent call, until its response ends).
+	MaxRequestBodiesBytes int64
 	// MaxRecordBytes is the longest record line the Output takes (default
 	// 16 MiB; cmd sets the output's own bound). A step recorded larger is
 	// written as its stub (metadata.gateway_reject = too_large: ingest
@@ -110,6 +116,10 @@ func (c *Config) defaults() {
 	if c.MaxRequestBytes <= 0 {
 		c.MaxRequestBytes = 32 << 20
 	}
+	if c.MaxRequestBodiesBytes <= 0 {
+		c.MaxRequestBodiesBytes = 256 << 20
+	}
+	c.MaxRequestBodiesBytes = max(c.MaxRequestBodiesBytes, c.MaxRequestBytes+1)
 	if c.Forward == nil {
 		c.Forward = DefaultForward
 	}
@@ -166,6 +176,7 @@ type Server struct {
 	client   *http.Client
 	forward  []route // Config.Forward
 	weight   atomic.Int64
+	bodies   bodies // Config.MaxRequestBodiesBytes
 
 	closing  atomic.Bool
 	inflight tracker // handlers running (agent calls, finish, /records)
@@ -205,6 +216,7 @@ func New(cfg Config, out Output) (*Server, error) {
 		forward:  forward,
 	}
 	s.weight.Store(cfg.WeightVersion)
+	s.bodies.limit = cfg.MaxRequestBodiesBytes
 	s.queue = newQueue(out, cfg.MaxBufferedBytes, cfg.Writers, cfg.BatchRecords, s.metrics, cfg.Log)
 	s.pool = newPool(s.client, cfg.HealthInterval, cfg.UpstreamKey, cfg.Log)
 	for i, u := range cfg.Upstreams {

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"slices"
@@ -120,7 +119,7 @@ func (s *Server) auth(w http.ResponseWriter, r *http.Request, openai bool, token
 }
 
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxRequestBytes))
+	b, err := s.bodies.read(w, r, s.cfg.MaxRequestBytes)
 	if err != nil {
 		s.bodyError(w, err, false)
 		return nil, false

@@ -208,7 +208,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 	var body []byte
 	if r.Body != nil {
 		var err error
-		body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxRequestBytes))
+		body, err = s.bodies.read(w, r, s.cfg.MaxRequestBytes)
 		if err != nil {
 			s.bodyError(w, err, true)
 			return
@@ -594,6 +594,10 @@ func (s *Server) upstreamError(w http.ResponseWriter, r *http.Request, err error
 
 // bodyError answers a request body that could not be read.
 func (s *Server) bodyError(w http.ResponseWriter, err error, openai bool) {
+	if errors.Is(err, errBodiesFull) {
+		s.bodiesFull(w, openai)
+		return
+	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		s.metrics.errors.inc("body_too_large")
