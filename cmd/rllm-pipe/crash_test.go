@@ -30,8 +30,8 @@ func TestCrashRestartExactlyOnce(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	gen := filepath.Join(work, "gen.jsonl")
-	r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "1200", "--group-size", "4", "--duplicates", "0.02",
-		"--prompt-len", "256", "--response-len", "128", "--seed", "11", "--quiet")
+	r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "500", "--group-size", "4", "--duplicates", "0.02",
+		"--prompt-len", "48", "--response-len", "24", "--seed", "11", "--quiet")
 	if r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
@@ -61,7 +61,7 @@ func TestCrashRestartExactlyOnce(t *testing.T) {
 
 	out := filepath.Join(work, "out")
 	args := []string{"ingest", "--from", in, "--to", out, "--group-size", "4", "--flush-interval", "30ms",
-		"--shard-size", "256KiB", "--decoders", "1", "--quiet"}
+		"--shard-size", "64KiB", "--decoders", "1", "--quiet"}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
 	kills := 0
 	for attempt := 0; ; attempt++ {
@@ -91,7 +91,7 @@ func TestCrashRestartExactlyOnce(t *testing.T) {
 					goto verify
 				}
 				continue
-			case <-time.After(time.Duration(50+rng.IntN(700)) * time.Millisecond):
+			case <-time.After(time.Duration(30+rng.IntN(400)) * time.Millisecond):
 				cmd.Process.Kill() // SIGKILL: no cleanup runs
 				<-done
 				kills++

@@ -727,7 +727,7 @@ func TestEndToEndEstimators(t *testing.T) {
 	const groupSize = 6
 	gen := filepath.Join(work, "gen.jsonl")
 	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "60", "--group-size", strconv.Itoa(groupSize),
-		"--teacher", "--seed", "424242", "--quiet"); r.code != 0 {
+		"--teacher", "--seed", "424242", "--prompt-len", "32", "--response-len", "24", "--quiet"); r.code != 0 {
 		t.Fatalf("rllm-pipe gen: exit %d\n%s", r.code, e2eClip(r.stderr, 4000))
 	}
 	data, err := os.ReadFile(gen)

@@ -72,9 +72,7 @@ func runReport(ctx context.Context, o reportOpts, cmd *cobra.Command) (err error
 			err = fmt.Errorf("close: %w", cerr)
 		}
 	}()
-	for _, w := range db.Warnings() {
-		fmt.Fprintf(cmd.ErrOrStderr(), "rllm-pipe report: warning: %s\n", w)
-	}
+	printWarnings(cmd.ErrOrStderr(), "report", db.Warnings())
 	d, err := report.Collect(ctx, db, duckdb.ReportOptions{K: o.k})
 	if err != nil {
 		return sqlError(err)

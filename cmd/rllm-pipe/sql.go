@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/train"
 )
@@ -145,9 +144,7 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 			err = fmt.Errorf("close: %w", cerr)
 		}
 	}()
-	for _, w := range db.Warnings() {
-		fmt.Fprintf(stderr, "rllm-pipe sql: warning: %s\n", duckdb.TerminalSafe(w))
-	}
+	printWarnings(stderr, "sql", db.Warnings())
 
 	if o.viewsSQL {
 		out, err := db.ViewsSQL()
@@ -201,13 +198,17 @@ func sqlError(err error) error {
 	return err
 }
 
+// printWarnings prints what opening the views warned of, made safe for a
+// terminal (a warning can quote a record's text).
+func printWarnings(w io.Writer, command string, warnings []string) {
+	for _, msg := range warnings {
+		fmt.Fprintf(w, "rllm-pipe %s: warning: %s\n", command, duckdb.TerminalSafe(msg))
+	}
+}
+
 // openSQL opens the views over --from, read only.
 func openSQL(ctx context.Context, o sqlOpts) (*duckdb.DB, error) {
-	root, err := connectors.ParseRoot(o.from, o.conn.options())
-	if err != nil {
-		return nil, usageErrorf("--from: %v", err)
-	}
-	r, err := connectors.OpenReader(ctx, root, "sql-reader-"+newRunID())
+	r, err := openShardStore(ctx, o.from, o.conn)
 	if err != nil {
 		return nil, err
 	}

@@ -1097,28 +1097,17 @@ func TestSQLReadOnly(t *testing.T) {
 	q := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 	before := sqlSnapshot(t, out)
 
+	// Every escape is refused in connectors/duckdb (TestSandboxRefusesEscapes,
+	// TestSandboxRefusesEveryStateFunction); here, that a refusal is exit
+	// 2 and changes nothing, for a read and for writes.
 	for _, query := range []string{
 		"SELECT * FROM read_csv(" + q(secret) + ")",
-		"SELECT * FROM " + q(secret),
-		"SELECT content FROM read_text('/etc/passwd')",
-		"SELECT content FROM read_text(" + q(manifest) + ")",
-		"SELECT * FROM glob(" + q(out+"/*") + ")",
-		"SELECT count(*) FROM read_parquet(" + q(out+"/**/*.parquet") + ")",
-		"SELECT * FROM read_csv('http://127.0.0.1:9/x.csv')",
 		"COPY (SELECT 'x' AS x) TO " + q(manifest) + " (FORMAT csv, HEADER false)",
 		"COPY (SELECT * FROM steps LIMIT 1) TO " + q(shard) + " (FORMAT parquet, USE_TMP_FILE false)",
-		"COPY (SELECT * FROM steps) TO " + q(written+".parquet") + " (FORMAT parquet)",
 		"COPY (SELECT 1 AS x) TO " + q(written+".csv") + "; SELECT 1",
-		"EXPLAIN ANALYZE COPY (SELECT 1 AS x) TO " + q(manifest) + " (FORMAT csv)",
 		"EXPORT DATABASE " + q(written),
 		"ATTACH " + q(written+".db"),
-		"INSTALL httpfs",
-		"LOAD httpfs",
-		"SET enable_external_access = true",
-		"RESET lock_configuration",
-		"CREATE SECRET s (TYPE s3, KEY_ID 'a', SECRET 'b')",
-		"CREATE VIEW w AS SELECT * FROM read_text(" + q(secret) + ")",
-		"SELECT * FROM query('SELECT * FROM read_csv(" + strings.ReplaceAll(q(secret), "'", "''") + ")')",
+		"COPY (SELECT * FROM steps) TO " + q(written+".parquet") + " (FORMAT parquet)",
 	} {
 		r := e2eRun(t, bin, work, "sql", "--from", out, query)
 		if r.code != 2 || !strings.Contains(r.stderr, "refused") || strings.Contains(r.stdout+r.stderr, "hostsecret") {
@@ -1134,16 +1123,12 @@ func TestSQLReadOnly(t *testing.T) {
 		t.Errorf("rllm-pipe sql modified the output root:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 
-	// The views and every report still run.
-	for _, name := range reportNames() {
-		if r := e2eRun(t, bin, work, "sql", "--from", out, "--report", name); r.code != 0 {
-			t.Errorf("--report %s: exit %d\n%s", name, r.code, r.stderr)
-		}
+	// The views and the reports still run (every report and view:
+	// connectors/duckdb's sandbox tests).
+	if r := e2eRun(t, bin, work, "sql", "--from", out, "--report", reportNames()[0]); r.code != 0 {
+		t.Errorf("--report %s: exit %d\n%s", reportNames()[0], r.code, r.stderr)
 	}
-	for _, query := range []string{
-		"SELECT count(*) AS n FROM steps", "SELECT count(*) AS n FROM trajectories", "SELECT count(*) AS n FROM groups",
-		"SELECT count(*) AS n FROM shards", "SELECT count(*) AS n FROM dead_letters", "EXPLAIN SELECT * FROM groups", "DESCRIBE steps",
-	} {
+	for _, query := range []string{"SELECT count(*) AS n FROM steps", "EXPLAIN SELECT * FROM groups"} {
 		if r := e2eRun(t, bin, work, "sql", "--from", out, "--format", "csv", query); r.code != 0 {
 			t.Errorf("sql %s: exit %d\n%s", query, r.code, r.stderr)
 		}
@@ -1333,5 +1318,16 @@ func TestSQLErrorsEscapeControls(t *testing.T) {
 		if !strings.Contains(stderr.String(), `\x1b]0;pwned\x07`) {
 			t.Errorf("%s: the id is not shown escaped: %q", q, stderr.String())
 		}
+	}
+}
+
+// TestPrintWarningsEscapes: a warning from opening the views (which can
+// quote a file name or a record) reaches the terminal escaped, for sql
+// and report alike.
+func TestPrintWarningsEscapes(t *testing.T) {
+	var b strings.Builder
+	printWarnings(&b, "report", []string{"shard \x1b]0;pwned\x07 is missing"})
+	if got := b.String(); strings.ContainsAny(got, "\x1b\a") || !strings.HasPrefix(got, "rllm-pipe report: warning: shard ") {
+		t.Errorf("printed %q", got)
 	}
 }

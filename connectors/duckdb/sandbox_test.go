@@ -120,6 +120,7 @@ func TestSandboxRefusesEscapes(t *testing.T) {
 		{"reset external access", "RESET enable_external_access", false},
 		{"set allowed directories", "SET allowed_directories = ['/']", false},
 		{"unlock", "SET lock_configuration = false", false},
+		{"reset the lock", "RESET lock_configuration", false},
 		{"pragma", "PRAGMA enable_profiling = 'json'", false},
 		{"create secret", "CREATE SECRET s (TYPE s3, KEY_ID 'a', SECRET 'b')", false},
 		{"create view over file", "CREATE VIEW w AS SELECT content FROM read_text(" + q(secret) + ")", false},
