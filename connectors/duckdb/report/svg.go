@@ -162,227 +162,294 @@ func (c *Chart) SVG() string {
 		fmt.Fprintf(&b, `<text class="note" x="%d" y="%d" text-anchor="middle">%s</text></svg>`, svgW/2, svgH/2, esc(note))
 		return b.String()
 	}
-	// y range, always including 0 for bars.
-	ylo, yhi := math.Inf(1), math.Inf(-1)
-	xlo, xhi := math.Inf(1), math.Inf(-1)
-	var cats []string
-	catIdx := map[string]int{}
+	p := newPlot(c)
+	p.yAxis(&b)
+	fmt.Fprintf(&b, `<g class="axis x"><line class="base" x1="%d" x2="%d" y1="%d" y2="%d"/>`, padL, svgW-padR, p.bottom(), p.bottom())
+	if c.Kind == KindBar {
+		p.categoryAxis(&b)
+	} else {
+		p.numericAxis(&b)
+	}
+	fmt.Fprintf(&b, `<text class="label" x="%d" y="%d" text-anchor="middle">%s</text></g>`, padL+int(p.pw/2), svgH-8, esc(c.XLabel))
+	for si, s := range c.Series {
+		fmt.Fprintf(&b, `<g class="series %s" data-series="%s" data-points="%d">`, seriesClass(si), esc(s.Name), len(s.Points))
+		switch c.Kind {
+		case KindColumns:
+			p.columns(&b, si, s)
+		case KindBar:
+			p.bars(&b, si, s)
+		default:
+			p.line(&b, s)
+		}
+		b.WriteString(`</g>`)
+	}
+	if len(c.Series) > 1 {
+		p.legend(&b)
+	}
+	b.WriteString(`</svg>`)
+	return b.String()
+}
+
+// plot is a chart's layout: the value ranges, the padding around the
+// plot area and how values map to it.
+type plot struct {
+	c                  *Chart
+	xlo, xhi, ylo, yhi float64   // the values' extent (y: the ticks')
+	yt                 []float64 // y ticks
+	cats               []string  // bar categories, in order of first appearance
+	catIdx             map[string]int
+	padT, padB         int
+	pw, ph             float64 // the plot area
+	catClip            int     // characters of a category label kept
+	slant              bool    // category labels slanted
+	perRow, clipAt     int     // legendLayout
+	xmap               func(p Point) float64
+}
+
+func newPlot(c *Chart) *plot {
+	p := &plot{c: c, catIdx: map[string]int{}, padT: padT, padB: padB, catClip: 18}
+	p.ylo, p.yhi = math.Inf(1), math.Inf(-1)
+	p.xlo, p.xhi = math.Inf(1), math.Inf(-1)
 	for _, s := range c.Series {
-		for _, p := range s.Points {
-			ylo, yhi = math.Min(ylo, p.Y), math.Max(yhi, p.Y)
+		for _, pt := range s.Points {
+			p.ylo, p.yhi = math.Min(p.ylo, pt.Y), math.Max(p.yhi, pt.Y)
 			if c.Kind == KindColumns {
-				xlo, xhi = math.Min(xlo, p.X-p.width()/2), math.Max(xhi, p.X+p.width()/2)
+				p.xlo, p.xhi = math.Min(p.xlo, pt.X-pt.width()/2), math.Max(p.xhi, pt.X+pt.width()/2)
 			} else {
-				xlo, xhi = math.Min(xlo, p.X), math.Max(xhi, p.X)
+				p.xlo, p.xhi = math.Min(p.xlo, pt.X), math.Max(p.xhi, pt.X)
 			}
-			if _, ok := catIdx[p.Label]; !ok {
-				catIdx[p.Label] = len(cats)
-				cats = append(cats, p.Label)
+			if _, ok := p.catIdx[pt.Label]; !ok {
+				p.catIdx[pt.Label] = len(p.cats)
+				p.cats = append(p.cats, pt.Label)
 			}
 		}
 	}
-	if c.Kind == KindBar || c.Kind == KindColumns || c.YZero || ylo > 0 && ylo < yhi/3 {
-		ylo = math.Min(ylo, 0)
+	// y range, always including 0 for bars.
+	if c.Kind == KindBar || c.Kind == KindColumns || c.YZero || p.ylo > 0 && p.ylo < p.yhi/3 {
+		p.ylo = math.Min(p.ylo, 0)
 	}
-	yt := niceTicks(ylo, yhi, 5)
-	ylo, yhi = yt[0], yt[len(yt)-1]
+	p.yt = niceTicks(p.ylo, p.yhi, 5)
+	p.ylo, p.yhi = p.yt[0], p.yt[len(p.yt)-1]
 	// The legend gets rows of its own above the plot, never over it.
-	padT := padT
-	perRow, clipAt := legendLayout(c.Series)
+	p.perRow, p.clipAt = legendLayout(c.Series)
 	if len(c.Series) > 1 {
-		padT += ((len(c.Series) + perRow - 1) / perRow) * legendLine
+		p.padT += ((len(c.Series) + p.perRow - 1) / p.perRow) * legendLine
 	}
 	// A bar's category is written under it, whole when its slot holds it
 	// (up to 40 characters); categories too long to sit side by side
 	// (ten dead-letter reasons) are slanted, with room made for them below
 	// the plot, and cut at 24.
-	padB, catClip, slant := padB, 18, false
 	if c.Kind == KindBar {
-		every := max(1, len(cats)/12)
-		slot := float64(svgW-padL-padR) / float64(len(cats)) * float64(every)
+		every := max(1, len(p.cats)/12)
+		slot := float64(svgW-padL-padR) / float64(len(p.cats)) * float64(every)
 		longest := 0
-		for _, cat := range cats {
+		for _, cat := range p.cats {
 			longest = max(longest, len([]rune(cat)))
 		}
-		if fit := int((slot - 4) / charW); fit >= catClip {
-			catClip = min(fit, 40) // as much of a name as its slot holds
+		if fit := int((slot - 4) / charW); fit >= p.catClip {
+			p.catClip = min(fit, 40) // as much of a name as its slot holds
 		} else if longest > fit {
-			slant, catClip = true, 24
-			padB += int(float64(min(longest, catClip)) * charW / 2)
+			p.slant, p.catClip = true, 24
+			p.padB += int(float64(min(longest, p.catClip)) * charW / 2)
 		}
 	}
-	pw, ph := float64(svgW-padL-padR), float64(svgH-padT-padB)
-	ymap := func(v float64) float64 { return float64(padT) + ph - (v-ylo)/(yhi-ylo)*ph }
-	// Axes and grid.
+	p.pw, p.ph = float64(svgW-padL-padR), float64(svgH-p.padT-p.padB)
+	return p
+}
+
+// ymap is the vertical position of value v.
+func (p *plot) ymap(v float64) float64 {
+	return float64(p.padT) + p.ph - (v-p.ylo)/(p.yhi-p.ylo)*p.ph
+}
+
+// bottom is the plot area's bottom edge.
+func (p *plot) bottom() int { return p.padT + int(p.ph) }
+
+// yAxis writes the y axis: its ticks, the grid and its label.
+func (p *plot) yAxis(b *strings.Builder) {
 	b.WriteString(`<g class="axis y">`)
-	for _, t := range yt {
-		y := ymap(t)
-		fmt.Fprintf(&b, `<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/><text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`,
+	for _, t := range p.yt {
+		y := p.ymap(t)
+		fmt.Fprintf(b, `<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/><text x="%d" y="%.1f" text-anchor="end" dominant-baseline="middle">%s</text>`,
 			padL, svgW-padR, y, y, padL-6, y, fmtNum(t))
 	}
-	fmt.Fprintf(&b, `<text class="label" transform="translate(14 %d) rotate(-90)" text-anchor="middle">%s</text></g>`, padT+int(ph/2), esc(c.YLabel))
-	fmt.Fprintf(&b, `<g class="axis x"><line class="base" x1="%d" x2="%d" y1="%d" y2="%d"/>`, padL, svgW-padR, padT+int(ph), padT+int(ph))
-	var xmap func(p Point) float64
-	switch c.Kind {
-	case KindBar:
-		slot := pw / float64(len(cats))
-		xmap = func(p Point) float64 { return float64(padL) + slot*(float64(catIdx[p.Label])+0.5) }
-		every := max(1, len(cats)/12)
-		for i, cat := range cats {
-			if i%every != 0 {
-				continue
-			}
-			// A category cut short keeps its whole name as a tooltip.
-			tip := ""
-			if clip(cat, catClip) != cat {
-				tip = `<title>` + esc(cat) + `</title>`
-			}
-			x := float64(padL) + slot*(float64(i)+0.5)
-			if slant {
-				fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="end" transform="rotate(-30 %.1f %d)">%s%s</text>`, x, padT+int(ph)+14, x, padT+int(ph)+14, esc(clip(cat, catClip)), tip)
-				continue
-			}
-			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s%s</text>`, x, padT+int(ph)+16, esc(clip(cat, catClip)), tip)
+	fmt.Fprintf(b, `<text class="label" transform="translate(14 %d) rotate(-90)" text-anchor="middle">%s</text></g>`, p.padT+int(p.ph/2), esc(p.c.YLabel))
+}
+
+// categoryAxis sets xmap for bars and writes their category labels.
+func (p *plot) categoryAxis(b *strings.Builder) {
+	slot := p.pw / float64(len(p.cats))
+	p.xmap = func(pt Point) float64 { return float64(padL) + slot*(float64(p.catIdx[pt.Label])+0.5) }
+	every := max(1, len(p.cats)/12)
+	for i, cat := range p.cats {
+		if i%every != 0 {
+			continue
 		}
-	default:
-		var xt []float64
-		x0, x1 := xlo, xhi // the x domain
-		switch {
-		case c.XTime:
-			if xlo == xhi {
-				x0, x1 = xlo-30, xlo+30
-			}
-			xt = timeTicks(x0, x1, 5)
-		case c.Kind == KindColumns:
-			// The bars' edges bound the axis; ticks inside it only.
-			if c.integralX() && xhi-xlo <= 13 {
-				for v := math.Ceil(xlo); v <= xhi; v++ {
-					xt = append(xt, v)
-				}
-			} else {
-				for _, v := range niceTicks(xlo, xhi, 8) {
-					if v >= xlo-1e-9*math.Abs(xhi-xlo) && v <= xhi+1e-9*math.Abs(xhi-xlo) {
-						xt = append(xt, v)
-					}
-				}
-			}
-		case xlo == xhi:
-			xt = []float64{xlo - 1, xlo, xlo + 1}
-		case c.integralX() && xhi-xlo <= 12:
-			// Policy versions and the like: a tick per integer, none
-			// between two.
-			for v := xlo; v <= xhi; v++ {
+		// A category cut short keeps its whole name as a tooltip.
+		tip := ""
+		if clip(cat, p.catClip) != cat {
+			tip = `<title>` + esc(cat) + `</title>`
+		}
+		x := float64(padL) + slot*(float64(i)+0.5)
+		if p.slant {
+			fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="end" transform="rotate(-30 %.1f %d)">%s%s</text>`, x, p.bottom()+14, x, p.bottom()+14, esc(clip(cat, p.catClip)), tip)
+			continue
+		}
+		fmt.Fprintf(b, `<text x="%.1f" y="%d" text-anchor="middle">%s%s</text>`, x, p.bottom()+16, esc(clip(cat, p.catClip)), tip)
+	}
+}
+
+// xTicks are the ticks of a numeric x axis.
+func (p *plot) xTicks() []float64 {
+	c, xlo, xhi := p.c, p.xlo, p.xhi
+	var xt []float64
+	switch {
+	case c.XTime:
+		if xlo == xhi {
+			xlo, xhi = xlo-30, xlo+30
+		}
+		xt = timeTicks(xlo, xhi, 5)
+	case c.Kind == KindColumns:
+		// The bars' edges bound the axis; ticks inside it only.
+		if c.integralX() && xhi-xlo <= 13 {
+			for v := math.Ceil(xlo); v <= xhi; v++ {
 				xt = append(xt, v)
 			}
-		default:
-			xt = niceTicks(xlo, xhi, 6)
-		}
-		if !c.XTime && c.Kind != KindColumns {
-			x0, x1 = xt[0], xt[len(xt)-1]
-		}
-		if x0 == x1 {
-			x0, x1 = x0-0.5, x1+0.5
-		}
-		xmap = func(p Point) float64 { return float64(padL) + (p.X-x0)/(x1-x0)*pw }
-		layout := timeLayout(x1 - x0)
-		for _, t := range xt {
-			lbl, anchor := fmtNum(t), "middle"
-			x := xmap(Point{X: t})
-			if c.XTime {
-				sec, frac := math.Modf(t)
-				lbl = time.Unix(int64(sec), int64(math.Round(frac*1e3))*1e6).UTC().Format(layout)
-				// Labels near the ends stay inside the chart.
-				if x < float64(padL)+30 {
-					anchor = "start"
-				} else if x > float64(svgW-padR)-30 {
-					anchor = "end"
+		} else {
+			for _, v := range niceTicks(xlo, xhi, 8) {
+				if v >= xlo-1e-9*math.Abs(xhi-xlo) && v <= xhi+1e-9*math.Abs(xhi-xlo) {
+					xt = append(xt, v)
 				}
 			}
-			fmt.Fprintf(&b, `<line class="tick" x1="%.1f" x2="%.1f" y1="%d" y2="%d"/><text x="%.1f" y="%d" text-anchor="%s">%s</text>`,
-				x, x, padT+int(ph), padT+int(ph)+4, x, padT+int(ph)+16, anchor, lbl)
 		}
+	case xlo == xhi:
+		xt = []float64{xlo - 1, xlo, xlo + 1}
+	case c.integralX() && xhi-xlo <= 12:
+		// Policy versions and the like: a tick per integer, none
+		// between two.
+		for v := xlo; v <= xhi; v++ {
+			xt = append(xt, v)
+		}
+	default:
+		xt = niceTicks(xlo, xhi, 6)
 	}
-	fmt.Fprintf(&b, `<text class="label" x="%d" y="%d" text-anchor="middle">%s</text></g>`, padL+int(pw/2), svgH-8, esc(c.XLabel))
-	// Series.
-	for si, s := range c.Series {
-		fmt.Fprintf(&b, `<g class="series %s" data-series="%s" data-points="%d">`, seriesClass(si), esc(s.Name), len(s.Points))
-		pts := s.Points
-		stride := max(1, len(pts)/maxPointsDrawn)
-		switch c.Kind {
-		case KindColumns:
-			n := float64(len(c.Series))
-			for _, p := range pts {
-				w := p.width() * 0.9 / n
-				left := p.X - p.width()*0.45 + w*float64(si)
-				xa, xb := xmap(Point{X: left}), xmap(Point{X: left + w})
-				y0, y1 := ymap(math.Max(0, ylo)), ymap(p.Y)
-				top, h := math.Min(y0, y1), math.Abs(y0-y1)
-				xl := p.Label
-				if xl == "" {
-					xl = fmtNum(p.X)
-				}
-				open, close := link(p.Link)
-				fmt.Fprintf(&b, `%s<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" data-x="%s" data-y="%s"><title>%s at %s: %s</title></rect>%s`,
-					open, xa, top, math.Max(xb-xa, 1), math.Max(h, 0.5), exact(p.X), exact(p.Y), esc(s.Name), esc(xl), fmtNum(p.Y), close)
-			}
-		case KindBar:
-			slot := pw / float64(len(cats))
-			bw := slot * 0.8 / float64(len(c.Series))
-			for _, p := range pts {
-				x := xmap(p) - slot*0.4 + bw*float64(si)
-				y0, y1 := ymap(math.Max(0, ylo)), ymap(p.Y)
-				top, h := math.Min(y0, y1), math.Abs(y0-y1)
-				open, close := link(p.Link)
-				fmt.Fprintf(&b, `%s<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" data-x="%s" data-y="%s"><title>%s %s: %s</title></rect>%s`,
-					open, x, top, math.Max(bw-1, 1), math.Max(h, 0.5), esc(p.Label), exact(p.Y), esc(s.Name), esc(p.Label), fmtNum(p.Y), close)
-			}
-		default:
-			// The line runs in x order (shards committed at once by
-			// parallel encoders can be listed slightly out of time order);
-			// the points keep the report's order.
-			line := slices.Clone(pts)
-			slices.SortStableFunc(line, func(a, b Point) int { return cmp.Compare(a.X, b.X) })
-			var path strings.Builder
-			for i := 0; i < len(line); i += stride {
-				cmd := "L"
-				if i == 0 {
-					cmd = "M"
-				}
-				fmt.Fprintf(&path, "%s%.1f %.1f", cmd, xmap(line[i]), ymap(line[i].Y))
-			}
-			fmt.Fprintf(&b, `<path class="line" d="%s"/>`, path.String())
-			for i := 0; i < len(pts); i += stride {
-				p := pts[i]
-				xl := p.Label
-				if xl == "" {
-					xl = fmtNum(p.X)
-					if c.XTime {
-						sec, frac := math.Modf(p.X)
-						xl = time.Unix(int64(sec), int64(math.Round(frac*1e3))*1e6).UTC().Format("2006-01-02 15:04:05.000 UTC")
-					}
-				}
-				open, close := link(p.Link)
-				fmt.Fprintf(&b, `%s<circle class="pt" cx="%.1f" cy="%.1f" r="3" data-x="%s" data-y="%s"><title>%s at %s: %s</title></circle>%s`,
-					open, xmap(p), ymap(p.Y), exact(p.X), exact(p.Y), esc(s.Name), esc(xl), fmtNum(p.Y), close)
+	return xt
+}
+
+// numericAxis sets xmap for a numeric x axis and writes its ticks.
+func (p *plot) numericAxis(b *strings.Builder) {
+	c := p.c
+	xt := p.xTicks()
+	x0, x1 := p.xlo, p.xhi // the x domain
+	switch {
+	case c.XTime && x0 == x1:
+		x0, x1 = x0-30, x0+30
+	case !c.XTime && c.Kind != KindColumns:
+		x0, x1 = xt[0], xt[len(xt)-1]
+	}
+	if x0 == x1 {
+		x0, x1 = x0-0.5, x1+0.5
+	}
+	p.xmap = func(pt Point) float64 { return float64(padL) + (pt.X-x0)/(x1-x0)*p.pw }
+	layout := timeLayout(x1 - x0)
+	for _, t := range xt {
+		lbl, anchor := fmtNum(t), "middle"
+		x := p.xmap(Point{X: t})
+		if c.XTime {
+			sec, frac := math.Modf(t)
+			lbl = time.Unix(int64(sec), int64(math.Round(frac*1e3))*1e6).UTC().Format(layout)
+			// Labels near the ends stay inside the chart.
+			if x < float64(padL)+30 {
+				anchor = "start"
+			} else if x > float64(svgW-padR)-30 {
+				anchor = "end"
 			}
 		}
-		b.WriteString(`</g>`)
+		fmt.Fprintf(b, `<line class="tick" x1="%.1f" x2="%.1f" y1="%d" y2="%d"/><text x="%.1f" y="%d" text-anchor="%s">%s</text>`,
+			x, x, p.bottom(), p.bottom()+4, x, p.bottom()+16, anchor, lbl)
 	}
-	// Legend, top right, when there is more than one series.
-	if len(c.Series) > 1 {
-		b.WriteString(`<g class="legend">`)
-		interval := (svgW - padL - padR - 8) / perRow
-		for si, s := range c.Series {
-			x := padL + 8 + (si%perRow)*interval
-			y := legendTop + 6 + (si/perRow)*legendLine
-			// The whole name in a tooltip, when the text is cut or not.
-			fmt.Fprintf(&b, `<g class="entry"><title>%s</title><rect class="key %s" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text></g>`,
-				esc(s.Name), seriesClass(si), x, y, x+14, y+9, esc(clip(s.Name, clipAt)))
+}
+
+// columns writes series si as columns spanning X ± W/2, side by side
+// with the other series'.
+func (p *plot) columns(b *strings.Builder, si int, s Series) {
+	n := float64(len(p.c.Series))
+	for _, pt := range s.Points {
+		w := pt.width() * 0.9 / n
+		left := pt.X - pt.width()*0.45 + w*float64(si)
+		xa, xb := p.xmap(Point{X: left}), p.xmap(Point{X: left + w})
+		y0, y1 := p.ymap(math.Max(0, p.ylo)), p.ymap(pt.Y)
+		top, h := math.Min(y0, y1), math.Abs(y0-y1)
+		xl := pt.Label
+		if xl == "" {
+			xl = fmtNum(pt.X)
 		}
-		b.WriteString(`</g>`)
+		open, close := link(pt.Link)
+		fmt.Fprintf(b, `%s<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" data-x="%s" data-y="%s"><title>%s at %s: %s</title></rect>%s`,
+			open, xa, top, math.Max(xb-xa, 1), math.Max(h, 0.5), exact(pt.X), exact(pt.Y), esc(s.Name), esc(xl), fmtNum(pt.Y), close)
 	}
-	b.WriteString(`</svg>`)
-	return b.String()
+}
+
+// bars writes series si as bars in their categories' slots.
+func (p *plot) bars(b *strings.Builder, si int, s Series) {
+	slot := p.pw / float64(len(p.cats))
+	bw := slot * 0.8 / float64(len(p.c.Series))
+	for _, pt := range s.Points {
+		x := p.xmap(pt) - slot*0.4 + bw*float64(si)
+		y0, y1 := p.ymap(math.Max(0, p.ylo)), p.ymap(pt.Y)
+		top, h := math.Min(y0, y1), math.Abs(y0-y1)
+		open, close := link(pt.Link)
+		fmt.Fprintf(b, `%s<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" data-x="%s" data-y="%s"><title>%s %s: %s</title></rect>%s`,
+			open, x, top, math.Max(bw-1, 1), math.Max(h, 0.5), esc(pt.Label), exact(pt.Y), esc(s.Name), esc(pt.Label), fmtNum(pt.Y), close)
+	}
+}
+
+// line writes series s as a line with a point at every stride-th value.
+func (p *plot) line(b *strings.Builder, s Series) {
+	pts := s.Points
+	stride := max(1, len(pts)/maxPointsDrawn)
+	// The line runs in x order (shards committed at once by parallel
+	// encoders can be listed slightly out of time order); the points keep
+	// the report's order.
+	line := slices.Clone(pts)
+	slices.SortStableFunc(line, func(a, b Point) int { return cmp.Compare(a.X, b.X) })
+	var path strings.Builder
+	for i := 0; i < len(line); i += stride {
+		cmd := "L"
+		if i == 0 {
+			cmd = "M"
+		}
+		fmt.Fprintf(&path, "%s%.1f %.1f", cmd, p.xmap(line[i]), p.ymap(line[i].Y))
+	}
+	fmt.Fprintf(b, `<path class="line" d="%s"/>`, path.String())
+	for i := 0; i < len(pts); i += stride {
+		pt := pts[i]
+		xl := pt.Label
+		if xl == "" {
+			xl = fmtNum(pt.X)
+			if p.c.XTime {
+				sec, frac := math.Modf(pt.X)
+				xl = time.Unix(int64(sec), int64(math.Round(frac*1e3))*1e6).UTC().Format("2006-01-02 15:04:05.000 UTC")
+			}
+		}
+		open, close := link(pt.Link)
+		fmt.Fprintf(b, `%s<circle class="pt" cx="%.1f" cy="%.1f" r="3" data-x="%s" data-y="%s"><title>%s at %s: %s</title></circle>%s`,
+			open, p.xmap(pt), p.ymap(pt.Y), exact(pt.X), exact(pt.Y), esc(s.Name), esc(xl), fmtNum(pt.Y), close)
+	}
+}
+
+// legend writes the legend above the plot: a key and the name (whole in
+// a tooltip) per series.
+func (p *plot) legend(b *strings.Builder) {
+	b.WriteString(`<g class="legend">`)
+	interval := (svgW - padL - padR - 8) / p.perRow
+	for si, s := range p.c.Series {
+		x := padL + 8 + (si%p.perRow)*interval
+		y := legendTop + 6 + (si/p.perRow)*legendLine
+		fmt.Fprintf(b, `<g class="entry"><title>%s</title><rect class="key %s" x="%d" y="%d" width="10" height="10"/><text x="%d" y="%d">%s</text></g>`,
+			esc(s.Name), seriesClass(si), x, y, x+14, y+9, esc(clip(s.Name, p.clipAt)))
+	}
+	b.WriteString(`</g>`)
 }
 
 // legendLayout is the legend's entries per row and the characters a
