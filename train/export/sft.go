@@ -90,37 +90,17 @@ func SFT(ctx context.Context, src train.Shards, cfg SFTConfig, out Rows) (SFTSta
 	var trajs []*trajectory
 	byID := map[string]*trajectory{}
 	for i, e := range entries {
-		err := readColumns(ctx, src, e, mem, []string{"task_id", "group_id", "trajectory_id", "reward", "filter_reason"}, func(rec arrow.RecordBatch) error {
-			task := rec.Column(0).(*array.String)
-			gid := rec.Column(1).(*array.String)
-			tid := rec.Column(2).(*array.String)
-			rew := rec.Column(3).(*array.Float64)
-			fr := rec.Column(4).(*array.String)
-			for r := 0; r < int(rec.NumRows()); r++ {
-				key := fmt.Sprintf("%d\x00%s\x00%s", i, gid.Value(r), tid.Value(r))
-				t := byID[key]
-				if t == nil {
-					t = &trajectory{shard: i, task: task.Value(r), id: key, tid: tid.Value(r), reward: rew.Value(r)}
-					byID[key] = t
-					trajs = append(trajs, t)
-				}
-				if fr.IsValid(r) {
-					t.filtered = true
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := readTrajectories(ctx, src, e, mem, i, byID, &trajs); err != nil {
 			return st, err
 		}
 		prog.add(e.Bytes)
 	}
 	st.Trajectories = int64(len(trajs))
-	chosen := choose(trajs, cfg, &st)
+	w := &sftWriter{cfg: cfg, out: out, st: &st, chosen: choose(trajs, cfg, &st), dedupe: map[[32]byte]bool{}}
 
 	// Pass two: the conversations of the chosen, shard by shard.
 	need := map[int]bool{}
-	for _, t := range chosen {
+	for _, t := range w.chosen {
 		need[t.shard] = true
 	}
 	prog.total = prog.done
@@ -129,115 +109,181 @@ func SFT(ctx context.Context, src train.Shards, cfg SFTConfig, out Rows) (SFTSta
 			prog.total += e.Bytes
 		}
 	}
-	dedupe := map[[32]byte]bool{}
 	for i, e := range entries {
 		if !need[i] {
 			continue
 		}
-		type step struct {
-			index    int32
-			messages []byte
-			metadata []byte
-		}
-		steps := map[string][]step{}
-		var order []string
-		err := readColumns(ctx, src, e, mem, []string{"group_id", "trajectory_id", "step_index", "messages", "metadata"}, func(rec arrow.RecordBatch) error {
-			gid := rec.Column(0).(*array.String)
-			tid := rec.Column(1).(*array.String)
-			idx := rec.Column(2).(*array.Int32)
-			msgs := rec.Column(3).(*array.String)
-			meta := rec.Column(4).(*array.String)
-			for r := 0; r < int(rec.NumRows()); r++ {
-				key := fmt.Sprintf("%d\x00%s\x00%s", i, gid.Value(r), tid.Value(r))
-				if !chosen[key].isChosen() {
-					continue
-				}
-				if steps[key] == nil {
-					order = append(order, key)
-				}
-				s := step{index: idx.Value(r)}
-				if msgs.IsValid(r) {
-					s.messages = []byte(msgs.Value(r))
-				}
-				if meta.IsValid(r) {
-					s.metadata = []byte(meta.Value(r))
-				}
-				steps[key] = append(steps[key], s)
-			}
-			return nil
-		})
+		steps, order, err := w.readSteps(ctx, src, e, mem, i)
 		if err != nil {
 			return st, err
 		}
 		for _, key := range order {
-			ss := steps[key]
-			sort.SliceStable(ss, func(a, b int) bool { return ss[a].index < ss[b].index })
-			var parsed [][]message
-			var declared []any
-			for _, s := range ss {
-				if declared == nil && s.metadata != nil {
-					var m struct {
-						Tools []any `json:"tools"`
-					}
-					if json.Unmarshal(s.metadata, &m) == nil && len(m.Tools) > 0 {
-						declared = m.Tools
-					}
-				}
-				if s.messages == nil {
-					continue
-				}
-				ms, err := parseMessages(s.messages)
-				if err != nil {
-					st.BadMessages++
-					continue
-				}
-				parsed = append(parsed, ms)
-			}
-			convs := conversations(parsed)
-			if len(convs) == 0 {
-				st.NoMessages++
-				continue
-			}
-			t := chosen[key]
-			for _, conv := range convs {
-				row := map[string]any{}
-				if cfg.Format == FormatMessages {
-					row["messages"] = values(conv)
-				} else {
-					p, c, ok := splitCompletion(conv)
-					if !ok {
-						st.NoCompletion++
-						continue
-					}
-					row["prompt"], row["completion"] = values(p), values(c)
-				}
-				if usesTools(conv) {
-					row["tools"] = toolSchemas(conv, declared)
-				}
-				if cfg.Dedupe {
-					data, _ := json.Marshal(row)
-					sum := sha256.Sum256(data)
-					if dedupe[sum] {
-						st.Duplicates++
-						continue
-					}
-					dedupe[sum] = true
-				}
-				if cfg.WithIDs {
-					row["task_id"], row["trajectory_id"], row["reward"] = t.task, t.tid, t.reward
-				}
-				if err := out.Write(row); err != nil {
-					return st, err
-				}
-				st.Rows++
-				if row["tools"] != nil {
-					st.RowsWithTools++
-				}
+			if err := w.write(key, steps[key]); err != nil {
+				return st, err
 			}
 		}
 		prog.add(e.Bytes)
 	}
 	return st, nil
+}
+
+// trajectoryKey is a trajectory's key: its shard's index in the run, its
+// group id and its trajectory id.
+func trajectoryKey(shard int, gid, tid string) string {
+	return fmt.Sprintf("%d\x00%s\x00%s", shard, gid, tid)
+}
+
+// readTrajectories adds the trajectories of shard e (the i-th) to byID
+// and, in order of first appearance, to trajs: what pass one chooses by.
+func readTrajectories(ctx context.Context, src train.Shards, e schemas.ShardEntry, mem memory.Allocator, i int, byID map[string]*trajectory, trajs *[]*trajectory) error {
+	return readColumns(ctx, src, e, mem, []string{"task_id", "group_id", "trajectory_id", "reward", "filter_reason"}, func(rec arrow.RecordBatch) error {
+		task := rec.Column(0).(*array.String)
+		gid := rec.Column(1).(*array.String)
+		tid := rec.Column(2).(*array.String)
+		rew := rec.Column(3).(*array.Float64)
+		fr := rec.Column(4).(*array.String)
+		for r := 0; r < int(rec.NumRows()); r++ {
+			key := trajectoryKey(i, gid.Value(r), tid.Value(r))
+			t := byID[key]
+			if t == nil {
+				t = &trajectory{shard: i, task: task.Value(r), id: key, tid: tid.Value(r), reward: rew.Value(r)}
+				byID[key] = t
+				*trajs = append(*trajs, t)
+			}
+			if fr.IsValid(r) {
+				t.filtered = true
+			}
+		}
+		return nil
+	})
+}
+
+// sftStep is what pass two reads of a chosen trajectory's step.
+type sftStep struct {
+	index    int32
+	messages []byte
+	metadata []byte
+}
+
+// sftWriter is pass two: it writes the conversations of the chosen
+// trajectories.
+type sftWriter struct {
+	cfg    SFTConfig
+	out    Rows
+	st     *SFTStats
+	chosen chosenSet
+	dedupe map[[32]byte]bool // Dedupe: digests of the rows written
+}
+
+// readSteps reads the steps of the chosen trajectories of shard e (the
+// i-th), by trajectory key, and the keys in order of first appearance.
+func (w *sftWriter) readSteps(ctx context.Context, src train.Shards, e schemas.ShardEntry, mem memory.Allocator, i int) (map[string][]sftStep, []string, error) {
+	steps := map[string][]sftStep{}
+	var order []string
+	err := readColumns(ctx, src, e, mem, []string{"group_id", "trajectory_id", "step_index", "messages", "metadata"}, func(rec arrow.RecordBatch) error {
+		gid := rec.Column(0).(*array.String)
+		tid := rec.Column(1).(*array.String)
+		idx := rec.Column(2).(*array.Int32)
+		msgs := rec.Column(3).(*array.String)
+		meta := rec.Column(4).(*array.String)
+		for r := 0; r < int(rec.NumRows()); r++ {
+			key := trajectoryKey(i, gid.Value(r), tid.Value(r))
+			if !w.chosen[key].isChosen() {
+				continue
+			}
+			if steps[key] == nil {
+				order = append(order, key)
+			}
+			s := sftStep{index: idx.Value(r)}
+			if msgs.IsValid(r) {
+				s.messages = []byte(msgs.Value(r))
+			}
+			if meta.IsValid(r) {
+				s.metadata = []byte(meta.Value(r))
+			}
+			steps[key] = append(steps[key], s)
+		}
+		return nil
+	})
+	return steps, order, err
+}
+
+// write writes the conversations of trajectory key, whose steps are ss.
+func (w *sftWriter) write(key string, ss []sftStep) error {
+	sort.SliceStable(ss, func(a, b int) bool { return ss[a].index < ss[b].index })
+	var parsed [][]message
+	var declared []any
+	for _, s := range ss {
+		if declared == nil && s.metadata != nil {
+			var m struct {
+				Tools []any `json:"tools"`
+			}
+			if json.Unmarshal(s.metadata, &m) == nil && len(m.Tools) > 0 {
+				declared = m.Tools
+			}
+		}
+		if s.messages == nil {
+			continue
+		}
+		ms, err := parseMessages(s.messages)
+		if err != nil {
+			w.st.BadMessages++
+			continue
+		}
+		parsed = append(parsed, ms)
+	}
+	convs := conversations(parsed)
+	if len(convs) == 0 {
+		w.st.NoMessages++
+		return nil
+	}
+	t := w.chosen[key]
+	for _, conv := range convs {
+		row, ok := w.row(conv, declared)
+		if !ok {
+			continue
+		}
+		if w.cfg.WithIDs {
+			row["task_id"], row["trajectory_id"], row["reward"] = t.task, t.tid, t.reward
+		}
+		if err := w.out.Write(row); err != nil {
+			return err
+		}
+		w.st.Rows++
+		if row["tools"] != nil {
+			w.st.RowsWithTools++
+		}
+	}
+	return nil
+}
+
+// row is the row of one conversation in the configured format; false
+// when it is left out (no completion to split off, or a duplicate).
+func (w *sftWriter) row(conv []message, declared []any) (map[string]any, bool) {
+	row := map[string]any{}
+	if w.cfg.Format == FormatMessages {
+		row["messages"] = values(conv)
+	} else {
+		p, c, ok := splitCompletion(conv)
+		if !ok {
+			w.st.NoCompletion++
+			return nil, false
+		}
+		row["prompt"], row["completion"] = values(p), values(c)
+	}
+	if usesTools(conv) {
+		row["tools"] = toolSchemas(conv, declared)
+	}
+	if w.cfg.Dedupe {
+		data, _ := json.Marshal(row)
+		sum := sha256.Sum256(data)
+		if w.dedupe[sum] {
+			w.st.Duplicates++
+			return nil, false
+		}
+		w.dedupe[sum] = true
+	}
+	return row, true
 }
 
 // chosenSet maps trajectory keys to the chosen ones.
