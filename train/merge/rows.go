@@ -139,38 +139,71 @@ func Rows(mem memory.Allocator, rec arrow.RecordBatch) (arrow.RecordBatch, Stats
 // they had been dropped before merging (a delta row after them still
 // rebuilds from them). The caller still owns parts.
 func RowsOf(mem memory.Allocator, parts []arrow.RecordBatch, skipFiltered bool) (arrow.RecordBatch, Stats, error) {
-	var st Stats
 	q, err := newSeq(parts, skipFiltered)
 	if err != nil {
-		return nil, st, err
+		return nil, Stats{}, err
 	}
-	ins := make([]*input, len(q.parts))
+	m := &merger{q: q, ins: make([]*input, len(q.parts))}
 	for k, s := range q.parts {
-		if ins[k], err = inputColumns(s); err != nil {
-			return nil, st, err
+		if m.ins[k], err = inputColumns(s); err != nil {
+			return nil, Stats{}, err
 		}
 	}
-	row := func(i int) (*input, int) {
-		a := q.at[i]
-		return ins[a.part], int(a.row)
-	}
-	for _, i := range q.kept {
-		in, r := row(i)
-		if lp := in.logprobsOf(r); len(lp) != len(in.respOf(r)) {
-			return nil, st, fmt.Errorf("merge: step %q has %d logprobs for %d response tokens", in.sid.Value(r), len(lp), len(in.respOf(r)))
-		}
-		if ta := in.tokenAdvantagesOf(r); ta != nil && len(ta) != len(in.respOf(r)) {
-			return nil, st, fmt.Errorf("merge: step %q has %d token advantages for %d response tokens", in.sid.Value(r), len(ta), len(in.respOf(r)))
-		}
+	if err := m.checkLengths(); err != nil {
+		return nil, Stats{}, err
 	}
 	// Plan the merged rows first, so every value buffer is allocated once
-	// at its final size. Spans hold positions in q.kept.
-	var (
-		plan               []span
-		promptN, responseN int
-		kept               = q.kept
-		n                  = len(kept)
-	)
+	// at its final size.
+	plan, promptN, responseN := m.plan()
+	m.b = newBuilders(mem)
+	defer m.b.rb.Release()
+	m.b.reserve(len(plan), promptN, responseN)
+	for _, sp := range plan {
+		m.appendRow(sp)
+	}
+	return m.b.rb.NewRecordBatch(), m.st, nil
+}
+
+// merger builds the merged rows of one sequence of step rows.
+type merger struct {
+	q   *seq
+	ins []*input // the columns of q's parts
+	b   *builders
+	st  Stats
+
+	// Scratch reused from row to row.
+	ones, zeros []int8
+	zf, fill    []float32
+	pieces      [][]int32
+}
+
+// row is the part's columns and the row in it of step row i of q.
+func (m *merger) row(i int) (*input, int) {
+	a := m.q.at[i]
+	return m.ins[a.part], int(a.row)
+}
+
+// checkLengths refuses a kept step whose logprobs or token advantages do
+// not match its response tokens one for one.
+func (m *merger) checkLengths() error {
+	for _, i := range m.q.kept {
+		in, r := m.row(i)
+		if lp := in.logprobsOf(r); len(lp) != len(in.respOf(r)) {
+			return fmt.Errorf("merge: step %q has %d logprobs for %d response tokens", in.sid.Value(r), len(lp), len(in.respOf(r)))
+		}
+		if ta := in.tokenAdvantagesOf(r); ta != nil && len(ta) != len(in.respOf(r)) {
+			return fmt.Errorf("merge: step %q has %d token advantages for %d response tokens", in.sid.Value(r), len(ta), len(in.respOf(r)))
+		}
+	}
+	return nil
+}
+
+// plan cuts each trajectory's kept rows into merged rows (spans hold
+// positions in q.kept) where a step does not continue the one before,
+// and counts the prompt and response tokens they will hold.
+func (m *merger) plan() (plan []span, promptN, responseN int) {
+	q, kept := m.q, m.q.kept
+	n := len(kept)
 	for start := 0; start < n; {
 		// The trajectory's rows: kept[start:end].
 		end := start + 1
@@ -192,116 +225,126 @@ func RowsOf(mem memory.Allocator, parts []arrow.RecordBatch, skipFiltered bool) 
 			promptN += q.plen[f]
 			responseN += q.plen[l] + q.respLen(l) - q.plen[f]
 		}
-		st.Trajectories++
-		st.Steps += int64(end - start)
-		st.MaxRowsPerTrajectory = max(st.MaxRowsPerTrajectory, int32(len(plan)-first))
+		m.st.Trajectories++
+		m.st.Steps += int64(end - start)
+		m.st.MaxRowsPerTrajectory = max(m.st.MaxRowsPerTrajectory, int32(len(plan)-first))
 		start = end
 	}
-	b := newBuilders(mem)
-	defer b.rb.Release()
-	b.rb.Reserve(len(plan))
+	return plan, promptN, responseN
+}
+
+// reserve sizes the builders for rows merged rows holding promptN prompt
+// and responseN response tokens.
+func (b *builders) reserve(rows, promptN, responseN int) {
+	b.rb.Reserve(rows)
 	for _, lb := range []*array.ListBuilder{b.prompt, b.resp, b.mask, b.lp, b.advs} {
-		lb.Reserve(len(plan))
+		lb.Reserve(rows)
 	}
 	b.promptV.Reserve(promptN)
 	b.respV.Reserve(responseN)
 	b.maskV.Reserve(responseN)
 	b.lpV.Reserve(responseN)
 	b.advsV.Reserve(responseN)
-	var (
-		ones, zeros []int8
-		zf, fill    []float32
-		pieces      [][]int32
-	)
-	for _, sp := range plan {
-		first, last := kept[sp.first], kept[sp.last]
-		fin, fr := row(first)
-		lin, lr := row(last)
-		b.prompt.Append(true)
-		pieces = q.prompt(first, 0, pieces[:0])
-		for _, p := range pieces {
-			b.promptV.AppendValues(p, nil)
-		}
-		b.resp.Append(true)
-		b.mask.Append(true)
-		b.lp.Append(true)
-		b.advs.Append(true)
-		var action, obs, tokAdvSteps int
-		minPV, maxPV := fin.pv.Value(fr), fin.pv.Value(fr)
-		for k := sp.first; k <= sp.last; k++ {
-			i := kept[k]
-			in, r := row(i)
-			if k > sp.first {
-				// The observation: the prompt tokens after the previous
-				// step's prompt and response.
-				prev := kept[k-1]
-				pieces = q.prompt(i, q.plen[prev]+q.respLen(prev), pieces[:0])
-				for _, delta := range pieces {
-					zeros = grow(zeros, len(delta), 0)
-					zf = fillF(zf, len(delta), 0)
-					b.respV.AppendValues(delta, nil)
-					b.maskV.AppendValues(zeros[:len(delta)], nil)
-					b.lpV.AppendValues(zf, nil)
-					b.advsV.AppendValues(zf, nil)
-					obs += len(delta)
-				}
-				minPV, maxPV = min(minPV, in.pv.Value(r)), max(maxPV, in.pv.Value(r))
+}
+
+// tokens appends the response side of merged row sp: each step's
+// observation (the prompt tokens after the step before: mask 0, logprob
+// and advantage 0) then its response; it returns the action and
+// observation tokens, the steps with token advantages and the policy
+// versions' range.
+func (m *merger) tokens(sp span) (action, obs, tokAdvSteps int, minPV, maxPV int64) {
+	q, b, kept := m.q, m.b, m.q.kept
+	fin, fr := m.row(kept[sp.first])
+	minPV, maxPV = fin.pv.Value(fr), fin.pv.Value(fr)
+	for k := sp.first; k <= sp.last; k++ {
+		i := kept[k]
+		in, r := m.row(i)
+		if k > sp.first {
+			prev := kept[k-1]
+			m.pieces = q.prompt(i, q.plen[prev]+q.respLen(prev), m.pieces[:0])
+			for _, delta := range m.pieces {
+				m.zeros = grow(m.zeros, len(delta), 0)
+				m.zf = fillF(m.zf, len(delta), 0)
+				b.respV.AppendValues(delta, nil)
+				b.maskV.AppendValues(m.zeros[:len(delta)], nil)
+				b.lpV.AppendValues(m.zf, nil)
+				b.advsV.AppendValues(m.zf, nil)
+				obs += len(delta)
 			}
-			resp := in.respOf(r)
-			ones = grow(ones, len(resp), 1)
-			b.respV.AppendValues(resp, nil)
-			b.maskV.AppendValues(ones[:len(resp)], nil)
-			b.lpV.AppendValues(in.logprobsOf(r), nil)
-			if ta := in.tokenAdvantagesOf(r); ta != nil {
-				b.advsV.AppendValues(ta, nil)
-				tokAdvSteps++
-			} else {
-				fill = fillF(fill, len(resp), float32(in.adv.Value(r)))
-				b.advsV.AppendValues(fill, nil)
-			}
-			action += len(resp)
+			minPV, maxPV = min(minPV, in.pv.Value(r)), max(maxPV, in.pv.Value(r))
 		}
-		b.gid.Append(fin.gid.Value(fr))
-		b.task.Append(fin.task.Value(fr))
-		appendNullableString(b.role, fin.role, fr)
-		b.tid.Append(fin.tid.Value(fr))
-		b.first.Append(fin.sid.Value(fr))
-		b.last.Append(lin.sid.Value(lr))
-		b.firstIdx.Append(fin.idx.Value(fr))
-		b.lastIdx.Append(lin.idx.Value(lr))
-		b.merged.Append(int32(sp.last - sp.first + 1))
-		b.seg.Append(sp.seg)
-		b.nRows.Append(sp.rows)
-		b.numSteps.Append(fin.numSteps.Value(fr))
-		b.isLast.Append(lin.idx.Value(lr) == lin.numSteps.Value(lr)-1)
-		b.pv.Append(minPV)
-		b.maxPV.Append(maxPV)
-		b.gv.Append(fin.gv.Value(fr))
-		b.reward.Append(fin.reward.Value(fr))
-		b.adv.Append(fin.adv.Value(fr))
-		b.tokAdvSteps.Append(int32(tokAdvSteps))
-		b.act.Append(int32(action))
-		b.obs.Append(int32(obs))
-		frac := 1.0
-		if action+obs > 0 {
-			frac = float64(action) / float64(action+obs)
-		}
-		b.frac.Append(frac)
-		b.gs.Append(fin.groupSize.Value(fr))
-		b.partial.Append(fin.partial.Value(fr))
-		if fin.correct.IsNull(fr) {
-			b.correct.AppendNull()
+		resp := in.respOf(r)
+		m.ones = grow(m.ones, len(resp), 1)
+		b.respV.AppendValues(resp, nil)
+		b.maskV.AppendValues(m.ones[:len(resp)], nil)
+		b.lpV.AppendValues(in.logprobsOf(r), nil)
+		if ta := in.tokenAdvantagesOf(r); ta != nil {
+			b.advsV.AppendValues(ta, nil)
+			tokAdvSteps++
 		} else {
-			b.correct.Append(fin.correct.Value(fr))
+			m.fill = fillF(m.fill, len(resp), float32(in.adv.Value(r)))
+			b.advsV.AppendValues(m.fill, nil)
 		}
-		appendNullableString(b.term, fin.term, fr)
-		b.est.Append(fin.est.Value(fr))
-		st.Rows++
-		st.ActionTokens += int64(action)
-		st.ObservationTokens += int64(obs)
-		st.PromptTokens += int64(q.plen[first])
+		action += len(resp)
 	}
-	return b.rb.NewRecordBatch(), st, nil
+	return action, obs, tokAdvSteps, minPV, maxPV
+}
+
+// appendRow appends merged row sp.
+func (m *merger) appendRow(sp span) {
+	b, kept := m.b, m.q.kept
+	first, last := kept[sp.first], kept[sp.last]
+	fin, fr := m.row(first)
+	lin, lr := m.row(last)
+	b.prompt.Append(true)
+	m.pieces = m.q.prompt(first, 0, m.pieces[:0])
+	for _, p := range m.pieces {
+		b.promptV.AppendValues(p, nil)
+	}
+	b.resp.Append(true)
+	b.mask.Append(true)
+	b.lp.Append(true)
+	b.advs.Append(true)
+	action, obs, tokAdvSteps, minPV, maxPV := m.tokens(sp)
+	b.gid.Append(fin.gid.Value(fr))
+	b.task.Append(fin.task.Value(fr))
+	appendNullableString(b.role, fin.role, fr)
+	b.tid.Append(fin.tid.Value(fr))
+	b.first.Append(fin.sid.Value(fr))
+	b.last.Append(lin.sid.Value(lr))
+	b.firstIdx.Append(fin.idx.Value(fr))
+	b.lastIdx.Append(lin.idx.Value(lr))
+	b.merged.Append(int32(sp.last - sp.first + 1))
+	b.seg.Append(sp.seg)
+	b.nRows.Append(sp.rows)
+	b.numSteps.Append(fin.numSteps.Value(fr))
+	b.isLast.Append(lin.idx.Value(lr) == lin.numSteps.Value(lr)-1)
+	b.pv.Append(minPV)
+	b.maxPV.Append(maxPV)
+	b.gv.Append(fin.gv.Value(fr))
+	b.reward.Append(fin.reward.Value(fr))
+	b.adv.Append(fin.adv.Value(fr))
+	b.tokAdvSteps.Append(int32(tokAdvSteps))
+	b.act.Append(int32(action))
+	b.obs.Append(int32(obs))
+	frac := 1.0
+	if action+obs > 0 {
+		frac = float64(action) / float64(action+obs)
+	}
+	b.frac.Append(frac)
+	b.gs.Append(fin.groupSize.Value(fr))
+	b.partial.Append(fin.partial.Value(fr))
+	if fin.correct.IsNull(fr) {
+		b.correct.AppendNull()
+	} else {
+		b.correct.Append(fin.correct.Value(fr))
+	}
+	appendNullableString(b.term, fin.term, fr)
+	b.est.Append(fin.est.Value(fr))
+	m.st.Rows++
+	m.st.ActionTokens += int64(action)
+	m.st.ObservationTokens += int64(obs)
+	m.st.PromptTokens += int64(m.q.plen[first])
 }
 
 // span is one merged row: its first and last step rows (positions in the
