@@ -673,50 +673,21 @@ func (g *gen) decide(t *traj) {
 }
 
 // build renders the conversation of a trajectory: one token stream and one
-// message list that every step slices a prefix of.
+// message list that every step slices a prefix of. (The random draws
+// happen in a fixed order: a seed gives the same traces.)
 func (g *gen) build(t *traj) {
 	cfg := &g.cfg
 	gr := t.g
 	n := t.n
 	t.built = true
-	t.promptBeg = t.promptBeg[:0]
-	t.promptEnd = t.promptEnd[:0]
-	t.msgBeg = t.msgBeg[:0]
-	t.respEnd = t.respEnd[:0]
-	t.respN = t.respN[:0]
-	t.msgEnd = t.msgEnd[:0]
-	t.finish = t.finish[:0]
-	t.version = t.version[:0]
-	t.tvSplit = t.tvSplit[:0]
-	t.created = t.created[:0]
-	t.latency = t.latency[:0]
-	t.obs = t.obs[:0]
-	t.tok = append(t.tok[:0], gr.promptTok...)
-	if cfg.Messages {
-		t.msgs = append(t.msgs[:0], gr.promptMsgs...)
-	}
+	t.reset(gr.promptTok, gr.promptMsgs, cfg.Messages)
 	now := t.start
 	segTok, segMsg := 0, 0 // where the current context starts
 	for k := 0; k < n; k++ {
 		last := k == n-1
 		t.promptBeg = append(t.promptBeg, segTok)
 		t.msgBeg = append(t.msgBeg, segMsg)
-		fin := finToolCalls
-		if last {
-			switch t.term {
-			case termEnvDone:
-				fin = finStop
-				if !t.correct && g.r.IntN(12) == 0 {
-					fin = finLength
-				}
-			case termMaxTurns:
-				fin = finToolCalls
-			case termTimeout:
-				fin = finAbort
-			case termError:
-				fin = finStop
-			}
-		}
+		fin := g.finishOf(t, last)
 		rl := min(g.vary(cfg.ResponseLen, 0.5), g.maxResp)
 		switch fin {
 		case finLength:
@@ -734,82 +705,17 @@ func (g *gen) build(t *traj) {
 			split = 1 + g.r.IntN(rl-1)
 		}
 
-		// Tokens of the response.
-		calls := 0
 		t.promptEnd = append(t.promptEnd, len(t.tok))
-		switch fin {
-		case finToolCalls:
-			think := max(0, rl-3-rl/4)
-			if calls = 1; cfg.ParallelTools > 0 && g.r.Float64() < cfg.ParallelTools {
-				calls = 2 + g.r.IntN(2)
-				if rl-think-1 < 3*calls { // too short for the calls' templates
-					calls = 1
-				}
-			}
-			args := rl - think - 1 - 2*calls // argument tokens of all the calls
-			t.tok = g.appendToks(t.tok, think)
-			for c := range calls {
-				t.tok = g.appendTok(t.tok, tokToolCall)
-				t.tok = g.appendToks(t.tok, args/calls+boolInt(c < args%calls))
-				t.tok = g.appendTok(t.tok, tokToolCallEnd)
-			}
-			t.tok = g.appendTok(t.tok, tokImEnd)
-			if rl < 3 { // too short for the template: trim to rl tokens
-				t.tok = g.trimTokens(t.tok, t.promptEnd[k], rl)
-			}
-		case finStop:
-			t.tok = g.appendToks(t.tok, rl-1)
-			t.tok = g.appendTok(t.tok, tokImEnd)
-		default:
-			t.tok = g.appendToks(t.tok, rl)
-		}
+		calls := g.appendResponse(t, k, fin, rl)
 		t.respEnd = append(t.respEnd, len(t.tok))
 		t.respN = append(t.respN, rl)
 
-		// Assistant message.
 		var sn snippet
 		if fin == finToolCalls {
 			sn = snippets[g.r.IntN(len(snippets))]
 		}
 		if cfg.Messages {
-			m := t.msgs
-			m = append(m, `{"role":"assistant","content":"`...)
-			switch fin {
-			case finToolCalls:
-				m = appendWords(m, g.r, max(1, int(float64(rl-rl/4)*wordsPerToken)))
-				m = append(m, ". Let me check this with python."...)
-			default:
-				m = appendWords(m, g.r, max(1, int(float64(rl)*wordsPerToken)))
-				if fin == finStop {
-					m = append(m, finalPhrases[g.r.IntN(len(finalPhrases))]...)
-					ans := gr.answer
-					if !t.correct {
-						ans = (ans + 1 + g.r.IntN(99)) % 1000
-					}
-					m = strconv.AppendInt(m, int64(ans), 10)
-					m = append(m, "}."...)
-				}
-			}
-			m = appendMaybeUnicode(m, g.r)
-			m = append(m, '"')
-			if fin == finToolCalls {
-				m = append(m, `,"tool_calls":[`...)
-				for c := range calls {
-					if c > 0 {
-						m = append(m, ',')
-					}
-					m = append(m, `{"id":"call_`...)
-					m = appendCallID(m, k, c)
-					m = append(m, `","type":"function","function":{"name":"python","arguments":"`...)
-					m = append(m, sn.args...)
-					m = append(m, `"}}`...)
-				}
-				m = append(m, ']')
-			}
-			m = append(m, '}')
-			t.msgEnd = append(t.msgEnd, len(m))
-			m = append(m, ',')
-			t.msgs = m
+			g.appendAssistant(t, k, fin, rl, calls, sn)
 		}
 
 		latency := 20*rl + g.r.IntN(400)
@@ -834,6 +740,124 @@ func (g *gen) build(t *traj) {
 		}
 		now += int64(50_000 + g.r.IntN(2_000_000)) // tool execution
 	}
+}
+
+// reset empties t's per-step slices and starts its context with the
+// group's prompt (tokens, and messages when kept).
+func (t *traj) reset(promptTok, promptMsgs []byte, messages bool) {
+	t.promptBeg = t.promptBeg[:0]
+	t.promptEnd = t.promptEnd[:0]
+	t.msgBeg = t.msgBeg[:0]
+	t.respEnd = t.respEnd[:0]
+	t.respN = t.respN[:0]
+	t.msgEnd = t.msgEnd[:0]
+	t.finish = t.finish[:0]
+	t.version = t.version[:0]
+	t.tvSplit = t.tvSplit[:0]
+	t.created = t.created[:0]
+	t.latency = t.latency[:0]
+	t.obs = t.obs[:0]
+	t.tok = append(t.tok[:0], promptTok...)
+	if messages {
+		t.msgs = append(t.msgs[:0], promptMsgs...)
+	}
+}
+
+// finishOf is how a step of t ends: tool calls, but for the last step,
+// which ends as its trajectory's termination says.
+func (g *gen) finishOf(t *traj, last bool) int {
+	if !last {
+		return finToolCalls
+	}
+	switch t.term {
+	case termEnvDone:
+		if !t.correct && g.r.IntN(12) == 0 {
+			return finLength
+		}
+		return finStop
+	case termTimeout:
+		return finAbort
+	case termError:
+		return finStop
+	}
+	return finToolCalls // termMaxTurns
+}
+
+// appendResponse appends the rl tokens of step k's response, ending as
+// fin says, to t's token stream; it returns the tool calls it made.
+func (g *gen) appendResponse(t *traj, k, fin, rl int) (calls int) {
+	cfg := &g.cfg
+	switch fin {
+	case finToolCalls:
+		think := max(0, rl-3-rl/4)
+		if calls = 1; cfg.ParallelTools > 0 && g.r.Float64() < cfg.ParallelTools {
+			calls = 2 + g.r.IntN(2)
+			if rl-think-1 < 3*calls { // too short for the calls' templates
+				calls = 1
+			}
+		}
+		args := rl - think - 1 - 2*calls // argument tokens of all the calls
+		t.tok = g.appendToks(t.tok, think)
+		for c := range calls {
+			t.tok = g.appendTok(t.tok, tokToolCall)
+			t.tok = g.appendToks(t.tok, args/calls+boolInt(c < args%calls))
+			t.tok = g.appendTok(t.tok, tokToolCallEnd)
+		}
+		t.tok = g.appendTok(t.tok, tokImEnd)
+		if rl < 3 { // too short for the template: trim to rl tokens
+			t.tok = g.trimTokens(t.tok, t.promptEnd[k], rl)
+		}
+	case finStop:
+		t.tok = g.appendToks(t.tok, rl-1)
+		t.tok = g.appendTok(t.tok, tokImEnd)
+	default:
+		t.tok = g.appendToks(t.tok, rl)
+	}
+	return calls
+}
+
+// appendAssistant appends step k's assistant message (its text, the
+// final answer of a stop, its tool calls) to t's messages.
+func (g *gen) appendAssistant(t *traj, k, fin, rl, calls int, sn snippet) {
+	gr := t.g
+	m := t.msgs
+	m = append(m, `{"role":"assistant","content":"`...)
+	switch fin {
+	case finToolCalls:
+		m = appendWords(m, g.r, max(1, int(float64(rl-rl/4)*wordsPerToken)))
+		m = append(m, ". Let me check this with python."...)
+	default:
+		m = appendWords(m, g.r, max(1, int(float64(rl)*wordsPerToken)))
+		if fin == finStop {
+			m = append(m, finalPhrases[g.r.IntN(len(finalPhrases))]...)
+			ans := gr.answer
+			if !t.correct {
+				ans = (ans + 1 + g.r.IntN(99)) % 1000
+			}
+			m = strconv.AppendInt(m, int64(ans), 10)
+			m = append(m, "}."...)
+		}
+	}
+	m = appendMaybeUnicode(m, g.r)
+	m = append(m, '"')
+	if fin == finToolCalls {
+		m = append(m, `,"tool_calls":[`...)
+		for c := range calls {
+			if c > 0 {
+				m = append(m, ',')
+			}
+			m = append(m, `{"id":"call_`...)
+			m = appendCallID(m, k, c)
+			m = append(m, `","type":"function","function":{"name":"python","arguments":"`...)
+			m = append(m, sn.args...)
+			m = append(m, `"}}`...)
+		}
+		m = append(m, ']')
+	}
+	m = append(m, '}')
+	t.msgEnd = append(t.msgEnd, len(m))
+	m = append(m, ',')
+	t.msgs = m
 }
 
 // appendObservations appends the tool turn answering the calls of action
