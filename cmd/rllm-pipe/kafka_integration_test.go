@@ -49,17 +49,17 @@ func serviceEnv() []string {
 // and every bad record is dead-lettered exactly once.
 func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 	t.Parallel() // see main_test.go
-	sc := newScenario(t, "crash", "--groups", "10000", "--duplicates", "0.01", "--seed", "5")
+	sc := newScenario(t, "crash", "--groups", "3000", "--duplicates", "0.01", "--seed", "5")
 	var lines [][]byte
 	for i, l := range sc.lines {
 		lines = append(lines, l)
-		if i%1000 == 500 {
+		if i%300 == 150 {
 			lines = append(lines, []byte(fmt.Sprintf(`{"type":"step","step_id":"bad-%d","task_id":`, i)))
 		}
 	}
 	sc.setLines(lines)
 	ref := sc.reference(lines)
-	if len(ref.Rows) < 100_000 {
+	if len(ref.Rows) < 25_000 {
 		t.Fatalf("only %d steps generated", len(ref.Rows))
 	}
 	// Produce in 12 slices with pauses, while ingest is being killed and
@@ -73,7 +73,7 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 				produced <- err
 				return
 			}
-			time.Sleep(2 * time.Second)
+			time.Sleep(time.Second)
 		}
 		produced <- nil
 	}()

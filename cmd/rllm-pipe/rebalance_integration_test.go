@@ -12,7 +12,7 @@ import (
 // exactly once.
 func TestIntegrationRebalance(t *testing.T) {
 	t.Parallel() // see main_test.go
-	sc := newScenario(t, "rebalance", "--groups", "4000", "--duplicates", "0.01", "--seed", "13")
+	sc := newScenario(t, "rebalance", "--groups", "2000", "--duplicates", "0.01", "--seed", "13")
 	lines, cfg := sc.lines, sc.cfg
 	ref := sc.reference(lines)
 	produce := func(part [][]byte, name string) error { return sc.produce(part, name, 6) }
