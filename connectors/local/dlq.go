@@ -27,6 +27,10 @@ type DeadLetterFile struct {
 	written int64
 	durable int64 // the length at the last checkpoint
 	dirty   bool  // written since the last sync
+	// committed, when set, is the length the manifest made durable (the
+	// Store's entries that landed): Reset cuts back to it, not to the last
+	// checkpoint, whose entry may not have landed.
+	committed func() int64
 }
 
 var _ store.DeadLetters = (*DeadLetterFile)(nil)
@@ -121,12 +125,17 @@ func (d *DeadLetterFile) Checkpoint(ctx context.Context) (schemas.Settled, *sche
 	return settled, &schemas.DeadLetterState{File: d.name, Bytes: d.written}, nil
 }
 
-// Reset cuts the letters written since the last checkpoint: their records
-// go to the stream's next owner.
+// Reset cuts the letters no manifest entry made durable: those written
+// since the last checkpoint, and those of a checkpoint whose entry did not
+// land (the generation ended between the two). Their records go to the
+// stream's next owner, who dead-letters them again.
 func (d *DeadLetterFile) Reset() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.Drop()
+	if d.committed != nil {
+		d.durable = min(d.durable, d.committed())
+	}
 	if d.f == nil || d.written == d.durable {
 		return
 	}

@@ -474,7 +474,13 @@ func (s *Store) DeadLetters() store.DeadLetters {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.dl == nil {
-		s.dl = NewDeadLetterFile(filepath.Join(s.root, DLQDir, s.writer+".jsonl"), DLQDir+"/"+s.writer+".jsonl")
+		rel := DLQDir + "/" + s.writer + ".jsonl"
+		s.dl = NewDeadLetterFile(filepath.Join(s.root, DLQDir, s.writer+".jsonl"), rel)
+		s.dl.committed = func() int64 {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return s.durable[rel]
+		}
 	}
 	return s.dl
 }

@@ -50,8 +50,14 @@ func (m *memShards) add(t *testing.T, rows ...string) {
 		t.Fatal(err)
 	}
 	defer rec.Release()
+	m.write(t, rec)
+}
+
+// write adds rec to m as a shard of its own.
+func (m *memShards) write(t *testing.T, rec arrow.RecordBatch) {
+	t.Helper()
 	var buf bytes.Buffer
-	w, err := parquet.NewWriter(&buf, sftRowSchema, parquet.Options{}, nil)
+	w, err := parquet.NewWriter(&buf, rec.Schema(), parquet.Options{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

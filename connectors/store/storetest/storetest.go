@@ -58,6 +58,7 @@ func Run(t *testing.T, b Backend) {
 		{"UnlistedIsNotData", testUnlistedIsNotData},
 		{"SweepRemovesOwnUnlisted", testSweep},
 		{"DeadLettersDurableAtCheckpoint", testDeadLetters},
+		{"DeadLettersOfALostCheckpointCut", testDeadLettersLostCheckpoint},
 		{"SettledSurvivesReopen", testSettledSurvivesReopen},
 	}
 	for _, tc := range tests {
@@ -782,6 +783,60 @@ func testDeadLetters(t *testing.T, b Backend) {
 	}
 	if s := c.Settled(); s["f"].Len() != 3 || s.Contains(schemas.Source{Stream: "f", Line: 4}) {
 		t.Fatalf("settled %v", s)
+	}
+}
+
+// A checkpoint whose entry did not land (a Kafka generation ended between
+// the two) settles nothing: Reset cuts its letters too, and the next
+// generation, reading the record again, dead-letters it once more; what
+// is committed holds it once.
+func testDeadLettersLostCheckpoint(t *testing.T, b Backend) {
+	ctx := context.Background()
+	root := b.NewRoot(t)
+	a := open(t, b, root, "wa")
+	if err := a.Claim(ctx, []string{"f"}, 1); err != nil {
+		t.Fatal(err)
+	}
+	dl := a.DeadLetters()
+	for gen := range 3 {
+		if err := dl.Write(ctx, []schemas.DeadLetter{letter("f", 1)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		settled, state, err := dl.Checkpoint(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gen < 2 {
+			dl.Reset() // the generation ended: the entry never appended
+			continue
+		}
+		e := entry("", 0)
+		e.Settled, e.DeadLetters = settled, state
+		if err := a.Append(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := reader(t, b, root)
+	es, err := r.Entries(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, e := range es {
+		if e.DeadLetters == nil {
+			continue
+		}
+		data, err := r.Get(ctx, e.DeadLetters.File)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(len(data)) < e.DeadLetters.Bytes {
+			t.Fatalf("%s holds %d bytes, %d committed", e.DeadLetters.File, len(data), e.DeadLetters.Bytes)
+		}
+		lines = append(lines, strings.Split(strings.TrimSuffix(string(data[:e.DeadLetters.Bytes]), "\n"), "\n")...)
+	}
+	if len(lines) != 1 || !strings.Contains(lines[0], `"line":1`) {
+		t.Fatalf("committed dead letters: %q, want the letter once", lines)
 	}
 }
 
