@@ -760,15 +760,7 @@ func testDeadLetters(t *testing.T, b Backend) {
 		if e.DeadLetters == nil {
 			continue
 		}
-		data, err := r.Get(ctx, e.DeadLetters.File)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if int64(len(data)) < e.DeadLetters.Bytes {
-			t.Fatalf("%s holds %d bytes, %d committed", e.DeadLetters.File, len(data), e.DeadLetters.Bytes)
-		}
-		data = data[:e.DeadLetters.Bytes]
-		lines = strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		lines = committedLetters(ctx, t, r, e.DeadLetters)
 		if exists := b.Exists(t, root, e.DeadLetters.File); !exists {
 			t.Fatalf("%s is gone", e.DeadLetters.File)
 		}
@@ -826,18 +818,25 @@ func testDeadLettersLostCheckpoint(t *testing.T, b Backend) {
 		if e.DeadLetters == nil {
 			continue
 		}
-		data, err := r.Get(ctx, e.DeadLetters.File)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if int64(len(data)) < e.DeadLetters.Bytes {
-			t.Fatalf("%s holds %d bytes, %d committed", e.DeadLetters.File, len(data), e.DeadLetters.Bytes)
-		}
-		lines = append(lines, strings.Split(strings.TrimSuffix(string(data[:e.DeadLetters.Bytes]), "\n"), "\n")...)
+		lines = append(lines, committedLetters(ctx, t, r, e.DeadLetters)...)
 	}
 	if len(lines) != 1 || !strings.Contains(lines[0], `"line":1`) {
 		t.Fatalf("committed dead letters: %q, want the letter once", lines)
 	}
+}
+
+// committedLetters returns the lines of dead-letter file dl.File that dl
+// commits.
+func committedLetters(ctx context.Context, t *testing.T, r store.Reader, dl *schemas.DeadLetterState) []string {
+	t.Helper()
+	data, err := r.Get(ctx, dl.File)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(data)) < dl.Bytes {
+		t.Fatalf("%s holds %d bytes, %d committed", dl.File, len(data), dl.Bytes)
+	}
+	return strings.Split(strings.TrimSuffix(string(data[:dl.Bytes]), "\n"), "\n")
 }
 
 func testSettledSurvivesReopen(t *testing.T, b Backend) {
