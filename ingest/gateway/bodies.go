@@ -83,10 +83,9 @@ func (b *bodies) read(w http.ResponseWriter, r *http.Request, limit int64) ([]by
 	buf := make([]byte, 0, size)
 	for {
 		if len(buf) == cap(buf) {
-			more := min(int64(cap(buf)), limit+1-int64(cap(buf)))
-			if more <= 0 {
-				more = 1
-			}
+			// Double, up to limit+1 bytes: MaxBytesReader fails the read
+			// past limit before the buffer is full again.
+			more := max(1, min(int64(cap(buf)), limit+1-int64(cap(buf))))
 			if err := grow(more); err != nil {
 				release()
 				return nil, err

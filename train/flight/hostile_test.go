@@ -599,20 +599,27 @@ func TestShutdownWithStuckReader(t *testing.T) {
 	r := startServer(t, newGroup(t, root, -1, 100), Options{SendTimeout: time.Hour, AckTimeout: -1, ShutdownGrace: 500 * time.Millisecond})
 	idleStream(ctx, t, dial(t, r.addr, "", nil), "stuck")
 	time.Sleep(time.Second) // the server's send blocks on the full window
+	if d := stoppedWithin(t, r, r.stop); d > 5*time.Second {
+		t.Errorf("serve stopped after %v, grace 500 ms", d)
+	}
+}
+
+// stoppedWithin calls stop and waits for r's Serve to return (failing
+// after 20 s); it returns how long that took.
+func stoppedWithin(t *testing.T, r *running, stop func()) time.Duration {
+	t.Helper()
 	start := time.Now()
-	r.stop()
+	stop()
 	select {
 	case err := <-r.done:
 		if err != nil {
 			t.Fatal(err)
 		}
 		r.done <- nil // for the cleanup
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve still running 10 s after its stop (grace 500 ms)")
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve still running 20 s after its stop")
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("serve stopped after %v, grace 500 ms", d)
-	}
+	return time.Since(start)
 }
 
 // TestStreamsPerConnection: one connection cannot take every slot.
@@ -804,23 +811,12 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 			}
 			defer silent.Close()
 			time.Sleep(200 * time.Millisecond) // accepted, handshaking
-			start := time.Now()
+			stop := r.stop
 			if abort {
-				r.srv.Abort()
-			} else {
-				r.stop()
-			}
-			select {
-			case err := <-r.done:
-				if err != nil {
-					t.Fatal(err)
-				}
-				r.done <- nil // for the cleanup
-			case <-time.After(20 * time.Second):
-				t.Fatal("serve still running 20 s after its stop")
+				stop = r.srv.Abort
 			}
 			// gRPC's handshake timeout is 10 s; the grace 300 ms.
-			if d := time.Since(start); d > 5*time.Second {
+			if d := stoppedWithin(t, r, stop); d > 5*time.Second {
 				t.Errorf("serve stopped after %v with a silent connection open, grace 300 ms", d.Round(time.Millisecond))
 			}
 		})
