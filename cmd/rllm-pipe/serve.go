@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,6 +33,7 @@ func (g serveGroup) Join(ctx context.Context, name string, pv *int64) (*train.Co
 type serveOpts struct {
 	listen, ready                 string
 	tokenFile, adminFile          string
+	memberTokensFile              string
 	tlsCert, tlsKey               string
 	maxStreams, maxStreamsPerConn int
 	maxStreamsPerHost             int
@@ -46,6 +48,7 @@ func (o *serveOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.ready, "ready-file", "", "write the bound address to this file once listening")
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token every client must send (default: $RLLM_PIPE_TOKEN; none: loopback only)")
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the admin token, also the only one that reads other members' stats (default: $RLLM_PIPE_ADMIN_TOKEN)")
+	f.StringVar(&o.memberTokensFile, "member-tokens-file", "", "file of 'CONSUMER TOKEN' lines: each consumer streams only with its own token, outside the stream limits and never evicted (other tokens cannot lock it out)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this PEM certificate (with --tls-key)")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.IntVar(&o.maxStreams, "max-streams", 64, "streams (members) served at once; beyond it a new stream evicts one that has acknowledged nothing for --send-timeout, else it is refused")
@@ -70,7 +73,11 @@ type tokenFlag struct{ flag, env, tok string }
 func shortToken(listen string, tokens ...tokenFlag) error {
 	for _, t := range tokens {
 		if t.tok != "" && len(t.tok) < minTokenLen {
-			return usageErrorf("--%s (or $%s): a token of %d bytes to listen beyond loopback (%s); want at least %d", t.flag, t.env, len(t.tok), listen, minTokenLen)
+			from := "--" + t.flag
+			if t.env != "" {
+				from += " (or $" + t.env + ")"
+			}
+			return usageErrorf("%s: a token of %d bytes to listen beyond loopback (%s); want at least %d", from, len(t.tok), listen, minTokenLen)
 		}
 	}
 	return nil
@@ -94,6 +101,50 @@ func token(flag, file, env string) (string, error) {
 	return tok, nil
 }
 
+// memberTokens reads --member-tokens-file: lines of "CONSUMER TOKEN"
+// (blank lines and # comments skipped). Names and tokens are each used
+// once, and no token is also the shared or the admin one (a call's token
+// must say who it is). Tokens never appear in an error.
+func memberTokens(file, shared, admin string) (map[string]string, error) {
+	if file == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, usageErrorf("--member-tokens-file: %v", err)
+	}
+	named, owner := map[string]string{}, map[string]string{}
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			return nil, usageErrorf("--member-tokens-file: %s line %d: want CONSUMER TOKEN", file, i+1)
+		}
+		name, tok := fields[0], fields[1]
+		if err := train.CheckName("consumer", name); err != nil {
+			return nil, usageErrorf("--member-tokens-file: %s line %d: %v", file, i+1, err)
+		}
+		if _, dup := named[name]; dup {
+			return nil, usageErrorf("--member-tokens-file: %s line %d: consumer %q listed twice", file, i+1, name)
+		}
+		if other, dup := owner[tok]; dup || tok == shared || tok == admin {
+			other = strconv.Quote(other)
+			if !dup {
+				other = "the shared or admin token"
+			}
+			return nil, usageErrorf("--member-tokens-file: %s line %d: the token of %q is also that of %s; give each its own", file, i+1, name, other)
+		}
+		named[name], owner[tok] = tok, name
+	}
+	if len(named) == 0 {
+		return nil, usageErrorf("--member-tokens-file: %s names no consumer", file)
+	}
+	return named, nil
+}
+
 // options are the Flight server's options from the flags.
 func (o *serveOpts) options() (trainflight.Options, error) {
 	var opts trainflight.Options
@@ -104,10 +155,17 @@ func (o *serveOpts) options() (trainflight.Options, error) {
 	if opts.AdminToken, err = token("admin-token-file", o.adminFile, "RLLM_PIPE_ADMIN_TOKEN"); err != nil {
 		return opts, err
 	}
+	if opts.MemberTokens, err = memberTokens(o.memberTokensFile, opts.Token, opts.AdminToken); err != nil {
+		return opts, err
+	}
 	// Beyond loopback a token is all that guards the data: a short one
 	// is guessed.
 	if host, _, _ := net.SplitHostPort(o.listen); host != "localhost" && !loopbackAddr(o.listen) {
-		if err := shortToken(o.listen, tokenFlag{"token-file", "RLLM_PIPE_TOKEN", opts.Token}, tokenFlag{"admin-token-file", "RLLM_PIPE_ADMIN_TOKEN", opts.AdminToken}); err != nil {
+		tokens := []tokenFlag{{"token-file", "RLLM_PIPE_TOKEN", opts.Token}, {"admin-token-file", "RLLM_PIPE_ADMIN_TOKEN", opts.AdminToken}}
+		for _, tok := range opts.MemberTokens {
+			tokens = append(tokens, tokenFlag{"member-tokens-file", "", tok})
+		}
+		if err := shortToken(o.listen, tokens...); err != nil {
 			return opts, err
 		}
 	}
@@ -169,7 +227,8 @@ last acknowledgement. The Python client is train/python (package rllm_pipe).
 
 Security: with a token (--token-file or $RLLM_PIPE_TOKEN) every call must
 carry "authorization: Bearer TOKEN"; without one serve listens on loopback
-only. --tls-cert/--tls-key serve TLS. Streams are bounded (--max-streams,
+only. --member-tokens-file gives trainers their own tokens: their streams
+are outside the stream limits, so other token holders cannot lock them out. --tls-cert/--tls-key serve TLS. Streams are bounded (--max-streams,
 --max-stream-bytes) and a client that stops reading or acknowledging is
 dropped (--send-timeout, --ack-timeout), its batches going back to the
 group. The first signal ends every stream and closes connections still

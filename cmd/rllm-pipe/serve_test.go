@@ -362,9 +362,14 @@ func TestServeShortTokenBeyondLoopback(t *testing.T) {
 	if err := os.WriteFile(short, []byte("x\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	shortMember := filepath.Join(dir, "members")
+	if err := os.WriteFile(shortMember, []byte("rank-0 x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, args := range [][]string{
 		{"serve", "--from", dir, "--listen", "0.0.0.0:0", "--token-file", short},
 		{"serve", "--from", dir, "--listen", ":0", "--admin-token-file", short},
+		{"serve", "--from", dir, "--listen", ":0", "--member-tokens-file", shortMember},
 	} {
 		var stderr bytes.Buffer
 		flag := args[len(args)-2]

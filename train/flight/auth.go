@@ -22,35 +22,58 @@ type role int
 
 const (
 	roleOpen   role = iota // no token configured: loopback only
-	roleMember             // the member token
+	roleMember             // the shared member token
+	roleNamed              // a consumer's own token (Options.MemberTokens)
 	roleAdmin              // the admin token: also every member's stats
 )
 
-type roleKey struct{}
+// caller is who the auth interceptor found a call to come from: its role
+// and, for roleNamed, the one consumer name its token is for.
+type caller struct {
+	role role
+	name string
+}
+
+type callerKey struct{}
+
+// callerOf is the caller the auth interceptor gave the call.
+func callerOf(ctx context.Context) caller {
+	c, _ := ctx.Value(callerKey{}).(caller)
+	return c
+}
 
 // callRole is the role the auth interceptor gave the call.
-func callRole(ctx context.Context) role {
-	r, _ := ctx.Value(roleKey{}).(role)
-	return r
-}
+func callRole(ctx context.Context) role { return callerOf(ctx).role }
 
 // auth checks bearer tokens (bearer.Key: it holds their digests only).
 type auth struct {
 	member, admin bearer.Key
+	named         map[string]bearer.Key // consumer name -> its own token
 }
 
-func newAuth(token, adminToken string) *auth {
-	return &auth{member: bearer.NewKey(token), admin: bearer.NewKey(adminToken)}
+func newAuth(token, adminToken string, named map[string]string) *auth {
+	a := &auth{member: bearer.NewKey(token), admin: bearer.NewKey(adminToken), named: map[string]bearer.Key{}}
+	for name, tok := range named {
+		a.named[name] = bearer.NewKey(tok)
+	}
+	return a
 }
 
 // enabled reports whether calls must carry a token.
-func (a *auth) enabled() bool { return a.member.IsSet() || a.admin.IsSet() }
+func (a *auth) enabled() bool { return a.member.IsSet() || a.admin.IsSet() || len(a.named) > 0 }
+
+// reserved reports whether name has its own token: only a call carrying
+// that token streams under it.
+func (a *auth) reserved(name string) bool {
+	_, ok := a.named[name]
+	return ok
+}
 
 // check returns ctx with the call's role, or Unauthenticated. The token
 // is compared in constant time and never appears in an error or log.
 func (a *auth) check(ctx context.Context) (context.Context, error) {
 	if !a.enabled() {
-		return context.WithValue(ctx, roleKey{}, roleOpen), nil
+		return context.WithValue(ctx, callerKey{}, caller{role: roleOpen}), nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
@@ -62,11 +85,19 @@ func (a *auth) check(ctx context.Context) (context.Context, error) {
 		return nil, status.Error(codes.Unauthenticated, "authorization is not a bearer token")
 	}
 	isAdmin, isMember := a.admin.Matches(token), a.member.Matches(token)
+	named := ""
+	for name, k := range a.named { // every key compared: the time tells nothing
+		if k.Matches(token) {
+			named = name
+		}
+	}
 	switch {
 	case isAdmin:
-		return context.WithValue(ctx, roleKey{}, roleAdmin), nil
+		return context.WithValue(ctx, callerKey{}, caller{role: roleAdmin}), nil
+	case named != "":
+		return context.WithValue(ctx, callerKey{}, caller{role: roleNamed, name: named}), nil
 	case isMember:
-		return context.WithValue(ctx, roleKey{}, roleMember), nil
+		return context.WithValue(ctx, callerKey{}, caller{role: roleMember}), nil
 	}
 	return nil, status.Error(codes.Unauthenticated, "invalid bearer token")
 }

@@ -72,6 +72,10 @@
 //     acknowledged nothing for Options.SendTimeout, else it is refused
 //     (ResourceExhausted) before it joins the group. A consumer name
 //     streams once at a time (AlreadyExists).
+//   - Options.MemberTokens: a consumer with its own token is outside those
+//     limits and never evicted; only its token streams under its name and
+//     that token under no other (PermissionDenied). Holders of the shared
+//     token, from any host, cannot keep it out.
 //   - Options.MaxStreamBytes: a stream whose batches sent and not yet
 //     acknowledged reach this many bytes waits for acknowledgements before
 //     the next batch (one batch always goes).

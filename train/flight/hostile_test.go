@@ -822,3 +822,118 @@ func TestShutdownWithSilentConnection(t *testing.T) {
 		})
 	}
 }
+
+const (
+	sharedToken  = "shared-token-0123456789"
+	trainerToken = "trainer-token-0123456789"
+)
+
+// TestMemberTokenNames: a consumer with its own token streams under its
+// name only (an empty name is its name), and nobody else streams under it,
+// the shared and the admin token included.
+func TestMemberTokenNames(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 2, 4, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 2), Options{Token: sharedToken, AdminToken: "admin-token-0123456789",
+		MemberTokens: map[string]string{"trainer": trainerToken}})
+	refused := func(tok, ticket string) {
+		t.Helper()
+		s, err := dial(t, r.addr, tok, nil).DoGet(ctx, &flight.Ticket{Ticket: []byte(ticket)})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		wantCode(t, fmt.Sprintf("%s with token %.7s", ticket, tok), err, codes.PermissionDenied)
+	}
+	refused(sharedToken, `{"consumer":"trainer"}`)
+	refused("admin-token-0123456789", `{"consumer":"trainer"}`)
+	refused(trainerToken, `{"consumer":"other"}`)
+	_, m := open(ctx, t, dial(t, r.addr, trainerToken, nil), `{"key":"key-0123456789abcdef"}`)
+	if m.Consumer != "trainer" {
+		t.Errorf("a stream with the trainer's token and no name streams as %q, want trainer", m.Consumer)
+	}
+	_, err := act(ctx, dial(t, r.addr, trainerToken, nil), "stats", map[string]any{})
+	wantCode(t, "every member's stats with a member's own token", err, codes.PermissionDenied)
+	open(ctx, t, dial(t, r.addr, sharedToken, nil), `{"consumer":"other","key":"key-0123456789abcdef"}`)
+}
+
+// TestMemberTokenOutlastsAFlood: a client with the shared token opening
+// streams that never read as fast as it can, from the trainer's own host,
+// keeps that host full; a trainer with its own token gets in at once, is
+// never evicted before its first acknowledgement, and reads every group
+// on one stream.
+func TestMemberTokenOutlastsAFlood(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 20, 1, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := startServer(t, newGroup(t, root, -1, 2), Options{Token: sharedToken, MemberTokens: map[string]string{"trainer": trainerToken},
+		MaxStreams: 8, MaxStreamsPerHost: 4, SendTimeout: 200 * time.Millisecond})
+	floodCtx, stopFlood := context.WithCancel(ctx)
+	var (
+		flood     sync.WaitGroup
+		mu        sync.Mutex
+		floodEnds = map[codes.Code]int{}
+	)
+	for w := range 4 {
+		flood.Add(1)
+		go func() {
+			defer flood.Done()
+			cli := dial(t, r.addr, sharedToken, nil)
+			for i := 0; floodCtx.Err() == nil; i++ {
+				s, err := cli.DoGet(floodCtx, &flight.Ticket{Ticket: []byte(fmt.Sprintf(`{"consumer":"hog-%d-%d"}`, w, i))})
+				if err == nil {
+					if md, herr := s.Header(); herr == nil && md != nil {
+						continue // accepted: it never reads
+					}
+					_, err = s.Recv()
+				}
+				mu.Lock()
+				floodEnds[status.Code(err)]++
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // the host is full and churning
+
+	start := time.Now()
+	cli := dial(t, r.addr, trainerToken, nil)
+	stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"trainer","key":"key-0123456789abcdef"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := flight.NewRecordReader(stream)
+	if err != nil {
+		t.Fatalf("the trainer with its own token, on a flooded host: %v", err)
+	}
+	defer rd.Release()
+	groups, first := 0, time.Duration(0)
+	for rd.Next() {
+		if first == 0 {
+			first = time.Since(start)
+			time.Sleep(time.Second) // a slow first step: 5 send timeouts
+		}
+		var m BatchMeta
+		_ = json.Unmarshal(rd.LatestAppMetadata(), &m)
+		groups += len(m.Groups)
+		if _, err := act(ctx, cli, "ack", map[string]any{"consumer": "trainer", "key": "key-0123456789abcdef", "batch_ids": []uint64{m.BatchID}}); err != nil {
+			t.Fatalf("trainer's ack: %v", err)
+		}
+	}
+	stopFlood()
+	flood.Wait()
+	if rd.Err() != nil {
+		t.Fatalf("the trainer's stream ended with %v after %d groups", rd.Err(), groups)
+	}
+	t.Logf("trainer: first batch after %s, %d groups in %s; the flood's refused or dropped streams: %v", first, groups, time.Since(start), floodEnds)
+	if groups != 20 {
+		t.Errorf("the trainer read %d groups on its one stream, want 20", groups)
+	}
+	if first > 5*time.Second {
+		t.Errorf("the trainer's first batch came after %s under the flood", first)
+	}
+	if floodEnds[codes.ResourceExhausted] == 0 {
+		t.Errorf("the flood was never refused (%v): the host was not full, the test shows nothing", floodEnds)
+	}
+}

@@ -123,6 +123,13 @@ type Options struct {
 	// AckTimeout drops a stream with batches in flight and no
 	// acknowledgement for this long (default 5m; negative: never).
 	AckTimeout time.Duration
+	// MemberTokens gives consumers their own bearer tokens (consumer
+	// name -> token). A call with one streams only under its name, and
+	// only a call with it streams under that name. Such streams are
+	// reserved: outside MaxStreams and the per-connection and per-host
+	// limits, and never evicted for a newcomer, so holders of the shared
+	// Token cannot lock that trainer out, whatever they open.
+	MemberTokens map[string]string
 	// ShutdownGrace bounds a graceful stop: connections still open after it
 	// are closed (default 10s).
 	ShutdownGrace time.Duration
@@ -179,6 +186,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	members map[string]*member // nil: name reserved, joining
+	named   int                // of them, streams under MemberTokens names
 	freed   chan struct{}      // closed (and replaced) when a name is freed
 	conns   map[string]int     // streams per client connection (peer address)
 	hosts   map[string]int     // streams per client host (peer IP)
@@ -187,9 +195,10 @@ type Server struct {
 
 // member is one stream: a member of the group.
 type member struct {
-	name string
-	conn string // the client connection's peer address
-	host string // its IP address
+	name  string
+	named bool   // name has its own token: outside the limits, never evicted
+	conn  string // the client connection's peer address
+	host  string // its IP address
 	// joined is when the stream began; acks counts the batches it
 	// acknowledged; evict ends it (a newcomer needs its slot).
 	joined time.Time
@@ -222,7 +231,7 @@ func NewServer(group Group, opts Options) *Server {
 	closing, cancelClosing := context.WithCancel(context.Background())
 	aborting, cancelAborting := context.WithCancel(context.Background())
 	return &Server{
-		group: group, opts: opts.withDefaults(), auth: newAuth(opts.Token, opts.AdminToken),
+		group: group, opts: opts.withDefaults(), auth: newAuth(opts.Token, opts.AdminToken, opts.MemberTokens),
 		members: map[string]*member{}, freed: make(chan struct{}), conns: map[string]int{}, hosts: map[string]int{}, left: map[string]leftMember{},
 		closing: closing, close: cancelClosing, aborting: aborting, abort: cancelAborting,
 		aborted: make(chan struct{}),
@@ -268,10 +277,12 @@ func checkVersion(what string, v *int64) error {
 
 // join reserves name for a new stream of connection conn (refused at
 // MaxStreams, MaxStreamsPerConn, MaxStreamsPerHost unless a stream can be
-// evicted: see Options.MaxStreamsPerHost) and joins the group. evict ends
-// the new stream if it is evicted in turn.
+// evicted: see Options.MaxStreamsPerHost; a name with its own token is
+// outside them) and joins the group. evict ends the new stream if it is
+// evicted in turn.
 func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn string, evict func()) (*member, error) {
 	host := hostOf(conn)
+	named := s.auth.reserved(t.Consumer)
 	s.mu.Lock()
 	if err := s.awaitFree(ctx, t.Consumer); err != nil {
 		s.mu.Unlock()
@@ -282,11 +293,14 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 			s.mu.Unlock()
 			return nil, status.Errorf(codes.AlreadyExists, "consumer %q is already streaming", t.Consumer)
 		}
+		if named {
+			break
+		}
 		if s.conns[conn] >= s.opts.MaxStreamsPerConn {
 			s.mu.Unlock()
 			return nil, status.Errorf(codes.ResourceExhausted, "this connection has %d streams, its limit (--max-streams-per-conn)", s.opts.MaxStreamsPerConn)
 		}
-		serverFull, hostFull := len(s.members) >= s.opts.MaxStreams, s.hosts[host] >= s.opts.MaxStreamsPerHost
+		serverFull, hostFull := len(s.members)-s.named >= s.opts.MaxStreams, s.hosts[host] >= s.opts.MaxStreamsPerHost
 		if !serverFull && !hostFull {
 			break
 		}
@@ -310,18 +324,21 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 		}
 	}
 	s.members[t.Consumer] = nil // reserve the name
-	s.conns[conn]++
-	s.hosts[host]++
+	if named {
+		s.named++
+	} else {
+		s.conns[conn]++
+		s.hosts[host]++
+	}
 	s.mu.Unlock()
 	c, err := s.group.Join(ctx, t.Consumer, t.PolicyVersion)
 	if err != nil {
 		s.mu.Lock()
-		s.freeName(t.Consumer)
-		s.release(conn)
+		s.freeName(t.Consumer, conn)
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.Unavailable, "join: %v", err)
 	}
-	m := &member{name: t.Consumer, conn: conn, host: host, joined: time.Now(), evict: evict, id: c.Stats().Member, key: key, c: c, sent: map[uint64]int64{}, acked: make(chan struct{}, 1)}
+	m := &member{name: t.Consumer, named: named, conn: conn, host: host, joined: time.Now(), evict: evict, id: c.Stats().Member, key: key, c: c, sent: map[uint64]int64{}, acked: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.members[t.Consumer] = m
 	s.mu.Unlock()
@@ -345,7 +362,7 @@ func (s *Server) evictable(host string, onlyHost bool) *member {
 	now := time.Now()
 	var v *member
 	for _, m := range s.members {
-		if m == nil || m.acks.Load() > 0 || now.Sub(m.joined) < s.opts.SendTimeout || (onlyHost && m.host != host) {
+		if m == nil || m.named || m.acks.Load() > 0 || now.Sub(m.joined) < s.opts.SendTimeout || (onlyHost && m.host != host) {
 			continue
 		}
 		if v == nil || s.hosts[m.host] > s.hosts[v.host] || (s.hosts[m.host] == s.hosts[v.host] && m.joined.Before(v.joined)) {
@@ -404,16 +421,16 @@ func (s *Server) awaitFree(ctx context.Context, name string) error {
 	}
 }
 
-// freeName deletes name's stream and wakes streams waiting for it; s.mu
-// held.
-func (s *Server) freeName(name string) {
+// freeName deletes name's stream of connection conn, counts it out of
+// the limits and wakes streams waiting for it; s.mu held.
+func (s *Server) freeName(name, conn string) {
 	delete(s.members, name)
 	close(s.freed)
 	s.freed = make(chan struct{})
-}
-
-// release counts one stream of conn less; s.mu held.
-func (s *Server) release(conn string) {
+	if s.auth.reserved(name) {
+		s.named--
+		return
+	}
 	if s.conns[conn]--; s.conns[conn] <= 0 {
 		delete(s.conns, conn)
 	}
@@ -426,8 +443,7 @@ func (s *Server) release(conn string) {
 // leave releases m's work to the group and keeps its tallies.
 func (s *Server) leave(m *member) {
 	s.mu.Lock()
-	s.freeName(m.name)
-	s.release(m.conn)
+	s.freeName(m.name, m.conn)
 	// The key keeps answering stats while the shards are released (a
 	// client asking right after its stream ended is not refused).
 	s.remember(m, m.c.Stats())
@@ -478,11 +494,18 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 			return status.Errorf(codes.InvalidArgument, "ticket: %v", err)
 		}
 	}
-	if t.Consumer == "" {
+	who := callerOf(stream.Context())
+	switch {
+	case t.Consumer == "" && who.role == roleNamed:
+		t.Consumer = who.name
+	case t.Consumer == "":
 		t.Consumer = "flight-" + randomHex(4)
 	}
 	if err := train.CheckName("consumer", t.Consumer); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if (who.role == roleNamed) != s.auth.reserved(t.Consumer) || who.role == roleNamed && t.Consumer != who.name {
+		return status.Errorf(codes.PermissionDenied, "consumer %q: a consumer with its own token (--member-tokens-file) streams with that token, and that token streams under its name only", t.Consumer)
 	}
 	if err := checkVersion("ticket", t.PolicyVersion); err != nil {
 		return err
