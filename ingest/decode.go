@@ -43,6 +43,7 @@ const (
 	fPromptDeltaIDs
 	fParentStepID
 	fMessagesAdded
+	fRejectedSteps
 	numFields
 )
 
@@ -55,7 +56,7 @@ var fieldNames = [numFields]string{
 	fCreatedAt: "created_at", fMetadata: "metadata", fNumSteps: "num_steps",
 	fTerminationReason: "termination_reason", fSignals: "signals", fIsCorrect: "is_correct",
 	fGroupSize: "group_size", fPromptDeltaIDs: "prompt_delta_ids", fParentStepID: "parent_step_id",
-	fMessagesAdded: "messages_added",
+	fMessagesAdded: "messages_added", fRejectedSteps: "rejected_steps",
 }
 
 const (
@@ -72,7 +73,7 @@ var fieldUse = [numFields]uint8{
 	fTokenVersions: forStep, fTeacherLogprobs: forStep, fMessages: forStep, fReward: forStep | forTraj,
 	fDone: forStep, fFinishReason: forStep, fModel: forStep, fCreatedAt: forStep, fMetadata: forStep | forTraj,
 	fNumSteps: forTraj, fTerminationReason: forTraj, fSignals: forTraj, fIsCorrect: forTraj, fGroupSize: forTraj,
-	fPromptDeltaIDs: forStep, fParentStepID: forStep, fMessagesAdded: forStep,
+	fPromptDeltaIDs: forStep, fParentStepID: forStep, fMessagesAdded: forStep, fRejectedSteps: forTraj,
 }
 
 // requiredStep: prompt_ids may instead be prompt_delta_ids with
@@ -139,6 +140,8 @@ func lookupField(name []byte) field {
 		return fParentStepID
 	case "messages_added":
 		return fMessagesAdded
+	case "rejected_steps":
+		return fRejectedSteps
 	}
 	return fNone
 }
@@ -372,7 +375,7 @@ func (d *Decoder) value(f field) error {
 			return err
 		}
 		return d.setString(f, start, b)
-	case fStepIndex, fPolicyVersion, fNumSteps, fGroupSize:
+	case fStepIndex, fPolicyVersion, fNumSteps, fGroupSize, fRejectedSteps:
 		v, rerr, err := d.intField(f)
 		if err != nil {
 			return err
@@ -389,6 +392,8 @@ func (d *Decoder) value(f field) error {
 			d.traj.NumSteps = v
 		case fGroupSize:
 			d.traj.GroupSize = v
+		case fRejectedSteps:
+			d.traj.RejectedSteps = v
 		}
 		return nil
 	case fReward:
@@ -544,7 +549,7 @@ func (d *Decoder) intField(f field) (v int64, rerr *schemas.RejectError, err err
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 0", fieldNames[f], v), nil
 	case (f == fNumSteps || f == fGroupSize) && v < 1:
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, must be >= 1", fieldNames[f], v), nil
-	case (f == fStepIndex || f == fNumSteps || f == fGroupSize) && v > math.MaxInt32:
+	case (f == fStepIndex || f == fNumSteps || f == fGroupSize || f == fRejectedSteps) && v > math.MaxInt32:
 		// Stored as INT32 columns: a larger value would wrap.
 		return 0, schemas.Rejectf(schemas.ReasonInvalidValue, fieldNames[f], "%s is %d, beyond 2^31-1", fieldNames[f], v), nil
 	}

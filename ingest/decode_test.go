@@ -150,6 +150,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"traj no num_steps", with(goodTraj, "num_steps", "<delete>"), schemas.ReasonMissingField, "num_steps"},
 		{"traj group_size 0", with(goodTraj, "group_size", `0`), schemas.ReasonInvalidValue, "group_size"},
 		{"traj group_size over int32", with(goodTraj, "group_size", `4294967298`), schemas.ReasonInvalidValue, "group_size"},
+		{"traj rejected_steps negative", with(goodTraj, "rejected_steps", `-1`), schemas.ReasonInvalidValue, "rejected_steps"},
+		{"traj rejected_steps string", with(goodTraj, "rejected_steps", `"1"`), schemas.ReasonWrongType, "rejected_steps"},
 		{"traj num_steps over int32", with(goodTraj, "num_steps", `2147483648`), schemas.ReasonInvalidValue, "num_steps"},
 		{"step_index over int32", with(goodStep, "step_index", `2147483648`), schemas.ReasonInvalidValue, "step_index"},
 		{"traj signals array", with(goodTraj, "signals", `[1]`), schemas.ReasonWrongType, "signals"},
@@ -250,7 +252,7 @@ func TestDecodeIntBounds(t *testing.T) {
 
 func TestDecodeTrajectory(t *testing.T) {
 	line := with(goodTraj, "group_id", `"g"`, "signals", `{"acc":1,"fmt":-0.5}`, "is_correct", "false", "group_size", "4",
-		"termination_reason", `"TIMEOUT"`, "metadata", `{"a":"b"}`, "prompt_ids", `"ignored"`)
+		"termination_reason", `"TIMEOUT"`, "metadata", `{"a":"b"}`, "prompt_ids", `"ignored"`, "rejected_steps", "1")
 	var d Decoder
 	rec, err := d.Decode([]byte(line))
 	if err != nil {
@@ -258,7 +260,7 @@ func TestDecodeTrajectory(t *testing.T) {
 	}
 	tr := rec.Trajectory
 	if rec.Type != schemas.TypeTrajectory || tr.Key() != "g" || tr.GroupSize != 4 || tr.NumSteps != 2 || tr.Reward != 1 ||
-		!tr.HasIsCorrect || tr.IsCorrect || tr.TerminationReason != "TIMEOUT" || string(tr.Metadata) != `{"a":"b"}` {
+		!tr.HasIsCorrect || tr.IsCorrect || tr.TerminationReason != "TIMEOUT" || string(tr.Metadata) != `{"a":"b"}` || tr.RejectedSteps != 1 {
 		t.Fatalf("got %+v", tr)
 	}
 	if len(tr.Signals) != 2 || tr.Signals[0] != (schemas.Signal{Name: "acc", Value: 1}) || tr.Signals[1] != (schemas.Signal{Name: "fmt", Value: -0.5}) {

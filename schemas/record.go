@@ -71,7 +71,11 @@ type Trajectory struct {
 	IsCorrect         bool
 	HasIsCorrect      bool
 	GroupSize         int64 // 0 when absent
-	Metadata          []byte
+	// RejectedSteps counts the trajectory's steps its producer wrote
+	// knowing they would be dead-lettered (the gateway's null logprobs):
+	// a trajectory with any can never complete.
+	RejectedSteps int64
+	Metadata      []byte
 }
 
 // GroupKey returns the advantage group of a record: group_id when set,

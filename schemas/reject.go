@@ -31,6 +31,7 @@ const (
 	ReasonIncompleteGroup      Reason = "incomplete_group"      // group below --min-group-size at timeout or end of input
 	ReasonLate                 Reason = "late"                  // record for a group already emitted
 	ReasonInvalidParent        Reason = "invalid_parent"        // parent_step_id names no earlier step of its trajectory
+	ReasonRejectedStep         Reason = "rejected_step"         // its trajectory says a step of it was rejected at capture (rejected_steps)
 )
 
 // Source is where a record came from: file and 1-based line for files,

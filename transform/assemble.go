@@ -73,6 +73,9 @@ type Counters struct {
 	StepsEmitted        int64 `json:"steps_written"`
 	TimedOut            int64 `json:"groups_timed_out"`
 	Evicted             int64 `json:"groups_evicted"`
+	// Failed counts trajectories dead-lettered as rejected_step: their
+	// groups closed without waiting for them.
+	Failed int64 `json:"trajectories_failed"`
 }
 
 // Add adds o's counts to c (the counters of several runs of the stages).
@@ -88,6 +91,7 @@ func (c *Counters) Add(o Counters) {
 	c.StepsEmitted += o.StepsEmitted
 	c.TimedOut += o.TimedOut
 	c.Evicted += o.Evicted
+	c.Failed += o.Failed
 }
 
 // Step is a buffered step with its lineage.
@@ -129,6 +133,10 @@ type Trajectory struct {
 	taskID string // from its first record, for consistency checks
 	key    string
 	g      *group
+	// failed: its record says a step was rejected at capture; it and its
+	// steps are dead-lettered (rejected_step), and so are steps of it
+	// arriving later, while its group is open.
+	failed bool
 
 	// tip is the step of t that arrived last when it came whole (not as
 	// a wire delta), with its whole prompt, messages and record: the step
@@ -186,6 +194,7 @@ type group struct {
 	sizeSet  bool // size came from a trajectory record
 	trajs    []*Trajectory
 	complete int
+	failed   int // trajectories that can never complete (rejected_step)
 	opened   time.Time
 	elem     *list.Element
 }
@@ -462,6 +471,10 @@ func (a *Assembler) addStep(it *ingest.Item, now time.Time) {
 			a.reject(it, schemas.ReasonInconsistent, "trajectory %q belongs to task %q, group %q; this step says task %q, group %q", s.TrajectoryID, t.taskID, t.key, s.TaskID, key)
 			return
 		}
+		if t.failed {
+			a.reject(it, schemas.ReasonRejectedStep, "%s", failedMsg(t))
+			return
+		}
 		if t.Trajectory != nil && s.StepIndex >= t.NumSteps {
 			a.reject(it, schemas.ReasonStepOutOfRange, "step_index %d is out of range: trajectory %q has num_steps %d", s.StepIndex, s.TrajectoryID, t.NumSteps)
 			return
@@ -659,11 +672,46 @@ func (a *Assembler) addTrajectory(it *ingest.Item, now time.Time) {
 	if t.tip != nil && t.tip.StepIndex >= tr.NumSteps {
 		t.tip, t.tipPrompt, t.tipMsgs, t.tipRaw = nil, nil, nil, nil // it left
 	}
-	a.progress(t)
-	// A smaller group_size may complete the group without a new trajectory.
-	if g := t.g; g != nil && a.groups[g.key] == g && g.complete >= g.size {
-		a.close(g, "full")
+	if tr.RejectedSteps > 0 {
+		a.fail(t)
+	} else {
+		a.progress(t)
 	}
+	// A smaller group_size may complete the group without a new trajectory.
+	if g := t.g; g != nil && a.groups[g.key] == g && g.complete+g.failed >= g.size {
+		a.close(g, a.allIn(g))
+	}
+}
+
+// fail dead-letters t, whose record says steps of it were rejected at
+// capture (they were dead-lettered on arrival): it can never complete, so
+// its group counts it in and closes once the others are complete.
+func (a *Assembler) fail(t *Trajectory) {
+	t.failed = true
+	t.g.failed++
+	a.Counters.Failed++
+	msg := failedMsg(t)
+	a.deadLetter(schemas.ReasonRejectedStep, msg, t.Source, t.Raw, t.Ref)
+	for _, s := range t.Steps {
+		delete(a.steps, s.StepID)
+		a.deadLetter(schemas.ReasonRejectedStep, msg, s.Source, s.record(), s.Ref)
+	}
+	clear(t.Steps)
+	t.Steps = nil
+	t.tip, t.tipPrompt, t.tipMsgs, t.tipRaw = nil, nil, nil, nil
+}
+
+func failedMsg(t *Trajectory) string {
+	return fmt.Sprintf("trajectory %q: %d of its %d steps were rejected at capture (rejected_steps), so it cannot be trained on", t.TrajectoryID, t.RejectedSteps, t.NumSteps)
+}
+
+// allIn is why a group whose trajectories are all complete or failed
+// closes.
+func (a *Assembler) allIn(g *group) string {
+	if g.failed == 0 {
+		return "full"
+	}
+	return fmt.Sprintf("every trajectory in, %d of them failed (rejected_step)", g.failed)
 }
 
 // explicit reports whether a record names its group (group_id or role).
@@ -722,8 +770,8 @@ func (a *Assembler) progress(t *Trajectory) {
 	}
 	g := t.g
 	g.complete++
-	if g.complete >= g.size {
-		a.close(g, "full")
+	if g.complete+g.failed >= g.size {
+		a.close(g, a.allIn(g))
 	}
 }
 
@@ -792,6 +840,9 @@ func (a *Assembler) close(g *group, why string) {
 	for _, t := range g.trajs {
 		t.tip, t.tipPrompt, t.tipMsgs, t.tipRaw = nil, nil, nil, nil // the last whole prompt: no longer needed
 		delete(a.trajs, a.trajID(t))
+		if t.failed { // dead-lettered already
+			continue
+		}
 		for _, s := range t.Steps {
 			delete(a.steps, s.StepID)
 		}

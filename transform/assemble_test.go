@@ -378,3 +378,50 @@ func TestCountersAddEveryField(t *testing.T) {
 		}
 	}
 }
+
+// A trajectory whose record says a step was rejected at capture is
+// dead-lettered with the steps of it that arrived, and its group closes
+// as soon as the others are complete: no timeout. Steps of it arriving
+// later are dead-lettered too.
+func TestAssembleRejectedStepsCloseTheGroup(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 3, Timeout: time.Hour})
+	h.add(t0,
+		step("A", "a1", 0), traj("A", "a1", 1, 1), // line 1, 2
+		step("A", "a2", 0), // 3: its step 1 was dead-lettered at capture
+		step("A", "a3", 0), // 4
+	)
+	h.add(t0, traj("A", "a2", 0, 2, `"rejected_steps":1`)) // 5
+	if got := h.summary(); got != "" {
+		t.Fatalf("a3 is not complete yet, got %s", got)
+	}
+	if got, want := h.reasons(), "3:rejected_step 5:rejected_step"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	h.add(t0, traj("A", "a3", 1, 1)) // 6
+	if got, want := h.summary(), "A~@v1:a1[0],a3[0]"; got != want {
+		t.Fatalf("got %s, want %s (closed at once, without the failed trajectory)", got, want)
+	}
+	if h.a.OpenGroups() != 0 || h.a.Counters.Failed != 1 || h.a.Counters.TimedOut != 0 {
+		t.Fatalf("open %d, counters %+v", h.a.OpenGroups(), h.a.Counters)
+	}
+
+	// Failures that leave fewer than MinGroupSize complete: the group is
+	// dead-lettered at once; a late step of a failed trajectory while its
+	// group is open is dead-lettered as rejected too.
+	h = newHarness(t, Config{GroupSize: 3, Timeout: time.Hour})
+	h.add(t0,
+		step("B", "b1", 0), traj("B", "b1", 1, 1), // 1, 2
+		traj("B", "b2", 0, 2, `"rejected_steps":1`), // 3
+		step("B", "b2", 1),                          // 4
+		traj("B", "b3", 0, 1, `"rejected_steps":1`), // 5
+	)
+	if got := h.summary(); got != "" {
+		t.Fatalf("one complete trajectory of three is no group, got %s", got)
+	}
+	if got, want := h.reasons(), "1:incomplete_group 2:incomplete_group 3:rejected_step 4:rejected_step 5:rejected_step"; got != want {
+		t.Fatalf("dead letters %s, want %s", got, want)
+	}
+	if h.a.OpenGroups() != 0 {
+		t.Fatalf("%d groups open", h.a.OpenGroups())
+	}
+}

@@ -150,6 +150,9 @@ func trajHash(t *schemas.Trajectory) uint64 {
 	h.flag(t.HasIsCorrect)
 	h.flag(t.IsCorrect)
 	h.u64(uint64(t.GroupSize))
+	if t.RejectedSteps > 0 { // absent before the field existed: hashes unchanged
+		h.u64(uint64(t.RejectedSteps))
+	}
 	h.flag(t.Metadata != nil)
 	h.bytes(t.Metadata)
 	return h.sum()

@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -299,5 +301,68 @@ func TestGatewayHelpRecordsToken(t *testing.T) {
 	admin, _, _ = strings.Cut(admin, ")")
 	if !strings.Contains(agent, "/records") || strings.Contains(admin, "/records") {
 		t.Errorf("the help puts POST /records under the admin token; the gateway takes the agent's:\nagent: %s\nadmin: %s", agent, admin)
+	}
+}
+
+// TestGatewayRejectedStepClosesItsGroup: a session whose call had a null
+// logprob cannot be trained on; its finish says so, and its group is
+// committed as soon as the other rollout is in, not at --group-timeout
+// (10 minutes by default). The failed trajectory and its steps are dead
+// letters, rejected_step.
+func TestGatewayRejectedStepClosesItsGroup(t *testing.T) {
+	bin := e2eBinary(t)
+	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
+	defer stub.Close()
+	root := filepath.Join(t.TempDir(), "data")
+	g := startGateway(t, bin, e2eEnv(), "--upstream", stub.URL, "--to", root, "--group-size", "3", "--min-group-size", "1", "--flush-interval", "100ms")
+	client := &http.Client{Timeout: time.Minute}
+	for r, calls := range [][]string{{"vllm_chat", "vllm_chat"}, {"vllm_chat", "vllm_chat_null_logprob"}, {"vllm_chat_stream"}} {
+		sid := fmt.Sprintf("task-0:%d", r)
+		for _, name := range calls {
+			if err := gwAgentCall(client, g.base, sid, fixtures[name]); err != nil {
+				t.Fatalf("%s %s: %v", sid, name, err)
+			}
+		}
+		gwPost(t, client, g.base+"/sessions/"+sid+"/finish", `{"reward":1}`)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := local.OpenReader(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(storetest.StepCounts(t, r)); n == 3 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("%d steps committed after 30 s, want 3 (the group of the two complete rollouts)\n%s", n, g.stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	g.stop(t)
+	dlq, err := filepath.Glob(filepath.Join(root, "_dlq", "*.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reasons := map[string]int{}
+	for _, f := range dlq {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+			var e struct{ Reason string }
+			if len(l) > 0 && json.Unmarshal(l, &e) == nil {
+				reasons[e.Reason]++
+			}
+		}
+	}
+	// The null-logprob step (wrong_type at decode), the session's other
+	// step and its trajectory (rejected_step).
+	if reasons["wrong_type"] != 1 || reasons["rejected_step"] != 2 || len(reasons) != 2 {
+		t.Errorf("dead letters by reason %v, want wrong_type 1, rejected_step 2", reasons)
 	}
 }

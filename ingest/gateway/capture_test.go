@@ -119,6 +119,11 @@ func TestEveryFixtureRecorded(t *testing.T) {
 			if tr.raw["type"] != "trajectory" || tr.reason != "" || tr.raw["num_steps"] != 1.0 || tr.raw["task_id"] != "task-"+name {
 				t.Errorf("trajectory %s (reason %q)", mustJSON(tr.raw), tr.reason)
 			}
+			// A trajectory with a step written to be dead-lettered says so:
+			// ingest closes its group without waiting for it.
+			if want := int64(min(len(x.DeadLetter), 1)); tr.rec.Trajectory.RejectedSteps != want {
+				t.Errorf("trajectory rejected_steps %d, want %d", tr.rec.Trajectory.RejectedSteps, want)
+			}
 		})
 	}
 }

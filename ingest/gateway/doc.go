@@ -67,7 +67,10 @@
 //     an unreadable body is written without the missing fields
 //     (gateway_reject = missing_token_ids | unreadable_response) and ingest
 //     dead-letters it as missing_field. Both are counted here
-//     (rllm_gateway_rejected_steps_total{reason}).
+//     (rllm_gateway_rejected_steps_total{reason}). The session's
+//     trajectory record then says rejected_steps = how many: ingest
+//     dead-letters it (rejected_step) and closes its group as soon as the
+//     other trajectories are in, instead of at the group timeout.
 //   - A stream cut short (the agent disconnected, the upstream stream
 //     broke, or it ended with an error event, as vLLM ends a generation
 //     that failed) is recorded with what arrived, finish_reason "abort" and

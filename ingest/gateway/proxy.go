@@ -503,6 +503,13 @@ func (s *Server) record(cl *call) {
 		}
 		sess.mu.Unlock()
 	}
+	if reject != "" {
+		// Its trajectory can never complete: its finish says so
+		// (rejected_steps), and ingest closes the group without it.
+		sess.mu.Lock()
+		sess.rejected++
+		sess.mu.Unlock()
+	}
 	s.queue.enqueue(sess.durable, Record{Key: sess.key(), Line: line})
 	s.metrics.steps.Add(1)
 	if reject != "" {

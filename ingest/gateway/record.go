@@ -265,12 +265,14 @@ type trajectoryRecord struct {
 	Signals           json.RawMessage `json:"signals,omitempty"`
 	IsCorrect         *bool           `json:"is_correct,omitempty"`
 	GroupSize         int             `json:"group_size,omitempty"`
+	RejectedSteps     int64           `json:"rejected_steps,omitempty"`
 	Metadata          json.RawMessage `json:"metadata,omitempty"`
 }
 
 func buildTrajectory(s *session, f *finishBody, numSteps int64) []byte {
 	rec := trajectoryRecord{Type: "trajectory", TrajectoryID: s.trajID, TaskID: s.taskID, GroupID: s.groupID, Role: s.role,
-		Reward: *f.Reward, NumSteps: numSteps, TerminationReason: f.TerminationReason, IsCorrect: f.IsCorrect, GroupSize: s.groupSize}
+		Reward: *f.Reward, NumSteps: numSteps, TerminationReason: f.TerminationReason, IsCorrect: f.IsCorrect, GroupSize: s.groupSize,
+		RejectedSteps: s.rejected}
 	if !isNull(f.Signals) {
 		rec.Signals = f.Signals
 	}

@@ -73,6 +73,7 @@ type session struct {
 
 	mu       sync.Mutex
 	steps    int64  // recorded calls: the next step_index
+	rejected int64  // of them, written to be dead-lettered (gateway_reject)
 	last     *prev  // the step before the next one, when it can be a parent
 	finished []byte // the trajectory line once finished
 	// finishSum identifies the finish body (finishSum), kept for a repeat

@@ -105,6 +105,7 @@ func (m *Pipeline) Write(w io.Writer) {
 	c("rllm_pipe_steps_emitted_total", "Steps emitted.", p.StepsEmitted+cur.StepsEmitted)
 	c("rllm_pipe_groups_timed_out_total", "Groups closed by --group-timeout.", p.TimedOut+cur.TimedOut)
 	c("rllm_pipe_groups_evicted_total", "Groups closed at --max-open-groups.", p.Evicted+cur.Evicted)
+	c("rllm_pipe_trajectories_failed_total", "Trajectories dead-lettered because a step was rejected at capture (their groups not waited for).", p.Failed+cur.Failed)
 	g("rllm_pipe_open_groups", "Groups held in memory.", float64(m.openGroups))
 	c("rllm_pipe_shards_committed_total", "Shards committed.", m.shards)
 	c("rllm_pipe_rows_committed_total", "Rows committed.", m.rows)
