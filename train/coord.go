@@ -554,10 +554,33 @@ type MemberProgress struct {
 // GroupProgress replays a consumer group's log and counts what the group
 // has consumed.
 func GroupProgress(ctx context.Context, obj Objects) (Progress, error) {
-	c, err := openCoordinator(ctx, obj, "")
-	if err != nil {
+	var w GroupWatch
+	return w.Progress(ctx, obj)
+}
+
+// GroupWatch reads a consumer group's progress again and again, each time
+// only the events appended since (a follower polling the log). The zero
+// value is ready; not safe for concurrent use.
+type GroupWatch struct {
+	c *coordinator
+}
+
+// Progress is the group's progress now, from the log in obj (the same obj
+// at every call).
+func (w *GroupWatch) Progress(ctx context.Context, obj Objects) (Progress, error) {
+	if w.c == nil {
+		c, err := openCoordinator(ctx, obj, "")
+		if err != nil {
+			return Progress{}, err
+		}
+		w.c = c
+	} else if err := w.c.refresh(ctx); err != nil {
 		return Progress{}, err
 	}
+	return progressOf(w.c), nil
+}
+
+func progressOf(c *coordinator) Progress {
 	var p Progress
 	c.view(func(st *groupState) {
 		p.Events = st.Next
@@ -594,5 +617,5 @@ func GroupProgress(ctx context.Context, obj Objects) (Progress, error) {
 		}
 		sort.Slice(p.Members, func(i, j int) bool { return p.Members[i].Name < p.Members[j].Name })
 	})
-	return p, nil
+	return p
 }

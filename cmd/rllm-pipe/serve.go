@@ -17,6 +17,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
 	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
+	"github.com/rllm-pipe/rllm-pipe/train/loop"
 )
 
 // serveGroup joins members for the Flight server.
@@ -253,6 +254,9 @@ open after --shutdown-grace; a second closes them at once.`,
 			// An unreachable store is not waited for past a first signal.
 			st, err := o.openShards(store.WithRetryStop(cmd.Context(), soft.Done()))
 			if err != nil {
+				return err
+			}
+			if opts.Versions, err = loop.NewPublisher(st, o.group); err != nil {
 				return err
 			}
 			srv := trainflight.NewServer(serveGroup{o: &o, st: st}, opts)

@@ -107,6 +107,15 @@ type Config struct {
 	// ]/v1/path", a trailing "/*" for every path below, or "*" for all.
 	// Any other call is answered 404 without reaching a worker.
 	Forward []string
+	// Trainer, if set, is followed every TrainerPoll (default 250ms): the
+	// newest version the trainer published becomes the weight version
+	// (never lowered; /admin/weight_version still sets any), and Pacing
+	// reads the consumer group's progress from it.
+	Trainer     Trainer
+	TrainerPoll time.Duration
+	// Pacing holds new groups back while the trainer is behind (needs
+	// Trainer); see Pacing.
+	Pacing Pacing
 	// Transport overrides the upstream transport (tests); the default is
 	// tuned for many keep-alive connections to few hosts.
 	Transport http.RoundTripper
@@ -134,6 +143,9 @@ func (c *Config) defaults() {
 	}
 	if c.AbandonedCallTimeout <= 0 {
 		c.AbandonedCallTimeout = 10 * time.Minute
+	}
+	if c.TrainerPoll <= 0 {
+		c.TrainerPoll = 250 * time.Millisecond
 	}
 	if c.HealthInterval == 0 {
 		c.HealthInterval = 5 * time.Second
@@ -176,7 +188,12 @@ type Server struct {
 	client   *http.Client
 	forward  []route // Config.Forward
 	weight   atomic.Int64
-	bodies   bodies // Config.MaxRequestBodiesBytes
+	pacer    *pacer
+	// stopFollow ends the trainer's follower; followDone is closed when
+	// it returned.
+	stopFollow context.CancelFunc
+	followDone chan struct{}
+	bodies     bodies // Config.MaxRequestBodiesBytes
 
 	closing  atomic.Bool
 	inflight tracker // handlers running (agent calls, finish, /records)
@@ -215,6 +232,14 @@ func New(cfg Config, out Output) (*Server, error) {
 		sessions: newSessions(cfg.MaxTracesPerSession, cfg.MaxTraces, cfg.MaxTraceBytes, cfg.MaxRetiredSessions),
 		forward:  forward,
 	}
+	if cfg.Pacing.on() && cfg.Trainer == nil {
+		return nil, errors.New("gateway: pacing needs the trainer's state (Config.Trainer)")
+	}
+	if cfg.Pacing.GroupsPerStep < 0 || cfg.Pacing.MaxOffPolicy < 0 {
+		return nil, fmt.Errorf("gateway: pacing groups per step %d and max off-policy %d must be >= 0", cfg.Pacing.GroupsPerStep, cfg.Pacing.MaxOffPolicy)
+	}
+	s.pacer = newPacer(cfg.Pacing)
+	s.sessions.left = s.pacer.left
 	s.weight.Store(cfg.WeightVersion)
 	s.bodies.limit = cfg.MaxRequestBodiesBytes
 	s.queue = newQueue(out, cfg.MaxBufferedBytes, cfg.Writers, cfg.BatchRecords, s.metrics, cfg.Log)
@@ -225,6 +250,17 @@ func New(cfg Config, out Output) (*Server, error) {
 			s.pool.stop()
 			return nil, fmt.Errorf("gateway: upstream %d: %w", i, err)
 		}
+	}
+	s.followDone = make(chan struct{})
+	if cfg.Trainer != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopFollow = cancel
+		go func() {
+			defer close(s.followDone)
+			s.follow(ctx, cfg.Trainer, cfg.TrainerPoll)
+		}()
+	} else {
+		close(s.followDone)
 	}
 	return s, nil
 }
@@ -276,6 +312,10 @@ func (s *Server) Close(ctx context.Context) error {
 	s.closed = true
 	s.closing.Store(true)
 	s.pool.stop()
+	if s.stopFollow != nil {
+		s.stopFollow()
+	}
+	<-s.followDone
 	var errs []error
 	if err := s.inflight.wait(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("gateway close: calls still in flight: %w", err))

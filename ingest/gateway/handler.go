@@ -171,6 +171,7 @@ func (s *Server) adminRoute(w http.ResponseWriter, r *http.Request, p string) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		_, traceBytes := s.sessions.usage()
 		s.metrics.write(w, s.sessions.open(), traceBytes, s.weight.Load(), s.pool.list())
+		s.pacer.writeMetrics(w)
 	case p == "/health/workers":
 		ws := s.pool.list()
 		healthy := 0
@@ -569,6 +570,7 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 	}
 	if prev == nil {
 		s.queue.enqueue(sess.durable, Record{Key: sess.key(), Line: line})
+		s.pacer.finished(sess)
 		if n := s.sessions.markFinished(sess); n > 0 {
 			s.metrics.tracesEvicted.Add(int64(n))
 		}

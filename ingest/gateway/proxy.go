@@ -256,6 +256,13 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		writeOpenAIError(w, http.StatusConflict, "session_finished", "session "+sid+" is finished; POST /sessions to start it again")
 		return
 	}
+	if !s.pacer.admit(r.Context(), sess) {
+		s.metrics.errors.inc("paced")
+		w.Header().Set("Retry-After", fmt.Sprint(max(1, int(s.cfg.TrainerPoll.Seconds()+0.999))))
+		writeOpenAIError(w, http.StatusTooManyRequests, "paced",
+			"the trainer is behind (pacing: the groups in the pipe fill (max off-policy + 1) x groups per step); retry later")
+		return
+	}
 	rw, err := rewriteRequest(body, endpoint, sess.sampling)
 	if err != nil {
 		s.metrics.errors.inc("bad_request")

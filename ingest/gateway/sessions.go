@@ -89,6 +89,10 @@ type session struct {
 	// unless a finish holds it (pinned, under sessions.mu).
 	implicit bool
 	pinned   bool
+
+	// paced: admitted by the pacer and counted in its group's sessions
+	// (under pacer.mu).
+	paced bool
 }
 
 // prev is a recorded step a later step's prompt may extend: sent as a
@@ -186,6 +190,9 @@ type sessions struct {
 	retired   map[string]*retired // finished sessions' ids no longer in m
 	retiredQ  []retiredID         // retired, oldest first
 	retiredN  int64
+	// left, if set, is called (under mu) with every session taken out of
+	// the table.
+	left func(*session)
 }
 
 func newSessions(perSession, total int, maxBytes int64, maxRetired int) *sessions {
@@ -285,6 +292,9 @@ func (t *sessions) dropUnused(s *session) {
 	s.mu.Unlock()
 	if unused {
 		delete(t.m, s.id)
+		if t.left != nil {
+			t.left(s)
+		}
 	}
 }
 
@@ -361,6 +371,9 @@ func (s *session) footprint() int64 {
 func (t *sessions) dropLocked(s *session) int {
 	if t.m[s.id] == s {
 		delete(t.m, s.id)
+	}
+	if t.left != nil {
+		t.left(s)
 	}
 	if s.counted {
 		s.counted = false

@@ -188,6 +188,7 @@ func TestHostileClientCannotActForAnotherMember(t *testing.T) {
 	}{
 		{"set another member's version", "set_policy_version", map[string]any{"consumer": "victim", "policy_version": 1000}},
 		{"set it with one's own key", "set_policy_version", map[string]any{"consumer": "victim", "key": akey, "policy_version": 1000}},
+		{"publish a version as another member", "publish_policy_version", map[string]any{"consumer": "victim", "key": akey, "policy_version": 1000}},
 		{"empty ack moving its version", "ack", map[string]any{"consumer": "victim", "batch_ids": []uint64{}, "policy_version": 1000}},
 		{"empty ack with one's own key", "ack", map[string]any{"consumer": "victim", "key": akey, "batch_ids": []uint64{}, "policy_version": 1000}},
 		{"ack its batch", "ack", map[string]any{"consumer": "victim", "member": vm.Member, "batch_ids": []uint64{vm.BatchID}}},
@@ -215,6 +216,8 @@ func TestHostileClientCannotActForAnotherMember(t *testing.T) {
 		{"negative version", "set_policy_version", map[string]any{"consumer": "victim", "key": vkey, "policy_version": -1}},
 		{"huge version", "set_policy_version", map[string]any{"consumer": "victim", "key": vkey, "policy_version": huge}},
 		{"no version", "set_policy_version", map[string]any{"consumer": "victim", "key": vkey}},
+		{"publish a negative version", "publish_policy_version", map[string]any{"consumer": "victim", "key": vkey, "policy_version": -1}},
+		{"publish no version", "publish_policy_version", map[string]any{"consumer": "victim", "key": vkey}},
 		{"ack with a negative version", "ack", map[string]any{"consumer": "victim", "key": vkey, "batch_ids": []uint64{}, "policy_version": -5}},
 	} {
 		_, err := act(ctx, victim, c.kind, c.body)

@@ -38,6 +38,13 @@ type Group interface {
 	Join(ctx context.Context, name string, policyVersion *int64) (*train.Consumer, error)
 }
 
+// Versions records the policy version a trainer says its inference
+// workers now serve (serve: the store's, package train/loop), for the
+// capture gateway to follow.
+type Versions interface {
+	Publish(ctx context.Context, version int64, by string) error
+}
+
 // Ticket is a DoGet request.
 type Ticket struct {
 	Consumer      string `json:"consumer,omitempty"`
@@ -130,6 +137,9 @@ type Options struct {
 	// limits, and never evicted for a newcomer, so holders of the shared
 	// Token cannot lock that trainer out, whatever they open.
 	MemberTokens map[string]string
+	// Versions, if set, takes publish_policy_version (else the action
+	// is refused: Unimplemented).
+	Versions Versions
 	// ShutdownGrace bounds a graceful stop: connections still open after it
 	// are closed (default 10s).
 	ShutdownGrace time.Duration
@@ -762,6 +772,30 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		}
 		m.c.SetPolicyVersion(*r.PolicyVersion)
 		return reply(map[string]int64{"policy_version": *r.PolicyVersion})
+	case "publish_policy_version":
+		var r policyRequest
+		if err := json.Unmarshal(a.GetBody(), &r); err != nil {
+			return status.Errorf(codes.InvalidArgument, "publish_policy_version: %v", err)
+		}
+		if r.PolicyVersion == nil {
+			return status.Error(codes.InvalidArgument, "publish_policy_version: policy_version missing")
+		}
+		if err := checkVersion("publish_policy_version", r.PolicyVersion); err != nil {
+			return err
+		}
+		m, err := s.stream(r.Consumer, r.Key)
+		if err != nil {
+			return err
+		}
+		if s.opts.Versions == nil {
+			return status.Error(codes.Unimplemented, "publish_policy_version: this server records no published versions")
+		}
+		// The publisher trains with that version: its staleness too.
+		m.c.SetPolicyVersion(*r.PolicyVersion)
+		if err := s.opts.Versions.Publish(stream.Context(), *r.PolicyVersion, m.name); err != nil {
+			return status.Errorf(codes.Unavailable, "publish_policy_version: %v", err)
+		}
+		return reply(map[string]int64{"policy_version": *r.PolicyVersion})
 	case "stats":
 		var r statsRequest
 		if len(a.GetBody()) > 0 {
@@ -775,7 +809,7 @@ func (s *Server) DoAction(a *flight.Action, stream flight.FlightService_DoAction
 		}
 		return reply(st)
 	default:
-		return status.Errorf(codes.Unimplemented, "unknown action %q (have ack, set_policy_version, stats)", a.GetType())
+		return status.Errorf(codes.Unimplemented, "unknown action %q (have ack, publish_policy_version, set_policy_version, stats)", a.GetType())
 	}
 }
 
@@ -824,6 +858,7 @@ func (s *Server) ListActions(_ *flight.Empty, stream flight.FlightService_ListAc
 	acts := []*flight.ActionType{
 		{Type: "ack", Description: `{"consumer", "key", "batch_ids": [...]}: acknowledge delivered batches`},
 		{Type: "set_policy_version", Description: `{"consumer", "key", "policy_version"}: the trainer's policy version, for staleness`},
+		{Type: "publish_policy_version", Description: `{"consumer", "key", "policy_version"}: the inference workers now serve this version (the trainer's too); the capture gateway follows it`},
 		{Type: "stats", Description: `{"consumer", "key"}: the member's tallies (without a key: admin token)`},
 	}
 	sort.Slice(acts, func(i, j int) bool { return acts[i].Type < acts[j].Type })

@@ -3,7 +3,6 @@ package flight
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"testing"
 	"time"
 
@@ -14,12 +13,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
-	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
-	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/train"
-
-	"github.com/apache/arrow-go/v18/arrow/array"
-	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/rllm-pipe/rllm-pipe/train/loop"
+	"github.com/rllm-pipe/rllm-pipe/train/traintest"
 )
 
 // group joins members over a directory of shards.
@@ -40,53 +36,7 @@ func writeShard(t *testing.T, root string, n int) { writeShards(t, root, 1, n, 0
 // g000, g001, ... across them), every row with tokens prompt tokens.
 func writeShards(t *testing.T, root string, shards, n, tokens int) {
 	t.Helper()
-	st, err := local.Open(root, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	b := array.NewRecordBuilder(memory.DefaultAllocator, schemas.StepSchema)
-	defer b.Release()
-	for s := 0; s < shards; s++ {
-		for i := 0; i < n; i++ {
-			for f := 0; f < b.Schema().NumFields(); f++ {
-				switch fb := b.Field(f).(type) {
-				case *array.StringBuilder:
-					if f == schemas.ColGroupID {
-						fb.Append(fmt.Sprintf("g%03d", s*n+i))
-					} else {
-						fb.AppendNull()
-					}
-				case *array.ListBuilder:
-					fb.Append(true)
-					if vb, ok := fb.ValueBuilder().(*array.Int32Builder); ok && b.Schema().Field(f).Name == "prompt_ids" {
-						vb.AppendValues(make([]int32, tokens), nil)
-					}
-				default:
-					fb.AppendEmptyValue()
-				}
-			}
-		}
-		rec := b.NewRecordBatch()
-		p, err := st.Create(context.Background(), fmt.Sprintf("part-%d.parquet", s))
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := parquet.NewWriter(p, rec.Schema(), parquet.Options{}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := w.Write(rec); err != nil {
-			t.Fatal(err)
-		}
-		rec.Release()
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.Commit(context.Background(), schemas.ShardEntry{Rows: int64(n), Groups: n}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	traintest.WriteShards(t, root, shards, n, tokens)
 }
 
 func TestServerProtocol(t *testing.T) {
@@ -199,4 +149,41 @@ func TestServerProtocol(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPublishPolicyVersion: a member publishes the version its workers
+// serve; it lands in the store (where the gateway follows it) and is the
+// member's own version too. Without Versions the action is refused.
+func TestPublishPolicyVersion(t *testing.T) {
+	root := t.TempDir()
+	writeShards(t, root, 1, 4, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	g := newGroup(t, root, -1, 2)
+	vobj, err := g.sh.Objects(loop.VersionsDir("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := startServer(t, g, Options{Versions: loop.Publisher{Obj: vobj}})
+	cli := dial(t, r.addr, "", nil)
+	const key = "key-0123456789abcdef"
+	open(ctx, t, cli, `{"consumer":"rank-0","key":"`+key+`"}`)
+	if _, err := act(ctx, cli, "publish_policy_version", map[string]any{"consumer": "rank-0", "key": key, "policy_version": 9}); err != nil {
+		t.Fatal(err)
+	}
+	p, ok, err := loop.Served(ctx, vobj)
+	if err != nil || !ok || p.PolicyVersion != 9 || p.By != "rank-0" {
+		t.Fatalf("served %+v %v %v, want 9 by rank-0", p, ok, err)
+	}
+	body, err := act(ctx, cli, "stats", map[string]any{"consumer": "rank-0", "key": key})
+	var st train.Stats
+	if err != nil || json.Unmarshal(body, &st) != nil || st.PolicyVersion != 9 {
+		t.Fatalf("the publisher's own version: %+v %v", st, err)
+	}
+
+	r = startServer(t, newGroup(t, root, -1, 2), Options{})
+	cli = dial(t, r.addr, "", nil)
+	open(ctx, t, cli, `{"consumer":"rank-0","key":"`+key+`"}`)
+	_, err = act(ctx, cli, "publish_policy_version", map[string]any{"consumer": "rank-0", "key": key, "policy_version": 10})
+	wantCode(t, "publish without Versions", err, codes.Unimplemented)
 }

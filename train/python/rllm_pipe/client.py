@@ -1,6 +1,6 @@
 """Arrow Flight client of ``rllm-pipe serve`` (see train/flight in the Go tree
 for the protocol: a JSON ticket, batches with JSON app_metadata, and the
-actions ack, set_policy_version and stats).
+actions ack, set_policy_version, publish_policy_version and stats).
 
 Security: the bearer token (``token=`` or ``$RLLM_PIPE_TOKEN``) goes in an
 ``authorization`` header on every call; a TLS server is reached with a
@@ -251,6 +251,19 @@ class Client:
         self.policy_version = int(version)
         if self.consumer is not None and self._reader is not None:
             self._action("set_policy_version", {"consumer": self.consumer, "key": self._key, "policy_version": self.policy_version})
+
+    def publish_version(self, version: int) -> None:
+        """Say that the inference workers now serve policy ``version`` (call it
+        once they loaded the new weights). It is recorded in the store, where
+        ``rllm-pipe gateway`` follows it and stamps new calls with it; it is
+        this trainer's policy version from now on too. The highest version
+        published for the consumer group counts: ranks of one data-parallel
+        trainer may all publish the same version. Needs an open stream (call
+        it between batches)."""
+        if self.consumer is None or self._key is None:
+            raise RuntimeError("publish_version needs a stream: iterate batches() first")
+        self.policy_version = int(version)
+        self._action("publish_policy_version", {"consumer": self.consumer, "key": self._key, "policy_version": self.policy_version})
 
     def stats(self, consumer: Optional[str] = None) -> Dict[str, Any]:
         """This member's tallies (batches, groups acked, skipped stale, ...),

@@ -197,6 +197,16 @@ class PaddedBatches(_Base):
                 self.consumer = client.consumer
                 self.client = None
 
+    def publish_version(self, version: int) -> None:
+        """Say that the inference workers now serve policy ``version``
+        (``Client.publish_version``): the capture gateway stamps new calls with
+        it. Call it after the step's acknowledgement, once the workers loaded
+        the weights."""
+        if self.client is None:
+            raise RuntimeError("publish_version needs the iteration running (between steps)")
+        self.policy_version = int(version)
+        self.client.publish_version(self.policy_version)
+
     def set_policy_version(self, version: int) -> None:
         """Report the trainer's policy version now (staleness of the batches
         formed from now on); it is also reported with every acknowledgement."""

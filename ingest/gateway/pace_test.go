@@ -1,0 +1,150 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeTrainer is a trainer whose state the test sets.
+type fakeTrainer struct {
+	mu   sync.Mutex
+	st   TrainerState
+	keys []string // committed since the last poll
+}
+
+func (f *fakeTrainer) State(context.Context) (TrainerState, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := f.st
+	st.CommittedKeys, f.keys = f.keys, nil
+	return st, nil
+}
+
+func (f *fakeTrainer) set(fn func(st *TrainerState, keys *[]string)) {
+	f.mu.Lock()
+	fn(&f.st, &f.keys)
+	f.mu.Unlock()
+}
+
+func (e *env) call(sid string) (int, http.Header) {
+	e.t.Helper()
+	resp := e.req("POST", "/sessions/"+sid+"/v1/chat/completions", string(e.fx["vllm_chat"].Request), "X-Fixture", "vllm_chat")
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header
+}
+
+// eventually fails t unless cond holds within 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5 s", what)
+		}
+	}
+}
+
+// The gateway stamps calls with the version the trainer published, within
+// a poll, and never lowers the version: neither for an older publication
+// nor below one pushed to /admin/weight_version.
+func TestFollowsThePublishedVersion(t *testing.T) {
+	tr := &fakeTrainer{st: TrainerState{Version: -1}}
+	e := newEnv(t, func(c *Config) { c.Trainer, c.TrainerPoll, c.WeightVersion = tr, 5*time.Millisecond, 2 })
+	time.Sleep(50 * time.Millisecond)
+	if v := e.gw.WeightVersion(); v != 2 {
+		t.Fatalf("nothing published: version %d, want the configured 2", v)
+	}
+	tr.set(func(st *TrainerState, _ *[]string) { st.Version = 7 })
+	eventually(t, "version 7 followed", func() bool { return e.gw.WeightVersion() == 7 })
+	if code, _ := e.call("a:0"); code != 200 {
+		t.Fatalf("call: %d", code)
+	}
+	e.finish("a:0", 1)
+	if st := steps(decodeAll(t, e.out.records())); len(st) != 1 || st[0].rec.Step.PolicyVersion != 7 {
+		t.Fatalf("the call was not stamped with the published version 7")
+	}
+	tr.set(func(st *TrainerState, _ *[]string) { st.Version = 5 })
+	time.Sleep(50 * time.Millisecond)
+	if v := e.gw.WeightVersion(); v != 7 {
+		t.Fatalf("an older publication moved the version back to %d", v)
+	}
+	e.mustJSON("POST", "/admin/weight_version", `{"weight_version":20}`, 200, nil)
+	tr.set(func(st *TrainerState, _ *[]string) { st.Version = 9 })
+	time.Sleep(50 * time.Millisecond)
+	if v := e.gw.WeightVersion(); v != 20 {
+		t.Fatalf("a publication below the pushed version 20 set %d", v)
+	}
+}
+
+// Pacing admits new groups while the pipe holds fewer than (max
+// off-policy + 1) x groups per step; a group's other sessions and an
+// admitted session's later calls are never held; a held call is admitted
+// as soon as the trainer consumes, or refused with 429 and Retry-After.
+func TestPacing(t *testing.T) {
+	tr := &fakeTrainer{st: TrainerState{Version: -1}}
+	e := newEnv(t, func(c *Config) {
+		c.Trainer, c.TrainerPoll = tr, 5*time.Millisecond
+		c.Pacing = Pacing{MaxOffPolicy: 1, GroupsPerStep: 1, Wait: 300 * time.Millisecond}
+	})
+	for _, sid := range []string{"a:0", "a:1", "b:0", "b:0", "a:0"} { // budget 2 groups: a and b
+		if code, _ := e.call(sid); code != 200 {
+			t.Fatalf("%s: %d, want 200", sid, code)
+		}
+	}
+	start := time.Now()
+	code, hdr := e.call("c:0")
+	if code != http.StatusTooManyRequests || hdr.Get("Retry-After") == "" || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("a third group: %d (Retry-After %q) after %s, want 429 with Retry-After after waiting 300ms", code, hdr.Get("Retry-After"), time.Since(start))
+	}
+	// Group a finishes: still in flight until it is seen committed, then
+	// in the backlog until the trainer consumes it.
+	e.finish("a:0", 1)
+	e.finish("a:1", 0)
+	tr.set(func(st *TrainerState, keys *[]string) { st.Committed, *keys = 1, []string{"a"} })
+	time.Sleep(30 * time.Millisecond)
+	held := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(e.srv.URL+"/sessions/c:0/v1/chat/completions", "application/json", strings.NewReader(string(e.fx["vllm_chat"].Request)))
+		if err != nil {
+			held <- 0
+			return
+		}
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	eventually(t, "the call held", func() bool { return e.gw.pacer.waiting.Load() == 1 })
+	tr.set(func(st *TrainerState, _ *[]string) { st.Consumed = 1 })
+	if code := <-held; code != 200 {
+		t.Fatalf("the held call once the trainer consumed: %d, want 200", code)
+	}
+	_, body := e.do("GET", "/metrics", "")
+	for _, want := range []string{"rllm_gateway_pace_refused_total 1", "rllm_gateway_pace_held_total 2", "rllm_gateway_pace_in_flight_groups 2", "rllm_gateway_pace_budget_groups 2"} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// A session whose first call was refused or failed leaves nothing in
+// flight; nor does a session deleted before it finished.
+func TestPacingReleasesWhatEnds(t *testing.T) {
+	tr := &fakeTrainer{st: TrainerState{Version: -1}}
+	e := newEnv(t, func(c *Config) {
+		c.Trainer, c.TrainerPoll = tr, 5*time.Millisecond
+		c.Pacing = Pacing{MaxOffPolicy: 0, GroupsPerStep: 1, Wait: 100 * time.Millisecond}
+	})
+	e.backend.FailNext(1, 500)
+	if code, _ := e.call("a:0"); code != 500 {
+		t.Fatalf("failing call: %d", code)
+	}
+	if code, _ := e.call("b:0"); code != 200 {
+		t.Fatalf("after a failed first call: %d, want 200 (nothing left in flight)", code)
+	}
+	e.mustJSON("DELETE", "/sessions/b:0", "", 200, nil)
+	if code, _ := e.call("c:0"); code != 200 {
+		t.Fatalf("after a deleted session: %d, want 200", code)
+	}
+}
