@@ -18,8 +18,11 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/gatewayout"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/ingest/gateway"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
+	"github.com/rllm-pipe/rllm-pipe/train"
+	"github.com/rllm-pipe/rllm-pipe/train/loop"
 )
 
 // gatewayOpts are the gateway's own flags; the in-process pipeline's come
@@ -38,6 +41,14 @@ type gatewayOpts struct {
 	wholePrompts                bool
 	forward                     []string
 	conn                        connFlags
+	// The trainer's side of the loop: published versions and pacing.
+	follow        bool
+	followStore   string
+	group         string
+	trainerPoll   time.Duration
+	groupsPerStep int64
+	maxStaleness  int64
+	paceWait      time.Duration
 }
 
 // pipelineFlags are ingest's flags that shape the in-process pipeline of
@@ -82,6 +93,15 @@ wire-format lines with the same durability.
 sessions that name no group size; the other pipeline flags (estimator,
 shard size, flush interval...) are ingest's and apply to a shard-root --to.
 
+The loop: the gateway follows the trainer through its store (--to when it
+is a shard root, else --trainer-store): calls are stamped with the newest
+policy version the trainer published (rllm_pipe's publish_version), within
+--trainer-poll. With --groups-per-step and --max-staleness it paces
+rollouts: a new group's first call waits while the groups committed and
+not consumed plus those in flight here fill (max-staleness + 1) x
+groups-per-step, then gets 429 with Retry-After (--pace-wait); sessions
+of admitted groups are never held.
+
 Security: beyond loopback the gateway refuses to start without both tokens
 (--agent-token-file / RLLM_GATEWAY_AGENT_TOKEN for the agent routes and
 POST /records, which take the admin token too, --admin-token-file /
@@ -119,6 +139,13 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.StringVar(&o.walFileBytes, "wal-file-bytes", "64MiB", "rotate the write-ahead log's files at about this size (settled files are removed)")
 	f.IntVar(&o.kafkaPartitions, "kafka-partitions", 8, "partitions of a kafka:// --to topic when the gateway creates it")
 	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", time.Minute, "on the first signal, give calls in flight and the output this long to finish")
+	f.BoolVar(&o.follow, "follow-trainer", true, "follow the trainer through its store: stamp calls with the newest policy version it published (never lowered) and read its progress for pacing")
+	f.StringVar(&o.followStore, "trainer-store", "", "the shard root the trainer consumes and publishes its versions in (default: --to when it is a shard root; needed with a kafka:// or record-log --to)")
+	f.StringVar(&o.group, "consumer-group", "default", "the trainer's consumer group (as serve's --consumer-group)")
+	f.DurationVar(&o.trainerPoll, "trainer-poll", 250*time.Millisecond, "read the trainer's published version and progress this often")
+	f.Int64Var(&o.groupsPerStep, "groups-per-step", 0, "pacing: the trainer's groups per optimizer step; with --max-staleness, a new group's first call waits while the pipe holds (max-staleness + 1) x this many groups (0: no pacing)")
+	f.Int64Var(&o.maxStaleness, "max-staleness", -1, "pacing: how many versions behind the trainer a group may be trained (as serve's --max-staleness; needed with --groups-per-step)")
+	f.DurationVar(&o.paceWait, "pace-wait", 30*time.Second, "pacing: how long a new group's first call waits for room before 429 and Retry-After")
 	o.conn.register(f)
 	for _, name := range pipelineFlags {
 		f.AddFlag(ingestFlags.Lookup(name))
@@ -197,6 +224,16 @@ func runGateway(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, groupS
 		return err
 	}
 	cfg.MaxRecordBytes = out.MaxRecordBytes()
+	followed, err := o.trainer(ctx, cfg.Pacing.GroupsPerStep > 0)
+	if err != nil {
+		ln.Close()
+		return errors.Join(err, out.Close())
+	}
+	if followed != nil {
+		cfg.Trainer = followed
+		defer followed.r.Close()
+		log.Info("gateway: following the trainer", "store", followed.r.Name(), "consumer_group", o.group, "pacing", cfg.Pacing.GroupsPerStep > 0)
+	}
 	srv, err := gateway.New(cfg, out)
 	if err != nil {
 		ln.Close()
@@ -274,6 +311,23 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 	}
 	c.WeightVersion = o.weightVersion
 	c.WholePrompts = o.wholePrompts
+	if err := firstErr(durationIn("trainer-poll", o.trainerPoll, time.Millisecond, time.Hour), durationIn("pace-wait", o.paceWait, 0, time.Hour),
+		int64In("groups-per-step", o.groupsPerStep, 0, 1<<30)); err != nil {
+		return c, err
+	}
+	if err := train.CheckName("--consumer-group", o.group); err != nil {
+		return c, usageErrorf("%v", err)
+	}
+	if o.groupsPerStep > 0 {
+		if o.maxStaleness < 0 || o.maxStaleness > 1<<20 {
+			return c, usageErrorf("--groups-per-step needs --max-staleness in [0, 1048576] (got %d): the bound pacing keeps", o.maxStaleness)
+		}
+		if !o.follow {
+			return c, usageErrorf("--groups-per-step paces by the trainer's progress: it needs --follow-trainer")
+		}
+		c.Pacing = gateway.Pacing{MaxOffPolicy: o.maxStaleness, GroupsPerStep: o.groupsPerStep, Wait: o.paceWait}
+	}
+	c.TrainerPoll = o.trainerPoll
 	c.Forward = o.forward
 	if err := gateway.ValidateForward(c.Forward); err != nil {
 		return c, usageErrorf("--forward: %v", err)
@@ -304,6 +358,46 @@ func writeReady(path, addr string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// storeTrainer is the trainer's side of the loop read from its store.
+type storeTrainer struct {
+	r store.Reader
+	f *loop.Follower
+}
+
+func (t storeTrainer) State(ctx context.Context) (gateway.TrainerState, error) {
+	s, err := t.f.State(ctx)
+	st := gateway.TrainerState{Version: -1, Committed: s.Committed, Consumed: s.Consumed, CommittedKeys: s.CommittedKeys}
+	if s.HasServed {
+		st.Version = s.Served.PolicyVersion
+	}
+	return st, err
+}
+
+// trainer opens the store the gateway follows (nil when it follows none);
+// pacing needs one.
+func (o *gatewayOpts) trainer(ctx context.Context, pacing bool) (*storeTrainer, error) {
+	from := o.followStore
+	if from == "" && gatewayout.KindOf(o.to) == gatewayout.KindShardRoot {
+		from = o.to
+	}
+	if !o.follow || from == "" {
+		if pacing {
+			return nil, usageErrorf("--groups-per-step paces by the trainer's progress in its store: give --trainer-store (the shard root the trainer consumes)")
+		}
+		return nil, nil
+	}
+	r, err := openShardStore(ctx, from, o.conn)
+	if err != nil {
+		return nil, err
+	}
+	f, err := loop.NewFollower(r, o.group)
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	return &storeTrainer{r: r, f: f}, nil
 }
 
 // openGatewayOutput opens --to; a shard root gets ingest's pipeline,

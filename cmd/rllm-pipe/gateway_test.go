@@ -102,7 +102,7 @@ func TestGatewayUsageErrors(t *testing.T) {
 func TestGatewayUpstreamKeyEnv(t *testing.T) {
 	t.Setenv("RLLM_TEST_UPSTREAM_KEY", " sk-upstream\n")
 	o := gatewayOpts{upstream: "http://127.0.0.1:1", maxRequest: "1MiB", maxRequestBodies: "16MiB", maxBuffered: "16MiB", maxTraceBytes: "16MiB",
-		shutdownTimeout: time.Second, kafkaPartitions: 1, upstreamKeyEnv: "RLLM_TEST_UPSTREAM_KEY"}
+		shutdownTimeout: time.Second, kafkaPartitions: 1, upstreamKeyEnv: "RLLM_TEST_UPSTREAM_KEY", trainerPoll: time.Second, group: "default"}
 	c, err := o.config(ingestOpts{}, false)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,127 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/flight"
+
+	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/gatewaytest"
+	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
+)
+
+// TestLoopBinaries: gateway and serve on one shard root close the loop
+// without glue. The gateway paces (one group per step, on-policy): a
+// second group's first call is refused while the first is in the pipe,
+// and admitted once the trainer consumed it; the version the trainer
+// publishes through serve stamps the gateway's calls within a poll.
+func TestLoopBinaries(t *testing.T) {
+	bin := e2eBinary(t)
+	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
+	defer stub.Close()
+	root := filepath.Join(t.TempDir(), "data")
+	g := startGateway(t, bin, e2eEnv(), "--upstream", stub.URL, "--to", root, "--group-size", "2", "--flush-interval", "100ms",
+		"--groups-per-step", "1", "--max-staleness", "0", "--pace-wait", "300ms", "--trainer-poll", "50ms")
+	client := &http.Client{Timeout: time.Minute}
+	call := func(sid string) int {
+		t.Helper()
+		f := fixtures["vllm_chat"]
+		req, _ := http.NewRequest(http.MethodPost, g.base+"/sessions/"+sid+f.Path, strings.NewReader(string(f.Request)))
+		req.Header.Set("X-Fixture", f.Name)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, sid := range []string{"a:0", "a:1"} {
+		if code := call(sid); code != 200 {
+			t.Fatalf("%s: %d", sid, code)
+		}
+		gwPost(t, client, g.base+"/sessions/"+sid+"/finish", `{"reward":1}`)
+	}
+	if code := call("b:0"); code != http.StatusTooManyRequests {
+		t.Fatalf("a second group while the first is in the pipe: %d, want 429", code)
+	}
+
+	p := startServe(t, bin, root, nil, "--follow")
+	cli := serveClient(t, p.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const key = "trainer-key-0123456789abcdef"
+	stream, err := cli.DoGet(ctx, &flight.Ticket{Ticket: []byte(`{"consumer":"trainer","key":"` + key + `"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rd, err := flight.NewRecordReader(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Release()
+	if !rd.Next() {
+		t.Fatalf("no batch: %v", rd.Err())
+	}
+	var m trainflight.BatchMeta
+	_ = json.Unmarshal(rd.LatestAppMetadata(), &m)
+	action := func(kind string, body map[string]any) {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		res, err := cli.DoAction(ctx, &flight.Action{Type: kind, Body: b})
+		if err == nil {
+			_, err = res.Recv()
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+	}
+	action("ack", map[string]any{"consumer": "trainer", "key": key, "batch_ids": []uint64{m.BatchID}, "policy_version": 1})
+	action("publish_policy_version", map[string]any{"consumer": "trainer", "key": key, "policy_version": 1})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var v struct {
+			WeightVersion int64 `json:"weight_version"`
+		}
+		resp, err := client.Get(g.base + "/admin/weight_version")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if v.WeightVersion == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the gateway's weight version is %d 10 s after the trainer published 1\n%s", v.WeightVersion, g.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The first group was consumed: the second is admitted now.
+	if code := call("b:0"); code != 200 {
+		t.Fatalf("the second group once the first was consumed: %d, want 200\n%s", code, g.stderr.String())
+	}
+	resp, err := client.Get(g.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"rllm_gateway_pace_refused_total 1", "rllm_gateway_weight_version 1"} {
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	g.stop(t)
+}
