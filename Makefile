@@ -8,7 +8,7 @@ DATA    ?= data
 WORK    ?= .run
 GROUPS  ?= 2000
 
-.PHONY: all build run test test-python test-short bench fuzz lint fmt clean services-up services-down
+.PHONY: all build run loop test test-python test-short bench fuzz lint fmt clean services-up services-down
 
 all: lint test
 
@@ -23,6 +23,13 @@ run: build
 	$(BIN) gen --groups $(GROUPS) --group-size 8 --duplicates 0.01 --out $(WORK)/traces.jsonl
 	$(BIN) ingest --from $(WORK)/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(WORK)/ingest-stats.json
 	$(BIN) summary --from $(DATA)
+
+# loop: a model learns through the pipe on CPU (train/python/examples/loop.py):
+# a toy policy server, openai-SDK agents through `rllm-pipe gateway`, `serve`,
+# and a GRPO trainer that publishes each version back; stops at a mean
+# reward of 0.9 (exit 1 if not within 5 minutes) and writes $(WORK)/loop/report.html.
+loop: build
+	PY=$$(scripts/pytest.sh --python) && PYTHONPATH=train/python $$PY train/python/examples/loop.py --bin $(BIN) --work $(WORK)/loop
 
 # test: the whole suite, race detector on, nothing cached (scripts/test.sh).
 # It first installs (once, cached) and starts a real Kafka broker and MinIO

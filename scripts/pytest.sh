@@ -3,7 +3,8 @@
 # `rllm-pipe serve`. Builds the binary, makes (once, cached) a virtualenv with
 # the pinned packages of train/python/requirements-test.txt from PyPI, and
 # runs pytest. Extra arguments go to pytest; `--prepare` alone only makes
-# the virtualenv (scripts/test.sh does that while the Go side builds).
+# the virtualenv (scripts/test.sh does that while the Go side builds);
+# `--python` alone makes it and prints its interpreter's path (make loop).
 #
 # Environment:
 #   RLLM_CACHE   cache folder for the virtualenv (default ~/.cache/rllm-pipe)
@@ -37,6 +38,10 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
 fi
 
 [ "${1:-}" = --prepare ] && [ $# = 1 ] && exit 0
+if [ "${1:-}" = --python ] && [ $# = 1 ]; then
+	echo "$VENV/bin/python"
+	exit 0
+fi
 
 cd "$REPO_DIR"
 go build -o bin/rllm-pipe ./cmd/rllm-pipe
