@@ -256,13 +256,14 @@ class Checkpoint:
         self.v = np.zeros_like(self.theta)
         self.version = 0
         self.steps = 0
+        self.lines = 0  # lines of steps.jsonl this state accounts for
         self.trained: set[str] = set()
         meta = folder / "state.json"
         if meta.exists():
             s = json.loads(meta.read_text())
             arrays = np.load(folder / s["arrays"])
             self.theta, self.m, self.v = arrays["theta"], arrays["m"], arrays["v"]
-            self.version, self.steps, self.trained = s["version"], s["steps"], set(s["trained"])
+            self.version, self.steps, self.lines, self.trained = s["version"], s["steps"], s["lines"], set(s["trained"])
 
     def save(self) -> str:
         """Saves atomically; returns the weights file for the policy server."""
@@ -275,7 +276,7 @@ class Checkpoint:
         os.replace(tmp, self.folder / name)
         weights = self.folder / f"theta-{self.version}.npy"
         np.save(weights, self.theta)
-        meta = {"arrays": name, "version": self.version, "steps": self.steps, "trained": sorted(self.trained)}
+        meta = {"arrays": name, "version": self.version, "steps": self.steps, "lines": self.lines, "trained": sorted(self.trained)}
         tmp = self.folder / "state.json.tmp"
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, self.folder / "state.json")
@@ -341,7 +342,12 @@ def train(args) -> int:
     ck = Checkpoint(pathlib.Path(args.work) / "trainer", args.tasks)
     if ck.version > 0:  # a restart: the policy serves the checkpoint's weights
         post(f"{args.policy}/load", {"path": ck.save(), "version": ck.version})
-    log = open(pathlib.Path(args.work) / "steps.jsonl", "a")
+    # The step log holds what the checkpoint accounts for: a line written
+    # by a step whose checkpoint did not land is cut.
+    log_path = pathlib.Path(args.work) / "steps.jsonl"
+    kept = log_path.read_text().splitlines(keepends=True)[: ck.lines] if log_path.exists() else []
+    log_path.write_text("".join(kept))
+    log = open(log_path, "a")
     ds = PaddedBatches(args.serve, consumer="trainer", pad_token_id=PAD, max_prompt_length=32, max_response_length=16,
                        policy_version=ck.version)
     start, waited, rewards, last = time.monotonic(), 0.0, [], time.monotonic()
@@ -361,18 +367,24 @@ def train(args) -> int:
         if keep.any():
             ck.version += 1
             ck.trained = set(groups[keep].tolist())
-            weights = ck.save()  # before the acknowledgement: a crash between them is seen at restart
-            step.ack(policy_version=ck.version)
-            post(f"{args.policy}/load", {"path": weights, "version": ck.version})
-            ds.publish_version(ck.version)
-        else:
-            step.ack(policy_version=ck.version)  # redelivered groups trained before the crash
-        rewards.append(batch_reward)
         wall = time.monotonic() - start
-        rec = {"version": ck.version, "groups": len(set(groups[real].tolist())), "retrained_skipped": int((p.is_valid & ~keep).sum()),
+        rec = {"version": ck.version, "groups": len(set(groups[real].tolist())), "trained_groups": sorted(set(groups[keep].tolist())),
+               "retrained_skipped": int((p.is_valid & ~keep).sum()),
                "reward": batch_reward, "staleness_max": staleness["max"], "stall": waited / max(wall, 1e-9), "wall_s": round(wall, 2), **stats}
         log.write(json.dumps(rec) + "\n")
         log.flush()
+        ck.lines += 1
+        # Checkpoint before the acknowledgement: after a crash between
+        # them the batch comes back, and its groups in ck.trained are not
+        # trained again.
+        weights = ck.save()
+        if os.environ.get("LOOP_KILL_AT_VERSION") == str(ck.version) and keep.any():  # tests: the worst moment to die
+            os.kill(os.getpid(), signal.SIGKILL)
+        step.ack(policy_version=ck.version)
+        if keep.any():
+            post(f"{args.policy}/load", {"path": weights, "version": ck.version})
+            ds.publish_version(ck.version)
+        rewards.append(batch_reward)
         mean = float(np.mean(rewards[-args.window :]))
         print(f"v{ck.version:4d} reward {batch_reward:.2f} (last {min(len(rewards), args.window)}: {mean:.2f}) "
               f"staleness {staleness['max']} stall {rec['stall']:.0%} {wall:5.1f}s", flush=True)
