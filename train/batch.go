@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -80,6 +81,10 @@ type Batch struct {
 	// Merge, with LayoutTrajectories, tallies the merge (steps in, rows
 	// out, action and observation tokens).
 	Merge *merge.Stats
+	// Finished is when each group's last trajectory finished at the
+	// capture gateway, in Groups' order (zero: unknown, as for records
+	// not captured by it): freshness is delivery time minus it.
+	Finished []time.Time
 }
 
 // Counters are the reader's tallies.
@@ -174,6 +179,7 @@ func (f *former) take() (*Batch, []*group, error) {
 	b := &Batch{}
 	for _, g := range groups {
 		b.Groups = append(b.Groups, g.key)
+		b.Finished = append(b.Finished, g.finished)
 		b.Tokens += g.tokens
 	}
 	parts := joinedParts(groups)

@@ -90,6 +90,8 @@ type Stats struct {
 	GroupsLost    int64  `json:"groups_lost"`
 	ShardsLeased  int64  `json:"shards_leased"`
 	Takeovers     int64  `json:"shards_taken_over"`
+	// Freshness of the groups delivered (see Freshness).
+	Freshness Freshness `json:"freshness"`
 }
 
 // Consumer is one member of a consumer group over committed shards. Next
@@ -140,6 +142,7 @@ type Consumer struct {
 
 	mu       sync.Mutex
 	stats    Stats
+	ages     ageHist // of the groups delivered (Stats.Freshness), under mu
 	inflight map[uint64][]marks
 	audit    map[uint64]auditBatch // the inflight batches' groups, in order
 	done     map[uint64]AckResult  // recent acknowledgements, for repeats
@@ -270,6 +273,7 @@ func (c *Consumer) Stats() Stats {
 	s := c.stats
 	s.PolicyVersion = c.policy.Load()
 	s.Inflight = len(c.inflight)
+	s.Freshness = c.ages.summary()
 	return s
 }
 
@@ -360,6 +364,11 @@ func (c *Consumer) deliver() (*Delivery, error) {
 	c.nextID++
 	c.inflight[c.nextID] = ms
 	c.audit[c.nextID] = consumedGroups(groups)
+	for _, age := range b.Ages(time.Now()) {
+		if age >= 0 {
+			c.ages.add(age)
+		}
+	}
 	return &Delivery{ID: c.nextID, Batch: *b}, nil
 }
 

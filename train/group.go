@@ -3,11 +3,13 @@ package train
 import (
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
 	"github.com/apache/arrow-go/v18/arrow/array"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/train/merge"
 )
 
@@ -29,6 +31,9 @@ type group struct {
 	// marked: parts still hold the rows a filter marked (stored prefix
 	// deltas may extend them); merging skips them.
 	marked bool
+	// finished is when the group's last trajectory finished at the
+	// capture gateway (trajectory metadata finished_at; zero: unknown).
+	finished time.Time
 }
 
 // partSrc is rows [lo, hi) of a reader batch.
@@ -95,6 +100,11 @@ type shardReader struct {
 	ver          *array.Int64
 	prompt, resp *array.List
 	filterReason *array.String
+	tmeta        *array.String // trajectory_metadata, when read
+	// lastMeta is the last trajectory metadata parsed and its time: a
+	// trajectory's rows repeat it.
+	lastMeta string
+	lastAt   time.Time
 }
 
 // newShardReader reads the groups of rd, opened with cfg.shardColumns().
@@ -121,7 +131,7 @@ var mergeColumns = []string{
 	"task_id", "role", "trajectory_id", "step_id", "step_index", "num_steps", "group_size",
 	"policy_version", "response_logprobs", "token_advantages", "reward", "advantage",
 	"partial", "is_correct", "termination_reason", "estimator",
-	"prompt_prefix_len", "prompt_delta_ids",
+	"prompt_prefix_len", "prompt_delta_ids", "trajectory_metadata",
 }
 
 // shardColumns are the columns to read of a shard: all (nil) but when
@@ -166,6 +176,10 @@ func (s *shardReader) load() (bool, error) {
 		s.prompt, _ = col("prompt_ids").(*array.List)
 		s.resp, _ = col("response_ids").(*array.List)
 		s.filterReason, _ = col("filter_reason").(*array.String)
+		s.tmeta = nil
+		if sc.HasField("trajectory_metadata") {
+			s.tmeta, _ = col("trajectory_metadata").(*array.String)
+		}
 		if s.ver == nil || s.prompt == nil || s.resp == nil || s.filterReason == nil {
 			return false, fmt.Errorf("train: shard %s: unexpected column types (schema %s)", s.path, sc)
 		}
@@ -217,6 +231,7 @@ func (s *shardReader) read() (*group, error) {
 		for end < n && s.gid.Value(end) == key {
 			end++
 		}
+		s.noteFinished(g, s.row, end)
 		if s.deltas {
 			// The whole run; merging skips the marked rows.
 			var marked int64
@@ -250,6 +265,26 @@ func (s *shardReader) read() (*group, error) {
 			j = k
 		}
 		s.row = end
+	}
+}
+
+// noteFinished advances g.finished to the latest finished_at of rows
+// [lo, hi) of the current record.
+func (s *shardReader) noteFinished(g *group, lo, hi int) {
+	if s.tmeta == nil {
+		return
+	}
+	for j := lo; j < hi; j++ {
+		if s.tmeta.IsNull(j) {
+			continue
+		}
+		if m := s.tmeta.Value(j); m != s.lastMeta {
+			s.lastMeta = m
+			s.lastAt, _ = schemas.FinishedAt([]byte(m))
+		}
+		if s.lastAt.After(g.finished) {
+			g.finished = s.lastAt
+		}
 	}
 }
 

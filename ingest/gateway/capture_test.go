@@ -6,6 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // TestEveryFixtureRecorded sends each fixture's request through a session
@@ -118,6 +121,9 @@ func TestEveryFixtureRecorded(t *testing.T) {
 			}
 			if tr.raw["type"] != "trajectory" || tr.reason != "" || tr.raw["num_steps"] != 1.0 || tr.raw["task_id"] != "task-"+name {
 				t.Errorf("trajectory %s (reason %q)", mustJSON(tr.raw), tr.reason)
+			}
+			if at, ok := schemas.FinishedAt(tr.rec.Trajectory.Metadata); !ok || time.Since(at) > time.Minute || time.Since(at) < 0 {
+				t.Errorf("trajectory metadata.finished_at %v (%v), want when the finish came", at, ok)
 			}
 			// A trajectory with a step written to be dead-lettered says so:
 			// ingest closes its group without waiting for it.

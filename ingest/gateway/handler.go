@@ -536,6 +536,7 @@ func (s *Server) finish(w http.ResponseWriter, r *http.Request, sid string) {
 	if prev == nil {
 		sess.finished = []byte{} // refuse new calls from now on
 		sess.finishSum = finishSum(&body)
+		sess.finishedAt = time.Now()
 	}
 	sess.mu.Unlock()
 	if prev != nil && len(prev) == 0 {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/schemas/prefix"
 )
 
@@ -277,16 +278,22 @@ func buildTrajectory(s *session, f *finishBody, numSteps int64) []byte {
 		rec.Signals = f.Signals
 	}
 	// The session id rides in the metadata (the trajectory id is the
-	// session id and its incarnation), unless the finish body names one.
+	// session id and its incarnation), unless the finish body names one,
+	// and so does when the finish arrived (freshness: finished here →
+	// delivered to the trainer).
 	sid := marshal(s.id)
+	at := marshal(s.finishedAt.UTC().Format(time.RFC3339Nano))
 	switch fs, err := splitObject(f.Metadata); {
 	case isNull(f.Metadata):
-		rec.Metadata = joinObject([]field{{key: "session_id", val: sid}})
+		rec.Metadata = joinObject([]field{{key: "session_id", val: sid}, {key: schemas.FinishedAtKey, val: at}})
 	case err != nil:
 		rec.Metadata = f.Metadata
 	default:
 		if _, ok := getField(fs, "session_id"); !ok {
 			fs = append(fs, field{key: "session_id", val: sid})
+		}
+		if _, ok := getField(fs, schemas.FinishedAtKey); !ok {
+			fs = append(fs, field{key: schemas.FinishedAtKey, val: at})
 		}
 		rec.Metadata = joinObject(fs)
 	}

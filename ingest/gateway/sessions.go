@@ -76,6 +76,9 @@ type session struct {
 	rejected int64  // of them, written to be dead-lettered (gateway_reject)
 	last     *prev  // the step before the next one, when it can be a parent
 	finished []byte // the trajectory line once finished
+	// finishedAt is when the finish arrived (the trajectory's
+	// metadata.finished_at): a repeat of the finish builds the same line.
+	finishedAt time.Time
 	// finishSum identifies the finish body (finishSum), kept for a repeat
 	// of the finish once the session has left the table.
 	finishSum [sha256.Size]byte

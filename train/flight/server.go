@@ -75,6 +75,10 @@ type BatchMeta struct {
 	// Key is the stream's secret when the server made it (the ticket had
 	// none); only in the first batch.
 	Key string `json:"key,omitempty"`
+	// AgesMs is, per group in Groups' order, how long ago its last
+	// trajectory finished at the capture gateway, in milliseconds, when
+	// the batch was formed (-1: unknown); absent when no group has one.
+	AgesMs []int64 `json:"ages_ms,omitempty"`
 }
 
 type ackRequest struct {
@@ -569,6 +573,7 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		if d.Merge != nil {
 			bm.Layout = "trajectories"
 		}
+		bm.AgesMs = agesMs(d.Ages(time.Now()))
 		meta, _ := json.Marshal(bm)
 		madeKey = ""
 		if w == nil {
@@ -585,6 +590,23 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		}
 		m.sentBatch(d.ID, n)
 	}
+}
+
+// agesMs are ages in milliseconds (-1 stays -1); nil when all are -1.
+func agesMs(ages []time.Duration) []int64 {
+	var out []int64
+	known := false
+	for _, a := range ages {
+		ms := int64(-1)
+		if a >= 0 {
+			ms, known = a.Milliseconds(), true
+		}
+		out = append(out, ms)
+	}
+	if !known {
+		return nil
+	}
+	return out
 }
 
 // endStatus is the status a stream ends with when ctx ended (the cause

@@ -350,10 +350,9 @@ def train(args) -> int:
     log = open(log_path, "a")
     ds = PaddedBatches(args.serve, consumer="trainer", pad_token_id=PAD, max_prompt_length=32, max_response_length=16,
                        policy_version=ck.version)
-    start, waited, rewards, last = time.monotonic(), 0.0, [], time.monotonic()
+    start, rewards = time.monotonic(), []
     published = False
     for step in ds:
-        waited += time.monotonic() - last
         p = step.padded
         if not published:
             ds.publish_version(ck.version)  # the served version, once the stream is open
@@ -370,7 +369,8 @@ def train(args) -> int:
         wall = time.monotonic() - start
         rec = {"version": ck.version, "groups": len(set(groups[real].tolist())), "trained_groups": sorted(set(groups[keep].tolist())),
                "retrained_skipped": int((p.is_valid & ~keep).sum()),
-               "reward": batch_reward, "staleness_max": staleness["max"], "stall": waited / max(wall, 1e-9), "wall_s": round(wall, 2), **stats}
+               "reward": batch_reward, "staleness_max": staleness["max"], "stall": ds.stall, "freshness_p99_ms": ds.freshness()["p99_ms"],
+               "wall_s": round(wall, 2), **stats}
         log.write(json.dumps(rec) + "\n")
         log.flush()
         ck.lines += 1
@@ -388,13 +388,15 @@ def train(args) -> int:
         mean = float(np.mean(rewards[-args.window :]))
         print(f"v{ck.version:4d} reward {batch_reward:.2f} (last {min(len(rewards), args.window)}: {mean:.2f}) "
               f"staleness {staleness['max']} stall {rec['stall']:.0%} {wall:5.1f}s", flush=True)
-        if len(rewards) >= args.window and mean >= args.target:
-            print(f"loop: mean reward {mean:.2f} >= {args.target} at version {ck.version} after {wall:.0f}s", flush=True)
-            return 0
-        if wall > args.deadline:
-            print(f"loop: mean reward {mean:.2f} < {args.target} after {wall:.0f}s", flush=True)
-            return 1
-        last = time.monotonic()
+        reached, late = len(rewards) >= args.window and mean >= args.target, wall > args.deadline
+        if reached or late:
+            summary = {"reached": reached, "mean_reward": mean, "version": ck.version, "wall_s": wall, **ds.loop_stats()}
+            (pathlib.Path(args.work) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+            f = summary["freshness"]
+            print(f"loop: mean reward {mean:.2f} {'>=' if reached else '<'} {args.target} at version {ck.version} after {wall:.0f}s; "
+                  f"stall {summary['stall']:.0%}, freshness p50 {f['p50_ms']:.0f} ms p99 {f['p99_ms']:.0f} ms, "
+                  f"staleness max {summary['staleness_max']}, skipped stale {summary.get('groups_skipped_stale', 0)}", flush=True)
+            return 0 if reached else 1
     return 1
 
 

@@ -39,8 +39,10 @@ consumer is one stream), or iterate it directly.
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Deque, Dict, Iterator, Optional
 
 import numpy as np
 
@@ -163,16 +165,26 @@ class PaddedBatches(_Base):
         self.client: Optional[Client] = None
         self._pending: Optional[TrainingStep] = None
         # Tallies of this dataset's iterations.
-        self.stats: Dict[str, int] = {"batches": 0, "acked": 0, "groups_acked": 0, "groups_lost": 0, "rows": 0, "truncated_rows": 0}
+        self.stats: Dict[str, Any] = {"batches": 0, "acked": 0, "groups_acked": 0, "groups_lost": 0, "rows": 0, "truncated_rows": 0,
+                                      "wait_s": 0.0, "wall_s": 0.0, "staleness_max": 0}
+        # Ages (ms) of the groups delivered: finished at the gateway ->
+        # delivered; the newest 100,000.
+        self._ages: Deque[int] = deque(maxlen=100_000)
 
     def __iter__(self) -> Iterator[TrainingStep]:
         with Client(self.location, consumer=self.consumer, policy_version=self.policy_version, **self.client_kwargs) as client:
             self.client = client
             previous: Optional[Padded] = None
+            started = asked = time.monotonic()
             try:
                 for n, batch in enumerate(client.batches()):
+                    now = time.monotonic()
+                    self.stats["wait_s"] += now - asked
+                    self.stats["wall_s"] += now - started
+                    started = now
                     if self.max_batches is not None and n >= self.max_batches:
                         return
+                    self._ages.extend(a for a in batch.meta.get("ages_ms") or () if a >= 0)
                     padded = batch.to_padded(
                         self.pad_token_id, self.max_prompt_length, self.max_response_length, self.pad_rows_to_multiple,
                         out=previous, **self.padding
@@ -184,7 +196,9 @@ class PaddedBatches(_Base):
                     self.stats["batches"] += 1
                     self.stats["rows"] += padded.truncation["rows"]
                     self.stats["truncated_rows"] += int(np.count_nonzero(padded.prompt_truncated | padded.response_truncated))
+                    self.stats["staleness_max"] = max(self.stats["staleness_max"], step.staleness["max"])
                     yield step
+                    asked = time.monotonic()
                     if not step.acked:
                         raise UnackedBatch(
                             f"batch {step.batch_id} was not acknowledged: call step.ack() (or use `with step:`) "
@@ -196,6 +210,36 @@ class PaddedBatches(_Base):
             finally:
                 self.consumer = client.consumer
                 self.client = None
+
+    @property
+    def stall(self) -> float:
+        """Trainer data stall: the share of the iteration's wall time spent
+        waiting for the next batch (0 to 1)."""
+        return self.stats["wait_s"] / self.stats["wall_s"] if self.stats["wall_s"] > 0 else 0.0
+
+    def freshness(self) -> Dict[str, float]:
+        """How long after their last trajectory finished at the capture
+        gateway the groups were delivered: groups counted, p50, p99 and max
+        in milliseconds (groups not captured by the gateway are not
+        counted)."""
+        if not self._ages:
+            return {"groups": 0, "p50_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+        a = np.fromiter(self._ages, dtype=np.float64)
+        p50, p99 = np.percentile(a, [50, 99])
+        return {"groups": int(a.size), "p50_ms": float(p50), "p99_ms": float(p99), "max_ms": float(a.max())}
+
+    def loop_stats(self) -> Dict[str, Any]:
+        """What an async RL run watches: stall, freshness, the largest
+        staleness trained on, and the groups the server skipped as stale
+        (asked of the server while a stream is open)."""
+        out: Dict[str, Any] = {"stall": self.stall, "freshness": self.freshness(), "staleness_max": self.stats["staleness_max"],
+                               "batches": self.stats["batches"]}
+        if self.client is not None:
+            try:
+                out["groups_skipped_stale"] = int((self.client.stats() or {}).get("groups_skipped_stale", 0))
+            except Exception:  # the stream ended: the tallies above stand
+                pass
+        return out
 
     def publish_version(self, version: int) -> None:
         """Say that the inference workers now serve policy ``version``

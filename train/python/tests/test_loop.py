@@ -122,6 +122,11 @@ def test_loop_learns_through_a_trainer_crash_and_a_gateway_restart(tmp_path):
 
         assert trainer.wait(240) == 0, f"the loop did not learn: {(tmp_path / 'trainer.log').read_text()[-3000:]}"
         done = steps(tmp_path)
+        summary = json.loads((tmp_path / "summary.json").read_text())
+        # Every group came through the gateway: each has its age.
+        assert summary["freshness"]["groups"] >= sum(s["groups"] for s in done[-5:]) > 0, summary
+        assert 0 < summary["freshness"]["p50_ms"] <= summary["freshness"]["p99_ms"] < 60_000, summary
+        assert 0 < summary["stall"] < 1, summary
         first = [s["reward"] for s in done[:5]]
         assert sum(first) / len(first) <= 0.3, f"a random policy should score about 0.1: {first}"
     finally:
