@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -57,7 +58,13 @@ func TestLoopBinaries(t *testing.T) {
 		t.Fatalf("a second group while the first is in the pipe: %d, want 429", code)
 	}
 
-	p := startServe(t, bin, root, nil, "--follow")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ln.Addr().String()
+	ln.Close()
+	p := startServe(t, bin, root, nil, "--follow", "--metrics-addr", metricsAddr)
 	cli := serveClient(t, p.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -121,6 +128,20 @@ func TestLoopBinaries(t *testing.T) {
 	for _, want := range []string{"rllm_gateway_pace_refused_total 1", "rllm_gateway_weight_version 1"} {
 		if !strings.Contains(string(body), want+"\n") {
 			t.Errorf("metrics lack %q", want)
+		}
+	}
+	// serve's metrics: the trainer's group, its age when delivered, its
+	// stall.
+	resp, err = client.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`rllm_serve_groups_acked_total{consumer="trainer"} 1`, `rllm_serve_freshness_groups_total{consumer="trainer"} 1`,
+		`rllm_serve_policy_version{consumer="trainer"} 1`, `rllm_serve_freshness_seconds{consumer="trainer",quantile="0.99"}`, `rllm_serve_data_stall_ratio{consumer="trainer"}`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("serve's metrics lack %q:\n%s", want, body)
 		}
 	}
 	g.stop(t)

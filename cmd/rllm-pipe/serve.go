@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline/metrics"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
 	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
@@ -35,6 +36,8 @@ type serveOpts struct {
 	listen, ready                 string
 	tokenFile, adminFile          string
 	memberTokensFile              string
+	metricsAddr, metricsTokenFile string
+	metricsToken                  string
 	tlsCert, tlsKey               string
 	maxStreams, maxStreamsPerConn int
 	maxStreamsPerHost             int
@@ -50,6 +53,8 @@ func (o *serveOpts) register(f *pflag.FlagSet) {
 	f.StringVar(&o.tokenFile, "token-file", "", "file holding the bearer token every client must send (default: $RLLM_PIPE_TOKEN; none: loopback only)")
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the admin token, also the only one that reads other members' stats (default: $RLLM_PIPE_ADMIN_TOKEN)")
 	f.StringVar(&o.memberTokensFile, "member-tokens-file", "", "file of 'CONSUMER TOKEN' lines: each consumer streams only with its own token, outside the stream limits and never evicted (other tokens cannot lock it out)")
+	f.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (host:port), at /metrics: per consumer batches, groups acknowledged and skipped as stale, data stall, freshness; beyond loopback only with a token")
+	f.StringVar(&o.metricsTokenFile, "metrics-token-file", "", "file holding the bearer token /metrics requires (default: $RLLM_PIPE_METRICS_TOKEN; none: loopback only)")
 	f.StringVar(&o.tlsCert, "tls-cert", "", "serve TLS with this PEM certificate (with --tls-key)")
 	f.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	f.IntVar(&o.maxStreams, "max-streams", 64, "streams (members) served at once; beyond it a new stream evicts one that has acknowledged nothing for --send-timeout, else it is refused")
@@ -159,6 +164,11 @@ func (o *serveOpts) options() (trainflight.Options, error) {
 	if opts.MemberTokens, err = memberTokens(o.memberTokensFile, opts.Token, opts.AdminToken); err != nil {
 		return opts, err
 	}
+	if o.metricsAddr != "" {
+		if o.metricsToken, err = metricsToken(o.metricsAddr, o.metricsTokenFile); err != nil {
+			return opts, err
+		}
+	}
 	// Beyond loopback a token is all that guards the data: a short one
 	// is guessed.
 	if host, _, _ := net.SplitHostPort(o.listen); host != "localhost" && !loopbackAddr(o.listen) {
@@ -260,6 +270,13 @@ open after --shutdown-grace; a second closes them at once.`,
 				return err
 			}
 			srv := trainflight.NewServer(serveGroup{o: &o, st: st}, opts)
+			if so.metricsAddr != "" {
+				stopMetrics, err := metrics.Serve(cmd.Context(), so.metricsAddr, so.metricsToken, metrics.SourceFunc(srv.WriteMetrics))
+				if err != nil {
+					return usageErrorf("--metrics-addr: %v", err)
+				}
+				defer stopMetrics()
+			}
 			// The command's context ends at the second signal: abort.
 			stop := context.AfterFunc(cmd.Context(), srv.Abort)
 			defer stop()

@@ -226,6 +226,11 @@ type member struct {
 	sent     map[uint64]int64 // bytes of batches sent, not acknowledged
 	bytes    int64            // their sum
 	progress time.Time        // last acknowledgement, or first batch in flight since
+	// idleSince is when the member last had no batch in flight (zero
+	// while it has one); idle sums those spans: the trainer waiting for
+	// data, as the server sees it.
+	idleSince time.Time
+	idle      time.Duration
 	acked    chan struct{}    // signalled on every acknowledgement
 
 	// acking is read-held by acknowledgements in flight, so that the
@@ -352,7 +357,8 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 		s.mu.Unlock()
 		return nil, status.Errorf(codes.Unavailable, "join: %v", err)
 	}
-	m := &member{name: t.Consumer, named: named, conn: conn, host: host, joined: time.Now(), evict: evict, id: c.Stats().Member, key: key, c: c, sent: map[uint64]int64{}, acked: make(chan struct{}, 1)}
+	now := time.Now()
+	m := &member{name: t.Consumer, named: named, conn: conn, host: host, joined: now, idleSince: now, evict: evict, id: c.Stats().Member, key: key, c: c, sent: map[uint64]int64{}, acked: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.members[t.Consumer] = m
 	s.mu.Unlock()
@@ -679,6 +685,10 @@ func (m *member) sentBatch(id uint64, n int64) {
 	defer m.mu.Unlock()
 	if len(m.sent) == 0 {
 		m.progress = time.Now()
+		if !m.idleSince.IsZero() {
+			m.idle += m.progress.Sub(m.idleSince)
+			m.idleSince = time.Time{}
+		}
 	}
 	m.sent[id] = n
 	m.bytes += n
@@ -695,6 +705,9 @@ func (m *member) ackedBatches(ids []uint64) {
 		}
 	}
 	m.progress = time.Now()
+	if len(m.sent) == 0 && m.idleSince.IsZero() {
+		m.idleSince = m.progress
+	}
 	m.mu.Unlock()
 	select {
 	case m.acked <- struct{}{}:

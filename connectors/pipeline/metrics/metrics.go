@@ -130,10 +130,22 @@ func (m *Pipeline) Write(w io.Writer) {
 	}
 }
 
+// Source writes metrics in Prometheus' text format: a Pipeline, or any
+// other server's (serve's, through SourceFunc).
+type Source interface {
+	Write(w io.Writer)
+}
+
+// SourceFunc is a function as a Source.
+type SourceFunc func(w io.Writer)
+
+// Write calls f.
+func (f SourceFunc) Write(w io.Writer) { f(w) }
+
 // Handler serves m; with a token, only to requests that carry it
 // ("Authorization: Bearer TOKEN", the scheme in any case, as Prometheus
 // sends a scrape's credentials).
-func Handler(token string, m *Pipeline) http.Handler {
+func Handler(token string, m Source) http.Handler {
 	key := bearer.NewKey(token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if key.IsSet() {
@@ -155,7 +167,7 @@ const IdleTimeout = 2 * time.Minute
 
 // Serve serves m at /metrics on addr (Handler) until stop is called. The
 // caller decides whether addr may go without a token.
-func Serve(ctx context.Context, addr, token string, m *Pipeline) (stop func(), err error) {
+func Serve(ctx context.Context, addr, token string, m Source) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)
