@@ -69,11 +69,11 @@ type pacer struct {
 	cfg Pacing
 
 	mu       sync.Mutex
-	known    bool             // a poll answered
-	st       TrainerState     // the last answer
+	known    bool              // a poll answered
+	st       TrainerState      // the last answer
 	open     map[string]*paced // admitted groups with sessions running
-	awaiting map[string]int64 // finished groups not seen committed: when (unix ns)
-	changed  chan struct{}    // closed (and replaced) when room may have opened
+	awaiting map[string]int64  // finished groups not seen committed: when (unix ns)
+	changed  chan struct{}     // closed (and replaced) when room may have opened
 
 	admitted, held, refused atomic.Int64
 	waiting                 atomic.Int64

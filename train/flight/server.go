@@ -231,7 +231,7 @@ type member struct {
 	// data, as the server sees it.
 	idleSince time.Time
 	idle      time.Duration
-	acked    chan struct{}    // signalled on every acknowledgement
+	acked     chan struct{} // signalled on every acknowledgement
 
 	// acking is read-held by acknowledgements in flight, so that the
 	// tallies kept when the stream ends count them: the last ack can end
