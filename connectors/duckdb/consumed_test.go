@@ -72,6 +72,16 @@ func TestConsumedFromInjectedGroups(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("consumed:\n got %q\nwant %q", got, want)
 	}
+	// The training loop per train step: no shard here, so no finish
+	// times (the ages are null).
+	q, err := Report(ReportTrainingLoop, ReportOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = queryStrings(t, d, `SELECT concat_ws('|', consumer_group, train_step, policy_version, groups, staleness_max, coalesce(ack_age_p50_s::VARCHAR, 'null')) FROM (`+q+`)`)
+	if want := []string{"trainer|0|5|2|1|null", "trainer|1|6|1|3|null"}; !slices.Equal(got, want) {
+		t.Errorf("training-loop:\n got %q\nwant %q", got, want)
+	}
 	if !slices.ContainsFunc(d.Warnings(), func(w string) bool { return strings.Contains(w, "broken") && strings.Contains(w, "torn log") }) {
 		t.Errorf("warnings %q: want one naming the unreadable group", d.Warnings())
 	}

@@ -40,6 +40,7 @@ const (
 	ReportFilteredOverTime   = "filtered-over-time"
 	ReportThroughput         = "throughput"
 	ReportRoles              = "roles"
+	ReportTrainingLoop       = "training-loop"
 )
 
 // AdvantageBins is the number of bins of the advantage-histogram report.
@@ -62,6 +63,7 @@ func Reports() []ReportInfo {
 		{ReportFilteredOverTime, "per committed shard in commit-time order (ties by seq) and filter reason (split as in filtered-by-version): committed_at, the shard's groups, and the cumulative groups of that reason"},
 		{ReportThroughput, "per committed shard in commit-time order (ties by seq; shards commit concurrently, so seq order is not time order): committed_at, rows, groups, cumulative rows, and rows per second since the previous commit"},
 		{ReportRoles, "per role ('(none)' when unset): trajectories, mean reward, pass rate, mean response tokens per trajectory"},
+		{ReportTrainingLoop, "per consumer group and train step (acknowledged batch): policy version, groups, largest staleness, and how long after their last trajectory finished at the capture gateway (trajectory metadata finished_at) the groups were acknowledged, p50 and max in seconds (null for groups without it)"},
 	}
 }
 
@@ -105,6 +107,8 @@ func Report(name string, o ReportOptions) (string, error) {
 		return throughputSQL, nil
 	case ReportRoles:
 		return rolesSQL, nil
+	case ReportTrainingLoop:
+		return trainingLoopSQL, nil
 	}
 	var names []string
 	for _, r := range Reports() {
@@ -113,6 +117,22 @@ func Report(name string, o ReportOptions) (string, error) {
 	sort.Strings(names)
 	return "", fmt.Errorf("%w %q (reports: %s)", ErrUnknownReport, name, strings.Join(names, ", "))
 }
+
+const trainingLoopSQL = `WITH finished AS (
+  SELECT group_id, max(TRY_CAST(json_extract_string(trajectory_metadata, '$.finished_at') AS TIMESTAMPTZ)) AS finished_at
+  FROM stored_steps
+  WHERE step_index = 0
+  GROUP BY group_id
+), aged AS (
+  SELECT c.consumer_group, c.train_step, c.policy_version, c.group_id, c.staleness,
+    epoch(c.acked_at) - epoch(f.finished_at) AS age_s
+  FROM consumed c LEFT JOIN finished f USING (group_id)
+)
+SELECT consumer_group, train_step, max(policy_version) AS policy_version, count(*) AS groups, max(staleness) AS staleness_max,
+  quantile_cont(age_s, 0.5) AS ack_age_p50_s, max(age_s) AS ack_age_max_s
+FROM aged
+GROUP BY consumer_group, train_step
+ORDER BY consumer_group, train_step`
 
 const rewardByVersionSQL = `SELECT group_version,
   count(DISTINCT group_id) AS groups,

@@ -224,7 +224,9 @@ func TestSandboxRefusesEscapes(t *testing.T) {
 		rows.Close()
 	}
 	for _, r := range Reports() {
-		if rows := reportRows(t, d, r.Name); len(rows) == 0 || rows[0] == "" {
+		// The training loop's rows are a consumer group's: none here (the
+		// report runs all the same: reportRows fails on an error).
+		if rows := reportRows(t, d, r.Name); (len(rows) == 0 || rows[0] == "") && r.Name != ReportTrainingLoop {
 			t.Errorf("report %s: no rows", r.Name)
 		}
 	}

@@ -79,6 +79,14 @@ func Charts(d *Data, link Linker) []*Chart {
 	out = append(out, &Chart{ID: "throughput", Title: "Ingest: rows committed over commit time", XLabel: "commit time (UTC)", YLabel: "rows committed (cumulative)", Kind: KindLine, XTime: true, YZero: true,
 		Series: lineSeries(tp, "committed_at", []string{"cumulative_rows"}, []string{"rows"}, func(_ float64, row []any) string { return lk("shard", Str(row[tp.Col("seq")])) })})
 
+	tl := d.Tables[duckdb.ReportTrainingLoop]
+	out = append(out, &Chart{ID: "loop-staleness", Title: "Staleness trained on, per train step", XLabel: "train step (acknowledged batch)",
+		YLabel: "largest staleness in the batch (versions)", Kind: KindLine, YZero: true,
+		Series: reasonSeries(tl, "train_step", "consumer_group", "staleness_max", nil), Note: "no consumer group acknowledged a batch"})
+	out = append(out, &Chart{ID: "loop-age", Title: "Age of the groups when acknowledged, per train step", XLabel: "train step (acknowledged batch)",
+		YLabel: "seconds from finished at the gateway (p50)", Kind: KindLine, YZero: true,
+		Series: reasonSeries(tl, "train_step", "consumer_group", "ack_age_p50_s", nil), Note: "no acknowledged group has a finish time from the capture gateway"})
+
 	ro := d.Tables[duckdb.ReportRoles]
 	if hasRoles(ro) {
 		out = append(out, &Chart{ID: "roles", Title: "Mean reward and pass rate by role", XLabel: "role", YLabel: "mean reward / pass rate", Kind: KindBar,

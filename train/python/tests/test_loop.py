@@ -139,3 +139,9 @@ def test_loop_learns_through_a_trainer_crash_and_a_gateway_restart(tmp_path):
     assert set(trained) == acked, f"trained but not acknowledged: {sorted(set(trained) - acked)[:5]}; acknowledged, never trained: {sorted(acked - set(trained))[:5]}"
     committed = {r["group_id"] for r in sql(loop.root, "select distinct group_id from steps")}
     assert acked <= committed
+    # The report's training-loop figures: every train step's groups came
+    # through the gateway, so each has an age.
+    out = subprocess.run([BIN, "sql", "--from", str(loop.root), "--format", "jsonl", "--report", "training-loop"], check=True, capture_output=True, text=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert sum(r["groups"] for r in rows) == len(acked)
+    assert all(r["ack_age_p50_s"] is not None and 0 <= r["ack_age_p50_s"] < 120 for r in rows), rows[:3]
