@@ -8,7 +8,7 @@ DATA    ?= data
 WORK    ?= .run
 GROUPS  ?= 2000
 
-.PHONY: all build run loop test test-python test-short bench fuzz lint fmt clean services-up services-down
+.PHONY: all build run loop bench-loop test test-python test-short bench fuzz lint fmt clean services-up services-down
 
 all: lint test
 
@@ -30,6 +30,13 @@ run: build
 # reward of 0.9 (exit 1 if not within 5 minutes) and writes $(WORK)/loop/report.html.
 loop: build
 	PY=$$(scripts/pytest.sh --python) && PYTHONPATH=train/python $$PY train/python/examples/loop.py --bin $(BIN) --work $(WORK)/loop
+
+# bench-loop: the closed loop's stall, freshness and stale discards, by
+# supply, flush interval and pacing (train/python/examples/bench_loop.py;
+# ~10 minutes), then the gateway's pacing at 500 concurrent sessions.
+bench-loop: build
+	PY=$$(scripts/pytest.sh --python) && PYTHONPATH=train/python $$PY train/python/examples/bench_loop.py --bin $(BIN) --work $(WORK)/bench-loop
+	$(GO) test -run '^$$' -bench 'GatewayPaced' -benchtime 1x -count 3 ./ingest/gateway/
 
 # test: the whole suite, race detector on, nothing cached (scripts/test.sh).
 # It first installs (once, cached) and starts a real Kafka broker and MinIO

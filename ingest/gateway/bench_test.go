@@ -50,11 +50,27 @@ func BenchmarkGatewayLatency(b *testing.B) {
 		sessions int
 		delay    time.Duration
 	}{{500, 200 * time.Millisecond}, {500, 0}, {1, 0}} {
-		b.Run(fmt.Sprintf("sessions=%d/upstream=%v", c.sessions, c.delay), func(b *testing.B) { benchLatency(b, c.sessions, c.delay) })
+		b.Run(fmt.Sprintf("sessions=%d/upstream=%v", c.sessions, c.delay), func(b *testing.B) { benchLatency(b, c.sessions, c.delay, false) })
 	}
 }
 
-func benchLatency(b *testing.B, sessions int, delay time.Duration) {
+// BenchmarkGatewayPaced is BenchmarkGatewayLatency's 500 sessions with
+// pacing on (a trainer polled every 10 ms whose budget admits them all:
+// what admission costs each call, not waiting), and the calls per second
+// through the gateway; pacing=off is the same without, run beside it.
+func BenchmarkGatewayPaced(b *testing.B) {
+	for _, paced := range []bool{false, true} {
+		name := map[bool]string{false: "pacing=off", true: "pacing=on"}[paced]
+		b.Run("sessions=500/upstream=200ms/"+name, func(b *testing.B) { benchLatency(b, 500, 200*time.Millisecond, paced) })
+	}
+}
+
+// roomyTrainer is a trainer whose pipe is always empty.
+type roomyTrainer struct{}
+
+func (roomyTrainer) State(context.Context) (TrainerState, error) { return TrainerState{Version: -1}, nil }
+
+func benchLatency(b *testing.B, sessions int, delay time.Duration, paced bool) {
 	const runs = 3
 	pairs := max(4, 1000/sessions)
 	fx := fixtures(b)
@@ -64,7 +80,12 @@ func benchLatency(b *testing.B, sessions int, delay time.Duration) {
 	up := httptest.NewServer(backend)
 	defer up.Close()
 	out := &countOutput{}
-	gw, err := New(Config{Upstreams: []string{up.URL}, HealthInterval: -1}, out)
+	cfg := Config{Upstreams: []string{up.URL}, HealthInterval: -1}
+	if paced {
+		cfg.Trainer, cfg.TrainerPoll = roomyTrainer{}, 10*time.Millisecond
+		cfg.Pacing = Pacing{MaxOffPolicy: 0, GroupsPerStep: 1 << 20}
+	}
+	gw, err := New(cfg, out)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -106,7 +127,7 @@ func benchLatency(b *testing.B, sessions int, delay time.Duration) {
 		}
 		return d
 	}
-	type result struct{ p50, p99, ttft50, ttft99 float64 }
+	type result struct{ p50, p99, ttft50, ttft99, callsPerS float64 }
 	run := func(r int) result {
 		var mu sync.Mutex
 		var direct, via, directT, viaT []time.Duration
@@ -140,9 +161,10 @@ func benchLatency(b *testing.B, sessions int, delay time.Duration) {
 				mu.Unlock()
 			}()
 		}
+		t0 := time.Now()
 		close(start)
 		wg.Wait()
-		return result{
+		return result{callsPerS: float64(2*sessions*pairs) / time.Since(t0).Seconds(),
 			p50: us(pct(via, 50) - pct(direct, 50)), p99: us(pct(via, 99) - pct(direct, 99)),
 			ttft50: us(pct(viaT, 50) - pct(directT, 50)), ttft99: us(pct(viaT, 99) - pct(directT, 99)),
 		}
@@ -170,6 +192,10 @@ func benchLatency(b *testing.B, sessions int, delay time.Duration) {
 	report(func(r result) float64 { return r.p99 }, "p99_added_us")
 	report(func(r result) float64 { return r.ttft50 }, "ttft_p50_added_us")
 	report(func(r result) float64 { return r.ttft99 }, "ttft_p99_added_us")
+	report(func(r result) float64 { return r.callsPerS }, "gateway_calls_per_s")
+	if paced && gw.pacer.admitted.Load() == 0 {
+		b.Fatal("pacing admitted nothing")
+	}
 	if out.n.Load() == 0 {
 		b.Fatal("nothing recorded")
 	}

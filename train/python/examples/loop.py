@@ -199,9 +199,17 @@ def serve_agents(args) -> None:
     rng = random.Random(args.seed)
     queue: list[tuple[str, int]] = []
 
+    next_group = [time.monotonic()]  # --group-rate: when the next group may start
+
     def next_session() -> tuple[str, int]:
         with lock:
             if not queue:
+                if args.group_rate > 0:
+                    now = time.monotonic()
+                    wait = next_group[0] - now
+                    next_group[0] = max(next_group[0], now) + 1 / args.group_rate
+                    if wait > 0:
+                        time.sleep(wait)
                 task, uid = rng.randrange(args.tasks), next(counter)
                 queue.extend((f"t{task}-{args.seed}-{uid}:{i}", task) for i in range(args.group_size))
             return queue.pop(0)
@@ -360,6 +368,8 @@ def train(args) -> int:
         groups = p.ids["group_ids"]
         keep = p.is_valid & ~np.isin(groups, list(ck.trained))
         stats = grpo_step(ck, p, keep, args.tasks, args.lr, args.clip) if keep.any() else {"tokens": 0}
+        if args.seconds_per_group > 0:  # benchmarks: a trainer of a given speed
+            time.sleep(args.seconds_per_group * len(set(groups[p.is_valid].tolist())))
         real = p.is_valid
         batch_reward = float(p.traj_rewards[real].max(axis=1).mean()) if real.any() else 0.0
         staleness = step.staleness
@@ -388,7 +398,8 @@ def train(args) -> int:
         mean = float(np.mean(rewards[-args.window :]))
         print(f"v{ck.version:4d} reward {batch_reward:.2f} (last {min(len(rewards), args.window)}: {mean:.2f}) "
               f"staleness {staleness['max']} stall {rec['stall']:.0%} {wall:5.1f}s", flush=True)
-        reached, late = len(rewards) >= args.window and mean >= args.target, wall > args.deadline
+        reached = len(rewards) >= args.window and mean >= args.target and args.duration <= 0
+        late = wall > (args.duration if args.duration > 0 else args.deadline)
         if reached or late:
             summary = {"reached": reached, "mean_reward": mean, "version": ck.version, "wall_s": wall, **ds.loop_stats()}
             (pathlib.Path(args.work) / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -396,11 +407,24 @@ def train(args) -> int:
             print(f"loop: mean reward {mean:.2f} {'>=' if reached else '<'} {args.target} at version {ck.version} after {wall:.0f}s; "
                   f"stall {summary['stall']:.0%}, freshness p50 {f['p50_ms']:.0f} ms p99 {f['p99_ms']:.0f} ms, "
                   f"staleness max {summary['staleness_max']}, skipped stale {summary.get('groups_skipped_stale', 0)}", flush=True)
-            return 0 if reached else 1
+            return 0 if reached or args.duration > 0 else 1
     return 1
 
 
 # -- running it all -----------------------------------------------------------
+
+
+def note_gateway(gateway: str, summary: pathlib.Path) -> None:
+    """Adds the gateway's pacing counters to the run's summary."""
+    try:
+        with urllib.request.urlopen(gateway + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        s = json.loads(summary.read_text())
+    except Exception:
+        return
+    s["gateway"] = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+                    if line.startswith(("rllm_gateway_pace_", "rllm_gateway_weight_version ")) and len(line.split()) == 2}
+    summary.write_text(json.dumps(s, indent=1) + "\n")
 
 
 def write_ready(path: str, text: str) -> None:
@@ -441,6 +465,11 @@ def main() -> int:
     ap.add_argument("--window", type=int, default=10, help="batches the target's mean reward is over")
     ap.add_argument("--deadline", type=float, default=300, help="seconds")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pacing", action=argparse.BooleanOptionalAction, default=True, help="the gateway's pacing (--groups-per-step)")
+    ap.add_argument("--serve-max-staleness", type=int, default=-1, help="serve's --max-staleness: staler groups are skipped")
+    ap.add_argument("--group-rate", type=float, default=0, help="agents start at most this many groups a second (0: as fast as they can)")
+    ap.add_argument("--seconds-per-group", type=float, default=0, help="the trainer's simulated compute per group it trains on (benchmarks: its demand is 1/this groups a second)")
+    ap.add_argument("--duration", type=float, default=0, help="run this long, whatever the reward (benchmarks)")
     ap.add_argument("--ready", help=argparse.SUPPRESS)
     ap.add_argument("--gateway", help=argparse.SUPPRESS)
     ap.add_argument("--policy", help=argparse.SUPPRESS)
@@ -466,21 +495,23 @@ def main() -> int:
         procs.append(p)
         policy = wait_ready(work / "policy.ready", p, "policy server")
         p = start([args.bin, "gateway", "--upstream", policy, "--to", str(root), "--listen", "127.0.0.1:0", "--ready-file", str(work / "gateway.ready"),
-                   "--group-size", str(args.group_size), "--flush-interval", args.flush_interval, "--groups-per-step", str(args.groups_per_step),
-                   "--max-staleness", str(args.max_staleness), "--trainer-poll", "100ms", "--pace-wait", "120s"], work / "gateway.log")
+                   "--group-size", str(args.group_size), "--flush-interval", args.flush_interval,
+                   *(["--groups-per-step", str(args.groups_per_step), "--max-staleness", str(args.max_staleness)] if args.pacing else []),
+                   "--trainer-poll", "100ms", "--pace-wait", "120s"], work / "gateway.log")
         procs.append(p)
         gateway = "http://" + wait_ready(work / "gateway.ready", p, "gateway")
         p = start([args.bin, "serve", "--from", str(root), "--listen", "127.0.0.1:0", "--ready-file", str(work / "serve.ready"),
                    "--layout", "trajectories", "--max-tokens", str(args.groups_per_step * args.group_size * 24), "--poll", "100ms",
-                   "--max-inflight", "1"], work / "serve.log")
+                   "--max-inflight", "1", "--max-staleness", str(args.serve_max_staleness)], work / "serve.log")
         procs.append(p)
         serve = "grpc://" + wait_ready(work / "serve.ready", p, "serve")
         procs.append(start([*me, "agents", "--gateway", gateway, "--threads", str(args.threads), "--tasks", str(args.tasks),
-                            "--group-size", str(args.group_size), "--seed", str(args.seed)], work / "agents.log"))
+                            "--group-size", str(args.group_size), "--seed", str(args.seed), "--group-rate", str(args.group_rate)], work / "agents.log"))
         print(f"loop: policy {policy}, gateway {gateway}, serve {serve}; logs in {work}", flush=True)
         args.policy, args.serve = policy, serve
         args.work = str(work)
         code = train(args)
+        note_gateway(gateway, work / "summary.json")
     finally:
         for p in reversed(procs):  # agents first, the policy server last
             if p.poll() is None:

@@ -166,7 +166,7 @@ class PaddedBatches(_Base):
         self._pending: Optional[TrainingStep] = None
         # Tallies of this dataset's iterations.
         self.stats: Dict[str, Any] = {"batches": 0, "acked": 0, "groups_acked": 0, "groups_lost": 0, "rows": 0, "truncated_rows": 0,
-                                      "wait_s": 0.0, "wall_s": 0.0, "staleness_max": 0}
+                                      "wait_s": 0.0, "wall_s": 0.0, "first_wait_s": 0.0, "staleness_max": 0}
         # Ages (ms) of the groups delivered: finished at the gateway ->
         # delivered; the newest 100,000.
         self._ages: Deque[int] = deque(maxlen=100_000)
@@ -179,6 +179,8 @@ class PaddedBatches(_Base):
             try:
                 for n, batch in enumerate(client.batches()):
                     now = time.monotonic()
+                    if n == 0:
+                        self.stats["first_wait_s"] += now - asked
                     self.stats["wait_s"] += now - asked
                     self.stats["wall_s"] += now - started
                     started = now
@@ -232,8 +234,11 @@ class PaddedBatches(_Base):
         """What an async RL run watches: stall, freshness, the largest
         staleness trained on, and the groups the server skipped as stale
         (asked of the server while a stream is open)."""
-        out: Dict[str, Any] = {"stall": self.stall, "freshness": self.freshness(), "staleness_max": self.stats["staleness_max"],
-                               "batches": self.stats["batches"]}
+        st = self.stats
+        steady = st["wall_s"] - st["first_wait_s"]
+        out: Dict[str, Any] = {"stall": self.stall, "freshness": self.freshness(), "staleness_max": st["staleness_max"], "batches": st["batches"],
+                               # after the first batch: without the wait for the pipe to fill
+                               "stall_steady": (st["wait_s"] - st["first_wait_s"]) / steady if steady > 0 else 0.0}
         if self.client is not None:
             try:
                 out["groups_skipped_stale"] = int((self.client.stats() or {}).get("groups_skipped_stale", 0))
