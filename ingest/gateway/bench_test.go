@@ -68,7 +68,9 @@ func BenchmarkGatewayPaced(b *testing.B) {
 // roomyTrainer is a trainer whose pipe is always empty.
 type roomyTrainer struct{}
 
-func (roomyTrainer) State(context.Context) (TrainerState, error) { return TrainerState{Version: -1}, nil }
+func (roomyTrainer) State(context.Context) (TrainerState, error) {
+	return TrainerState{Version: -1}, nil
+}
 
 func benchLatency(b *testing.B, sessions int, delay time.Duration, paced bool) {
 	const runs = 3
