@@ -185,12 +185,7 @@ func TestIntegrationGatewayShardRootS3(t *testing.T) {
 // committed after the next start; nothing is committed twice.
 func gatewayShardRoot(t *testing.T, env, to []string, reader func() store.Reader) {
 	bin := e2eBinary(t)
-	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
-	defer stub.Close()
+	fixtures, stub := gwStub(t)
 	args := append([]string{"--upstream", stub.URL, "--group-size", "2", "--flush-interval", "100ms", "--wal-file-bytes", "80KiB"}, to...)
 	client := &http.Client{Timeout: time.Minute}
 	session := func(base, sid string, calls int) {
@@ -242,12 +237,7 @@ func gatewayShardRoot(t *testing.T, env, to []string, reader func() store.Reader
 // appended more commits each step once.
 func TestGatewayRecordLogBinary(t *testing.T) {
 	bin := e2eBinary(t)
-	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
-	defer stub.Close()
+	fixtures, stub := gwStub(t)
 	work := t.TempDir()
 	logPath, root := filepath.Join(work, "traces.jsonl"), filepath.Join(work, "data")
 	client := &http.Client{Timeout: time.Minute}
@@ -311,12 +301,7 @@ func TestGatewayHelpRecordsToken(t *testing.T) {
 // letters, rejected_step.
 func TestGatewayRejectedStepClosesItsGroup(t *testing.T) {
 	bin := e2eBinary(t)
-	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
-	defer stub.Close()
+	fixtures, stub := gwStub(t)
 	root := filepath.Join(t.TempDir(), "data")
 	g := startGateway(t, bin, e2eEnv(), "--upstream", stub.URL, "--to", root, "--group-size", "3", "--min-group-size", "1", "--flush-interval", "100ms")
 	client := &http.Client{Timeout: time.Minute}
@@ -365,4 +350,34 @@ func TestGatewayRejectedStepClosesItsGroup(t *testing.T) {
 	if reasons["wrong_type"] != 1 || reasons["rejected_step"] != 2 || len(reasons) != 2 {
 		t.Errorf("dead letters by reason %v, want wrong_type 1, rejected_step 2", reasons)
 	}
+}
+
+// gwStub loads the gateway fixtures and serves them from a stub backend
+// (closed when the test ends).
+func gwStub(t *testing.T) (map[string]*gatewaytest.Fixture, *httptest.Server) {
+	t.Helper()
+	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
+	t.Cleanup(stub.Close)
+	return fixtures, stub
+}
+
+// gwWeightVersion is the gateway's weight version (GET /admin/weight_version).
+func gwWeightVersion(t *testing.T, c *http.Client, base string) int64 {
+	t.Helper()
+	var v struct {
+		WeightVersion int64 `json:"weight_version"`
+	}
+	resp, err := c.Get(base + "/admin/weight_version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		t.Fatal(err)
+	}
+	return v.WeightVersion
 }

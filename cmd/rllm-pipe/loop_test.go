@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/apache/arrow-go/v18/arrow/flight"
 
-	"github.com/rllm-pipe/rllm-pipe/ingest/gateway/gatewaytest"
 	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
 )
 
@@ -27,12 +25,7 @@ import (
 // publishes through serve stamps the gateway's calls within a poll.
 func TestLoopBinaries(t *testing.T) {
 	bin := e2eBinary(t)
-	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
-	defer stub.Close()
+	fixtures, stub := gwStub(t)
 	root := filepath.Join(t.TempDir(), "data")
 	g := startGateway(t, bin, e2eEnv(), "--upstream", stub.URL, "--to", root, "--group-size", "2", "--flush-interval", "100ms",
 		"--groups-per-step", "1", "--max-staleness", "0", "--pace-wait", "300ms", "--trainer-poll", "50ms")
@@ -100,20 +93,12 @@ func TestLoopBinaries(t *testing.T) {
 	action("publish_policy_version", map[string]any{"consumer": "trainer", "key": key, "policy_version": 1})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		var v struct {
-			WeightVersion int64 `json:"weight_version"`
-		}
-		resp, err := client.Get(g.base + "/admin/weight_version")
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&v)
-		resp.Body.Close()
-		if v.WeightVersion == 1 {
+		v := gwWeightVersion(t, client, g.base)
+		if v == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the gateway's weight version is %d 10 s after the trainer published 1\n%s", v.WeightVersion, g.stderr.String())
+			t.Fatalf("the gateway's weight version is %d 10 s after the trainer published 1\n%s", v, g.stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -158,12 +143,7 @@ func TestLoopBinaries(t *testing.T) {
 func TestIntegrationLoopThroughAnS3Outage(t *testing.T) {
 	target := newS3Target(t, "loop")
 	bin := e2eBinary(t)
-	fixtures, err := gatewaytest.Load(filepath.Join(e2eModuleRoot(t), "ingest", "gateway", "testdata"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub := httptest.NewServer(gatewaytest.NewBackend(fixtures))
-	defer stub.Close()
+	fixtures, stub := gwStub(t)
 	g := startGateway(t, bin, serviceEnv(), append([]string{"--upstream", stub.URL, "--to", target.url, "--wal-dir", t.TempDir(),
 		"--group-size", "2", "--flush-interval", "100ms", "--groups-per-step", "2", "--max-staleness", "2", "--trainer-poll", "100ms",
 		"--pace-wait", "5m"}, target.flags()...)...)
@@ -269,17 +249,8 @@ func TestIntegrationLoopThroughAnS3Outage(t *testing.T) {
 			t.Errorf("group %s: finished %v, acknowledged %d times", id, ok, acked[id])
 		}
 	}
-	var v struct {
-		WeightVersion int64 `json:"weight_version"`
-	}
-	resp, err := client.Get(g.base + "/admin/weight_version")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = json.NewDecoder(resp.Body).Decode(&v)
-	resp.Body.Close()
-	if v.WeightVersion < 2 {
-		t.Errorf("the gateway's weight version is %d: the trainer's publications did not reach it", v.WeightVersion)
+	if v := gwWeightVersion(t, client, g.base); v < 2 {
+		t.Errorf("the gateway's weight version is %d: the trainer's publications did not reach it", v)
 	}
 	g.stop(t)
 }
