@@ -16,6 +16,8 @@ import time
 from conftest import BIN
 
 LOOP = pathlib.Path(__file__).resolve().parents[1] / "examples" / "loop.py"
+sys.path.insert(0, str(LOOP.parent))
+from loop import wait_ready  # noqa: E402  (the example's own helper)
 
 
 def steps(work):
@@ -23,15 +25,6 @@ def steps(work):
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def wait_ready(path, proc, what, timeout=60):
-    deadline = time.time() + timeout
-    while not (path.exists() and path.read_text().endswith("\n")):
-        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
-        assert time.time() < deadline, f"{what} did not start"
-        time.sleep(0.05)
-    return path.read_text().strip()
 
 
 def free_port():
