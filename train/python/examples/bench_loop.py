@@ -10,7 +10,8 @@ the median and the spread (min-max) of:
   trainer's demand is set by a simulated compute of --seconds-per-group
   per group trained, the supply by the agents' group rate;
 * freshness p50/p99 (finished at the gateway -> delivered) at flush 1 s
-  and 200 ms, supply 1x;
+  and 200 ms, supply 1x, and what the short flush costs (shards committed
+  a minute: `ingest --compact` merges them);
 * groups discarded as stale (serve --max-staleness 1) at supply 2x, with
   and without the gateway's pacing.
 """
@@ -45,7 +46,10 @@ def run(args, name: str, flags: list[str], n: int) -> dict:
     cmd = [sys.executable, str(LOOP), "--bin", args.bin, "--work", str(work), "--duration", str(args.duration),
            "--seconds-per-group", str(args.seconds_per_group), *flags]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return json.loads((work / "summary.json").read_text())
+    summary = json.loads((work / "summary.json").read_text())
+    # What a short flush costs: shards (files) committed a minute.
+    summary["shards_per_min"] = len(list((work / "data").glob("policy=*/*.parquet"))) * 60 / summary["wall_s"]
+    return summary
 
 
 def med(xs: list[float]) -> str:
@@ -70,12 +74,12 @@ def main() -> int:
             results[name].append(run(args, name, flags, r))
             print(f"round {r + 1}/{args.rounds}: {name} ({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
     print(f"trainer demand {demand:g} groups/s; {args.duration:g} s a run; median (min-max) of {args.rounds}")
-    print(f"{'configuration':24} {'stall (steady)':>20} {'freshness p50 ms':>22} {'freshness p99 ms':>22} {'staleness max':>16} {'skipped stale':>16} {'held by pacing':>16}")
+    print(f"{'configuration':24} {'stall (steady)':>20} {'freshness p50 ms':>22} {'freshness p99 ms':>22} {'staleness max':>16} {'skipped stale':>16} {'held by pacing':>16} {'shards/min':>16}")
     for name, rs in results.items():
         col = lambda f: med([float(f(x)) for x in rs])  # noqa: E731
         print(f"{name:24} {col(lambda x: x['stall_steady']):>20} {col(lambda x: x['freshness']['p50_ms']):>22} {col(lambda x: x['freshness']['p99_ms']):>22} "
               f"{col(lambda x: x['staleness_max']):>16} {col(lambda x: x.get('groups_skipped_stale', 0)):>16} "
-              f"{col(lambda x: x.get('gateway', {}).get('rllm_gateway_pace_held_total', 0)):>16}")
+              f"{col(lambda x: x.get('gateway', {}).get('rllm_gateway_pace_held_total', 0)):>16} {col(lambda x: x['shards_per_min']):>16}")
     out = pathlib.Path(args.work) / "results.json"
     out.write_text(json.dumps(results, indent=1))
     print(f"runs: {out}")
