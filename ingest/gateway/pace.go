@@ -75,6 +75,10 @@ type pacer struct {
 	awaiting map[string]int64  // finished groups not seen committed: when (unix ns)
 	changed  chan struct{}     // closed (and replaced) when room may have opened
 
+	// starving is when calls began to wait with nothing consumed;
+	// warned, starved's last warning.
+	starving, warned time.Time
+
 	admitted, held, refused atomic.Int64
 	waiting                 atomic.Int64
 	pollErrors              atomic.Int64
@@ -253,6 +257,10 @@ func (s *Server) follow(ctx context.Context, t Trainer, poll time.Duration) {
 				}
 			}
 			s.pacer.update(st, time.Now())
+			if s.pacer.starved(time.Now()) {
+				s.log.Warn("gateway: pacing holds new groups and the trainer's consumer group has consumed nothing: is the trainer's consumer group the one followed (--consumer-group)?",
+					"committed", st.Committed, "consumed", st.Consumed, "budget_groups", s.pacer.cfg.budget())
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -260,6 +268,30 @@ func (s *Server) follow(ctx context.Context, t Trainer, poll time.Duration) {
 		case <-tick.C:
 		}
 	}
+}
+
+// starved reports, at most once a minute, whether calls have waited for
+// 30 s while the consumer group followed has consumed nothing: most
+// likely the trainer consumes under another group's name, and nothing
+// will ever make room.
+func (p *pacer) starved(now time.Time) bool {
+	if !p.cfg.on() {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.waiting.Load() == 0 || p.st.Consumed > 0 || p.room() {
+		p.starving = time.Time{}
+		return false
+	}
+	if p.starving.IsZero() {
+		p.starving = now
+	}
+	if now.Sub(p.starving) < 30*time.Second || now.Sub(p.warned) < time.Minute {
+		return false
+	}
+	p.warned = now
+	return true
 }
 
 // writeMetrics writes the loop's metrics.

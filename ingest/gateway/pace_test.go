@@ -148,3 +148,25 @@ func TestPacingReleasesWhatEnds(t *testing.T) {
 		t.Fatalf("after a deleted session: %d, want 200", code)
 	}
 }
+
+// Calls held for 30 s by a consumer group that consumed nothing are
+// warned of (once a minute): most likely the trainer's group is another.
+func TestPacingWarnsOfAGroupThatConsumesNothing(t *testing.T) {
+	p := newPacer(Pacing{GroupsPerStep: 1})
+	now := time.Now()
+	p.update(TrainerState{Version: -1, Committed: 5}, now)
+	if p.starved(now) {
+		t.Fatal("warned with no call waiting")
+	}
+	p.waiting.Add(1)
+	if p.starved(now) || p.starved(now.Add(29*time.Second)) {
+		t.Fatal("warned before calls waited 30 s")
+	}
+	if !p.starved(now.Add(31*time.Second)) || p.starved(now.Add(40*time.Second)) {
+		t.Fatal("want one warning after 30 s, then none within the minute")
+	}
+	p.update(TrainerState{Version: -1, Committed: 5, Consumed: 1}, now)
+	if p.starved(now.Add(200 * time.Second)) {
+		t.Fatal("warned once the group consumed")
+	}
+}
