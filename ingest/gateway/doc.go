@@ -111,6 +111,15 @@
 //   - Step fields the wire format has no column for (latency_ms, tools, the
 //     session id, usage, n) ride in the step's metadata object.
 //
+// The loop (Config.Trainer, Config.Pacing): the gateway polls the
+// trainer's side — the newest policy version it published, the groups
+// committed and consumed — and stamps calls with that version (never
+// lowering it); with Pacing, a new group's first call waits while the pipe
+// is full (see Pacing), then gets 429 with Retry-After. A session's
+// finish, DELETE or failed first call counts it out of its group; a group
+// whose sessions all ended counts as in flight until the manifest lists
+// it (or Pacing.CommitTimeout passes).
+//
 // The package must not import connectors/ or the pipeline runtime:
 // outputs are injected (connectors/gatewayout is where they are built).
 package gateway
