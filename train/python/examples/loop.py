@@ -266,25 +266,31 @@ class Checkpoint:
         self.steps = 0
         self.lines = 0  # lines of steps.jsonl this state accounts for
         self.trained: set[str] = set()
+        # The gradient accumulated over the batches of the optimizer step
+        # under way, its tokens and groups.
+        self.acc = np.zeros_like(self.theta)
+        self.acc_tokens = self.acc_groups = 0
         meta = folder / "state.json"
         if meta.exists():
             s = json.loads(meta.read_text())
             arrays = np.load(folder / s["arrays"])
-            self.theta, self.m, self.v = arrays["theta"], arrays["m"], arrays["v"]
+            self.theta, self.m, self.v, self.acc = arrays["theta"], arrays["m"], arrays["v"], arrays["acc"]
             self.version, self.steps, self.lines, self.trained = s["version"], s["steps"], s["lines"], set(s["trained"])
+            self.acc_tokens, self.acc_groups = s["acc_tokens"], s["acc_groups"]
 
     def save(self) -> str:
         """Saves atomically; returns the weights file for the policy server."""
-        name = f"state-{self.version}.npz"
+        name = f"state-{self.version}-{self.lines}.npz"
         tmp = self.folder / (name + ".tmp")
         with open(tmp, "wb") as f:
-            np.savez(f, theta=self.theta, m=self.m, v=self.v)
+            np.savez(f, theta=self.theta, m=self.m, v=self.v, acc=self.acc)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.folder / name)
         weights = self.folder / f"theta-{self.version}.npy"
         np.save(weights, self.theta)
-        meta = {"arrays": name, "version": self.version, "steps": self.steps, "lines": self.lines, "trained": sorted(self.trained)}
+        meta = {"arrays": name, "version": self.version, "steps": self.steps, "lines": self.lines, "trained": sorted(self.trained),
+                "acc_tokens": self.acc_tokens, "acc_groups": self.acc_groups}
         tmp = self.folder / "state.json.tmp"
         tmp.write_text(json.dumps(meta))
         os.replace(tmp, self.folder / "state.json")
@@ -297,10 +303,11 @@ class Checkpoint:
         return str(weights)
 
 
-def grpo_step(ck: Checkpoint, p, keep: np.ndarray, tasks: int, lr: float, clip: float) -> dict:
-    """One optimizer step of GRPO with the PPO-clipped ratio against the
-    behaviour logprobs, over the rows in keep; token-mean loss."""
-    grad = np.zeros_like(ck.theta)
+def accumulate(ck: Checkpoint, p, keep: np.ndarray, tasks: int, clip: float) -> dict:
+    """Adds the gradient of GRPO's loss with the PPO-clipped ratio against
+    the behaviour logprobs, over the rows in keep, to the step's
+    accumulator (token-mean over the step, applied by optimizer_step())."""
+    grad = ck.acc
     tokens = clipped = 0
     ratios = []
     for r in np.flatnonzero(keep):
@@ -326,15 +333,23 @@ def grpo_step(ck: Checkpoint, p, keep: np.ndarray, tasks: int, lr: float, clip: 
             g = -np.exp(lp)
             g[a] += 1.0
             grad[k, c] -= adv * ratio * g  # d(-ratio * adv)/d logits
-    if tokens:
-        grad /= tokens
+    ck.acc_tokens += tokens
+    return {"tokens": tokens, "clipped": clipped, "ratio_mean": float(np.mean(ratios)) if ratios else 1.0}
+
+
+def optimizer_step(ck: Checkpoint, lr: float) -> None:
+    """The optimizer step (Adam) on the accumulated gradient; a new version."""
+    if ck.acc_tokens:
+        grad = ck.acc / ck.acc_tokens
         ck.steps += 1
         b1, b2 = 0.9, 0.999
         ck.m = b1 * ck.m + (1 - b1) * grad
         ck.v = b2 * ck.v + (1 - b2) * grad * grad
         mh, vh = ck.m / (1 - b1**ck.steps), ck.v / (1 - b2**ck.steps)
         ck.theta -= lr * mh / (np.sqrt(vh) + 1e-8)
-    return {"tokens": tokens, "clipped": clipped, "ratio_mean": float(np.mean(ratios)) if ratios else 1.0}
+    ck.version += 1
+    ck.acc = np.zeros_like(ck.theta)
+    ck.acc_tokens = ck.acc_groups = 0
 
 
 def post(url: str, body: dict) -> dict:
@@ -367,14 +382,19 @@ def train(args) -> int:
             published = True
         groups = p.ids["group_ids"]
         keep = p.is_valid & ~np.isin(groups, list(ck.trained))
-        stats = grpo_step(ck, p, keep, args.tasks, args.lr, args.clip) if keep.any() else {"tokens": 0}
+        stats = accumulate(ck, p, keep, args.tasks, args.clip) if keep.any() else {"tokens": 0}
+        ck.acc_groups += len(set(groups[keep].tolist()))
         if args.seconds_per_group > 0:  # benchmarks: a trainer of a given speed
             time.sleep(args.seconds_per_group * len(set(groups[p.is_valid].tolist())))
         real = p.is_valid
         batch_reward = float(p.traj_rewards[real].max(axis=1).mean()) if real.any() else 0.0
         staleness = step.staleness
+        # An optimizer step once --groups-per-step groups are in (the
+        # pacing's assumption: a version per that many groups).
+        stepped = ck.acc_groups >= args.groups_per_step
+        if stepped:
+            optimizer_step(ck, args.lr)
         if keep.any():
-            ck.version += 1
             ck.trained = set(groups[keep].tolist())
         wall = time.monotonic() - start
         rec = {"version": ck.version, "groups": len(set(groups[real].tolist())), "trained_groups": sorted(set(groups[keep].tolist())),
@@ -391,7 +411,7 @@ def train(args) -> int:
         if os.environ.get("LOOP_KILL_AT_VERSION") == str(ck.version) and keep.any():  # tests: the worst moment to die
             os.kill(os.getpid(), signal.SIGKILL)
         step.ack(policy_version=ck.version)
-        if keep.any():
+        if stepped:
             post(f"{args.policy}/load", {"path": weights, "version": ck.version})
             ds.publish_version(ck.version)
         rewards.append(batch_reward)
@@ -459,7 +479,7 @@ def main() -> int:
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--threads", type=int, default=32, help="agent threads")
     ap.add_argument("--flush-interval", default="200ms")
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--lr", type=float, default=0.3)
     ap.add_argument("--clip", type=float, default=0.2)
     ap.add_argument("--target", type=float, default=0.9)
     ap.add_argument("--window", type=int, default=10, help="batches the target's mean reward is over")
