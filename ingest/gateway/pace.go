@@ -129,13 +129,13 @@ func (p *pacer) admit(ctx context.Context, sess *session) bool {
 	}
 	key := sess.paceKey()
 	p.mu.Lock()
-	if sess.paced {
-		p.mu.Unlock()
-		return true
-	}
 	var timer *time.Timer
 	held := false
 	for {
+		if sess.paced { // admitted already (or by a call of it that waited beside this one)
+			p.mu.Unlock()
+			return true
+		}
 		g, running := p.open[key]
 		_, finished := p.awaiting[key]
 		if running || finished || p.room() {

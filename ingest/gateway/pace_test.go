@@ -170,3 +170,27 @@ func TestPacingWarnsOfAGroupThatConsumesNothing(t *testing.T) {
 		t.Fatal("warned once the group consumed")
 	}
 }
+
+// Concurrent first calls of one session count it once: its finish frees
+// its group.
+func TestPacingCountsASessionOnce(t *testing.T) {
+	p := newPacer(Pacing{GroupsPerStep: 1, Wait: time.Second})
+	p.update(TrainerState{Version: -1}, time.Now())
+	sess := newSession("a:0", "x", time.Now(), nil, nil, identity{}, 0)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if !p.admit(context.Background(), sess) {
+				t.Error("refused")
+			}
+		})
+	}
+	wg.Wait()
+	p.finished(sess)
+	p.update(TrainerState{Version: -1, CommittedKeys: []string{"a"}, Committed: 1, Consumed: 1}, time.Now())
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.open) != 0 || len(p.awaiting) != 0 {
+		t.Fatalf("after its finish and commit: open %v, awaiting %v", p.open, p.awaiting)
+	}
+}
