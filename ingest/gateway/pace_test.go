@@ -174,8 +174,8 @@ func TestPacingWarnsOfAGroupThatConsumesNothing(t *testing.T) {
 // Concurrent first calls of one session count it once: its finish frees
 // its group.
 func TestPacingCountsASessionOnce(t *testing.T) {
-	p := newPacer(Pacing{GroupsPerStep: 1, Wait: time.Second})
-	p.update(TrainerState{Version: -1}, time.Now())
+	p := newPacer(Pacing{GroupsPerStep: 1, Wait: 5 * time.Second})
+	p.update(TrainerState{Version: -1, Committed: 1}, time.Now()) // full: the calls wait together
 	sess := newSession("a:0", "x", time.Now(), nil, nil, identity{}, 0)
 	var wg sync.WaitGroup
 	for range 8 {
@@ -185,6 +185,8 @@ func TestPacingCountsASessionOnce(t *testing.T) {
 			}
 		})
 	}
+	eventually(t, "8 calls waiting", func() bool { return p.waiting.Load() == 8 })
+	p.update(TrainerState{Version: -1, Committed: 1, Consumed: 1}, time.Now())
 	wg.Wait()
 	p.finished(sess)
 	p.update(TrainerState{Version: -1, CommittedKeys: []string{"a"}, Committed: 1, Consumed: 1}, time.Now())
