@@ -61,7 +61,27 @@ type ConsumerConfig struct {
 	// the cap (it may get groups that much staler than its bound). 0:
 	// DefaultMaxVersionLead; negative: no cap.
 	MaxVersionLead int64
+	// VersionsPerBatch is how far the trainer's policy version advances
+	// with each batch it acknowledges (its optimizer steps per batch).
+	// Staleness is judged at the version a batch will be trained with:
+	// the trainer's version now plus this for every batch delivered ahead
+	// of it and not yet acknowledged, so prefetching (MaxInflight > 1)
+	// never hands out rows that are staler than MaxStaleness by the time
+	// they are trained. A trainer that advances less often is judged
+	// conservatively (groups a version or so within the bound may be
+	// skipped). 0: DefaultVersionsPerBatch; NoVersionAdvance: judged at
+	// the version now (a trainer whose version never moves).
+	VersionsPerBatch int64
 }
+
+// DefaultVersionsPerBatch is the default ConsumerConfig.VersionsPerBatch:
+// one optimizer step, one version, per batch (rllm_pipe's PaddedBatches'
+// default versions_per_step).
+const DefaultVersionsPerBatch = 1
+
+// NoVersionAdvance is ConsumerConfig.VersionsPerBatch for a trainer
+// whose version does not move with its acknowledgements.
+const NoVersionAdvance = -1
 
 // DefaultMaxVersionLead is the default ConsumerConfig.MaxVersionLead: a
 // trainer one version ahead of the newest rollouts, as when it waits for
@@ -122,9 +142,13 @@ type Consumer struct {
 	replay *replayState
 
 	// Next's own state (one goroutine).
-	form    *former
-	cur     *shardReader
-	curDone map[int32]bool // groups of cur settled before it was leased
+	// heldGroup is a group fresh now that would be stale by the time the
+	// batches ahead of it are trained: it waits for their
+	// acknowledgements, then is judged again (Next).
+	heldGroup *group
+	form      *former
+	cur       *shardReader
+	curDone   map[int32]bool // groups of cur settled before it was leased
 	// entries are the manifest's shards from the base-th on: from the
 	// group's low watermark when the member started (Shards that can
 	// follow; else from the first), less those dropped behind it since.
@@ -183,6 +207,12 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	if cfg.Poll <= 0 {
 		cfg.Poll = time.Second
 	}
+	switch {
+	case cfg.VersionsPerBatch == 0:
+		cfg.VersionsPerBatch = DefaultVersionsPerBatch
+	case cfg.VersionsPerBatch < 0:
+		cfg.VersionsPerBatch = 0
+	}
 	if cfg.MaxVersionLead == 0 {
 		cfg.MaxVersionLead = DefaultMaxVersionLead
 	}
@@ -239,6 +269,14 @@ func (c *Consumer) judged() int64 {
 	return min(p, limit)
 }
 
+// trainedAt is the policy version the batch formed now will be trained
+// with: the judged version plus VersionsPerBatch for each batch delivered
+// and not yet acknowledged (ConsumerConfig.VersionsPerBatch). c.mu held.
+func (c *Consumer) trainedAt() int64 {
+	ahead := int64(len(c.inflight)) * c.cfg.VersionsPerBatch
+	return min(c.judged(), MaxPolicyVersion) + min(ahead, MaxPolicyVersion) // both ≤ 2^53: no overflow
+}
+
 // sawVersion notes a committed group version.
 func (c *Consumer) sawVersion(v int64) {
 	for {
@@ -259,7 +297,7 @@ func (c *Consumer) noteStale(n int64) {
 	}
 	slog.Warn("train: groups skipped as stale (settled for the whole group, unread)", "member", c.stats.Member,
 		"groups", c.staleUnlogged, "skipped_stale_total", c.stats.SkippedStale, "policy_version", c.policy.Load(),
-		"judged_at", c.judged(), "max_staleness", c.cfg.MaxStaleness)
+		"judged_at", c.trainedAt(), "max_staleness", c.cfg.MaxStaleness)
 	c.staleUnlogged, c.staleLogged = 0, time.Now()
 }
 
@@ -289,7 +327,10 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 		if err := c.waitInflight(ctx); err != nil {
 			return nil, err
 		}
-		g, err := c.nextGroup(ctx)
+		g, err := c.heldGroup, error(nil)
+		if c.heldGroup = nil; g == nil {
+			g, err = c.nextGroup(ctx)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -311,8 +352,23 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 		}
 		c.sawVersion(g.version)
 		c.mu.Lock()
+		if len(c.inflight) > 0 && !c.form.stale(g, c.judged()) && c.form.stale(g, c.trainedAt()) {
+			// Fresh now, stale once the batches ahead are trained: not
+			// skipped (another member, or this one later, may train it in
+			// bound) but held until they are acknowledged, then judged at
+			// the version trained on. The pending groups go first.
+			c.heldGroup = g
+			c.mu.Unlock()
+			if d, err := c.deliver(); d != nil || err != nil {
+				return d, err
+			}
+			if err := c.waitDrained(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		before := c.stats.SkippedStale
-		if c.form.passOver(g, c.judged()) {
+		if c.form.passOver(g, c.trainedAt()) {
 			c.skips[skipKey{g.shard, g.ordinal}] = true
 			c.noteStale(c.stats.SkippedStale - before)
 			c.mu.Unlock()
@@ -338,7 +394,7 @@ func (c *Consumer) deliver() (*Delivery, error) {
 	defer c.mu.Unlock()
 	// The bound holds at delivery: the trainer may have moved on since
 	// these groups were admitted.
-	for _, g := range c.form.dropStale(c.judged()) {
+	for _, g := range c.form.dropStale(c.trainedAt()) {
 		c.stats.SkippedStale++
 		c.noteStale(1)
 		c.skips[skipKey{g.shard, g.ordinal}] = true
@@ -805,6 +861,23 @@ func (c *Consumer) waitInflight(ctx context.Context) error {
 	}
 }
 
+// waitDrained blocks until every delivered batch is acknowledged.
+func (c *Consumer) waitDrained(ctx context.Context) error {
+	for {
+		c.mu.Lock()
+		n := len(c.inflight)
+		c.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.acked:
+		}
+	}
+}
+
 // wait sleeps d, or until an acknowledgement or cancellation.
 func (c *Consumer) wait(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
@@ -874,6 +947,7 @@ func (c *Consumer) refreshHeld() {
 func (c *Consumer) Close(ctx context.Context) error {
 	close(c.stop)
 	<-c.stopped
+	c.releaseHeld()
 	c.closeCur()
 	c.closeReplay()
 	c.form.discard()
@@ -890,11 +964,20 @@ func (c *Consumer) Close(ctx context.Context) error {
 	})
 }
 
+// releaseHeld drops the held group (its shard goes back unsettled).
+func (c *Consumer) releaseHeld() {
+	if c.heldGroup != nil {
+		c.heldGroup.release()
+		c.heldGroup = nil
+	}
+}
+
 // abandon stops renewing without releasing anything, as a crash would
 // (tests).
 func (c *Consumer) abandon() {
 	close(c.stop)
 	<-c.stopped
+	c.releaseHeld()
 	c.closeCur()
 	c.closeReplay()
 	c.form.discard()

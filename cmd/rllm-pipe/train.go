@@ -17,22 +17,23 @@ import (
 // trainOpts are the flags serve and consume share: where the shards are,
 // the consumer group, and what the trainer accepts.
 type trainOpts struct {
-	from            string
-	group, name     string
-	policyVersion   int64
-	maxStaleness    int64
-	maxVersionLead  int64
-	maxTokens       int64
-	includeFiltered bool
-	batchEstimator  string
-	compat          string
-	layout          string
-	leaseTimeout    time.Duration
-	maxInflight     int
-	follow          bool
-	poll            time.Duration
-	cpuProfile      string
-	conn            connFlags
+	from             string
+	group, name      string
+	policyVersion    int64
+	maxStaleness     int64
+	maxVersionLead   int64
+	maxTokens        int64
+	includeFiltered  bool
+	batchEstimator   string
+	compat           string
+	layout           string
+	leaseTimeout     time.Duration
+	maxInflight      int
+	versionsPerBatch int64
+	follow           bool
+	poll             time.Duration
+	cpuProfile       string
+	conn             connFlags
 }
 
 func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
@@ -48,6 +49,7 @@ func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
 	f.StringVar(&o.layout, "layout", "steps", "rows of a batch: steps (one per step, the shard schema) or trajectories (the steps of a trajectory that extend each other merged into one row, as rLLM's verl backend trains on; --max-tokens counts merged rows)")
 	f.DurationVar(&o.leaseTimeout, "lease-timeout", 30*time.Second, "a crashed member's shards go to another member after this")
 	f.IntVar(&o.maxInflight, "max-inflight", 4, "batches per member delivered and not yet acknowledged, at most")
+	f.Int64Var(&o.versionsPerBatch, "versions-per-batch", train.DefaultVersionsPerBatch, "how far a trainer's policy version advances with each batch it acknowledges: --max-staleness is judged at the version a batch will be trained with, counting the batches delivered ahead of it (0: its version never moves with its acknowledgements)")
 	f.BoolVar(&o.follow, "follow", follow, "keep following the manifest for new shards (else stop when every committed shard is done)")
 	f.DurationVar(&o.poll, "poll", time.Second, "re-read the manifest this often when idle")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
@@ -69,11 +71,18 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	); err != nil {
 		return train.ConsumerConfig{}, err
 	}
+	if err := int64In("versions-per-batch", o.versionsPerBatch, 0, 1<<20); err != nil {
+		return train.ConsumerConfig{}, err
+	}
+	vpb := o.versionsPerBatch
+	if vpb == 0 {
+		vpb = train.NoVersionAdvance
+	}
 	if o.maxVersionLead == 0 || o.maxVersionLead < -1 || o.maxVersionLead > train.MaxPolicyVersion {
 		return train.ConsumerConfig{}, usageErrorf("--max-version-lead: %d, want -1 (no cap) or 1 to 2^53", o.maxVersionLead)
 	}
 	cfg := train.ConsumerConfig{
-		MaxVersionLead: o.maxVersionLead,
+		MaxVersionLead: o.maxVersionLead, VersionsPerBatch: vpb,
 		Config: train.Config{
 			PolicyVersion: o.policyVersion, MaxStaleness: o.maxStaleness, MaxTokens: o.maxTokens,
 			IncludeFiltered: o.includeFiltered,

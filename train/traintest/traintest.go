@@ -32,6 +32,19 @@ func WriteShards(t testing.TB, root string, shards, n, tokens int) {
 // WriteShardsFrom is WriteShards with group ids starting at GroupID(first).
 func WriteShardsFrom(t testing.TB, root string, first, shards, n, tokens int) {
 	t.Helper()
+	writeShards(t, root, first, shards, n, tokens, func(int) int64 { return 0 })
+}
+
+// WriteVersionedShards commits one shard of n one-row groups per version
+// of versions, the groups of the ith at versions[i] (group ids across
+// them as WriteShards'), every row with tokens prompt tokens.
+func WriteVersionedShards(t testing.TB, root string, versions []int64, n, tokens int) {
+	t.Helper()
+	writeShards(t, root, 0, len(versions), n, tokens, func(s int) int64 { return versions[s] })
+}
+
+func writeShards(t testing.TB, root string, first, shards, n, tokens int, version func(shard int) int64) {
+	t.Helper()
 	st, err := local.Open(root, "test")
 	if err != nil {
 		t.Fatal(err)
@@ -50,6 +63,12 @@ func WriteShardsFrom(t testing.TB, root string, first, shards, n, tokens int) {
 						fb.Append(keys[i])
 					} else {
 						fb.AppendNull()
+					}
+				case *array.Int64Builder:
+					if f == schemas.ColGroupVersion || f == schemas.ColPolicyVersion {
+						fb.Append(version(s))
+					} else {
+						fb.AppendEmptyValue()
 					}
 				case *array.ListBuilder:
 					fb.Append(true)
@@ -77,7 +96,7 @@ func WriteShardsFrom(t testing.TB, root string, first, shards, n, tokens int) {
 		if err := w.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.Commit(context.Background(), schemas.ShardEntry{Rows: int64(n), Groups: n, GroupKeys: keys}); err != nil {
+		if err := p.Commit(context.Background(), schemas.ShardEntry{Rows: int64(n), Groups: n, GroupKeys: keys, PolicyVersion: version(s)}); err != nil {
 			t.Fatal(err)
 		}
 	}
