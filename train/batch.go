@@ -26,6 +26,14 @@ type Config struct {
 	// every row. A group larger than the budget is a batch of its own
 	// (Batch.Oversized). Zero means one group per batch.
 	MaxTokens int64
+	// BatchGroups, if set, makes every batch exactly this many groups (a
+	// trainer's groups per step: verl's train_batch_size in prompts),
+	// waiting for them; MaxTokens must be 0 then. A batch is delivered
+	// short (counted: Counters.ShortBatches) only at the end of the input
+	// (a consumer that does not follow) or once its first group has
+	// waited BatchWait (0: never).
+	BatchGroups int
+	BatchWait   time.Duration
 	// IncludeFiltered keeps rows that a filter marked (filter_reason).
 	IncludeFiltered bool
 	// Batch, if set, recomputes advantage over each batch (REINFORCE++
@@ -100,6 +108,9 @@ type Counters struct {
 	Oversized       int64 `json:"oversized_batches"`
 	// SkippedEmpty counts groups left with no row after filtering.
 	SkippedEmpty int64 `json:"groups_skipped_empty"`
+	// ShortBatches counts batches delivered with fewer than BatchGroups
+	// groups (the end of the input, or BatchWait).
+	ShortBatches int64 `json:"short_batches"`
 }
 
 // former gathers admitted groups into batches within the token budget.
@@ -109,6 +120,7 @@ type former struct {
 	counters *Counters
 	pending  []*group
 	tokens   int64
+	since    time.Time // when the first pending group was added
 }
 
 // MaxPolicyVersion is the largest policy version a trainer may report
@@ -160,12 +172,37 @@ func (f *former) passOver(g *group, policyVersion int64) bool {
 // fits reports whether g can join the pending batch (an empty batch
 // takes any group, however large).
 func (f *former) fits(g *group) bool {
+	if f.cfg.BatchGroups > 0 {
+		return len(f.pending) < f.cfg.BatchGroups
+	}
 	return len(f.pending) == 0 || (f.cfg.MaxTokens > 0 && f.tokens+g.tokens <= f.cfg.MaxTokens)
 }
 
 func (f *former) add(g *group) {
+	if len(f.pending) == 0 {
+		f.since = time.Now()
+	}
 	f.pending = append(f.pending, g)
 	f.tokens += g.tokens
+}
+
+// full reports whether the pending groups make a whole batch of
+// BatchGroups (never without BatchGroups: the token budget decides).
+func (f *former) full() bool {
+	return f.cfg.BatchGroups > 0 && len(f.pending) >= f.cfg.BatchGroups
+}
+
+// ready reports whether the pending groups may go as a batch now: a whole
+// one, or any without BatchGroups, or a short one when short is allowed
+// (the end of the input) or BatchWait has passed.
+func (f *former) ready(short bool) bool {
+	switch {
+	case len(f.pending) == 0:
+		return false
+	case f.cfg.BatchGroups == 0 || f.full() || short:
+		return true
+	}
+	return f.cfg.BatchWait > 0 && time.Since(f.since) >= f.cfg.BatchWait
 }
 
 // take forms one batch of the pending groups (nil when none) and hands

@@ -335,8 +335,10 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			return nil, err
 		}
 		if g == nil {
-			// Nothing more to read now: hand over what is pending.
-			if d, err := c.deliver(); d != nil || err != nil {
+			// Nothing more to read now: hand over what is pending (a
+			// batch of BatchGroups short only at the end of the input or
+			// after BatchWait).
+			if d, err := c.deliver(!c.cfg.Follow); d != nil || err != nil {
 				return d, err
 			}
 			if err := c.flushMarks(ctx); err != nil {
@@ -359,7 +361,7 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			// the version trained on. The pending groups go first.
 			c.heldGroup = g
 			c.mu.Unlock()
-			if d, err := c.deliver(); d != nil || err != nil {
+			if d, err := c.deliver(false); d != nil || err != nil {
 				return d, err
 			}
 			if err := c.waitDrained(ctx); err != nil {
@@ -377,7 +379,7 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 		}
 		c.mu.Unlock()
 		if !c.form.fits(g) {
-			d, err := c.deliver()
+			d, err := c.deliver(false)
 			c.form.add(g)
 			if d != nil || err != nil {
 				return d, err
@@ -385,11 +387,18 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			continue // every pending group had gone stale
 		}
 		c.form.add(g)
+		if c.form.full() {
+			if d, err := c.deliver(false); d != nil || err != nil {
+				return d, err
+			}
+		}
 	}
 }
 
-// deliver forms a batch of the pending groups (nil when none).
-func (c *Consumer) deliver() (*Delivery, error) {
+// deliver forms a batch of the pending groups (nil when none, or when
+// they are fewer than BatchGroups and short is false and BatchWait has not
+// passed).
+func (c *Consumer) deliver(short bool) (*Delivery, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// The bound holds at delivery: the trainer may have moved on since
@@ -399,6 +408,12 @@ func (c *Consumer) deliver() (*Delivery, error) {
 		c.noteStale(1)
 		c.skips[skipKey{g.shard, g.ordinal}] = true
 		g.release()
+	}
+	if !c.form.ready(short) {
+		return nil, nil
+	}
+	if c.cfg.BatchGroups > 0 && !c.form.full() {
+		c.stats.ShortBatches++
 	}
 	b, groups, err := c.form.take()
 	defer releaseGroups(groups)

@@ -90,3 +90,86 @@ func TestStalenessHoldsWhereTrained(t *testing.T) {
 		t.Errorf("acknowledged %d + skipped %d, want %d, both > 0", acked, st.SkippedStale, groups)
 	}
 }
+
+// TestBatchGroups: every batch holds exactly BatchGroups groups; the
+// consumer waits for them while following, delivers short at the end of
+// the input and after BatchWait, and counts the short ones.
+func TestBatchGroups(t *testing.T) {
+	open := func(t *testing.T, root string, follow bool, wait time.Duration) *train.Consumer {
+		t.Helper()
+		r, err := local.OpenReader(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		obj, err := r.Objects(train.GroupDir("g"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := train.NewConsumer(context.Background(), r, obj, train.ConsumerConfig{
+			Config: train.Config{MaxStaleness: -1, IncludeFiltered: true, BatchGroups: 4, BatchWait: wait},
+			Name:   "t", Poll: 10 * time.Millisecond, MaxInflight: 1, Follow: follow})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	next := func(t *testing.T, c *train.Consumer, within time.Duration) (int, error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), within)
+		defer cancel()
+		d, err := c.Next(ctx)
+		if err != nil {
+			return 0, err
+		}
+		d.Record.Release()
+		if _, err := c.Ack(context.Background(), d.ID); err != nil {
+			t.Fatal(err)
+		}
+		return len(d.Groups), nil
+	}
+
+	t.Run("end of input", func(t *testing.T) {
+		root := t.TempDir()
+		traintest.WriteShards(t, root, 5, 2, 4) // 10 groups in shards of 2: batches cross shards
+		c := open(t, root, false, 0)
+		var sizes []int
+		for {
+			n, err := next(t, c, 10*time.Second)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			sizes = append(sizes, n)
+		}
+		if len(sizes) != 3 || sizes[0] != 4 || sizes[1] != 4 || sizes[2] != 2 || c.Stats().ShortBatches != 1 {
+			t.Fatalf("batch sizes %v, short %d; want [4 4 2], 1", sizes, c.Stats().ShortBatches)
+		}
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("following", func(t *testing.T) {
+		root := t.TempDir()
+		traintest.WriteShards(t, root, 1, 3, 4)
+		c := open(t, root, true, 400*time.Millisecond)
+		defer c.Close(context.Background())
+		if n, err := next(t, c, 150*time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("3 groups of 4 delivered (%d, %v) before the wait", n, err)
+		}
+		traintest.WriteShardsFrom(t, root, 3, 1, 1, 4)
+		if n, err := next(t, c, 5*time.Second); err != nil || n != 4 {
+			t.Fatalf("once the fourth group came: %d, %v; want 4", n, err)
+		}
+		traintest.WriteShardsFrom(t, root, 4, 1, 2, 4)
+		start := time.Now()
+		if n, err := next(t, c, 5*time.Second); err != nil || n != 2 || time.Since(start) < 300*time.Millisecond {
+			t.Fatalf("two groups after BatchWait: %d, %v after %s; want 2 after about 400ms", n, err, time.Since(start))
+		}
+		if s := c.Stats().ShortBatches; s != 1 {
+			t.Fatalf("short batches %d, want 1", s)
+		}
+	})
+}

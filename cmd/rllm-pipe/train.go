@@ -30,6 +30,8 @@ type trainOpts struct {
 	leaseTimeout     time.Duration
 	maxInflight      int
 	versionsPerBatch int64
+	batchGroups      int
+	batchWait        time.Duration
 	follow           bool
 	poll             time.Duration
 	cpuProfile       string
@@ -48,6 +50,8 @@ func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
 	f.StringVar(&o.compat, "compat", "rllm", "numerical conventions of --batch-estimator: rllm, verl, trl")
 	f.StringVar(&o.layout, "layout", "steps", "rows of a batch: steps (one per step, the shard schema) or trajectories (the steps of a trajectory that extend each other merged into one row, as rLLM's verl backend trains on; --max-tokens counts merged rows)")
 	f.DurationVar(&o.leaseTimeout, "lease-timeout", 30*time.Second, "a crashed member's shards go to another member after this")
+	f.IntVar(&o.batchGroups, "batch-groups", 0, "every batch exactly this many groups (a trainer's groups per step), waiting for them; short only at the end of the input or after --batch-wait, counted (0: batches by --max-tokens)")
+	f.DurationVar(&o.batchWait, "batch-wait", 0, "with --batch-groups, deliver the groups there are once the first has waited this long (0: wait for all of them)")
 	f.IntVar(&o.maxInflight, "max-inflight", 4, "batches per member delivered and not yet acknowledged, at most")
 	f.Int64Var(&o.versionsPerBatch, "versions-per-batch", train.DefaultVersionsPerBatch, "how far a trainer's policy version advances with each batch it acknowledges: --max-staleness is judged at the version a batch will be trained with, counting the batches delivered ahead of it (0: its version never moves with its acknowledgements)")
 	f.BoolVar(&o.follow, "follow", follow, "keep following the manifest for new shards (else stop when every committed shard is done)")
@@ -71,8 +75,12 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	); err != nil {
 		return train.ConsumerConfig{}, err
 	}
-	if err := int64In("versions-per-batch", o.versionsPerBatch, 0, 1<<20); err != nil {
+	if err := firstErr(int64In("versions-per-batch", o.versionsPerBatch, 0, 1<<20), intIn("batch-groups", o.batchGroups, 0, 1<<20),
+		durationIn("batch-wait", o.batchWait, 0, 24*time.Hour)); err != nil {
 		return train.ConsumerConfig{}, err
+	}
+	if o.batchGroups > 0 && o.maxTokens > 0 {
+		return train.ConsumerConfig{}, usageErrorf("--batch-groups and --max-tokens: a batch is either a number of groups or a token budget")
 	}
 	vpb := o.versionsPerBatch
 	if vpb == 0 {
@@ -84,7 +92,7 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	cfg := train.ConsumerConfig{
 		MaxVersionLead: o.maxVersionLead, VersionsPerBatch: vpb,
 		Config: train.Config{
-			PolicyVersion: o.policyVersion, MaxStaleness: o.maxStaleness, MaxTokens: o.maxTokens,
+			PolicyVersion: o.policyVersion, MaxStaleness: o.maxStaleness, MaxTokens: o.maxTokens, BatchGroups: o.batchGroups, BatchWait: o.batchWait,
 			IncludeFiltered: o.includeFiltered,
 		},
 		Name: name, LeaseTimeout: o.leaseTimeout, MaxInflight: o.maxInflight, Follow: o.follow, Poll: o.poll,

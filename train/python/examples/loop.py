@@ -15,7 +15,8 @@ Five parts, each a real process talking over the public surfaces:
 * ``rllm-pipe gateway --to ROOT``: records every call, commits whole groups
   to the shard root, follows the trainer's published version, and paces new
   groups so that none is trained more than --max-staleness versions late.
-* ``rllm-pipe serve --layout trajectories``: the trainer's batches.
+* ``rllm-pipe serve --layout trajectories --batch-groups G``: the trainer's
+  batches, G groups each (one optimizer step).
 * the trainer (this process): GRPO with the PPO-clipped importance ratio
   against the behaviour logprobs, on ``PaddedBatches``. After each optimizer
   step it checkpoints, acknowledges the batch, loads the weights into the
@@ -521,8 +522,8 @@ def main() -> int:
         procs.append(p)
         gateway = "http://" + wait_ready(work / "gateway.ready", p, "gateway")
         p = start([args.bin, "serve", "--from", str(root), "--listen", "127.0.0.1:0", "--ready-file", str(work / "serve.ready"),
-                   "--layout", "trajectories", "--max-tokens", str(args.groups_per_step * args.group_size * 24), "--poll", "100ms",
-                   "--max-inflight", "1", "--max-staleness", str(args.serve_max_staleness)], work / "serve.log")
+                   "--layout", "trajectories", "--batch-groups", str(args.groups_per_step), "--poll", "100ms",
+                   "--max-inflight", "2", "--max-staleness", str(args.serve_max_staleness)], work / "serve.log")
         procs.append(p)
         serve = "grpc://" + wait_ready(work / "serve.ready", p, "serve")
         procs.append(start([*me, "agents", "--gateway", gateway, "--threads", str(args.threads), "--tasks", str(args.tasks),

@@ -93,7 +93,7 @@ def test_loop_learns_through_a_trainer_crash_and_a_gateway_restart(tmp_path):
         port = free_port()
         gateway = loop.gateway(policy, port)
         p = loop.start([BIN, "serve", "--from", str(loop.root), "--listen", "127.0.0.1:0", "--ready-file", str(tmp_path / "serve.ready"),
-                        "--layout", "trajectories", "--max-tokens", "768", "--poll", "100ms", "--max-inflight", "1"], "serve")
+                        "--layout", "trajectories", "--batch-groups", "4", "--poll", "100ms", "--max-inflight", "2"], "serve")
         serve = "grpc://" + wait_ready(tmp_path / "serve.ready", p, "serve")
         loop.start([sys.executable, str(LOOP), "agents", "--gateway", f"http://127.0.0.1:{port}", "--threads", "16"], "agents")
 
