@@ -465,6 +465,19 @@ def wait_ready(path: pathlib.Path, proc: subprocess.Popen, what: str, timeout: f
     return path.read_text().strip()
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Stops procs last started first (agents before the gateway before
+    the policy server): SIGTERM to each process group, SIGKILL after 60 s."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def start(cmd: list[str], log: pathlib.Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "ab"), start_new_session=True)
 
@@ -534,14 +547,7 @@ def main() -> int:
         code = train(args)
         note_gateway(gateway, work / "summary.json")
     finally:
-        for p in reversed(procs):  # agents first, the policy server last
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+        stop_all(procs)
     subprocess.run([args.bin, "report", "--from", str(root), "--out", str(work / "report.html")], check=False)
     print(f"loop: report {work / 'report.html'}, steps {work / 'steps.jsonl'}", flush=True)
     return code

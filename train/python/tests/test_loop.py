@@ -17,7 +17,7 @@ from conftest import BIN
 
 LOOP = pathlib.Path(__file__).resolve().parents[1] / "examples" / "loop.py"
 sys.path.insert(0, str(LOOP.parent))
-from loop import wait_ready  # noqa: E402  (the example's own helper)
+from loop import stop_all, wait_ready  # noqa: E402  (the example's own helpers)
 
 
 def steps(work):
@@ -70,14 +70,7 @@ class Loop:
             time.sleep(0.05)
 
     def stop(self):
-        for p in reversed(self.procs):
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+        stop_all(self.procs)
 
 
 def sql(root, query):
