@@ -311,6 +311,7 @@ func (s *Server) Close(ctx context.Context) error {
 	}
 	s.closed = true
 	s.closing.Store(true)
+	s.pacer.stop()
 	s.pool.stop()
 	if s.stopFollow != nil {
 		s.stopFollow()

@@ -74,6 +74,8 @@ type pacer struct {
 	open     map[string]*paced // admitted groups with sessions running
 	awaiting map[string]int64  // finished groups not seen committed: when (unix ns)
 	changed  chan struct{}     // closed (and replaced) when room may have opened
+	stopped  chan struct{}     // closed when the gateway closes: waiting calls end
+	stopOnce sync.Once
 
 	// starving is when calls began to wait with nothing consumed;
 	// warned, starved's last warning.
@@ -91,7 +93,7 @@ func newPacer(cfg Pacing) *pacer {
 	if cfg.CommitTimeout <= 0 {
 		cfg.CommitTimeout = 2 * time.Minute
 	}
-	return &pacer{cfg: cfg, open: map[string]*paced{}, awaiting: map[string]int64{}, changed: make(chan struct{})}
+	return &pacer{cfg: cfg, open: map[string]*paced{}, awaiting: map[string]int64{}, changed: make(chan struct{}), stopped: make(chan struct{})}
 }
 
 // paced is an admitted group with sessions running.
@@ -120,9 +122,14 @@ func (p *pacer) room() bool {
 	return backlog+inFlight+1 <= p.cfg.budget()
 }
 
+// stop ends every wait for room (the gateway is closing: its shutdown
+// must not wait out Wait).
+func (p *pacer) stop() { p.stopOnce.Do(func() { close(p.stopped) }) }
+
 // admit admits sess (its first recorded call) and reports whether it may
-// go on; false when ctx ended or no room opened within Wait (the caller
-// answers 429). Admitted sessions are released with release.
+// go on; false when ctx ended, the pacer stopped or no room opened within
+// Wait (the caller answers 429). Admitted sessions are released with
+// release.
 func (p *pacer) admit(ctx context.Context, sess *session) bool {
 	if !p.cfg.on() {
 		return true
@@ -173,6 +180,8 @@ func (p *pacer) admit(ctx context.Context, sess *session) bool {
 			p.refused.Add(1)
 			return false
 		case <-ctx.Done():
+			return false
+		case <-p.stopped:
 			return false
 		}
 		p.mu.Lock()

@@ -196,3 +196,33 @@ func TestPacingCountsASessionOnce(t *testing.T) {
 		t.Fatalf("after its finish and commit: open %v, awaiting %v", p.open, p.awaiting)
 	}
 }
+
+// Closing the gateway ends the calls waiting for room at once (503): its
+// shutdown does not wait out the pacing's wait.
+func TestPacingEndsWaitsOnClose(t *testing.T) {
+	tr := &fakeTrainer{st: TrainerState{Version: -1, Committed: 1}} // full
+	e := newEnv(t, func(c *Config) {
+		c.Trainer, c.TrainerPoll = tr, 5*time.Millisecond
+		c.Pacing = Pacing{GroupsPerStep: 1, Wait: time.Minute}
+	})
+	held := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(e.srv.URL+"/sessions/a:0/v1/chat/completions", "application/json", strings.NewReader(string(e.fx["vllm_chat"].Request)))
+		if err != nil {
+			held <- 0
+			return
+		}
+		resp.Body.Close()
+		held <- resp.StatusCode
+	}()
+	eventually(t, "the call held", func() bool { return e.gw.pacer.waiting.Load() == 1 })
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.gw.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code := <-held; code != http.StatusServiceUnavailable || time.Since(start) > 5*time.Second {
+		t.Fatalf("the held call: %d after %s; want 503 at once", code, time.Since(start))
+	}
+}

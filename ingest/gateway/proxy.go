@@ -257,6 +257,10 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		return
 	}
 	if !s.pacer.admit(r.Context(), sess) {
+		if s.closing.Load() {
+			writeOpenAIError(w, http.StatusServiceUnavailable, "gateway_closing", "the gateway is shutting down")
+			return
+		}
 		s.metrics.errors.inc("paced")
 		w.Header().Set("Retry-After", fmt.Sprint(max(1, int(s.cfg.TrainerPoll.Seconds()+0.999))))
 		writeOpenAIError(w, http.StatusTooManyRequests, "paced",
