@@ -300,6 +300,7 @@ func TestGatewayHelpRecordsToken(t *testing.T) {
 // (10 minutes by default). The failed trajectory and its steps are dead
 // letters, rejected_step.
 func TestGatewayRejectedStepClosesItsGroup(t *testing.T) {
+	t.Parallel()
 	bin := e2eBinary(t)
 	fixtures, stub := gwStub(t)
 	root := filepath.Join(t.TempDir(), "data")

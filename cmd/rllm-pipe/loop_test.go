@@ -22,6 +22,7 @@ import (
 // and admitted once the trainer consumed it; the version the trainer
 // publishes through serve stamps the gateway's calls within a poll.
 func TestLoopBinaries(t *testing.T) {
+	t.Parallel()
 	bin := e2eBinary(t)
 	fixtures, stub := gwStub(t)
 	root := filepath.Join(t.TempDir(), "data")

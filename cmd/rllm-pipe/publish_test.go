@@ -11,6 +11,7 @@ import (
 // TestPublishVersion: the highest version published is served; a lower
 // one changes nothing; bad values are usage errors.
 func TestPublishVersion(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	ctx := context.Background()
 	served := func() int64 {
