@@ -108,6 +108,29 @@ func (l *Ledger) Drop() {
 	l.waiting = nil
 }
 
+// TakeCounts is Take that also returns the counts it moved to the
+// checkpointed ones (nil when none): a dead-letter output whose
+// checkpoint may later be cut (its manifest entry did not land) gives them
+// back with Uncount.
+func (l *Ledger) TakeCounts() (Settled, map[Reason]int64) {
+	l.mu.Lock()
+	moved := l.waiting
+	l.mu.Unlock()
+	return l.Take(), moved
+}
+
+// Uncount takes letters counted at a checkpoint back out of the counts
+// (their lines were cut).
+func (l *Ledger) Uncount(c map[Reason]int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k, v := range c {
+		if l.counts[k] -= v; l.counts[k] <= 0 {
+			delete(l.counts, k)
+		}
+	}
+}
+
 // Counts returns the letters noted and not dropped, by reason.
 func (l *Ledger) Counts() map[Reason]int64 {
 	l.mu.Lock()

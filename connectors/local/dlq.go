@@ -31,6 +31,15 @@ type DeadLetterFile struct {
 	// Store's entries that landed): Reset cuts back to it, not to the last
 	// checkpoint, whose entry may not have landed.
 	committed func() int64
+	// checkpoints are the checkpoints not known committed: the file's
+	// length after each and the letters it counted, which Reset takes
+	// back out of the counts when it cuts them.
+	checkpoints []dlqCheckpoint
+}
+
+type dlqCheckpoint struct {
+	bytes  int64
+	counts map[schemas.Reason]int64
 }
 
 var _ store.DeadLetters = (*DeadLetterFile)(nil)
@@ -118,7 +127,20 @@ func (d *DeadLetterFile) Checkpoint(ctx context.Context) (schemas.Settled, *sche
 		d.dirty = false
 	}
 	d.durable = d.written
-	settled := d.Take()
+	settled, counted := d.TakeCounts()
+	if len(counted) > 0 {
+		d.checkpoints = append(d.checkpoints, dlqCheckpoint{bytes: d.written, counts: counted})
+	}
+	if d.committed != nil { // those the manifest made durable cannot be cut
+		c := d.committed()
+		kept := d.checkpoints[:0]
+		for _, cp := range d.checkpoints {
+			if cp.bytes > c {
+				kept = append(kept, cp)
+			}
+		}
+		d.checkpoints = kept
+	}
 	if d.written == 0 {
 		return settled, nil, nil
 	}
@@ -136,6 +158,16 @@ func (d *DeadLetterFile) Reset() {
 	if d.committed != nil {
 		d.durable = min(d.durable, d.committed())
 	}
+	// The letters of checkpoints beyond what stays are counted no more.
+	kept := d.checkpoints[:0]
+	for _, cp := range d.checkpoints {
+		if cp.bytes > d.durable {
+			d.Uncount(cp.counts)
+		} else {
+			kept = append(kept, cp)
+		}
+	}
+	d.checkpoints = kept
 	if d.f == nil || d.written == d.durable {
 		return
 	}
