@@ -37,6 +37,22 @@ func (e *env) call(sid string) (int, http.Header) {
 	return resp.StatusCode, resp.Header
 }
 
+// callAsync makes a chat call of session sid in the background; its
+// status arrives on the channel (0: the request failed).
+func (e *env) callAsync(sid string) <-chan int {
+	status := make(chan int, 1)
+	go func() {
+		resp, err := http.Post(e.srv.URL+"/sessions/"+sid+"/v1/chat/completions", "application/json", strings.NewReader(string(e.fx["vllm_chat"].Request)))
+		if err != nil {
+			status <- 0
+			return
+		}
+		resp.Body.Close()
+		status <- resp.StatusCode
+	}()
+	return status
+}
+
 // eventually fails t unless cond holds within 5 s.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -105,16 +121,7 @@ func TestPacing(t *testing.T) {
 	e.finish("a:1", 0)
 	tr.set(func(st *TrainerState, keys *[]string) { st.Committed, *keys = 1, []string{"a"} })
 	time.Sleep(30 * time.Millisecond)
-	held := make(chan int, 1)
-	go func() {
-		resp, err := http.Post(e.srv.URL+"/sessions/c:0/v1/chat/completions", "application/json", strings.NewReader(string(e.fx["vllm_chat"].Request)))
-		if err != nil {
-			held <- 0
-			return
-		}
-		resp.Body.Close()
-		held <- resp.StatusCode
-	}()
+	held := e.callAsync("c:0")
 	eventually(t, "the call held", func() bool { return e.gw.pacer.waiting.Load() == 1 })
 	tr.set(func(st *TrainerState, _ *[]string) { st.Consumed = 1 })
 	if code := <-held; code != 200 {
@@ -205,16 +212,7 @@ func TestPacingEndsWaitsOnClose(t *testing.T) {
 		c.Trainer, c.TrainerPoll = tr, 5*time.Millisecond
 		c.Pacing = Pacing{GroupsPerStep: 1, Wait: time.Minute}
 	})
-	held := make(chan int, 1)
-	go func() {
-		resp, err := http.Post(e.srv.URL+"/sessions/a:0/v1/chat/completions", "application/json", strings.NewReader(string(e.fx["vllm_chat"].Request)))
-		if err != nil {
-			held <- 0
-			return
-		}
-		resp.Body.Close()
-		held <- resp.StatusCode
-	}()
+	held := e.callAsync("a:0")
 	eventually(t, "the call held", func() bool { return e.gw.pacer.waiting.Load() == 1 })
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
