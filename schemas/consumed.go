@@ -26,3 +26,10 @@ type ConsumedBatch struct {
 	// group of a shard the member had lost is not among them).
 	Groups []ConsumedGroup `json:"groups"`
 }
+
+// VersionCount is a number of groups of one policy version (a consumer
+// group's stale skips, as its log counts them).
+type VersionCount struct {
+	Version int64 `json:"version"`
+	Groups  int64 `json:"groups"`
+}

@@ -276,6 +276,17 @@ func (ConsumerLogs) Groups(ctx context.Context, r store.Reader) ([]string, error
 	return ListGroups(ctx, obj)
 }
 
+// StaleSkips returns the groups group skipped as stale, by policy
+// version (GroupProgress).
+func (ConsumerLogs) StaleSkips(ctx context.Context, r store.Reader, group string) ([]VersionCount, error) {
+	obj, err := r.Objects(GroupDir(group))
+	if err != nil {
+		return nil, fmt.Errorf("train: consumer group %s: %w", group, err)
+	}
+	p, err := GroupProgress(ctx, obj)
+	return p.StaleByVersion, err
+}
+
 // Consumed returns what group acknowledged (ReadConsumed).
 func (ConsumerLogs) Consumed(ctx context.Context, r store.Reader, group string) ([]Consumed, error) {
 	obj, err := r.Objects(GroupDir(group))

@@ -36,7 +36,7 @@ func BenchmarkAuditedAcks(b *testing.B) {
 						ords[j] = int32(j)
 					}
 					if err := c.append(ctx, func(_ *groupState, e *event) bool {
-						e.Ack = []marks{{shard, ords}}
+						e.Ack = []marks{{Shard: shard, Groups: ords}}
 						e.Batch = &ackBatch{ID: uint64(i), PolicyVersion: int64(i / 64), Groups: groups}
 						return true
 					}); err != nil {

@@ -297,7 +297,7 @@ func TestAuditOfOlderLogs(t *testing.T) {
 	c, _ := openCoordinator(ctx, obj, "a/1")
 	for _, build := range []func(*groupState, *event) bool{
 		func(_ *groupState, e *event) bool { e.Lease = []string{"s"}; return true },
-		func(_ *groupState, e *event) bool { e.Ack = []marks{{"s", []int32{0}}}; return true },
+		func(_ *groupState, e *event) bool { e.Ack = []marks{{Shard: "s", Groups: []int32{0}}}; return true },
 	} {
 		if err := c.append(ctx, build); err != nil {
 			t.Fatal(err)

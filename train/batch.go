@@ -3,6 +3,7 @@ package train
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -203,6 +204,11 @@ func (f *former) ready(short bool) bool {
 		return true
 	}
 	return f.cfg.BatchWait > 0 && time.Since(f.since) >= f.cfg.BatchWait
+}
+
+// holds reports whether a pending group is of shard p.
+func (f *former) holds(p string) bool {
+	return slices.ContainsFunc(f.pending, func(g *group) bool { return g.shard == p })
 }
 
 // take forms one batch of the pending groups (nil when none) and hands

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -57,9 +58,15 @@ type ConsumerConfig struct {
 	// range) cannot pass every group over as stale, which settles them
 	// for the whole consumer group unread; it can pass over only groups
 	// more than MaxStaleness - lead versions behind the newest. A trainer
-	// genuinely further ahead than the lead has its staleness judged from
-	// the cap (it may get groups that much staler than its bound). 0:
-	// DefaultMaxVersionLead; negative: no cap.
+	// genuinely further ahead than the lead still never gets a group
+	// staler than its bound at its own version: such a group (stale for
+	// it, within the bound at the cap) is declined, not skipped — left
+	// unsettled, its shard released for the other members once read
+	// (Stats.DeclinedStale). The member leases that shard again when a
+	// newer group version is committed (the cap moves: judged again), or
+	// after a third of LeaseTimeout no other member took it, and then
+	// judges at its own version: a group nobody else wants is settled.
+	// 0: DefaultMaxVersionLead; negative: no cap.
 	MaxVersionLead int64
 	// VersionsPerBatch is how far the trainer's policy version advances
 	// with each batch it acknowledges (its optimizer steps per batch).
@@ -110,6 +117,13 @@ type Stats struct {
 	GroupsLost    int64  `json:"groups_lost"`
 	ShardsLeased  int64  `json:"shards_leased"`
 	Takeovers     int64  `json:"shards_taken_over"`
+	// DeclinedStale counts groups left unsettled for other members: stale
+	// at the member's own version, within the bound at the capped one
+	// (ConsumerConfig.MaxVersionLead).
+	DeclinedStale int64 `json:"declined_stale"`
+	// StaleByVersion counts the groups skipped as stale by their policy
+	// version (the newest staleByVersionKeep versions).
+	StaleByVersion map[int64]int64 `json:"skipped_stale_by_version,omitempty"`
 	// Freshness of the groups delivered (see Freshness).
 	Freshness Freshness `json:"freshness"`
 }
@@ -159,6 +173,10 @@ type Consumer struct {
 	// lease scans from it, so consuming N shards costs O(N), not O(N²).
 	first int
 
+	// declined are the shards of which this member left groups
+	// unsettled (ConsumerConfig.MaxVersionLead). Next's goroutine only.
+	declined map[string]*declinedShard
+
 	// watch is, per shard another member holds, the LeaseSeq seen and
 	// when it was first seen (monotonic): a takeover waits until it has
 	// stayed the same for the lease timeout. Next's goroutine only.
@@ -172,15 +190,32 @@ type Consumer struct {
 	done     map[uint64]AckResult  // recent acknowledgements, for repeats
 	doneIDs  []uint64              // their order, oldest first
 	nextID   uint64
-	held     map[string]bool  // leased and not lost
-	read     map[string]bool  // held and read to the end in this run
-	skips    map[skipKey]bool // settled by skipping, not yet in the log
+	held     map[string]bool      // leased and not lost
+	read     map[string]bool      // held and read to the end in this run
+	skips    map[skipKey]skipNote // settled by skipping, not yet in the log
 	totals   map[string]int32
 	acked    chan struct{} // signalled on every acknowledgement
 
 	stop    chan struct{}
 	stopped chan struct{}
 }
+
+// declinedShard is a shard some of whose groups the member declined.
+type declinedShard struct {
+	groups int  // declined in the current read
+	read   bool // read to the end: released once no batch in flight holds it
+	// released: given up at this time, when the newest committed group
+	// version was newest; leased again when that moves or after
+	// declineWait.
+	released time.Time
+	newest   int64
+	// own: leased again after declineWait, nobody else having taken it:
+	// its groups are judged at the member's own version.
+	own bool
+}
+
+// declineWait is how long a declined shard waits for another member.
+func (c *Consumer) declineWait() time.Duration { return c.cfg.LeaseTimeout / 3 }
 
 type leaseWatch struct {
 	seq   int64
@@ -191,6 +226,13 @@ type leaseWatch struct {
 type skipKey struct {
 	shard   string
 	ordinal int32
+}
+
+// skipNote says why: stale (with the group's version) or not (emptied
+// by filters).
+type skipNote struct {
+	stale   bool
+	version int64
 }
 
 // NewConsumer joins the consumer group whose log is obj.
@@ -226,9 +268,9 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 		return nil, err
 	}
 	c := &Consumer{
-		cfg: cfg, shards: shards, coord: coord, mem: mem, watch: map[string]leaseWatch{},
+		cfg: cfg, shards: shards, coord: coord, mem: mem, watch: map[string]leaseWatch{}, declined: map[string]*declinedShard{},
 		inflight: map[uint64][]marks{}, audit: map[uint64]auditBatch{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
-		skips: map[skipKey]bool{}, totals: map[string]int32{},
+		skips: map[skipKey]skipNote{}, totals: map[string]int32{},
 		acked: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
 		// Batch ids start at random, so that an acknowledgement meant for an
 		// earlier run under the same name can never settle a batch of this one.
@@ -270,11 +312,28 @@ func (c *Consumer) judged() int64 {
 }
 
 // trainedAt is the policy version the batch formed now will be trained
-// with: the judged version plus VersionsPerBatch for each batch delivered
-// and not yet acknowledged (ConsumerConfig.VersionsPerBatch). c.mu held.
-func (c *Consumer) trainedAt() int64 {
+// with, as judged: the judged version plus VersionsPerBatch for each batch
+// delivered and not yet acknowledged (ConsumerConfig.VersionsPerBatch).
+// c.mu held.
+func (c *Consumer) trainedAt() int64 { return c.ahead(c.judged()) }
+
+// ownTrainedAt is trainedAt from the trainer's own version (uncapped).
+// c.mu held.
+func (c *Consumer) ownTrainedAt() int64 { return c.ahead(c.policy.Load()) }
+
+func (c *Consumer) ahead(v int64) int64 {
 	ahead := int64(len(c.inflight)) * c.cfg.VersionsPerBatch
-	return min(c.judged(), MaxPolicyVersion) + min(ahead, MaxPolicyVersion) // both ≤ 2^53: no overflow
+	return min(v, MaxPolicyVersion) + min(ahead, MaxPolicyVersion) // both ≤ 2^53: no overflow
+}
+
+// settleAt is the version a group of shard is skipped as stale at: the
+// capped trainedAt, or the member's own for a shard it declined and
+// nobody else took. c.mu held.
+func (c *Consumer) settleAt(shard string) int64 {
+	if d := c.declined[shard]; d != nil && d.own {
+		return c.ownTrainedAt()
+	}
+	return c.trainedAt()
 }
 
 // sawVersion notes a committed group version.
@@ -312,6 +371,7 @@ func (c *Consumer) Stats() Stats {
 	s.PolicyVersion = c.policy.Load()
 	s.Inflight = len(c.inflight)
 	s.Freshness = c.ages.summary()
+	s.StaleByVersion = maps.Clone(c.stats.StaleByVersion)
 	return s
 }
 
@@ -354,7 +414,7 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 		}
 		c.sawVersion(g.version)
 		c.mu.Lock()
-		if len(c.inflight) > 0 && !c.form.stale(g, c.judged()) && c.form.stale(g, c.trainedAt()) {
+		if len(c.inflight) > 0 && !c.form.stale(g, c.judged()) && c.form.stale(g, c.ownTrainedAt()) {
 			// Fresh now, stale once the batches ahead are trained: not
 			// skipped (another member, or this one later, may train it in
 			// bound) but held until they are acknowledged, then judged at
@@ -370,11 +430,14 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			continue
 		}
 		before := c.stats.SkippedStale
-		if c.form.passOver(g, c.trainedAt()) {
-			c.skips[skipKey{g.shard, g.ordinal}] = true
-			c.noteStale(c.stats.SkippedStale - before)
+		if c.form.passOver(g, c.settleAt(g.shard)) {
+			c.skip(g, c.stats.SkippedStale > before)
 			c.mu.Unlock()
-			g.release()
+			continue
+		}
+		if c.form.stale(g, c.ownTrainedAt()) {
+			c.decline(g)
+			c.mu.Unlock()
 			continue
 		}
 		c.mu.Unlock()
@@ -403,11 +466,13 @@ func (c *Consumer) deliver(short bool) (*Delivery, error) {
 	defer c.mu.Unlock()
 	// The bound holds at delivery: the trainer may have moved on since
 	// these groups were admitted.
-	for _, g := range c.form.dropStale(c.trainedAt()) {
-		c.stats.SkippedStale++
-		c.noteStale(1)
-		c.skips[skipKey{g.shard, g.ordinal}] = true
-		g.release()
+	for _, g := range c.form.dropStale(c.ownTrainedAt()) {
+		if c.form.stale(g, c.settleAt(g.shard)) {
+			c.stats.SkippedStale++
+			c.skip(g, true)
+		} else {
+			c.decline(g)
+		}
 	}
 	if !c.form.ready(short) {
 		return nil, nil
@@ -441,6 +506,55 @@ func (c *Consumer) deliver(short bool) (*Delivery, error) {
 		}
 	}
 	return &Delivery{ID: c.nextID, Batch: *b}, nil
+}
+
+// skip settles g unread (stale: as stale). c.mu held.
+func (c *Consumer) skip(g *group, stale bool) {
+	note := skipNote{}
+	if stale {
+		note = skipNote{stale: true, version: g.version}
+		c.noteStale(1)
+		if c.stats.StaleByVersion == nil {
+			c.stats.StaleByVersion = map[int64]int64{}
+		}
+		c.stats.StaleByVersion[g.version]++
+		trimVersions(c.stats.StaleByVersion, staleByVersionKeep)
+	}
+	c.skips[skipKey{g.shard, g.ordinal}] = note
+	g.release()
+}
+
+// decline leaves g unsettled for other members (ConsumerConfig.MaxVersionLead).
+// c.mu held.
+func (c *Consumer) decline(g *group) {
+	d := c.declined[g.shard]
+	if d == nil {
+		d = &declinedShard{}
+		c.declined[g.shard] = d
+	}
+	d.groups++
+	// A group dropped at delivery may be of a shard read to the end.
+	d.read = d.read || c.read[g.shard]
+	c.stats.DeclinedStale++
+	g.release()
+}
+
+// staleByVersionKeep is how many policy versions stale counts are kept for.
+const staleByVersionKeep = 256
+
+// trimVersions drops the lowest versions of m beyond keep.
+func trimVersions(m map[int64]int64, keep int) {
+	if len(m) <= keep {
+		return
+	}
+	vs := make([]int64, 0, len(m))
+	for v := range m {
+		vs = append(vs, v)
+	}
+	slices.Sort(vs)
+	for _, v := range vs[:len(vs)-keep] {
+		delete(m, v)
+	}
 }
 
 // Ack acknowledges a delivered batch. Groups of shards the member lost
@@ -518,16 +632,36 @@ func ackErr(res AckResult) error {
 func (c *Consumer) pendingMarks() ([]marks, map[string]int32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	by := map[string][]int32{}
-	for k := range c.skips {
-		by[k.shard] = append(by[k.shard], k.ordinal)
+	// One marks per shard and reason; stale ones carry their versions.
+	type key struct {
+		shard string
+		stale bool
+	}
+	by := map[key][]skipKey{}
+	for k, n := range c.skips {
+		by[key{k.shard, n.stale}] = append(by[key{k.shard, n.stale}], k)
 	}
 	skips := make([]marks, 0, len(by))
-	for shard, ords := range by {
-		sort.Slice(ords, func(i, j int) bool { return ords[i] < ords[j] })
-		skips = append(skips, marks{Shard: shard, Groups: ords})
+	for k, ks := range by {
+		sort.Slice(ks, func(i, j int) bool { return ks[i].ordinal < ks[j].ordinal })
+		m := marks{Shard: k.shard, Groups: make([]int32, len(ks))}
+		if k.stale {
+			m.Versions = make([]int64, len(ks))
+		}
+		for i, sk := range ks {
+			m.Groups[i] = sk.ordinal
+			if k.stale {
+				m.Versions[i] = c.skips[sk].version
+			}
+		}
+		skips = append(skips, m)
 	}
-	sort.Slice(skips, func(i, j int) bool { return skips[i].Shard < skips[j].Shard })
+	sort.Slice(skips, func(i, j int) bool {
+		if skips[i].Shard != skips[j].Shard {
+			return skips[i].Shard < skips[j].Shard
+		}
+		return skips[i].Versions == nil
+	})
 	totals := make(map[string]int32, len(c.totals))
 	for k, v := range c.totals {
 		totals[k] = v
@@ -599,8 +733,16 @@ func (c *Consumer) nextGroup(ctx context.Context) (*group, error) {
 			c.totals[c.cur.path] = c.cur.groups()
 			c.read[c.cur.path] = true
 			c.mu.Unlock()
+			if d := c.declined[c.cur.path]; d != nil && d.groups > 0 {
+				d.read = true
+			} else {
+				delete(c.declined, c.cur.path)
+			}
 			c.closeCur()
 			continue
+		}
+		if err := c.releaseDeclined(ctx); err != nil {
+			return nil, err
 		}
 		e, settled, err := c.leaseNext(ctx)
 		if err != nil || e == nil {
@@ -612,6 +754,58 @@ func (c *Consumer) nextGroup(ctx context.Context) (*group, error) {
 		}
 		c.cur, c.curDone = newShardReader(e.Path, rd, &c.cfg.Config), settled
 	}
+}
+
+// releaseDeclined gives up the shards read to the end with groups
+// declined (ConsumerConfig.MaxVersionLead) once no batch in flight holds
+// any of their groups: other members may take them at once.
+func (c *Consumer) releaseDeclined(ctx context.Context) error {
+	var paths []string
+	c.mu.Lock()
+	busy := map[string]bool{}
+	for _, ms := range c.inflight {
+		for _, m := range ms {
+			busy[m.Shard] = true
+		}
+	}
+	c.mu.Unlock()
+	for p, d := range c.declined {
+		if d.read && !busy[p] && !c.form.holds(p) && (c.heldGroup == nil || c.heldGroup.shard != p) {
+			paths = append(paths, p)
+		}
+	}
+	if len(paths) == 0 {
+		return nil
+	}
+	sort.Strings(paths)
+	skips, totals := c.pendingMarks()
+	err := c.coord.append(ctx, func(_ *groupState, e *event) bool {
+		e.Skip, e.Totals, e.Release = skips, totals, paths
+		return true
+	})
+	if err != nil {
+		return err
+	}
+	now, newest := time.Now(), c.newest.Load()
+	c.mu.Lock()
+	c.clearMarks(skips, totals)
+	for _, p := range paths {
+		delete(c.held, p)
+		delete(c.read, p)
+		d := c.declined[p]
+		slog.Info("train: released a shard with groups stale at this member's version for the others", "shard", p,
+			"member", c.coord.member, "groups", d.groups, "policy_version", c.policy.Load(), "newest_committed", newest)
+		*d = declinedShard{released: now, newest: newest}
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// declinedWaits reports whether the member leaves shard p, which it
+// declined, to the others for now.
+func (c *Consumer) declinedWaits(p string, now time.Time) bool {
+	d := c.declined[p]
+	return d != nil && !d.released.IsZero() && c.newest.Load() <= d.newest && now.Sub(d.released) < c.declineWait()
 }
 
 func (c *Consumer) closeCur() {
@@ -770,7 +964,7 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 				c.first++ // done stays done
 				continue
 			}
-			if read[p] {
+			if read[p] || c.declinedWaits(p, now) {
 				continue
 			}
 			if s == nil || s.free(c.coord.member) {
@@ -828,6 +1022,11 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 		}
 	})
 	delete(c.watch, picked.Path)
+	if d := c.declined[picked.Path]; d != nil && ok {
+		// Leased again: judged again, at the member's own version when
+		// nobody else took it in declineWait.
+		*d = declinedShard{own: c.newest.Load() <= d.newest}
+	}
 	c.mu.Lock()
 	c.clearMarks(skips, totals)
 	if ok {

@@ -74,7 +74,7 @@ func TestConcurrentAckKeepsPendingSkips(t *testing.T) {
 	}
 	a, b := skipKey{sh, 1000}, skipKey{sh, 1001}
 	c.mu.Lock()
-	c.skips = map[skipKey]bool{a: true}
+	c.skips = map[skipKey]skipNote{a: {}}
 	c.mu.Unlock()
 
 	bAdded := make(chan struct{})
@@ -90,7 +90,7 @@ func TestConcurrentAckKeepsPendingSkips(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.mu.Lock()
-	c.skips[b] = true // Next skips another (stale) group
+	c.skips[b] = skipNote{stale: true, version: 3} // Next skips another (stale) group
 	c.mu.Unlock()
 	close(bAdded)
 	if err := <-ackDone; err != nil {
@@ -99,7 +99,7 @@ func TestConcurrentAckKeepsPendingSkips(t *testing.T) {
 	c.mu.Lock()
 	pending := fmt.Sprint(c.skips)
 	c.mu.Unlock()
-	if pending != fmt.Sprint(map[skipKey]bool{b: true}) {
+	if pending != fmt.Sprint(map[skipKey]skipNote{b: {stale: true, version: 3}}) {
 		t.Errorf("pending skips after the race: %s, want only %v: a skip was dropped without reaching the log", pending, b)
 	}
 	_ = c.Close(ctx)
@@ -116,7 +116,7 @@ func TestConcurrentAckAndFlushDoNotPanic(t *testing.T) {
 		sh = ms[0].Shard
 	}
 	c.mu.Lock()
-	c.skips = map[skipKey]bool{{sh, 1000}: true}
+	c.skips = map[skipKey]skipNote{{sh, 1000}: {}}
 	c.mu.Unlock()
 
 	panicked := make(chan any, 1)

@@ -304,52 +304,134 @@ func TestConsumerFollowsNewShards(t *testing.T) {
 // version far ahead of the data (2^53, in range) with --max-staleness 3
 // would pass every group over as stale, settling them for the whole group
 // unread. Its version counts at most MaxVersionLead ahead of the newest
-// committed group version, so it gets the groups within the bound of
-// that; with no cap (negative) it gets none.
+// committed group version for what it settles: it skips only the groups
+// stale at that cap; the others, stale at its own version, it neither
+// trains on nor settles but leaves to the other members (declined), who
+// train them. With no cap (negative) it skips them all.
 func TestConsumerVersionFarAheadIsCapped(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		lead      int64
-		wantAcked int64
+		wantStale int64
 	}{
-		{"default lead", 0, 60}, // versions 0..3, newest 3: judged at 3+1 = 4, only version 0 stale
-		{"lead 3", 3, 20},       // judged at 6: only version 3 within the bound
-		{"lead 5", 5, 0},        // judged at 8: the member opted out of the protection
-		{"no cap", -1, 0},
+		{"default lead", 0, 20}, // versions 0..3, newest 3: judged at 3+1 = 4, only version 0 stale
+		{"lead 3", 3, 60},       // judged at 6: only version 3 within the bound
+		{"lead 5", 5, 80},       // judged at 8: the member opted out of the protection
+		{"no cap", -1, 80},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			writeShardsTo(t, root, 0, 80) // versions g%4
-			sh, obj := openGroup(t, root, "g")
-			c, err := NewConsumer(context.Background(), sh, obj, ConsumerConfig{
-				Config: Config{PolicyVersion: MaxPolicyVersion, MaxStaleness: 3, MaxTokens: 8},
-				Name:   "t", Poll: 10 * time.Millisecond, MaxVersionLead: tc.lead,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := context.Background()
-			for {
-				d, err := c.Next(ctx)
-				if err == io.EOF {
-					break
-				}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			join := func(name string, version int64) *Consumer {
+				sh, obj := openGroup(t, root, "g")
+				c, err := NewConsumer(ctx, sh, obj, ConsumerConfig{
+					Config: Config{PolicyVersion: version, MaxStaleness: 3, MaxTokens: 8},
+					Name:   name, Poll: 10 * time.Millisecond, MaxVersionLead: tc.lead,
+				})
 				if err != nil {
 					t.Fatal(err)
 				}
-				d.Record.Release()
-				if _, err := c.Ack(ctx, d.ID); err != nil {
-					t.Fatal(err)
+				return c
+			}
+			run := func(c *Consumer) <-chan error {
+				done := make(chan error, 1)
+				go func() {
+					for {
+						d, err := c.Next(ctx)
+						if err != nil {
+							done <- err
+							return
+						}
+						d.Record.Release()
+						if _, err := c.Ack(ctx, d.ID); err != nil {
+							done <- err
+							return
+						}
+					}
+				}()
+				return done
+			}
+			ahead := join("ahead", MaxPolicyVersion)
+			aheadDone := run(ahead)
+			// It judges every group first (the others wait, so that it
+			// meets all of them), then an honest member joins.
+			var aheadErr error
+			for st := ahead.Stats(); st.SkippedStale+st.DeclinedStale < 80 && aheadErr == nil; st = ahead.Stats() {
+				select {
+				case aheadErr = <-aheadDone: // done alone: every group stale at the cap
+				case <-time.After(5 * time.Millisecond):
 				}
 			}
-			st := c.Stats()
-			if st.GroupsAcked+st.SkippedEmpty != tc.wantAcked {
-				t.Errorf("acked %d and empty %d (stale %d), want %d", st.GroupsAcked, st.SkippedEmpty, st.SkippedStale, tc.wantAcked)
+			honest := join("honest", 3)
+			if err := <-run(honest); err != io.EOF {
+				t.Fatal(err)
 			}
-			if st.GroupsAcked+st.SkippedStale+st.SkippedEmpty != 80 {
-				t.Errorf("acked %d + stale %d + empty %d != 80", st.GroupsAcked, st.SkippedStale, st.SkippedEmpty)
+			if aheadErr == nil {
+				aheadErr = <-aheadDone
 			}
-			_ = c.Close(ctx)
+			if aheadErr != io.EOF {
+				t.Fatal(aheadErr)
+			}
+			a, h := ahead.Stats(), honest.Stats()
+			if a.GroupsAcked != 0 || a.SkippedStale != tc.wantStale || a.DeclinedStale != 80-tc.wantStale {
+				t.Errorf("far ahead: acked %d, skipped %d, declined %d; want 0, %d, %d", a.GroupsAcked, a.SkippedStale, a.DeclinedStale, tc.wantStale, 80-tc.wantStale)
+			}
+			if h.GroupsAcked != 80-tc.wantStale || h.SkippedStale != 0 {
+				t.Errorf("honest: acked %d, skipped %d; want %d, 0", h.GroupsAcked, h.SkippedStale, 80-tc.wantStale)
+			}
+			_ = ahead.Close(ctx)
+			_ = honest.Close(ctx)
+			_, obj := openGroup(t, root, "g")
+			p, err := GroupProgress(ctx, obj)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.GroupsAcked+p.GroupsSkip != 80 || p.GroupsStale != tc.wantStale {
+				t.Errorf("the log: acked %d + skipped %d (stale %d), want 80 with %d stale", p.GroupsAcked, p.GroupsSkip, p.GroupsStale, tc.wantStale)
+			}
+			var byVersion int64
+			for _, vc := range p.StaleByVersion {
+				byVersion += vc.Groups
+			}
+			if len(p.Members) != 2 || p.Members[0].Name != "ahead" || p.Members[0].SkippedStale != tc.wantStale || byVersion != tc.wantStale {
+				t.Errorf("the log's stale skips by member %+v, by version %+v; want %d by ahead", p.Members, p.StaleByVersion, tc.wantStale)
+			}
 		})
 	}
+}
+
+// TestDeclinedGroupsSettleAlone: a member far ahead of the data that is
+// alone in its group leases the groups it declined again once nobody took
+// them for a third of the lease timeout, and settles them as stale at its
+// own version: nothing waits forever, nothing is trained out of bound.
+func TestDeclinedGroupsSettleAlone(t *testing.T) {
+	root := t.TempDir()
+	writeShardsTo(t, root, 0, 40)
+	sh, obj := openGroup(t, root, "g")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := NewConsumer(ctx, sh, obj, ConsumerConfig{
+		Config: Config{PolicyVersion: 100, MaxStaleness: 3, MaxTokens: 8},
+		Name:   "t", Poll: 10 * time.Millisecond, LeaseTimeout: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Next(ctx); err != io.EOF {
+		t.Fatalf("Next: %v, want io.EOF", err)
+	}
+	st := c.Stats()
+	if st.GroupsAcked != 0 || st.SkippedStale != 40 || st.DeclinedStale != 30 {
+		t.Errorf("acked %d, skipped %d, declined %d; want 0, 40, 30", st.GroupsAcked, st.SkippedStale, st.DeclinedStale)
+	}
+	var n int64
+	for _, v := range st.StaleByVersion {
+		n += v
+	}
+	if n != 40 || st.StaleByVersion[2] != 10 {
+		t.Errorf("stale by version %v, want 10 of each of 0..3", st.StaleByVersion)
+	}
+	_ = c.Close(ctx)
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
 // Objects is a folder of small objects in the shard store, each created
@@ -97,10 +98,12 @@ type ackBatch struct {
 	Groups        []ConsumedGroup `json:"groups"`
 }
 
-// marks are group ordinals of one shard.
+// marks are group ordinals of one shard. Skips of stale groups carry
+// their policy versions (Versions[i] is Groups[i]'s), for the audit.
 type marks struct {
-	Shard  string  `json:"shard"`
-	Groups []int32 `json:"groups"`
+	Shard    string  `json:"shard"`
+	Groups   []int32 `json:"groups"`
+	Versions []int64 `json:"stale_versions,omitempty"`
 }
 
 // shardState is what the log says of one shard.
@@ -166,17 +169,50 @@ type groupState struct {
 	// same name replaces the incarnation), so the map stays as small as
 	// the set of names.
 	Members map[string]*memberState `json:"members,omitempty"`
+	// StaleByVersion counts the groups skipped as stale by their policy
+	// version (the newest staleByVersionKeep versions); StaleSkipped all
+	// of them.
+	StaleByVersion map[int64]int64 `json:"stale_by_version,omitempty"`
+	StaleSkipped   int64           `json:"stale_skipped,omitempty"`
 }
 
 // memberState is what the log says of one member name.
 type memberState struct {
-	ID       string    `json:"id"` // the latest incarnation seen
-	LastSeq  int64     `json:"last_seq"`
-	Batches  int64     `json:"batches"` // acknowledgements with an audit
-	Policy   int64     `json:"policy_version"`
-	Stale    int64     `json:"staleness"` // the largest of the last acknowledged batch
-	LastAck  time.Time `json:"last_ack,omitzero"`
-	LastSeen time.Time `json:"last_seen,omitzero"`
+	ID      string `json:"id"` // the latest incarnation seen
+	LastSeq int64  `json:"last_seq"`
+	Batches int64  `json:"batches"` // acknowledgements with an audit
+	// StaleSkipped counts the groups it skipped as stale.
+	StaleSkipped int64     `json:"stale_skipped,omitempty"`
+	Policy       int64     `json:"policy_version"`
+	Stale        int64     `json:"staleness"` // the largest of the last acknowledged batch
+	LastAck      time.Time `json:"last_ack,omitzero"`
+	LastSeen     time.Time `json:"last_seen,omitzero"`
+}
+
+// member is the state of member id's name, created when new.
+func (st *groupState) member(id string) *memberState {
+	if st.Members == nil {
+		st.Members = map[string]*memberState{}
+	}
+	name := memberName(id)
+	m := st.Members[name]
+	if m == nil {
+		m = &memberState{}
+		st.Members[name] = m
+	}
+	return m
+}
+
+// noteStale counts a group of policy version v that member id skipped as
+// stale.
+func (st *groupState) noteStale(id string, v int64) {
+	st.member(id).StaleSkipped++
+	st.StaleSkipped++
+	if st.StaleByVersion == nil {
+		st.StaleByVersion = map[int64]int64{}
+	}
+	st.StaleByVersion[v]++
+	trimVersions(st.StaleByVersion, staleByVersionKeep)
 }
 
 // noteMember records e's member.
@@ -184,15 +220,7 @@ func (st *groupState) noteMember(e *event) {
 	if e.Member == "" {
 		return
 	}
-	if st.Members == nil {
-		st.Members = map[string]*memberState{}
-	}
-	name := memberName(e.Member)
-	m := st.Members[name]
-	if m == nil {
-		m = &memberState{}
-		st.Members[name] = m
-	}
+	m := st.member(e.Member)
 	m.ID, m.LastSeq, m.LastSeen = e.Member, e.Seq, e.Time
 	if b := e.Batch; b != nil && len(b.Groups) > 0 {
 		m.Batches++
@@ -256,9 +284,12 @@ func (st *groupState) apply(e *event) {
 			if s == nil || s.Holder != e.Member || s.Done {
 				continue
 			}
-			for _, o := range m.Groups {
+			for i, o := range m.Groups {
 				if s.settled(o) {
 					continue
+				}
+				if !acked && i < len(m.Versions) {
+					st.noteStale(e.Member, m.Versions[i])
 				}
 				if acked {
 					if s.Acked == nil {
@@ -528,11 +559,19 @@ type Progress struct {
 	Leased      int   `json:"shards_leased"`
 	GroupsAcked int64 `json:"groups_acked"`
 	GroupsSkip  int64 `json:"groups_skipped"`
-	Events      int64 `json:"events"`
+	// GroupsStale counts the skipped groups that were stale (the rest
+	// were emptied by filters); StaleByVersion splits them by policy
+	// version (the newest 256 versions), in version order.
+	GroupsStale    int64          `json:"groups_skipped_stale"`
+	StaleByVersion []VersionCount `json:"skipped_stale_by_version,omitempty"`
+	Events         int64          `json:"events"`
 	// Members are every member name the log has seen, by name, with the
 	// shards it holds now (live leases) and its last acknowledgement.
 	Members []MemberProgress `json:"members"`
 }
+
+// VersionCount is a number of groups of one policy version.
+type VersionCount = schemas.VersionCount
 
 // MemberProgress is one member of a consumer group, from its log.
 type MemberProgress struct {
@@ -543,6 +582,8 @@ type MemberProgress struct {
 	Leased int `json:"shards_leased"`
 	// Batches counts its acknowledgements that carry an audit.
 	Batches int64 `json:"batches_acked"`
+	// SkippedStale counts the groups it skipped as stale.
+	SkippedStale int64 `json:"groups_skipped_stale"`
 	// PolicyVersion is the policy version of its last acknowledgement,
 	// Staleness the largest policy version − group version in that batch.
 	PolicyVersion int64     `json:"policy_version"`
@@ -611,11 +652,16 @@ func progressOf(c *coordinator) Progress {
 		p.Members = make([]MemberProgress, 0, len(st.Members))
 		for name, m := range st.Members {
 			p.Members = append(p.Members, MemberProgress{
-				Name: name, ID: m.ID, Leased: leased[name], Batches: m.Batches,
+				Name: name, ID: m.ID, Leased: leased[name], Batches: m.Batches, SkippedStale: m.StaleSkipped,
 				PolicyVersion: m.Policy, Staleness: m.Stale, LastAck: m.LastAck, LastSeen: m.LastSeen,
 			})
 		}
 		sort.Slice(p.Members, func(i, j int) bool { return p.Members[i].Name < p.Members[j].Name })
+		p.GroupsStale = st.StaleSkipped
+		for v, n := range st.StaleByVersion {
+			p.StaleByVersion = append(p.StaleByVersion, VersionCount{Version: v, Groups: n})
+		}
+		sort.Slice(p.StaleByVersion, func(i, j int) bool { return p.StaleByVersion[i].Version < p.StaleByVersion[j].Version })
 	})
 	return p
 }

@@ -54,9 +54,9 @@ func TestLogRules(t *testing.T) {
 	settle := func(c *coordinator, shard string, ack bool, groups ...int32) {
 		if err := c.append(ctx, func(_ *groupState, e *event) bool {
 			if ack {
-				e.Ack = []marks{{shard, groups}}
+				e.Ack = []marks{{Shard: shard, Groups: groups}}
 			} else {
-				e.Skip = []marks{{shard, groups}}
+				e.Skip = []marks{{Shard: shard, Groups: groups}}
 			}
 			return true
 		}); err != nil {
@@ -151,9 +151,9 @@ func randomEvent(rng *rand.Rand, n int) func(*groupState, *event) bool {
 				e.Expect = map[string]int64{shard: seen}
 			}
 		case 1:
-			e.Ack = []marks{{shard, []int32{group}}}
+			e.Ack = []marks{{Shard: shard, Groups: []int32{group}}}
 		case 2:
-			e.Skip = []marks{{shard, []int32{group}}}
+			e.Skip = []marks{{Shard: shard, Groups: []int32{group}}}
 			e.Totals = map[string]int32{shard: 8}
 		case 3:
 			e.Release = []string{shard}

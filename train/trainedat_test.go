@@ -3,6 +3,7 @@ package train_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -19,10 +20,17 @@ import (
 // (a reader goroutine ahead of the training loop, as a Flight client's
 // buffer is) and advances one version per batch never trains on a row
 // more than MaxStaleness behind the version that trains it; every group
-// is acknowledged or skipped, once. (No version-lead cap here: the
-// trainer runs ahead of the rollouts' versions on purpose, and the cap
-// judges a member further ahead than it from the cap.)
+// is acknowledged or skipped, once — with no version-lead cap, and with
+// the default one, which the trainer outruns (it is ahead of the newest
+// rollouts: the groups stale at its own version are declined, then
+// settled by it alone).
 func TestStalenessHoldsWhereTrained(t *testing.T) {
+	for _, lead := range []int64{-1, 0} {
+		t.Run(fmt.Sprintf("lead %d", lead), func(t *testing.T) { testStalenessHoldsWhereTrained(t, lead) })
+	}
+}
+
+func testStalenessHoldsWhereTrained(t *testing.T, lead int64) {
 	const maxStale, groups = 1, 48
 	var versions []int64
 	for g := range groups {
@@ -42,7 +50,7 @@ func TestStalenessHoldsWhereTrained(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := train.NewConsumer(ctx, r, obj, train.ConsumerConfig{Config: train.Config{MaxStaleness: maxStale, IncludeFiltered: true},
-		Name: "t", Poll: 10 * time.Millisecond, MaxInflight: 4, MaxVersionLead: -1})
+		Name: "t", Poll: 10 * time.Millisecond, MaxInflight: 4, MaxVersionLead: lead, LeaseTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +93,7 @@ func TestStalenessHoldsWhereTrained(t *testing.T) {
 	if err := c.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d groups trained, %d skipped as stale, trainer at version %d", acked, st.SkippedStale, v)
+	t.Logf("%d groups trained, %d skipped as stale (%d declined first), trainer at version %d", acked, st.SkippedStale, st.DeclinedStale, v)
 	if int64(acked)+st.SkippedStale != groups || acked == 0 || st.SkippedStale == 0 {
 		t.Errorf("acknowledged %d + skipped %d, want %d, both > 0", acked, st.SkippedStale, groups)
 	}

@@ -261,7 +261,7 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 	series := eval[int](t, p, `document.querySelectorAll('svg.chart g.series').length`)
 	points := eval[int](t, p, `document.querySelectorAll('svg.chart .pt, svg.chart .bar').length`)
 	ids := eval[[]string](t, p, `[...document.querySelectorAll('svg.chart')].map(s => s.id)`)
-	wantIDs := []string{"advantage", "dead-letters", "dead-letters-time", "filtered", "filtered-time", "lengths", "loop-age", "loop-staleness", "pass", "reward", "roles", "staleness", "throughput"}
+	wantIDs := []string{"advantage", "dead-letters", "dead-letters-time", "filtered", "filtered-time", "lengths", "loop-age", "loop-stale", "loop-staleness", "pass", "reward", "roles", "staleness", "throughput"}
 	sort.Strings(ids)
 	if strings.Join(ids, ",") != strings.Join(wantIDs, ",") {
 		t.Errorf("charts %v, want %v", ids, wantIDs)

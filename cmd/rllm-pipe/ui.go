@@ -75,18 +75,15 @@ basic-authentication prompt.`,
 	return cmd
 }
 
-func groupProgress(ctx context.Context, obj store.Objects) (int64, int64, error) {
+// groupProgress is a consumer group's progress for the health panel.
+func groupProgress(ctx context.Context, obj store.Objects) (live.GroupProgress, error) {
 	p, err := train.GroupProgress(ctx, obj)
-	return p.GroupsAcked, p.GroupsSkip, err
-}
-
-// groupMembers is a consumer group's members for the health panel.
-func groupMembers(ctx context.Context, obj store.Objects) ([]live.Member, error) {
-	p, err := train.GroupProgress(ctx, obj)
-	out := make([]live.Member, len(p.Members))
+	out := live.GroupProgress{Acked: p.GroupsAcked, Skipped: p.GroupsSkip, Stale: p.GroupsStale, Members: make([]live.Member, len(p.Members))}
 	for i, m := range p.Members {
-		out[i] = live.Member{Name: m.Name, Leased: m.Leased, Batches: m.Batches, PolicyVersion: m.PolicyVersion, Staleness: m.Staleness, LastAck: m.LastAck}
+		out.Members[i] = live.Member{Name: m.Name, Leased: m.Leased, Batches: m.Batches, PolicyVersion: m.PolicyVersion, Staleness: m.Staleness,
+			SkippedStale: m.SkippedStale, LastAck: m.LastAck}
 	}
+	out.StaleByVersion = p.StaleByVersion
 	return out, err
 }
 
@@ -148,7 +145,7 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 		return err
 	}
 	defer r.Close()
-	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, Members: groupMembers, ConsumerGroups: train.ConsumerLogs{}, IngestMetrics: o.ingestMetrics,
+	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, ConsumerGroups: train.ConsumerLogs{}, IngestMetrics: o.ingestMetrics,
 		IngestMetricsToken: strings.TrimSpace(os.Getenv("RLLM_PIPE_METRICS_TOKEN"))})
 	if err := srv.Refresh(ctx); err != nil {
 		return err

@@ -90,7 +90,25 @@ func TestUIConsumerPanel(t *testing.T) {
 		t.Fatalf("the test needs groups skipped as stale in fresh and a lag in trainers")
 	}
 
-	hs := liveServer(t, from, live.Options{Progress: groupProgress, Members: groupMembers})
+	// The same skips through SQL: the stale-skips report sums to them.
+	q = e2eRun(t, bin, work, "sql", "--from", from, "--format", "csv", "--report", "stale-skips")
+	if q.code != 0 {
+		t.Fatalf("sql --report stale-skips: %s", q.stderr)
+	}
+	var staleSQL int64
+	for _, line := range strings.Split(strings.TrimSpace(q.stdout), "\n")[1:] {
+		f := strings.Split(line, ",")
+		if f[0] != "fresh" {
+			t.Errorf("stale-skips row %q: only fresh skipped groups", line)
+		}
+		n, _ := strconv.ParseInt(f[4], 10, 64)
+		staleSQL += n
+	}
+	if staleSQL != runs["fresh"].SkippedStale {
+		t.Errorf("stale-skips report:\n%s\nsums to %d, consume skipped %d", q.stdout, staleSQL, runs["fresh"].SkippedStale)
+	}
+
+	hs := liveServer(t, from, live.Options{Progress: groupProgress})
 	var state live.State
 	if err := json.Unmarshal([]byte(httpBody(t, hs.URL+"/api/state")), &state); err != nil {
 		t.Fatal(err)
@@ -109,8 +127,18 @@ func TestUIConsumerPanel(t *testing.T) {
 		if c.Acked != st.Groups || c.Skipped != skipped || c.Lag != committed-st.Groups-skipped {
 			t.Errorf("consumer %+v; consume acknowledged %d groups and skipped %d of %d committed", c, st.Groups, skipped, committed)
 		}
+		var byVersion int64
+		for _, v := range c.StaleByVersion {
+			byVersion += v.Groups
+			if v.Version >= 3 {
+				t.Errorf("%s: groups of version %d counted stale at policy 3", c.Group, v.Version)
+			}
+		}
+		if c.Stale != st.SkippedStale || byVersion != st.SkippedStale {
+			t.Errorf("%s: %d skipped as stale (%d by version: %+v); consume skipped %d", c.Group, c.Stale, byVersion, c.StaleByVersion, st.SkippedStale)
+		}
 		if len(c.Members) != 1 || c.Members[0].Name != member[c.Group] || c.Members[0].Batches != st.Batches || c.Members[0].PolicyVersion != 3 ||
-			c.Members[0].Staleness != 3-st.lastVersion {
+			c.Members[0].Staleness != 3-st.lastVersion || c.Members[0].SkippedStale != st.SkippedStale {
 			t.Errorf("%s: members %+v; want %s, %d batches, policy 3, staleness %d (its last group's version %d)",
 				c.Group, c.Members, member[c.Group], st.Batches, 3-st.lastVersion, st.lastVersion)
 		}
@@ -123,7 +151,7 @@ func TestUIConsumerPanel(t *testing.T) {
 	for _, g := range []string{"fresh", "trainers"} {
 		st := runs[g]
 		skipped := st.SkippedStale + st.SkippedEmpty
-		want = append(want, fmt.Sprintf("%s|%d|%d|%d|%s (", g, st.Groups, skipped, committed-st.Groups-skipped, member[g]))
+		want = append(want, fmt.Sprintf("%s|%d|%d|%d|%d", g, st.Groups, skipped, committed-st.Groups-skipped, st.SkippedStale))
 	}
 	if len(rows) != 2 || !strings.HasPrefix(rows[0], want[0]) || !strings.HasPrefix(rows[1], want[1]) {
 		t.Errorf("consumer panel %q, want rows starting %q", rows, want)

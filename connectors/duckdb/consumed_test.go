@@ -27,6 +27,25 @@ func (f fakeGroups) Groups(context.Context, store.Reader) ([]string, error) {
 	return out, nil
 }
 
+// StaleSkips counts, per version, the groups of g's batches at that
+// version, as if they had been skipped.
+func (f fakeGroups) StaleSkips(_ context.Context, _ store.Reader, g string) ([]schemas.VersionCount, error) {
+	if f[g] == nil {
+		return nil, errors.New("torn log")
+	}
+	by := map[int64]int64{}
+	for _, b := range f[g] {
+		for _, cg := range b.Groups {
+			by[cg.GroupVersion]++
+		}
+	}
+	var out []schemas.VersionCount
+	for v, n := range by {
+		out = append(out, schemas.VersionCount{Version: v, Groups: n})
+	}
+	return out, nil
+}
+
 func (f fakeGroups) Consumed(_ context.Context, _ store.Reader, g string) ([]schemas.ConsumedBatch, error) {
 	if f[g] == nil {
 		return nil, errors.New("torn log")
@@ -82,6 +101,10 @@ func TestConsumedFromInjectedGroups(t *testing.T) {
 	if want := []string{"trainer|0|5|2|1|null", "trainer|1|6|1|3|null"}; !slices.Equal(got, want) {
 		t.Errorf("training-loop:\n got %q\nwant %q", got, want)
 	}
+	got = queryStrings(t, d, `SELECT concat_ws('|', consumer_group, policy_version, groups) FROM stale_skips`)
+	if want := []string{"trainer|3|1", "trainer|4|1", "trainer|6|1"}; !slices.Equal(got, want) {
+		t.Errorf("stale_skips:\n got %q\nwant %q", got, want)
+	}
 	if !slices.ContainsFunc(d.Warnings(), func(w string) bool { return strings.Contains(w, "broken") && strings.Contains(w, "torn log") }) {
 		t.Errorf("warnings %q: want one naming the unreadable group", d.Warnings())
 	}
@@ -93,5 +116,8 @@ func TestConsumedFromInjectedGroups(t *testing.T) {
 	defer none.Close()
 	if got := queryStrings(t, none, "SELECT count(*)::VARCHAR FROM consumed"); !slices.Equal(got, []string{"0"}) {
 		t.Errorf("consumed without ConsumerGroups: count %q, want 0", got)
+	}
+	if got := queryStrings(t, none, "SELECT count(*)::VARCHAR FROM stale_skips"); !slices.Equal(got, []string{"0"}) {
+		t.Errorf("stale_skips without ConsumerGroups: count %q, want 0", got)
 	}
 }

@@ -73,6 +73,9 @@ type ConsumerGroups interface {
 	// Consumed returns the batches group acknowledged, in the order of
 	// acknowledgement.
 	Consumed(ctx context.Context, r store.Reader, group string) ([]schemas.ConsumedBatch, error)
+	// StaleSkips returns the groups group skipped as stale, by policy
+	// version (the newest versions its log keeps counts for).
+	StaleSkips(ctx context.Context, r store.Reader, group string) ([]schemas.VersionCount, error)
 }
 
 // DB is an in-memory DuckDB with the views over one output root's
@@ -200,6 +203,9 @@ func (d *DB) openLocal(ctx context.Context, root string, o Options) error {
 		if l.consumed, err = d.writeConsumed(ctx, r, dir); err != nil {
 			return err
 		}
+		if l.staleSkips, err = d.staleSkips(ctx, r); err != nil {
+			return err
+		}
 	}
 	return d.define(ctx, l)
 }
@@ -295,6 +301,34 @@ func (d *DB) writeConsumed(ctx context.Context, r store.Reader, dir string) (str
 		return "", fmt.Errorf("duckdb: save consumed: %w", err)
 	}
 	return file, nil
+}
+
+// staleSkips returns the rows of the stale_skips table: every consumer
+// group's stale skips by policy version, as SQL VALUES ("" when none). A
+// group whose log cannot be read is left out with a warning.
+func (d *DB) staleSkips(ctx context.Context, r store.Reader) (string, error) {
+	if d.groups == nil {
+		return "", nil
+	}
+	groups, err := d.groups.Groups(ctx, r)
+	if err != nil {
+		return "", fmt.Errorf("duckdb: consumer groups: %w", err)
+	}
+	var rows []string
+	for _, g := range groups {
+		counts, err := d.groups.StaleSkips(ctx, r, g)
+		if err != nil {
+			if ctx.Err() != nil {
+				return "", ctx.Err()
+			}
+			d.warnf("consumer group %s: its log cannot be read, left out of stale_skips: %v", g, err)
+			continue
+		}
+		for _, c := range counts {
+			rows = append(rows, fmt.Sprintf("(%s, %d::BIGINT, %d::BIGINT)", sqlText(g), c.Version, c.Groups))
+		}
+	}
+	return strings.Join(rows, ",\n  "), nil
 }
 
 // dlMark is a manifest entry's mark on a dead-letter file: the file's
@@ -712,6 +746,9 @@ func (d *DB) openRemote(ctx context.Context, st store.Reader, o Options) error {
 	}
 	l.dlq = kept
 	if l.consumed, err = d.writeConsumed(ctx, st, dir); err != nil {
+		return err
+	}
+	if l.staleSkips, err = d.staleSkips(ctx, st); err != nil {
 		return err
 	}
 	return d.define(ctx, l)

@@ -41,6 +41,7 @@ const (
 	ReportThroughput         = "throughput"
 	ReportRoles              = "roles"
 	ReportTrainingLoop       = "training-loop"
+	ReportStaleSkips         = "stale-skips"
 )
 
 // AdvantageBins is the number of bins of the advantage-histogram report.
@@ -64,6 +65,7 @@ func Reports() []ReportInfo {
 		{ReportThroughput, "per committed shard in commit-time order (ties by seq; shards commit concurrently, so seq order is not time order): committed_at, rows, groups, cumulative rows, and rows per second since the previous commit"},
 		{ReportRoles, "per role ('(none)' when unset): trajectories, mean reward, pass rate, mean response tokens per trajectory"},
 		{ReportTrainingLoop, "per consumer group and train step (acknowledged batch): policy version, groups, largest staleness, and how long after their last trajectory finished at the capture gateway (trajectory metadata finished_at) the groups were acknowledged, p50 and max in seconds (null for groups without it)"},
+		{ReportStaleSkips, "per consumer group and policy version with groups skipped as stale (stale_skips): groups committed, acknowledged and skipped as stale, and the share skipped"},
 	}
 }
 
@@ -109,6 +111,8 @@ func Report(name string, o ReportOptions) (string, error) {
 		return rolesSQL, nil
 	case ReportTrainingLoop:
 		return trainingLoopSQL, nil
+	case ReportStaleSkips:
+		return staleSkipsSQL, nil
 	}
 	var names []string
 	for _, r := range Reports() {
@@ -117,6 +121,18 @@ func Report(name string, o ReportOptions) (string, error) {
 	sort.Strings(names)
 	return "", fmt.Errorf("%w %q (reports: %s)", ErrUnknownReport, name, strings.Join(names, ", "))
 }
+
+const staleSkipsSQL = `WITH committed AS (
+  SELECT group_version AS policy_version, count(*) AS groups FROM groups GROUP BY ALL
+), acked AS (
+  SELECT consumer_group, group_version AS policy_version, count(*) AS groups FROM consumed GROUP BY ALL
+)
+SELECT s.consumer_group, s.policy_version, coalesce(c.groups, 0) AS groups_committed, coalesce(a.groups, 0) AS groups_acked,
+  s.groups AS groups_skipped_stale, round(s.groups / nullif(c.groups, 0), 4) AS share_skipped
+FROM stale_skips s
+LEFT JOIN committed c USING (policy_version)
+LEFT JOIN acked a USING (consumer_group, policy_version)
+ORDER BY s.consumer_group, s.policy_version`
 
 const trainingLoopSQL = `WITH finished AS (
   SELECT group_id, max(TRY_CAST(json_extract_string(trajectory_metadata, '$.finished_at') AS TIMESTAMPTZ)) AS finished_at

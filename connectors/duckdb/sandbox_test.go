@@ -226,7 +226,7 @@ func TestSandboxRefusesEscapes(t *testing.T) {
 	for _, r := range Reports() {
 		// The training loop's rows are a consumer group's: none here (the
 		// report runs all the same: reportRows fails on an error).
-		if rows := reportRows(t, d, r.Name); (len(rows) == 0 || rows[0] == "") && r.Name != ReportTrainingLoop {
+		if rows := reportRows(t, d, r.Name); (len(rows) == 0 || rows[0] == "") && r.Name != ReportTrainingLoop && r.Name != ReportStaleSkips {
 			t.Errorf("report %s: no rows", r.Name)
 		}
 	}

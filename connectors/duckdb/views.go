@@ -65,6 +65,8 @@ type layout struct {
 	// consumed is the file of the consumed rows (JSON lines, written by
 	// Go from the consumer groups' logs); "" when there are none.
 	consumed string
+	// staleSkips are the stale_skips rows, as SQL VALUES ("" when none).
+	staleSkips string
 	// snap, when set, is the compaction snapshot holding the shards
 	// table's first rows: shards then lists only the snapshot's shards
 	// read from their own files (fromSnap) and the shards after it, and
@@ -101,6 +103,7 @@ const (
 	ViewDeadLetters  = "dead_letters"
 	ViewDLCommits    = "dead_letter_commits"
 	ViewConsumed     = "consumed"
+	ViewStaleSkips   = "stale_skips"
 )
 
 func (l *layout) views() ([]View, error) {
@@ -119,7 +122,16 @@ func (l *layout) views() ([]View, error) {
 		{ViewDLCommits, "per manifest entry (seq, committed_at), dead-letter file and reason: the dead letters that entry committed " +
 			"(a line belongs to the first entry whose mark on its file covers it)", l.deadLetterCommitsSQL()},
 		{ViewConsumed, "one row per group of each batch a consumer group acknowledged (train_step: the batch's place in the group's acknowledgements, from 0); staleness = policy_version - group_version, 0 when the group is newer (as the consumer counts it); a table read when opened", l.consumedSQL()},
+		{ViewStaleSkips, "per consumer group and policy version, the groups it skipped as staler than its --max-staleness (rollouts thrown away), as its log counts them (the newest 256 versions); a table read when opened", l.staleSkipsSQL()},
 	}, nil
+}
+
+// staleSkipsSQL makes the stale_skips table, its rows in the statement.
+func (l *layout) staleSkipsSQL() string {
+	if l.staleSkips == "" {
+		return "CREATE OR REPLACE TABLE stale_skips AS\nSELECT NULL::VARCHAR AS consumer_group, NULL::BIGINT AS policy_version, NULL::BIGINT AS groups WHERE false;\n"
+	}
+	return "CREATE OR REPLACE TABLE stale_skips AS\nSELECT * FROM (VALUES\n  " + l.staleSkips + "\n) AS t(consumer_group, policy_version, groups)\nORDER BY consumer_group, policy_version;\n"
 }
 
 // sqlString quotes s as a SQL string literal.

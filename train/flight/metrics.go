@@ -3,6 +3,8 @@ package flight
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -24,6 +26,10 @@ func (m *member) stall(now time.Time) float64 {
 	}
 	return float64(idle) / float64(wall)
 }
+
+// staleVersionsShown is how many policy versions of stale skips /metrics
+// shows per consumer (the newest).
+const staleVersionsShown = 16
 
 // WriteMetrics writes the server's metrics in Prometheus' text format:
 // per consumer (streaming now, or ended and remembered) its batches,
@@ -69,6 +75,16 @@ func (s *Server) WriteMetrics(w io.Writer) {
 	metric("rllm_serve_groups_acked_total", "counter", "Groups acknowledged.", func(r row) (float64, bool) { return float64(r.st.GroupsAcked), true })
 	metric("rllm_serve_groups_skipped_stale_total", "counter", "Groups skipped as staler than --max-staleness (rollouts thrown away).",
 		func(r row) (float64, bool) { return float64(r.st.SkippedStale), true })
+	metric("rllm_serve_groups_declined_stale_total", "counter", "Groups left to other members: staler than --max-staleness at the member's own version, within it at the capped one (--max-version-lead).",
+		func(r row) (float64, bool) { return float64(r.st.DeclinedStale), true })
+	fmt.Fprintf(w, "# HELP rllm_serve_groups_skipped_stale_by_version Groups skipped as stale, by their policy version (the newest %d versions per consumer).\n# TYPE rllm_serve_groups_skipped_stale_by_version counter\n", staleVersionsShown)
+	for _, n := range names {
+		by := rows[n].st.StaleByVersion
+		vs := slices.Sorted(maps.Keys(by))
+		for _, v := range vs[max(0, len(vs)-staleVersionsShown):] {
+			fmt.Fprintf(w, "rllm_serve_groups_skipped_stale_by_version{consumer=%q,version=\"%d\"} %d\n", n, v, by[v])
+		}
+	}
 	metric("rllm_serve_policy_version", "gauge", "The trainer's policy version, as it reported it.", func(r row) (float64, bool) { return float64(r.st.PolicyVersion), true })
 	metric("rllm_serve_data_stall_ratio", "gauge", "Share of a streaming member's time with no batch in flight: its trainer waiting for data.",
 		func(r row) (float64, bool) { return r.stall, r.live })

@@ -86,6 +86,10 @@ func Charts(d *Data, link Linker) []*Chart {
 	out = append(out, &Chart{ID: "loop-age", Title: "Age of the groups when acknowledged, per train step", XLabel: "train step (acknowledged batch)",
 		YLabel: "seconds from finished at the gateway (p50)", Kind: KindLine, YZero: true,
 		Series: reasonSeries(tl, "train_step", "consumer_group", "ack_age_p50_s", nil), Note: "no acknowledged group has a finish time from the capture gateway"})
+	ss := d.Tables[duckdb.ReportStaleSkips]
+	out = append(out, &Chart{ID: "loop-stale", Title: "Groups skipped as stale (rollouts thrown away), by policy version", XLabel: "policy version",
+		YLabel: "groups skipped as stale", Kind: KindLine, YZero: true,
+		Series: reasonSeries(ss, "policy_version", "consumer_group", "groups_skipped_stale", nil), Note: "no consumer group skipped a group as stale"})
 
 	ro := d.Tables[duckdb.ReportRoles]
 	if hasRoles(ro) {

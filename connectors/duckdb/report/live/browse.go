@@ -521,9 +521,10 @@ async function tick(){
       ' · '+st.commits_per_minute.toFixed(1)+' commits/min (last 10 min)</p>';
     if(st.pending_entries>0){h+='<p class="meta" id="pending">'+st.pending_entries+' manifest entries committed since the charts were drawn; they refresh in about '+
       Math.ceil(st.rebuild_in_seconds)+' s (at most every '+st.rebuild_factor+'× the last rebuild, '+st.rebuild_seconds.toFixed(1)+' s)</p>';}
-    if(st.consumers.length){h+='<table id="consumers"><tr><th>consumer group</th><th>acknowledged</th><th>skipped</th><th>lag (groups)</th><th>members (shards held · policy at last ack · staleness)</th></tr>';
-      for(const c of st.consumers){h+='<tr><td>'+esc(c.group)+'</td><td>'+c.groups_acked+'</td><td>'+c.groups_skipped+'</td><td>'+c.lag_groups+'</td><td>'+
-        (c.members||[]).map(m=>esc(m.name)+' ('+m.shards_leased+' · v'+m.policy_version+' · '+m.staleness+')').join(', ')+'</td></tr>';}
+    if(st.consumers.length){h+='<table id="consumers"><tr><th>consumer group</th><th>acknowledged</th><th>skipped</th><th>lag (groups)</th><th>skipped as stale (newest versions)</th><th>members (shards held · policy at last ack · staleness · skipped stale)</th></tr>';
+      for(const c of st.consumers){h+='<tr><td>'+esc(c.group)+'</td><td>'+c.groups_acked+'</td><td>'+c.groups_skipped+'</td><td>'+c.lag_groups+'</td><td>'+c.groups_skipped_stale+
+        ((c.skipped_stale_by_version||[]).length?' ('+c.skipped_stale_by_version.slice(-8).map(x=>'v'+x.version+': '+x.groups).join(', ')+')':'')+'</td><td>'+
+        (c.members||[]).map(m=>esc(m.name)+' ('+m.shards_leased+' · v'+m.policy_version+' · '+m.staleness+' · '+m.groups_skipped_stale+')').join(', ')+'</td></tr>';}
       h+='</table>';} else {h+='<p class="meta">no consumer group yet</p>';}
     health.innerHTML=h;
     const ing=document.getElementById('ingest');

@@ -28,11 +28,22 @@ import (
 )
 
 // Progress reads a consumer group's progress (train.GroupProgress).
-type Progress func(ctx context.Context, obj store.Objects) (acked, skipped int64, err error)
+type Progress func(ctx context.Context, obj store.Objects) (GroupProgress, error)
 
-// Members reads a consumer group's members (train.GroupProgress's
-// Members).
-type Members func(ctx context.Context, obj store.Objects) ([]Member, error)
+// GroupProgress is what a consumer group's log says it consumed.
+type GroupProgress struct {
+	Acked   int64 `json:"groups_acked"`
+	Skipped int64 `json:"groups_skipped"`
+	// Stale counts the skipped groups that were stale, StaleByVersion
+	// by their policy version.
+	Stale          int64          `json:"groups_skipped_stale"`
+	StaleByVersion []VersionCount `json:"skipped_stale_by_version"`
+	// Members are every member name seen.
+	Members []Member `json:"members"`
+}
+
+// VersionCount is a number of groups of one policy version.
+type VersionCount = schemas.VersionCount
 
 // Member is one member of a consumer group: the shards it holds now and
 // its last acknowledgement.
@@ -42,6 +53,7 @@ type Member struct {
 	Batches       int64     `json:"batches_acked"`
 	PolicyVersion int64     `json:"policy_version"` // at its last acknowledgement
 	Staleness     int64     `json:"staleness"`      // the largest in that batch
+	SkippedStale  int64     `json:"groups_skipped_stale"`
 	LastAck       time.Time `json:"last_ack,omitzero"`
 }
 
@@ -64,8 +76,6 @@ type Options struct {
 	K []int
 	// Progress reads consumer groups' progress; nil: no consumer groups.
 	Progress Progress
-	// Members reads consumer groups' members; nil: none shown.
-	Members Members
 	// ConsumerGroups reads the consumer groups' logs for the consumed
 	// view (duckdb.Options.ConsumerGroups); nil: consumed stays empty.
 	ConsumerGroups duckdb.ConsumerGroups
@@ -386,13 +396,10 @@ func (s *Server) charts(w http.ResponseWriter, _ *http.Request) {
 
 // Consumer is a consumer group's progress.
 type Consumer struct {
-	Group   string `json:"group"`
-	Acked   int64  `json:"groups_acked"`
-	Skipped int64  `json:"groups_skipped"`
-	Lag     int64  `json:"lag_groups"` // committed groups not yet acknowledged or skipped
-	// Members, with Options.Members: every member name seen.
-	Members []Member `json:"members"`
-	Error   string   `json:"error,omitempty"`
+	Group string `json:"group"`
+	GroupProgress
+	Lag   int64  `json:"lag_groups"` // committed groups not yet acknowledged or skipped
+	Error string `json:"error,omitempty"`
 }
 
 // State is /api/state.
@@ -472,16 +479,19 @@ func (s *Server) consumers(ctx context.Context, committed int64) []Consumer {
 			continue
 		}
 		seen[g] = true
-		c := Consumer{Group: g, Members: []Member{}}
+		c := Consumer{Group: g}
 		obj, err := s.r.Objects(store.ConsumersDir + "/" + g)
 		if err == nil {
-			c.Acked, c.Skipped, err = s.o.Progress(ctx, obj)
-		}
-		if err == nil && s.o.Members != nil {
-			c.Members, err = s.o.Members(ctx, obj)
+			c.GroupProgress, err = s.o.Progress(ctx, obj)
 		}
 		if err != nil {
 			c.Error = err.Error()
+		}
+		if c.Members == nil {
+			c.Members = []Member{}
+		}
+		if c.StaleByVersion == nil {
+			c.StaleByVersion = []VersionCount{}
 		}
 		c.Lag = max(0, committed-c.Acked-c.Skipped)
 		out = append(out, c)
