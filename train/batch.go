@@ -27,14 +27,22 @@ type Config struct {
 	// every row. A group larger than the budget is a batch of its own
 	// (Batch.Oversized). Zero means one group per batch.
 	MaxTokens int64
-	// BatchGroups, if set, makes every batch exactly this many groups (a
-	// trainer's groups per step: verl's train_batch_size in prompts),
-	// waiting for them; MaxTokens must be 0 then. A batch is delivered
-	// short (counted: Counters.ShortBatches) only at the end of the input
-	// (a consumer that does not follow) or once its first group has
-	// waited BatchWait (0: never).
+	// BatchGroups, if set, makes every trainer step exactly this many
+	// groups (verl's train_batch_size in prompts), waiting for them. A
+	// step is delivered short (counted: Counters.ShortBatches) only at the
+	// end of the input (a consumer that does not follow) or once its first
+	// group has waited BatchWait (0: never). With MaxTokens too, the
+	// budget caps each batch: a step over it is split into several
+	// batches of whole groups (Batch.StepPart), never truncated.
 	BatchGroups int
 	BatchWait   time.Duration
+	// GroupMultiple, if set, makes the number of groups of every batch
+	// a multiple of it (the data-parallel world size, at the group level):
+	// BatchGroups must be a multiple of it; without BatchGroups a batch
+	// the token budget closes keeps the largest multiple that fits and
+	// carries the rest over. Only a short batch (the end of the input, or
+	// BatchWait) may break it.
+	GroupMultiple int
 	// IncludeFiltered keeps rows that a filter marked (filter_reason).
 	IncludeFiltered bool
 	// Batch, if set, recomputes advantage over each batch (REINFORCE++
@@ -94,6 +102,21 @@ type Batch struct {
 	// capture gateway, in Groups' order (zero: unknown, as for records
 	// not captured by it): freshness is delivery time minus it.
 	Finished []time.Time
+	// StepPart places the batch in its trainer step.
+	StepPart StepPart
+}
+
+// StepPart places a batch in its trainer step. With Config.BatchGroups
+// and MaxTokens both set, a step of BatchGroups groups over the token
+// budget is split into Parts batches of whole groups, delivered one after
+// another (Part 0 first): the trainer accumulates them into one optimizer
+// step and acknowledges each. Otherwise a step is one batch (Parts 1).
+type StepPart struct {
+	// Step numbers a Consumer's steps from 1 (0 from a Reader).
+	Step   uint64 `json:"step"`
+	Part   int    `json:"part"`
+	Parts  int    `json:"parts"`
+	Groups int    `json:"groups"` // the step's
 }
 
 // Counters are the reader's tallies.
@@ -109,9 +132,12 @@ type Counters struct {
 	Oversized       int64 `json:"oversized_batches"`
 	// SkippedEmpty counts groups left with no row after filtering.
 	SkippedEmpty int64 `json:"groups_skipped_empty"`
-	// ShortBatches counts batches delivered with fewer than BatchGroups
+	// ShortBatches counts steps delivered with fewer than BatchGroups
 	// groups (the end of the input, or BatchWait).
 	ShortBatches int64 `json:"short_batches"`
+	// SplitSteps counts steps the token budget split into several
+	// batches (Batch.StepPart).
+	SplitSteps int64 `json:"split_steps"`
 }
 
 // former gathers admitted groups into batches within the token budget.
@@ -179,6 +205,27 @@ func (f *former) fits(g *group) bool {
 	return len(f.pending) == 0 || (f.cfg.MaxTokens > 0 && f.tokens+g.tokens <= f.cfg.MaxTokens)
 }
 
+// splits reports whether a step may be split by the token budget.
+func (f *former) splits() bool { return f.cfg.BatchGroups > 0 && f.cfg.MaxTokens > 0 }
+
+// cut says how many of the pending groups the batch formed now leaves for
+// the next (GroupMultiple without BatchGroups: those over the largest
+// multiple), and whether the batch is short (fewer than BatchGroups, or
+// than GroupMultiple). Only after ready.
+func (f *former) cut() (carry int, short bool) {
+	n := len(f.pending)
+	if f.cfg.BatchGroups > 0 {
+		return 0, n < f.cfg.BatchGroups
+	}
+	if m := f.cfg.GroupMultiple; m > 1 {
+		if n < m {
+			return 0, true
+		}
+		return n % m, false
+	}
+	return 0, false
+}
+
 func (f *former) add(g *group) {
 	if len(f.pending) == 0 {
 		f.since = time.Now()
@@ -197,13 +244,16 @@ func (f *former) full() bool {
 // one, or any without BatchGroups, or a short one when short is allowed
 // (the end of the input) or BatchWait has passed.
 func (f *former) ready(short bool) bool {
+	n := len(f.pending)
 	switch {
-	case len(f.pending) == 0:
+	case n == 0:
 		return false
-	case f.cfg.BatchGroups == 0 || f.full() || short:
+	case f.full() || short || (f.cfg.BatchWait > 0 && time.Since(f.since) >= f.cfg.BatchWait):
 		return true
+	case f.cfg.BatchGroups > 0:
+		return false
 	}
-	return f.cfg.BatchWait > 0 && time.Since(f.since) >= f.cfg.BatchWait
+	return n >= max(f.cfg.GroupMultiple, 1)
 }
 
 // holds reports whether a pending group is of shard p.
@@ -211,20 +261,143 @@ func (f *former) holds(p string) bool {
 	return slices.ContainsFunc(f.pending, func(g *group) bool { return g.shard == p })
 }
 
-// take forms one batch of the pending groups (nil when none) and hands
-// them back; the caller releases them.
-func (f *former) take() (*Batch, []*group, error) {
+// take forms the pending groups into one step (nil when none): one batch,
+// or, when split and the token budget splits steps (splits), as many
+// batches of whole groups as the budget makes (a group alone over it is
+// a batch of its own). It hands back each batch's groups; the caller
+// releases them. A batch estimator sees the whole step. carry groups at
+// the end stay pending (GroupMultiple).
+func (f *former) take(split bool, carry int) ([]*Batch, [][]*group, error) {
 	if len(f.pending) == 0 {
 		return nil, nil, nil
 	}
-	groups := f.pending
-	f.pending, f.tokens = nil, 0
+	groups := f.pending[:len(f.pending)-carry]
+	f.pending = slices.Clone(f.pending[len(f.pending)-carry:])
+	f.tokens = 0
+	for _, g := range f.pending {
+		f.tokens += g.tokens
+	}
+	if carry > 0 {
+		f.since = time.Now()
+	}
+	parts := [][]*group{groups}
+	if split && f.splits() {
+		parts = f.split(groups)
+	}
+	var out []*Batch
+	fail := func(err error) ([]*Batch, [][]*group, error) {
+		for _, b := range out {
+			b.Record.Release()
+		}
+		return nil, parts, err
+	}
+	if len(parts) > 1 && f.cfg.Batch != nil {
+		recs, err := f.estimatedParts(groups, parts)
+		if err != nil {
+			return fail(err)
+		}
+		for i, r := range recs {
+			out = append(out, f.done(batchOf(parts[i]), parts[i], r.rec, r.steps))
+			out[i].Merge = r.merge
+		}
+	} else {
+		for _, p := range parts {
+			b, err := f.one(p)
+			if err != nil {
+				return fail(err)
+			}
+			out = append(out, b)
+		}
+	}
+	for i, b := range out {
+		b.StepPart = StepPart{Part: i, Parts: len(out), Groups: len(groups)}
+	}
+	if len(out) > 1 {
+		f.counters.SplitSteps++
+	}
+	return out, parts, nil
+}
+
+// split cuts a step's groups into runs within the token budget.
+func (f *former) split(groups []*group) [][]*group {
+	var parts [][]*group
+	var cur []*group
+	var tokens int64
+	for _, g := range groups {
+		if len(cur) > 0 && tokens+g.tokens > f.cfg.MaxTokens {
+			parts, cur, tokens = append(parts, cur), nil, 0
+		}
+		cur = append(cur, g)
+		tokens += g.tokens
+	}
+	return append(parts, cur)
+}
+
+// batchOf is a Batch's group fields for groups.
+func batchOf(groups []*group) *Batch {
 	b := &Batch{}
 	for _, g := range groups {
 		b.Groups = append(b.Groups, g.key)
 		b.Finished = append(b.Finished, g.finished)
 		b.Tokens += g.tokens
 	}
+	return b
+}
+
+// partRec is one part of a step: its record, its step rows and its merge.
+type partRec struct {
+	rec   arrow.RecordBatch
+	steps int64
+	merge *merge.Stats
+}
+
+// estimatedParts runs the batch estimator over the whole step, then cuts
+// its rows into the parts' (and merges each, with LayoutTrajectories).
+func (f *former) estimatedParts(groups []*group, parts [][]*group) ([]partRec, error) {
+	joined := joinedParts(groups)
+	rec, err := concat(f.mem, joined)
+	for _, p := range joined {
+		p.Release()
+	}
+	if err != nil {
+		return nil, err
+	}
+	est, err := applyBatchEstimator(f.mem, f.cfg.Batch, rec)
+	rec.Release()
+	if err != nil {
+		return nil, err
+	}
+	defer est.Release()
+	var out []partRec
+	var lo int64
+	for _, p := range parts {
+		var n int64
+		for _, g := range p {
+			for _, r := range g.parts {
+				n += r.NumRows()
+			}
+		}
+		pr := partRec{rec: est.NewSlice(lo, lo+n), steps: n}
+		lo += n
+		if f.cfg.Layout == LayoutTrajectories {
+			m, st, err := merge.Rows(f.mem, pr.rec)
+			pr.rec.Release()
+			if err != nil {
+				for _, o := range out {
+					o.rec.Release()
+				}
+				return nil, fmt.Errorf("train: %w", err)
+			}
+			pr.rec, pr.merge = m, &st
+		}
+		out = append(out, pr)
+	}
+	return out, nil
+}
+
+// one forms one batch of groups.
+func (f *former) one(groups []*group) (*Batch, error) {
+	b := batchOf(groups)
 	parts := joinedParts(groups)
 	defer func() {
 		for _, p := range parts {
@@ -235,20 +408,20 @@ func (f *former) take() (*Batch, []*group, error) {
 		// Merged straight from the groups' parts, deltas and all.
 		rec, st, err := merge.RowsOf(f.mem, parts, !f.cfg.IncludeFiltered)
 		if err != nil {
-			return nil, groups, fmt.Errorf("train: %w", err)
+			return nil, fmt.Errorf("train: %w", err)
 		}
 		b.Merge = &st
-		return f.done(b, groups, rec, st.Steps), groups, nil
+		return f.done(b, groups, rec, st.Steps), nil
 	}
 	rec, err := concat(f.mem, parts)
 	if err != nil {
-		return nil, groups, err
+		return nil, err
 	}
 	if f.cfg.Batch != nil {
 		out, err := applyBatchEstimator(f.mem, f.cfg.Batch, rec)
 		rec.Release()
 		if err != nil {
-			return nil, groups, err
+			return nil, err
 		}
 		rec = out
 	}
@@ -257,11 +430,11 @@ func (f *former) take() (*Batch, []*group, error) {
 		out, st, err := merge.Rows(f.mem, rec)
 		rec.Release()
 		if err != nil {
-			return nil, groups, fmt.Errorf("train: %w", err)
+			return nil, fmt.Errorf("train: %w", err)
 		}
 		rec, b.Merge = out, &st
 	}
-	return f.done(b, groups, rec, steps), groups, nil
+	return f.done(b, groups, rec, steps), nil
 }
 
 // done completes b with its record of rows, made of steps step rows, and
@@ -325,13 +498,26 @@ func NewReader(cfg Config) *Reader {
 func (r *Reader) ReadShards(ctx context.Context, paths []string, emit func(Batch) error) error {
 	f := &former{cfg: &r.cfg, mem: r.mem, counters: &r.Counters}
 	defer f.discard()
-	flush := func() error {
-		b, groups, err := f.take()
-		releaseGroups(groups)
-		if err != nil || b == nil {
-			return err
+	flush := func(end bool) error {
+		if !f.ready(end) {
+			return nil
 		}
-		return emit(*b)
+		carry, short := f.cut()
+		if short {
+			r.Counters.ShortBatches++
+		}
+		bs, parts, err := f.take(true, carry)
+		for _, p := range parts {
+			releaseGroups(p)
+		}
+		for i, b := range bs {
+			if err == nil {
+				err = emit(*b)
+			} else {
+				bs[i].Record.Release()
+			}
+		}
+		return err
 	}
 	for _, p := range paths {
 		rd, err := parquet.OpenFile(ctx, p, r.cfg.shardColumns(), r.mem)
@@ -351,7 +537,7 @@ func (r *Reader) ReadShards(ctx context.Context, paths []string, emit func(Batch
 					continue
 				}
 				if !f.fits(g) {
-					if err := flush(); err != nil {
+					if err := flush(false); err != nil {
 						g.release()
 						return err
 					}
@@ -363,7 +549,12 @@ func (r *Reader) ReadShards(ctx context.Context, paths []string, emit func(Batch
 			return err
 		}
 	}
-	return flush()
+	for len(f.pending) > 0 {
+		if err := flush(true); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func releaseGroups(groups []*group) {

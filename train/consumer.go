@@ -161,8 +161,12 @@ type Consumer struct {
 	// acknowledgements, then is judged again (Next).
 	heldGroup *group
 	form      *former
-	cur       *shardReader
-	curDone   map[int32]bool // groups of cur settled before it was leased
+	// queued are the parts of the step being delivered not handed out
+	// yet; step numbers the steps (StepPart.Step).
+	queued  []queuedPart
+	step    uint64
+	cur     *shardReader
+	curDone map[int32]bool // groups of cur settled before it was leased
 	// entries are the manifest's shards from the base-th on: from the
 	// group's low watermark when the member started (Shards that can
 	// follow; else from the first), less those dropped behind it since.
@@ -186,6 +190,7 @@ type Consumer struct {
 	stats    Stats
 	ages     ageHist // of the groups delivered (Stats.Freshness), under mu
 	inflight map[uint64][]marks
+	stepOf   map[uint64]uint64     // the inflight batches' steps
 	audit    map[uint64]auditBatch // the inflight batches' groups, in order
 	done     map[uint64]AckResult  // recent acknowledgements, for repeats
 	doneIDs  []uint64              // their order, oldest first
@@ -269,7 +274,7 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	}
 	c := &Consumer{
 		cfg: cfg, shards: shards, coord: coord, mem: mem, watch: map[string]leaseWatch{}, declined: map[string]*declinedShard{},
-		inflight: map[uint64][]marks{}, audit: map[uint64]auditBatch{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
+		inflight: map[uint64][]marks{}, stepOf: map[uint64]uint64{}, audit: map[uint64]auditBatch{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
 		skips: map[skipKey]skipNote{}, totals: map[string]int32{},
 		acked: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
 		// Batch ids start at random, so that an acknowledgement meant for an
@@ -322,7 +327,7 @@ func (c *Consumer) trainedAt() int64 { return c.ahead(c.judged()) }
 func (c *Consumer) ownTrainedAt() int64 { return c.ahead(c.policy.Load()) }
 
 func (c *Consumer) ahead(v int64) int64 {
-	ahead := int64(len(c.inflight)) * c.cfg.VersionsPerBatch
+	ahead := int64(c.stepsInflight()) * c.cfg.VersionsPerBatch
 	return min(v, MaxPolicyVersion) + min(ahead, MaxPolicyVersion) // both ≤ 2^53: no overflow
 }
 
@@ -384,6 +389,12 @@ func (c *Consumer) Next(ctx context.Context) (*Delivery, error) {
 		return c.nextReplayed(ctx)
 	}
 	for {
+		if len(c.queued) > 0 {
+			// The rest of a step: it trains with the parts delivered.
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.nextQueued(), nil
+		}
 		if err := c.waitInflight(ctx); err != nil {
 			return nil, err
 		}
@@ -477,14 +488,73 @@ func (c *Consumer) deliver(short bool) (*Delivery, error) {
 	if !c.form.ready(short) {
 		return nil, nil
 	}
-	if c.cfg.BatchGroups > 0 && !c.form.full() {
+	carry, isShort := c.form.cut()
+	if isShort {
 		c.stats.ShortBatches++
 	}
-	b, groups, err := c.form.take()
-	defer releaseGroups(groups)
-	if err != nil || b == nil {
+	bs, parts, err := c.form.take(true, carry)
+	defer func() {
+		for _, p := range parts {
+			releaseGroups(p)
+		}
+	}()
+	if err != nil || len(bs) == 0 {
 		return nil, err
 	}
+	c.step++
+	for i, b := range bs {
+		b.StepPart.Step = c.step
+		c.queued = append(c.queued, queuedPart{b: b, marks: marksOf(parts[i]), audit: consumedGroups(parts[i])})
+	}
+	return c.nextQueued(), nil
+}
+
+// queuedPart is a batch formed and not yet delivered: the parts of a step
+// after the first (StepPart).
+type queuedPart struct {
+	b     *Batch
+	marks []marks
+	audit auditBatch
+}
+
+// nextQueued delivers the first queued part. c.mu held.
+func (c *Consumer) nextQueued() *Delivery {
+	q := c.queued[0]
+	c.queued[0] = queuedPart{}
+	c.queued = c.queued[1:]
+	c.nextID++
+	c.inflight[c.nextID] = q.marks
+	c.audit[c.nextID] = q.audit
+	c.stepOf[c.nextID] = q.b.StepPart.Step
+	for _, age := range q.b.Ages(time.Now()) {
+		if age >= 0 {
+			c.ages.add(age)
+		}
+	}
+	return &Delivery{ID: c.nextID, Batch: *q.b}
+}
+
+// discardQueued releases the parts formed and not delivered (their groups
+// go back unsettled).
+func (c *Consumer) discardQueued() {
+	for _, q := range c.queued {
+		q.b.Record.Release()
+	}
+	c.queued = nil
+}
+
+// stepsInflight counts the steps of the batches delivered and not yet
+// acknowledged (the parts of one step train together). c.mu held.
+func (c *Consumer) stepsInflight() int {
+	steps := make(map[uint64]bool, len(c.stepOf))
+	for _, s := range c.stepOf {
+		steps[s] = true
+	}
+	return len(steps)
+}
+
+// marksOf are groups' ordinals by shard, shards in first-seen order.
+func marksOf(groups []*group) []marks {
 	by := map[string][]int32{}
 	var order []string
 	for _, g := range groups {
@@ -497,15 +567,7 @@ func (c *Consumer) deliver(short bool) (*Delivery, error) {
 	for _, s := range order {
 		ms = append(ms, marks{Shard: s, Groups: by[s]})
 	}
-	c.nextID++
-	c.inflight[c.nextID] = ms
-	c.audit[c.nextID] = consumedGroups(groups)
-	for _, age := range b.Ages(time.Now()) {
-		if age >= 0 {
-			c.ages.add(age)
-		}
-	}
-	return &Delivery{ID: c.nextID, Batch: *b}, nil
+	return ms
 }
 
 // skip settles g unread (stale: as stale). c.mu held.
@@ -604,6 +666,7 @@ func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	c.mu.Lock()
 	c.clearMarks(skips, totals)
 	delete(c.inflight, id)
+	delete(c.stepOf, id)
 	delete(c.audit, id)
 	c.done[id] = res
 	c.doneIDs = append(c.doneIDs, id)
@@ -765,6 +828,11 @@ func (c *Consumer) releaseDeclined(ctx context.Context) error {
 	busy := map[string]bool{}
 	for _, ms := range c.inflight {
 		for _, m := range ms {
+			busy[m.Shard] = true
+		}
+	}
+	for _, q := range c.queued {
+		for _, m := range q.marks {
 			busy[m.Shard] = true
 		}
 	}
@@ -1062,7 +1130,7 @@ func (c *Consumer) allDone() bool {
 func (c *Consumer) waitInflight(ctx context.Context) error {
 	for {
 		c.mu.Lock()
-		n := len(c.inflight)
+		n := c.stepsInflight()
 		c.mu.Unlock()
 		if n < c.cfg.MaxInflight {
 			return nil
@@ -1165,6 +1233,7 @@ func (c *Consumer) Close(ctx context.Context) error {
 	c.closeCur()
 	c.closeReplay()
 	c.form.discard()
+	c.discardQueued()
 	skips, totals := c.pendingMarks()
 	return c.coord.append(ctx, func(st *groupState, e *event) bool {
 		for p, s := range st.Shards {
@@ -1195,6 +1264,7 @@ func (c *Consumer) abandon() {
 	c.closeCur()
 	c.closeReplay()
 	c.form.discard()
+	c.discardQueued()
 }
 
 // randomID is a random start for batch ids, below 2^53 so that every

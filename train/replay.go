@@ -274,17 +274,23 @@ func (c *Consumer) deliverPlanned(ctx context.Context, shard string, planned Con
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b, groups, err := f.take()
-	releaseGroups(groups)
-	if err != nil || b == nil {
+	bs, parts, err := f.take(false, 0)
+	for _, p := range parts {
+		releaseGroups(p)
+	}
+	if err != nil || len(bs) == 0 {
 		return nil, fmt.Errorf("train: replay batch %s: %w", shard, err)
 	}
+	b := bs[0]
+	c.step++
+	b.StepPart.Step = c.step
 	ords := make([]int32, len(planned.Groups))
 	for j := range ords {
 		ords[j] = int32(j)
 	}
 	c.nextID++
 	c.inflight[c.nextID] = []marks{{Shard: shard, Groups: ords}}
+	c.stepOf[c.nextID] = c.step
 	c.audit[c.nextID] = a
 	return &Delivery{ID: c.nextID, Batch: *b}, nil
 }

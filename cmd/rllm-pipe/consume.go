@@ -87,7 +87,7 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 			if err != nil {
 				return err
 			}
-			c, err := o.join(store.WithRetryStop(cmd.Context(), soft.Done()), st, o.name, nil)
+			c, err := o.join(store.WithRetryStop(cmd.Context(), soft.Done()), st, o.name, nil, 0)
 			if err != nil {
 				return err
 			}

@@ -27,8 +27,8 @@ type serveGroup struct {
 	st store.Reader
 }
 
-func (g serveGroup) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {
-	return g.o.join(ctx, g.st, name, pv)
+func (g serveGroup) Join(ctx context.Context, name string, t trainflight.Ticket) (*train.Consumer, error) {
+	return g.o.join(ctx, g.st, name, t.PolicyVersion, t.BatchGroups)
 }
 
 // serveOpts are serve's own flags: security and limits of the endpoint.

@@ -31,6 +31,7 @@ type trainOpts struct {
 	maxInflight      int
 	versionsPerBatch int64
 	batchGroups      int
+	groupMultiple    int
 	batchWait        time.Duration
 	follow           bool
 	poll             time.Duration
@@ -44,14 +45,15 @@ func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
 	f.Int64Var(&o.policyVersion, "policy-version", 0, "the trainer's current policy version (updatable through the API)")
 	f.Int64Var(&o.maxStaleness, "max-staleness", -1, "skip groups more than this many versions behind --policy-version (-1: no bound)")
 	f.Int64Var(&o.maxVersionLead, "max-version-lead", train.DefaultMaxVersionLead, "staleness is judged against the member's policy version capped at the newest committed group version plus this lead, so that a member far ahead (or lying) cannot pass the group's data over as stale (-1: no cap)")
-	f.Int64Var(&o.maxTokens, "max-tokens", 0, "token budget of a batch, prompt and response tokens (0: one group per batch)")
+	f.Int64Var(&o.maxTokens, "max-tokens", 0, "token budget of a batch, prompt and response tokens (0: one group per batch); with --batch-groups a cap that splits a step into several batches of whole groups")
 	f.BoolVar(&o.includeFiltered, "include-filtered", false, "deliver rows a filter marked (filter_reason)")
 	f.StringVar(&o.batchEstimator, "batch-estimator", "", "recompute advantage over each batch: reinforce_plus_plus_baseline, prpo, batch_std")
 	f.StringVar(&o.compat, "compat", "rllm", "numerical conventions of --batch-estimator: rllm, verl, trl")
 	f.StringVar(&o.layout, "layout", "steps", "rows of a batch: steps (one per step, the shard schema) or trajectories (the steps of a trajectory that extend each other merged into one row, as rLLM's verl backend trains on; --max-tokens counts merged rows)")
 	f.DurationVar(&o.leaseTimeout, "lease-timeout", 30*time.Second, "a crashed member's shards go to another member after this")
-	f.IntVar(&o.batchGroups, "batch-groups", 0, "every batch exactly this many groups (a trainer's groups per step), waiting for them; short only at the end of the input or after --batch-wait, counted (0: batches by --max-tokens)")
-	f.DurationVar(&o.batchWait, "batch-wait", 0, "with --batch-groups, deliver the groups there are once the first has waited this long (0: wait for all of them)")
+	f.IntVar(&o.batchGroups, "batch-groups", 0, "every trainer step exactly this many groups, waiting for them; short only at the end of the input or after --batch-wait, counted; a trainer's ticket may ask for its own (0: batches by --max-tokens)")
+	f.IntVar(&o.groupMultiple, "group-multiple", 0, "every batch a multiple of this many groups (the data-parallel world size); the rest waits for the next batch (0: any number)")
+	f.DurationVar(&o.batchWait, "batch-wait", 0, "with --batch-groups or --group-multiple, deliver the groups there are once the first has waited this long, short (0: wait for all of them)")
 	f.IntVar(&o.maxInflight, "max-inflight", 4, "batches per member delivered and not yet acknowledged, at most")
 	f.Int64Var(&o.versionsPerBatch, "versions-per-batch", train.DefaultVersionsPerBatch, "how far a trainer's policy version advances with each batch it acknowledges: --max-staleness is judged at the version a batch will be trained with, counting the batches delivered ahead of it (0: its version never moves with its acknowledgements)")
 	f.BoolVar(&o.follow, "follow", follow, "keep following the manifest for new shards (else stop when every committed shard is done)")
@@ -75,12 +77,12 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	); err != nil {
 		return train.ConsumerConfig{}, err
 	}
-	if err := firstErr(int64In("versions-per-batch", o.versionsPerBatch, 0, 1<<20), intIn("batch-groups", o.batchGroups, 0, 1<<20),
-		durationIn("batch-wait", o.batchWait, 0, 24*time.Hour)); err != nil {
+	if err := firstErr(int64In("versions-per-batch", o.versionsPerBatch, 0, 1<<20), intIn("batch-groups", o.batchGroups, 0, maxBatchGroups),
+		intIn("group-multiple", o.groupMultiple, 0, maxBatchGroups), durationIn("batch-wait", o.batchWait, 0, 24*time.Hour)); err != nil {
 		return train.ConsumerConfig{}, err
 	}
-	if o.batchGroups > 0 && o.maxTokens > 0 {
-		return train.ConsumerConfig{}, usageErrorf("--batch-groups and --max-tokens: a batch is either a number of groups or a token budget")
+	if err := checkBatchGroups(o.batchGroups, o.groupMultiple); err != nil {
+		return train.ConsumerConfig{}, usageErrorf("%v", err)
 	}
 	vpb := o.versionsPerBatch
 	if vpb == 0 {
@@ -93,6 +95,7 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 		MaxVersionLead: o.maxVersionLead, VersionsPerBatch: vpb,
 		Config: train.Config{
 			PolicyVersion: o.policyVersion, MaxStaleness: o.maxStaleness, MaxTokens: o.maxTokens, BatchGroups: o.batchGroups, BatchWait: o.batchWait,
+			GroupMultiple:   o.groupMultiple,
 			IncludeFiltered: o.includeFiltered,
 		},
 		Name: name, LeaseTimeout: o.leaseTimeout, MaxInflight: o.maxInflight, Follow: o.follow, Poll: o.poll,
@@ -134,13 +137,33 @@ func openShardStore(ctx context.Context, from string, conn connFlags) (store.Rea
 }
 
 // join makes a member of the group.
-func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, policyVersion *int64) (*train.Consumer, error) {
+// maxBatchGroups bounds --batch-groups and --group-multiple.
+const maxBatchGroups = 1 << 20
+
+// checkBatchGroups checks a step's groups against the group multiple.
+func checkBatchGroups(groups, multiple int) error {
+	if groups > 0 && multiple > 1 && groups%multiple != 0 {
+		return fmt.Errorf("--batch-groups %d is not a multiple of --group-multiple %d", groups, multiple)
+	}
+	return nil
+}
+
+// join makes member name's consumer, with what it asked for (a Flight
+// ticket's): its policy version (nil: --policy-version), its groups per
+// step (0: --batch-groups).
+func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, policyVersion *int64, batchGroups int) (*train.Consumer, error) {
 	cfg, err := o.config(name)
 	if err != nil {
 		return nil, err
 	}
 	if policyVersion != nil {
 		cfg.PolicyVersion = *policyVersion
+	}
+	if batchGroups != 0 {
+		if err := firstErr(intIn("batch_groups", batchGroups, 1, maxBatchGroups), checkBatchGroups(batchGroups, cfg.GroupMultiple)); err != nil {
+			return nil, err
+		}
+		cfg.BatchGroups = batchGroups
 	}
 	obj, err := st.Objects(train.GroupDir(o.group))
 	if err != nil {

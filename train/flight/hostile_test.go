@@ -37,11 +37,14 @@ type cfgGroup struct {
 	cfg train.ConsumerConfig
 }
 
-func (g cfgGroup) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {
+func (g cfgGroup) Join(ctx context.Context, name string, t Ticket) (*train.Consumer, error) {
 	cfg := g.cfg
 	cfg.Name = name
-	if pv != nil {
-		cfg.PolicyVersion = *pv
+	if t.PolicyVersion != nil {
+		cfg.PolicyVersion = *t.PolicyVersion
+	}
+	if t.BatchGroups > 0 {
+		cfg.BatchGroups = t.BatchGroups
 	}
 	return train.NewConsumer(ctx, g.sh, g.obj, cfg)
 }

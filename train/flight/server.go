@@ -35,7 +35,7 @@ import (
 
 // Group opens members of the served consumer group.
 type Group interface {
-	Join(ctx context.Context, name string, policyVersion *int64) (*train.Consumer, error)
+	Join(ctx context.Context, name string, t Ticket) (*train.Consumer, error)
 }
 
 // Versions records the policy version a trainer says its inference
@@ -49,6 +49,9 @@ type Versions interface {
 type Ticket struct {
 	Consumer      string `json:"consumer,omitempty"`
 	PolicyVersion *int64 `json:"policy_version,omitempty"`
+	// BatchGroups asks for steps of exactly this many groups (serve's
+	// --batch-groups for this member; a multiple of its --group-multiple).
+	BatchGroups int `json:"batch_groups,omitempty"`
 	// Key is the stream's secret, chosen by the client (at least
 	// MinKeyLen characters); actions on the stream must carry it.
 	Key string `json:"key,omitempty"`
@@ -79,6 +82,10 @@ type BatchMeta struct {
 	// trajectory finished at the capture gateway, in milliseconds, when
 	// the batch was formed (-1: unknown); absent when no group has one.
 	AgesMs []int64 `json:"ages_ms,omitempty"`
+	// Step places the batch in its trainer step: a step of --batch-groups
+	// groups over --max-tokens comes as several batches (part 0 of
+	// parts first), to accumulate into one optimizer step.
+	Step train.StepPart `json:"step"`
 }
 
 type ackRequest struct {
@@ -350,7 +357,7 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 		s.hosts[host]++
 	}
 	s.mu.Unlock()
-	c, err := s.group.Join(ctx, t.Consumer, t.PolicyVersion)
+	c, err := s.group.Join(ctx, t.Consumer, t)
 	if err != nil {
 		s.mu.Lock()
 		s.freeName(t.Consumer, conn)
@@ -575,7 +582,7 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 		if err != nil {
 			return endStatus(ctx, err)
 		}
-		bm := BatchMeta{BatchID: d.ID, Consumer: m.name, Member: m.id, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized, Merge: d.Merge, Key: madeKey}
+		bm := BatchMeta{BatchID: d.ID, Consumer: m.name, Member: m.id, Groups: d.Groups, Tokens: d.Tokens, Rows: d.Record.NumRows(), Oversized: d.Oversized, Merge: d.Merge, Key: madeKey, Step: d.StepPart}
 		if d.Merge != nil {
 			bm.Layout = "trajectories"
 		}

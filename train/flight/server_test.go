@@ -24,7 +24,7 @@ type group struct {
 	obj train.Objects
 }
 
-func (g group) Join(ctx context.Context, name string, pv *int64) (*train.Consumer, error) {
+func (g group) Join(ctx context.Context, name string, _ Ticket) (*train.Consumer, error) {
 	cfg := train.ConsumerConfig{Config: train.Config{MaxStaleness: -1, IncludeFiltered: true}, Name: name, Poll: 10 * time.Millisecond, MaxInflight: 2}
 	return train.NewConsumer(ctx, g.sh, g.obj, cfg)
 }

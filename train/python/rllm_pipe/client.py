@@ -101,6 +101,22 @@ class Batch:
             return torch.from_numpy(col.values), torch.from_numpy(col.offsets)
 
     @property
+    def step(self) -> Dict[str, int]:
+        """The batch's place in its trainer step: {"step", "part", "parts",
+        "groups"}. A step of ``serve --batch-groups N`` over ``--max-tokens``
+        comes as several batches (part 0 first, one after another), to
+        accumulate into one optimizer step; otherwise parts is 1."""
+        st = self.meta.get("step") or {}
+        return {"step": int(st.get("step", 0)), "part": int(st.get("part", 0)), "parts": int(st.get("parts", 1) or 1),
+                "groups": int(st.get("groups", len(self.groups)))}
+
+    @property
+    def last_part(self) -> bool:
+        """Whether the batch ends its step (always, for an unsplit step)."""
+        st = self.step
+        return st["part"] >= st["parts"] - 1
+
+    @property
     def layout(self) -> str:
         """"trajectories" for merged trajectory rows (serve --layout
         trajectories), else "steps"."""
@@ -141,6 +157,8 @@ class Client:
     consumer: the member's stable name (a restart under the same name resumes
     its unfinished shards at once); random when omitted.
     policy_version: the trainer's current policy version, for staleness.
+    batch_groups: exactly this many groups per trainer step (this member's
+    ``serve --batch-groups``); None: the server's.
     token: the server's bearer token (default ``$RLLM_PIPE_TOKEN``; none when
     unset). It is sent on every call and never printed.
     tls_root_certs: the CA certificate(s) to trust, PEM bytes or the path of a
@@ -155,6 +173,7 @@ class Client:
         policy_version: Optional[int] = None,
         token: Optional[str] = None,
         tls_root_certs: Optional[Union[bytes, str, os.PathLike]] = None,
+        batch_groups: Optional[int] = None,
         **kwargs,
     ):
         if token is None:
@@ -173,6 +192,7 @@ class Client:
         self._flight = flight.FlightClient(location, **kwargs)
         self.consumer = consumer
         self.policy_version = policy_version
+        self.batch_groups = batch_groups
         self._reader = None
         self._key: Optional[str] = None  # the current (or last) stream's secret
 
@@ -195,6 +215,8 @@ class Client:
             ticket["consumer"] = self.consumer
         if self.policy_version is not None:
             ticket["policy_version"] = int(self.policy_version)
+        if self.batch_groups is not None:
+            ticket["batch_groups"] = int(self.batch_groups)
         try:
             self._reader = self._flight.do_get(flight.Ticket(json.dumps(ticket).encode()), self._options)
         except flight.FlightInternalError as e:

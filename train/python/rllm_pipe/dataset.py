@@ -42,7 +42,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, Optional
+from typing import Any, Deque, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -61,14 +61,41 @@ class UnackedBatch(RuntimeError):
 
 @dataclass
 class TrainingStep:
-    """One padded batch to train on; acknowledge it after the optimizer step
-    (``ack()``, or leave a ``with`` block without an exception)."""
+    """One optimizer step's data, padded; acknowledge it after the optimizer
+    step (``ack()``, or leave a ``with`` block without an exception).
 
-    padded: Padded
-    batch: Batch
-    policy_version: int  # the version of the weights the batch was handed out to (and trains)
+    A step is one batch, unless ``serve --batch-groups N --max-tokens T``
+    split its N groups into several batches of whole groups within T tokens:
+    then ``micro_batches`` holds one padded batch per part, to accumulate
+    gradients over, and ``padded`` refuses (it would be only a part)."""
+
+    micro_batches: List[Padded]
+    batches: List[Batch]
+    policy_version: int  # the version of the weights the step was handed out to (and trains)
     _dataset: "PaddedBatches" = field(repr=False)
     ack_result: Optional[Dict[str, int]] = None
+
+    @property
+    def padded(self) -> Padded:
+        """The step's padded batch (a step that came as one batch)."""
+        if len(self.micro_batches) != 1:
+            raise ValueError(
+                f"this step came as {len(self.micro_batches)} micro-batches (serve's --max-tokens split its "
+                f"--batch-groups groups): train on each of step.micro_batches before the optimizer step"
+            )
+        return self.micro_batches[0]
+
+    @property
+    def batch(self) -> Batch:
+        """The step's batch (a step that came as one batch)."""
+        if len(self.batches) != 1:
+            raise ValueError(f"this step came as {len(self.batches)} batches: see step.batches")
+        return self.batches[0]
+
+    @property
+    def groups(self) -> List[str]:
+        """The step's groups, in order (every part's)."""
+        return [g for b in self.batches for g in b.groups]
 
     @property
     def acked(self) -> bool:
@@ -76,32 +103,37 @@ class TrainingStep:
 
     @property
     def batch_id(self) -> int:
-        return self.batch.batch_id
+        return self.batches[0].batch_id
+
+    @property
+    def batch_ids(self) -> List[int]:
+        return [b.batch_id for b in self.batches]
 
     @property
     def staleness(self) -> Dict[str, float]:
         """How many versions behind the trainer the rows were generated:
-        policy_version minus each row's (smallest) policy version."""
-        pv = self.padded.ids.get("policy_versions")
-        if pv is None:
-            return {"max": 0, "mean": 0.0}
-        real = np.asarray(pv[~self.padded.is_pad], dtype=np.int64)
+        policy_version minus each row's (smallest) policy version, over every
+        micro-batch."""
+        real = [np.asarray(p.ids["policy_versions"][~p.is_pad], dtype=np.int64) for p in self.micro_batches if p.ids.get("policy_versions") is not None]
+        real = np.concatenate(real) if real else np.zeros(0, dtype=np.int64)
         if real.size == 0:
             return {"max": 0, "mean": 0.0}
         behind = np.maximum(self.policy_version - real, 0)
         return {"max": int(behind.max()), "mean": float(behind.mean())}
 
     def ack(self, policy_version: Optional[int] = None) -> Dict[str, int]:
-        """Acknowledge the batch after its optimizer step, reporting the
-        version of the weights that step made: policy_version, by default
-        the dataset's policy_version advanced by its versions_per_step. The
-        reported version becomes the dataset's. Repeating returns the first
-        answer."""
+        """Acknowledge the step (every batch of it) after its optimizer step,
+        reporting the version of the weights that step made: policy_version,
+        by default the dataset's policy_version advanced by its
+        versions_per_step. The reported version becomes the dataset's.
+        Repeating returns the first answer."""
         if self.ack_result is None:
             d = self._dataset
             v = d.policy_version + d.versions_per_step if policy_version is None else int(policy_version)
             self._dataset.policy_version = v
-            self.ack_result = self.batch.ack(policy_version=v)
+            self.ack_result = d.client.ack(self.batch_ids, policy_version=v, member=self.batches[0].meta.get("member"))
+            for b in self.batches:
+                b.acked = True
             self._dataset._pending = None
         return self.ack_result
 
@@ -111,8 +143,8 @@ class TrainingStep:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.ack()
-        # On an exception the batch stays unacknowledged: the stream ends with
-        # the iteration and the batch goes back to the group.
+        # On an exception the step stays unacknowledged: the stream ends with
+        # the iteration and its batches go back to the group.
 
 
 class PaddedBatches(_Base):
@@ -129,7 +161,11 @@ class PaddedBatches(_Base):
     policy_version: the version of the weights that train on the first
     batch. versions_per_step: how far each acknowledged optimizer step
     advances it (the advanced version goes with the acknowledgement); 0 to
-    manage policy_version yourself."""
+    manage policy_version yourself.
+
+    batch_groups: exactly this many groups (prompts) per step, waited for
+    (this member's ``serve --batch-groups``; a multiple of the server's
+    --group-multiple). None: the server's setting."""
 
     def __init__(
         self,
@@ -145,6 +181,7 @@ class PaddedBatches(_Base):
         max_batches: Optional[int] = None,
         padding: Optional[Dict[str, Any]] = None,
         reuse_arrays: bool = False,
+        batch_groups: Optional[int] = None,
         **client_kwargs,
     ):
         super().__init__()
@@ -161,50 +198,64 @@ class PaddedBatches(_Base):
         self.max_batches = max_batches
         self.padding = dict(padding or {})
         self.reuse_arrays = reuse_arrays
+        if batch_groups is not None and batch_groups < 1:
+            raise ValueError("batch_groups must be >= 1")
+        self.batch_groups = batch_groups
         self.client_kwargs = client_kwargs
         self.client: Optional[Client] = None
         self._pending: Optional[TrainingStep] = None
         # Tallies of this dataset's iterations.
         self.stats: Dict[str, Any] = {"batches": 0, "acked": 0, "groups_acked": 0, "groups_lost": 0, "rows": 0, "truncated_rows": 0,
-                                      "wait_s": 0.0, "wall_s": 0.0, "first_wait_s": 0.0, "staleness_max": 0}
+                                      "wait_s": 0.0, "wall_s": 0.0, "first_wait_s": 0.0, "staleness_max": 0,
+                                      "micro_batches": 0}
         # Ages (ms) of the groups delivered: finished at the gateway ->
         # delivered; the newest 100,000.
         self._ages: Deque[int] = deque(maxlen=100_000)
 
     def __iter__(self) -> Iterator[TrainingStep]:
-        with Client(self.location, consumer=self.consumer, policy_version=self.policy_version, **self.client_kwargs) as client:
+        with Client(self.location, consumer=self.consumer, policy_version=self.policy_version, batch_groups=self.batch_groups,
+                    **self.client_kwargs) as client:
             self.client = client
             previous: Optional[Padded] = None
             started = asked = time.monotonic()
+            parts: List[Batch] = []
             try:
-                for n, batch in enumerate(client.batches()):
+                for batch in client.batches():
+                    parts.append(batch)
+                    if not batch.last_part:
+                        continue  # the rest of the step follows at once
                     now = time.monotonic()
-                    if n == 0:
+                    if self.stats["batches"] == 0:
                         self.stats["first_wait_s"] += now - asked
                     self.stats["wait_s"] += now - asked
                     self.stats["wall_s"] += now - started
                     started = now
-                    if self.max_batches is not None and n >= self.max_batches:
+                    if self.max_batches is not None and self.stats["batches"] >= self.max_batches:
                         return
-                    self._ages.extend(a for a in batch.meta.get("ages_ms") or () if a >= 0)
-                    padded = batch.to_padded(
-                        self.pad_token_id, self.max_prompt_length, self.max_response_length, self.pad_rows_to_multiple,
-                        out=previous, **self.padding
-                    )
-                    if self.reuse_arrays:
-                        previous = padded
-                    step = TrainingStep(padded=padded, batch=batch, policy_version=self.policy_version, _dataset=self)
+                    micro = []
+                    for i, b in enumerate(parts):
+                        self._ages.extend(a for a in b.meta.get("ages_ms") or () if a >= 0)
+                        micro.append(b.to_padded(
+                            self.pad_token_id, self.max_prompt_length, self.max_response_length, self.pad_rows_to_multiple,
+                            out=previous if i == 0 else None, **self.padding
+                        ))
+                    if self.reuse_arrays and len(micro) == 1:
+                        previous = micro[0]
+                    step = TrainingStep(micro_batches=micro, batches=parts, policy_version=self.policy_version, _dataset=self)
+                    parts = []
                     self._pending = step
                     self.stats["batches"] += 1
-                    self.stats["rows"] += padded.truncation["rows"]
-                    self.stats["truncated_rows"] += int(np.count_nonzero(padded.prompt_truncated | padded.response_truncated))
+                    self.stats["micro_batches"] += len(micro)
+                    for p in micro:
+                        self.stats["rows"] += p.truncation["rows"]
+                        self.stats["truncated_rows"] += int(np.count_nonzero(p.prompt_truncated | p.response_truncated))
                     self.stats["staleness_max"] = max(self.stats["staleness_max"], step.staleness["max"])
                     yield step
                     asked = time.monotonic()
                     if not step.acked:
                         raise UnackedBatch(
-                            f"batch {step.batch_id} was not acknowledged: call step.ack() (or use `with step:`) "
-                            "after the optimizer step, before taking the next batch"
+                            f"step of batch {step.batch_id} was not acknowledged: call step.ack() (or use `with step:`) "
+                            "after the optimizer step, before taking the next one"
                         )
                     self.stats["acked"] += 1
                     self.stats["groups_acked"] += int(step.ack_result.get("groups", 0))

@@ -270,6 +270,43 @@ def test_dataset_acks_after_the_step_with_the_policy_version(serve_mt):
     assert sorted(seen) == sorted(set(seen)) and len(seen) == data.stats["groups_acked"] == 24
 
 
+def test_dataset_steps_of_exact_groups_split_by_the_token_budget(serve_mt):
+    """The trainer asks for 5 groups a step (its ticket); the server caps a
+    batch at a token budget of about two groups: every step holds exactly 5
+    groups (the last 4: the end of the input), in micro-batches of whole
+    groups within the budget, acknowledged together."""
+    from rllm_pipe.dataset import PaddedBatches
+
+    one = drain_records(serve_mt("--consumer-group", "ds-sizes", "--layout", "trajectories").location, "sizes")
+    tokens = {b.groups[0]: b.tokens_total for b in one}
+    budget = 2 * max(tokens.values())
+    srv = serve_mt("--consumer-group", "ds-steps", "--layout", "trajectories", "--max-tokens", str(budget))
+    data = PaddedBatches(srv.location, "trainer", pad_token_id=PAD, max_prompt_length=4096, max_response_length=4096,
+                         batch_groups=5)
+    sizes, seen, split = [], [], 0
+    for step in data:
+        with step:
+            sizes.append(len(step.groups))
+            seen += step.groups
+            parts = [b.step for b in step.batches]
+            assert [p["part"] for p in parts] == list(range(len(parts))) and {p["parts"] for p in parts} == {len(parts)}
+            assert all(p["groups"] == len(step.groups) for p in parts) and len({p["step"] for p in parts}) == 1
+            for b, m in zip(step.batches, step.micro_batches):
+                assert b.tokens_total == sum(tokens[g] for g in b.groups)
+                assert b.tokens_total <= budget or len(b.groups) == 1
+                assert m.truncation["rows"] == b.num_rows
+            if len(step.batches) > 1:
+                split += 1
+                with pytest.raises(ValueError):
+                    step.padded
+            else:
+                assert step.padded is step.micro_batches[0]
+    assert sizes == [5, 5, 5, 5, 4], sizes
+    assert split > 0, "no step went over the budget: the test needs one"
+    assert sorted(seen) == sorted(tokens) and data.stats["groups_acked"] == 24
+    assert data.stats["micro_batches"] > data.stats["batches"] == 5
+
+
 def test_dataset_versions_managed_by_the_trainer(serve_mt):
     from rllm_pipe.dataset import PaddedBatches
 
