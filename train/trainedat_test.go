@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -180,4 +181,139 @@ func TestBatchGroups(t *testing.T) {
 			t.Fatalf("short batches %d, want 1", s)
 		}
 	})
+}
+
+// TestLoopHoldsTheBoundAndTheStepSize: a closed loop in one process.
+// Rollouts follow the trainer's published version, some of them slow
+// (generated from weights a few versions old); the trainer is fast,
+// advances a version per step, prefetches 4 steps (a reader goroutine
+// ahead of it, MaxInflight 4) and asks for exactly 4 groups a step with
+// --max-staleness 1. Every step holds exactly 4 groups and no row is more
+// than 1 version behind the weights that train on it; once the rollouts
+// stop and a last member drains the rest, acknowledged + skipped =
+// committed.
+func TestLoopHoldsTheBoundAndTheStepSize(t *testing.T) {
+	const maxStale, perStep, rollouts = 1, 4, 480
+	root := t.TempDir()
+	r, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	obj, err := r.Objects(train.GroupDir("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	join := func(name string, follow bool) *train.Consumer {
+		c, err := train.NewConsumer(ctx, r, obj, train.ConsumerConfig{
+			Config: train.Config{MaxStaleness: maxStale, IncludeFiltered: true, BatchGroups: perStep},
+			Name:   name, Poll: 5 * time.Millisecond, MaxInflight: 4, Follow: follow, LeaseTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+
+	var published atomic.Int64
+	written := make(chan struct{})
+	go func() { // the rollouts: four groups a shard, at the published version, one in four 1-3 versions late
+		defer close(written)
+		for i := 0; i < rollouts; i += 4 {
+			v := published.Load()
+			if i%16 == 12 {
+				v = max(0, v-int64(1+i%3))
+			}
+			traintest.WriteVersionedShardsFrom(t, root, i, []int64{v}, 4, 4)
+			time.Sleep(time.Millisecond)
+		}
+	}()
+
+	c := join("trainer", true)
+	batches := make(chan *train.Delivery, 4)
+	readCtx, stopReading := context.WithCancel(ctx)
+	go func() {
+		defer close(batches)
+		for {
+			d, err := c.Next(readCtx)
+			if err != nil {
+				return
+			}
+			batches <- d
+		}
+	}()
+	v, acked, steps := int64(0), 0, 0
+	check := func(d *train.Delivery) {
+		t.Helper()
+		if len(d.Groups) != perStep {
+			t.Errorf("step %d: %d groups, want %d", steps, len(d.Groups), perStep)
+		}
+		gv := d.Record.Column(schemas.ColGroupVersion).(*array.Int64)
+		for i := range gv.Len() {
+			if v-gv.Value(i) > maxStale {
+				t.Errorf("step %d trained at version %d holds a row of version %d", steps, v, gv.Value(i))
+			}
+		}
+		d.Record.Release()
+	}
+	done := false
+	for !done {
+		select {
+		case <-written:
+			done, written = true, nil
+			continue
+		case d := <-batches:
+			check(d)
+			time.Sleep(4 * time.Millisecond) // the optimizer step: slower than the rollouts, so steps queue ahead
+			v, steps = v+1, steps+1
+			c.SetPolicyVersion(v)
+			res, err := c.Ack(ctx, d.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			acked += res.Groups
+			published.Store(v) // the new weights serve the next rollouts
+		}
+	}
+	stopReading()
+	for d := range batches { // prefetched, not trained: they go back to the group
+		d.Record.Release()
+	}
+	st := c.Stats()
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A last member at the trainer's version drains the rest (short at the
+	// end of the input).
+	last := join("drain", false)
+	last.SetPolicyVersion(v)
+	for {
+		d, err := last.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Record.Release()
+		res, err := last.Ack(ctx, d.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acked += res.Groups
+	}
+	lst := last.Stats()
+	_ = last.Close(ctx)
+	p, err := train.GroupProgress(ctx, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d steps to version %d; %d groups acknowledged, %d skipped as stale (%d by the trainer), %d committed", steps, v, acked, p.GroupsStale, st.SkippedStale, rollouts)
+	if int64(acked)+st.SkippedStale+lst.SkippedStale != rollouts || p.GroupsAcked != int64(acked) || p.GroupsAcked+p.GroupsSkip != rollouts {
+		t.Errorf("acknowledged %d + skipped %d + %d != %d committed (the log: %d + %d)", acked, st.SkippedStale, lst.SkippedStale, rollouts, p.GroupsAcked, p.GroupsSkip)
+	}
+	if steps < 20 || st.SkippedStale == 0 {
+		t.Errorf("%d steps, %d skipped: the loop should train and the late rollouts go stale", steps, st.SkippedStale)
+	}
 }

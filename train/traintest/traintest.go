@@ -40,7 +40,14 @@ func WriteShardsFrom(t testing.TB, root string, first, shards, n, tokens int) {
 // them as WriteShards'), every row with tokens prompt tokens.
 func WriteVersionedShards(t testing.TB, root string, versions []int64, n, tokens int) {
 	t.Helper()
-	writeShards(t, root, 0, len(versions), n, tokens, func(s int) int64 { return versions[s] })
+	WriteVersionedShardsFrom(t, root, 0, versions, n, tokens)
+}
+
+// WriteVersionedShardsFrom is WriteVersionedShards with the group ids
+// (and shard names) starting at first.
+func WriteVersionedShardsFrom(t testing.TB, root string, first int, versions []int64, n, tokens int) {
+	t.Helper()
+	writeShards(t, root, first, len(versions), n, tokens, func(s int) int64 { return versions[s] })
 }
 
 func writeShards(t testing.TB, root string, first, shards, n, tokens int, version func(shard int) int64) {
