@@ -27,6 +27,9 @@ type consumeLine struct {
 	Rows      int64    `json:"rows"`
 	Tokens    int64    `json:"tokens"`
 	Oversized bool     `json:"oversized"`
+	// Step places the batch in its trainer step (a step --max-tokens
+	// split comes as several batches).
+	Step train.StepPart `json:"step"`
 	// With --layout trajectories: the merge's tallies.
 	Layout string       `json:"layout,omitempty"`
 	Merge  *merge.Stats `json:"merge,omitempty"`
@@ -87,7 +90,7 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 			if err != nil {
 				return err
 			}
-			c, err := o.join(store.WithRetryStop(cmd.Context(), soft.Done()), st, o.name, nil, 0)
+			c, err := o.join(store.WithRetryStop(cmd.Context(), soft.Done()), st, o.name, memberAsk{})
 			if err != nil {
 				return err
 			}
@@ -152,7 +155,7 @@ func consumeLoop(ctx context.Context, c *train.Consumer, w io.Writer, format str
 		if err != nil {
 			return err
 		}
-		line := consumeLine{BatchID: d.ID, Groups: d.Groups, Rows: d.Record.NumRows(), Tokens: d.Tokens, Oversized: d.Oversized, Merge: d.Merge}
+		line := consumeLine{BatchID: d.ID, Groups: d.Groups, Rows: d.Record.NumRows(), Tokens: d.Tokens, Oversized: d.Oversized, Merge: d.Merge, Step: d.StepPart}
 		if d.Merge != nil {
 			line.Layout = "trajectories"
 		}

@@ -368,7 +368,7 @@ type storeTrainer struct {
 
 func (t storeTrainer) State(ctx context.Context) (gateway.TrainerState, error) {
 	s, err := t.f.State(ctx)
-	st := gateway.TrainerState{Version: -1, Committed: s.Committed, Consumed: s.Consumed, CommittedKeys: s.CommittedKeys}
+	st := gateway.TrainerState{Version: -1, Trained: s.Trained, Committed: s.Committed, Consumed: s.Consumed, CommittedKeys: s.CommittedKeys}
 	if s.HasServed {
 		st.Version = s.Served.PolicyVersion
 	}

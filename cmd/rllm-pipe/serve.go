@@ -28,7 +28,7 @@ type serveGroup struct {
 }
 
 func (g serveGroup) Join(ctx context.Context, name string, t trainflight.Ticket) (*train.Consumer, error) {
-	return g.o.join(ctx, g.st, name, t.PolicyVersion, t.BatchGroups)
+	return g.o.join(ctx, g.st, name, memberAsk{policyVersion: t.PolicyVersion, batchGroups: t.BatchGroups, versionsPerStep: t.VersionsPerStep})
 }
 
 // serveOpts are serve's own flags: security and limits of the endpoint.

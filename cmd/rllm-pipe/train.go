@@ -12,6 +12,7 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
+	trainflight "github.com/rllm-pipe/rllm-pipe/train/flight"
 )
 
 // trainOpts are the flags serve and consume share: where the shards are,
@@ -148,22 +149,38 @@ func checkBatchGroups(groups, multiple int) error {
 	return nil
 }
 
-// join makes member name's consumer, with what it asked for (a Flight
-// ticket's): its policy version (nil: --policy-version), its groups per
-// step (0: --batch-groups).
-func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, policyVersion *int64, batchGroups int) (*train.Consumer, error) {
+// memberAsk is what a member asks for (a Flight ticket's), over the
+// flags: its policy version (nil: --policy-version), its groups per step
+// (0: --batch-groups), its versions per step (nil: --versions-per-batch).
+type memberAsk struct {
+	policyVersion   *int64
+	batchGroups     int
+	versionsPerStep *int64
+}
+
+// join makes member name's consumer, with what it asked for.
+func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, ask memberAsk) (*train.Consumer, error) {
 	cfg, err := o.config(name)
 	if err != nil {
 		return nil, err
 	}
-	if policyVersion != nil {
-		cfg.PolicyVersion = *policyVersion
+	if ask.policyVersion != nil {
+		cfg.PolicyVersion = *ask.policyVersion
 	}
-	if batchGroups != 0 {
-		if err := firstErr(intIn("batch_groups", batchGroups, 1, maxBatchGroups), checkBatchGroups(batchGroups, cfg.GroupMultiple)); err != nil {
-			return nil, err
+	if ask.batchGroups != 0 {
+		if err := firstErr(intIn("batch_groups", ask.batchGroups, 1, maxBatchGroups), checkBatchGroups(ask.batchGroups, cfg.GroupMultiple)); err != nil {
+			return nil, fmt.Errorf("%w: %v", trainflight.ErrTicket, err)
 		}
-		cfg.BatchGroups = batchGroups
+		cfg.BatchGroups = ask.batchGroups
+	}
+	if v := ask.versionsPerStep; v != nil {
+		if err := int64In("versions_per_step", *v, 0, 1<<20); err != nil {
+			return nil, fmt.Errorf("%w: %v", trainflight.ErrTicket, err)
+		}
+		cfg.VersionsPerBatch = *v
+		if *v == 0 {
+			cfg.VersionsPerBatch = train.NoVersionAdvance
+		}
 	}
 	obj, err := st.Objects(train.GroupDir(o.group))
 	if err != nil {

@@ -23,6 +23,10 @@ type TrainerState struct {
 	// Version is the newest policy version the trainer published as
 	// served by the inference workers; -1 when none is.
 	Version int64
+	// Trained is the newest policy version the consumer group's trainer
+	// acknowledged a step with (the weights its optimizer made, served or
+	// not yet); -1 when none.
+	Trained int64
 	// Committed counts the groups committed to the store, Consumed those
 	// the consumer group acknowledged or skipped as stale.
 	Committed, Consumed int64
@@ -40,6 +44,13 @@ type TrainerState struct {
 // step, a group admitted now is trained at most MaxOffPolicy versions
 // after the policy that generated it was published. A session of a group
 // already admitted is never held, and no call of an admitted session is.
+//
+// Between an optimizer step and the publication of its weights the
+// trainer is ahead of the version stamped on new calls; a group admitted
+// then is trained that much later, so the pipe's room shrinks by a step's
+// groups for every version the trainer is ahead (TrainerState.Trained
+// minus the version stamped), and nothing is admitted while it is more
+// than MaxOffPolicy ahead.
 type Pacing struct {
 	MaxOffPolicy  int64 // versions; 0: on-policy (one step's groups at a time)
 	GroupsPerStep int64 // the trainer's groups per optimizer step; 0: no pacing
@@ -55,12 +66,26 @@ type Pacing struct {
 // on reports whether pacing is configured.
 func (p Pacing) on() bool { return p.GroupsPerStep > 0 }
 
-// budget is the number of groups the pipe may hold.
-func (p Pacing) budget() int64 {
-	if p.MaxOffPolicy > (math.MaxInt64/p.GroupsPerStep)-1 {
+// budget is the number of groups the pipe may hold while the trainer is
+// lag versions ahead of the version stamped on new calls.
+func (p Pacing) budget(lag int64) int64 {
+	steps := p.MaxOffPolicy + 1 - max(lag, 0)
+	switch {
+	case steps <= 0:
+		return 0
+	case steps > math.MaxInt64/p.GroupsPerStep:
 		return math.MaxInt64
 	}
-	return (p.MaxOffPolicy + 1) * p.GroupsPerStep
+	return steps * p.GroupsPerStep
+}
+
+// lag is how many versions the trainer is ahead of the version stamped on
+// new calls (0 when either is unknown); p.mu held.
+func (p *pacer) lag() int64 {
+	if p.st.Trained < 0 || p.st.Version < 0 {
+		return 0
+	}
+	return max(p.st.Trained-p.st.Version, 0)
 }
 
 // pacer holds the state of the loop: the trainer's last state and the
@@ -119,7 +144,7 @@ func (p *pacer) room() bool {
 	}
 	backlog := max(p.st.Committed-p.st.Consumed, 0)
 	inFlight := int64(len(p.open) + len(p.awaiting))
-	return backlog+inFlight+1 <= p.cfg.budget()
+	return backlog+inFlight+1 <= p.cfg.budget(p.lag())
 }
 
 // stop ends every wait for room (the gateway is closing: its shutdown
@@ -265,10 +290,11 @@ func (s *Server) follow(ctx context.Context, t Trainer, poll time.Duration) {
 					break
 				}
 			}
+			st.Version = s.weight.Load() // the version stamped on new calls, whoever set it
 			s.pacer.update(st, time.Now())
 			if s.pacer.starved(time.Now()) {
 				s.log.Warn("gateway: pacing holds new groups and the trainer's consumer group has consumed nothing: is the trainer's consumer group the one followed (--consumer-group)?",
-					"committed", st.Committed, "consumed", st.Consumed, "budget_groups", s.pacer.cfg.budget())
+					"committed", st.Committed, "consumed", st.Consumed, "budget_groups", s.pacer.cfg.budget(0))
 			}
 		}
 		select {
@@ -314,12 +340,13 @@ func (p *pacer) writeMetrics(w io.Writer) {
 	one("rllm_gateway_pace_waiting", "gauge", "First calls waiting for room now.", p.waiting.Load())
 	one("rllm_gateway_trainer_poll_errors_total", "counter", "Failed reads of the trainer's state from the store.", p.pollErrors.Load())
 	p.mu.Lock()
-	open, awaiting, st, known := len(p.open), len(p.awaiting), p.st, p.known
+	open, awaiting, st, known, lag := len(p.open), len(p.awaiting), p.st, p.known, p.lag()
 	p.mu.Unlock()
 	if !p.cfg.on() || !known {
 		return
 	}
 	one("rllm_gateway_pace_in_flight_groups", "gauge", "Groups admitted here and not seen committed.", int64(open+awaiting))
 	one("rllm_gateway_pace_backlog_groups", "gauge", "Groups committed and not consumed by the trainer.", max(st.Committed-st.Consumed, 0))
-	one("rllm_gateway_pace_budget_groups", "gauge", "(max off-policy + 1) x groups per step: what the pipe may hold.", p.cfg.budget())
+	one("rllm_gateway_pace_budget_groups", "gauge", "(max off-policy + 1 - versions the trainer is ahead of the one served) x groups per step: what the pipe may hold now.", p.cfg.budget(lag))
+	one("rllm_gateway_pace_trainer_lead_versions", "gauge", "Versions the trainer's newest acknowledged step is ahead of the version stamped on new calls (weights not yet published).", lag)
 }

@@ -224,3 +224,35 @@ func TestPacingEndsWaitsOnClose(t *testing.T) {
 		t.Fatalf("the held call: %d after %s; want 503 at once", code, time.Since(start))
 	}
 }
+
+// While the trainer is ahead of the version stamped on new calls (it
+// acknowledged a step whose weights are not published yet), a group
+// admitted now would be trained that much later: the room shrinks by a
+// step's groups per version ahead, and none is left beyond MaxOffPolicy.
+func TestPacingRoomShrinksWhileTheTrainerIsAhead(t *testing.T) {
+	p := newPacer(Pacing{GroupsPerStep: 2, MaxOffPolicy: 1})
+	room := func(st TrainerState) bool {
+		p.update(st, time.Now())
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.room()
+	}
+	for _, c := range []struct {
+		st   TrainerState
+		want bool
+	}{
+		{TrainerState{Version: 3, Trained: 3, Committed: 2}, true},  // 2 in the pipe + 1 <= (1+1) x 2
+		{TrainerState{Version: 3, Trained: 4, Committed: 2}, false}, // a version ahead: room for 1 step, full
+		{TrainerState{Version: 3, Trained: 4, Committed: 1}, true},  // 1 + 1 <= 2
+		{TrainerState{Version: 3, Trained: 5, Committed: 0}, false}, // 2 ahead > 1: nothing is admitted
+		{TrainerState{Version: 5, Trained: 5, Committed: 3}, true},  // published: the whole budget again
+		{TrainerState{Version: -1, Trained: 9, Committed: 3}, true}, // nothing stamped known: no lag
+		{TrainerState{Version: 4, Trained: -1, Committed: 3}, true}, // nothing trained yet
+		{TrainerState{Version: 6, Trained: 5, Committed: 3}, true},  // the stamp ahead of the trainer
+		{TrainerState{Version: 6, Trained: 5, Committed: 4}, false}, // ... the budget still bounds the pipe
+	} {
+		if got := room(c.st); got != c.want {
+			t.Errorf("%+v: room %v, want %v", c.st, got, c.want)
+		}
+	}
+}

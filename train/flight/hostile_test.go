@@ -226,7 +226,9 @@ func TestHostileClientCannotActForAnotherMember(t *testing.T) {
 		_, err := act(ctx, victim, c.kind, c.body)
 		wantCode(t, c.name, err, codes.InvalidArgument)
 	}
-	for _, tkt := range []string{`{"consumer":"neg","policy_version":-1}`, fmt.Sprintf(`{"consumer":"big","policy_version":%d}`, huge), `{"consumer":"short","key":"abc"}`} {
+	for _, tkt := range []string{`{"consumer":"neg","policy_version":-1}`, fmt.Sprintf(`{"consumer":"big","policy_version":%d}`, huge), `{"consumer":"short","key":"abc"}`,
+		`{"consumer":"steps","batch_groups":-4}`, fmt.Sprintf(`{"consumer":"steps","batch_groups":%d}`, MaxTicketSteps+1),
+		`{"consumer":"steps","versions_per_step":-1}`, fmt.Sprintf(`{"consumer":"steps","versions_per_step":%d}`, huge)} {
 		s, err := victim.DoGet(ctx, &flight.Ticket{Ticket: []byte(tkt)})
 		if err == nil {
 			_, err = s.Recv()

@@ -52,10 +52,21 @@ type Ticket struct {
 	// BatchGroups asks for steps of exactly this many groups (serve's
 	// --batch-groups for this member; a multiple of its --group-multiple).
 	BatchGroups int `json:"batch_groups,omitempty"`
+	// VersionsPerStep is how far the trainer's version advances with each
+	// step it acknowledges (serve's --versions-per-batch for this member;
+	// 0: it does not move): staleness is judged where the step trains.
+	VersionsPerStep *int64 `json:"versions_per_step,omitempty"`
 	// Key is the stream's secret, chosen by the client (at least
 	// MinKeyLen characters); actions on the stream must carry it.
 	Key string `json:"key,omitempty"`
 }
+
+// MaxTicketSteps bounds a ticket's batch_groups and versions_per_step.
+const MaxTicketSteps = 1 << 20
+
+// ErrTicket is a Group's refusal of what a ticket asks for (a client's
+// mistake, not the server's state).
+var ErrTicket = errors.New("the ticket asks for what this server cannot give")
 
 // MinKeyLen is the shortest stream key a ticket may carry.
 const MinKeyLen = 16
@@ -362,6 +373,9 @@ func (s *Server) join(ctx context.Context, t Ticket, key [sha256.Size]byte, conn
 		s.mu.Lock()
 		s.freeName(t.Consumer, conn)
 		s.mu.Unlock()
+		if errors.Is(err, ErrTicket) {
+			return nil, status.Errorf(codes.InvalidArgument, "join: %v", err)
+		}
 		return nil, status.Errorf(codes.Unavailable, "join: %v", err)
 	}
 	now := time.Now()
@@ -536,6 +550,9 @@ func (s *Server) DoGet(tkt *flight.Ticket, stream flight.FlightService_DoGetServ
 	}
 	if err := checkVersion("ticket", t.PolicyVersion); err != nil {
 		return err
+	}
+	if t.BatchGroups < 0 || t.BatchGroups > MaxTicketSteps || t.VersionsPerStep != nil && (*t.VersionsPerStep < 0 || *t.VersionsPerStep > MaxTicketSteps) {
+		return status.Errorf(codes.InvalidArgument, "ticket: batch_groups and versions_per_step go from 0 to %d", MaxTicketSteps)
 	}
 	madeKey := ""
 	switch {

@@ -153,6 +153,9 @@ type State struct {
 	// Committed counts the groups committed to the store; Consumed those
 	// the consumer group acknowledged or skipped as stale.
 	Committed, Consumed int64
+	// Trained is the newest policy version a member of the consumer group
+	// acknowledged a step with (-1: none yet).
+	Trained int64
 	// CommittedKeys are the keys of the groups committed since the
 	// previous State (all committed groups at the first).
 	CommittedKeys []string
@@ -204,6 +207,11 @@ func (f *Follower) State(ctx context.Context) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	s.Committed, s.Consumed = f.committed, p.GroupsAcked+p.GroupsSkip
+	s.Committed, s.Consumed, s.Trained = f.committed, p.GroupsAcked+p.GroupsSkip, -1
+	for _, m := range p.Members {
+		if m.Batches > 0 {
+			s.Trained = max(s.Trained, m.PolicyVersion)
+		}
+	}
 	return s, nil
 }

@@ -120,7 +120,7 @@ func TestFollower(t *testing.T) {
 		t.Fatal(err)
 	}
 	sort.Strings(s.CommittedKeys)
-	if s.Committed != 6 || s.Consumed != 0 || s.HasServed || len(s.CommittedKeys) != 6 || s.CommittedKeys[5] != "g005" {
+	if s.Committed != 6 || s.Consumed != 0 || s.HasServed || s.Trained != -1 || len(s.CommittedKeys) != 6 || s.CommittedKeys[5] != "g005" {
 		t.Fatalf("first state %+v", s)
 	}
 
@@ -132,12 +132,13 @@ func TestFollower(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 4 {
+	for i := range 4 {
 		d, err := c.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		d.Record.Release()
+		c.SetPolicyVersion(int64(5 + i)) // a step per batch: the acknowledgements carry 5..8
 		if _, err := c.Ack(ctx, d.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +155,7 @@ func TestFollower(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Committed != 8 || s.Consumed != 4 || !s.HasServed || s.Served.PolicyVersion != 7 || len(s.CommittedKeys) != 2 || s.CommittedKeys[0] != "g006" {
+	if s.Committed != 8 || s.Consumed != 4 || !s.HasServed || s.Served.PolicyVersion != 7 || s.Trained != 8 || len(s.CommittedKeys) != 2 || s.CommittedKeys[0] != "g006" {
 		t.Fatalf("second state %+v", s)
 	}
 	if _, err := NewFollower(r, "../x"); err == nil {

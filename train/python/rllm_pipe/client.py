@@ -159,6 +159,10 @@ class Client:
     policy_version: the trainer's current policy version, for staleness.
     batch_groups: exactly this many groups per trainer step (this member's
     ``serve --batch-groups``); None: the server's.
+    versions_per_step: how far this trainer's policy version advances with
+    each step it acknowledges (this member's ``serve --versions-per-batch``):
+    the server judges staleness at the version a step will train with;
+    None: the server's.
     token: the server's bearer token (default ``$RLLM_PIPE_TOKEN``; none when
     unset). It is sent on every call and never printed.
     tls_root_certs: the CA certificate(s) to trust, PEM bytes or the path of a
@@ -174,6 +178,7 @@ class Client:
         token: Optional[str] = None,
         tls_root_certs: Optional[Union[bytes, str, os.PathLike]] = None,
         batch_groups: Optional[int] = None,
+        versions_per_step: Optional[int] = None,
         **kwargs,
     ):
         if token is None:
@@ -193,6 +198,7 @@ class Client:
         self.consumer = consumer
         self.policy_version = policy_version
         self.batch_groups = batch_groups
+        self.versions_per_step = versions_per_step
         self._reader = None
         self._key: Optional[str] = None  # the current (or last) stream's secret
 
@@ -217,6 +223,8 @@ class Client:
             ticket["policy_version"] = int(self.policy_version)
         if self.batch_groups is not None:
             ticket["batch_groups"] = int(self.batch_groups)
+        if self.versions_per_step is not None:
+            ticket["versions_per_step"] = int(self.versions_per_step)
         try:
             self._reader = self._flight.do_get(flight.Ticket(json.dumps(ticket).encode()), self._options)
         except flight.FlightInternalError as e:

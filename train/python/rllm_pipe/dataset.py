@@ -16,15 +16,18 @@ batch only when the trainer says its optimizer step is done.
 
 Each optimizer step makes new weights, so an acknowledgement advances
 ``policy_version`` by ``versions_per_step`` (1) and reports the advanced
-version: the version of the weights that will train on the next batch,
-which ``serve`` forms against it, so ``--max-staleness`` bounds the
-staleness of every batch as trained on (with ``serve --max-inflight 1``;
-with more, the batches formed ahead were judged against the version
-current when they were formed). Reporting the version from before the step
-would let the next batch be one version staler than the bound.
-A trainer that numbers its versions otherwise (weights published every k
-steps) passes ``versions_per_step=0`` and sets ``policy_version`` (or calls
-``step.ack(policy_version=v)``) itself.
+version: the version of the weights that will train on the next step.
+The dataset tells ``serve`` its ``versions_per_step``, and the server
+judges every step it forms at the version it will train with (the version
+now plus ``versions_per_step`` for each step handed out ahead of it, up to
+``--max-inflight``), so ``--max-staleness`` bounds the staleness of every
+row as trained on, and ``step.staleness`` agrees with the server's
+judgement. Reporting the version from before the step would let the next
+step be one version staler than the bound. A trainer that numbers its
+versions otherwise (weights published every k steps) passes
+``versions_per_step=0`` and sets ``policy_version`` (or calls
+``step.ack(policy_version=v)``) itself; the bound then holds at the
+version it reports.
 
 An acknowledgement settles the batch's groups for the whole consumer group;
 a batch not acknowledged (the block raised, the loop stopped, the process
@@ -213,8 +216,10 @@ class PaddedBatches(_Base):
         self._ages: Deque[int] = deque(maxlen=100_000)
 
     def __iter__(self) -> Iterator[TrainingStep]:
+        # The server judges staleness with this dataset's versions_per_step,
+        # so step.staleness and its judgement agree by construction.
         with Client(self.location, consumer=self.consumer, policy_version=self.policy_version, batch_groups=self.batch_groups,
-                    **self.client_kwargs) as client:
+                    versions_per_step=self.versions_per_step, **self.client_kwargs) as client:
             self.client = client
             previous: Optional[Padded] = None
             started = asked = time.monotonic()
