@@ -13,20 +13,26 @@ The layout is the one rLLM's verl backend builds
   end. ``responses``: right-padded to ``max_response_length``; a longer
   response keeps its start. ``input_ids`` = prompts ++ responses (``prompts``
   and ``responses`` are views of ``input_ids``' columns, not copies).
-- ``attention_mask``: 1 on tokens, 0 on padding. By default, as rLLM does,
-  every position holding ``pad_token_id`` is masked (a real token equal to the
-  pad id too: the count is reported as ``pad_id_tokens``);
-  ``mask_pad_token_ids=False`` masks only the padding itself, as verl's agent
-  loop does (its masks come from the lengths): choose it when the pad id is a
-  token the model emits (Qwen's ``<|endoftext|>``), so that such a token keeps
-  its attention and position as at generation time.
+- ``attention_mask``: 1 on every kept token, 0 on the padding: derived from
+  the rows' lengths, as verl's agent loop does, so a real token equal to the
+  pad id (any id can be chosen as pad; 0 is common, Qwen's
+  ``<|endoftext|>`` is emitted) keeps its attention and position as at
+  generation time. verl derives response lengths from this mask: a hole
+  would shift every later log-prob. ``mask_pad_token_ids=True`` masks every
+  position holding ``pad_token_id`` instead, as rLLM's transform does (the
+  real tokens so masked are counted as ``pad_id_tokens`` either way); only
+  for reproducing rLLM's batches bit for bit.
 - ``position_ids`` = (cumsum(attention_mask) - 1) * attention_mask: 0 on all
   padding, as rLLM (verl's ``compute_position_id_with_mask`` clips at 0
   instead, repeating the last position over the right padding; padding is
   masked either way).
 - ``response_mask``, ``rollout_log_probs`` padded with 0; ``advantages`` =
   per-token advantages * response_mask; ``traj_rewards`` holds the row's
-  reward at its last response token (when the response fits, as rLLM).
+  reward at its last response token. A response cut to
+  ``max_response_length`` gets none by default, as rLLM
+  (``truncated_reward="none"``: its reward is not the cut sequence's);
+  ``truncated_reward="last_kept"`` places it on the last kept token, as
+  verl's reward managers do with the tokens they see.
   ``step_rewards`` likewise: for merged rows it equals ``traj_rewards``, as
   rLLM's merged transform sets a row's step reward to the trajectory's; for
   step rows it holds the step's ``step_reward`` (0 when the step has none).
@@ -236,9 +242,10 @@ def to_padded(
     max_prompt_length: int,
     max_response_length: int,
     pad_rows_to_multiple: int = 1,
-    mask_pad_token_ids: bool = True,
+    mask_pad_token_ids: bool = False,
     warn: bool = True,
     out: Optional[Padded] = None,
+    truncated_reward: str = "none",
 ) -> Padded:
     """Pads the rows of record (merged trajectory rows or step rows) in
     verl's layout; see the module's documentation.
@@ -251,6 +258,8 @@ def to_padded(
         raise ValueError("max_prompt_length and max_response_length must be >= 1")
     if pad_rows_to_multiple < 1:
         raise ValueError("pad_rows_to_multiple must be >= 1")
+    if truncated_reward not in ("none", "last_kept"):
+        raise ValueError(f"truncated_reward {truncated_reward!r}: want 'none' (rLLM) or 'last_kept' (verl)")
     merged = _has(record, "response_mask")
     n = record.num_rows
     total_rows = -(-n // pad_rows_to_multiple) * pad_rows_to_multiple if n else 0
@@ -326,9 +335,10 @@ def to_padded(
     position_ids -= 1
     position_ids *= attention_mask
 
-    # Rewards at the last response token, when the response fits (as rLLM).
-    fits = (rlen > 0) & (rlen <= R)
-    at = (np.nonzero(fits)[0], rlen[fits] - 1)
+    # Rewards at the last response token, when the response fits (as rLLM),
+    # or at the last kept one (truncated_reward="last_kept", as verl).
+    fits = (rlen > 0) & ((rlen <= R) | (truncated_reward == "last_kept"))
+    at = (np.nonzero(fits)[0], rkeep[fits] - 1)
     traj_rewards = _buffer(out, "traj_rewards", total_rows, R, np.float32, 0)
     reward = _column(record, "reward").to_numpy(zero_copy_only=False).astype(np.float32)
     traj_rewards[at] = reward[fits]

@@ -133,7 +133,7 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
             assert b.layout == "trajectories"
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                got = b.to_padded(PAD, P, R)
+                got = b.to_padded(PAD, P, R, mask_pad_token_ids=True)  # rLLM's rule, as the reference
             keys = list(zip(got.ids["trajectory_ids"], got.ids["first_step_index"]))
             rows = [ref[k] for k in keys]
             want = ref_pad(rows, PAD, P, R)
@@ -426,9 +426,9 @@ def test_attention_and_positions_follow_rllm_and_verl():
     rec = _merged_record([([5, 0, 7], [8, 9, 0], [1, 0, 1]), ([1, 2, 3, 4, 6], [3], [1])])
     ids = [[0, 5, 0, 7, 8, 9, 0, 0, 0], [2, 3, 4, 6, 3, 0, 0, 0, 0]]
 
-    # rLLM's transform: attention = token != pad id (prompts and responses),
-    # positions = (cumsum(attention) - 1) * attention.
-    got = to_padded(rec, 0, 4, 5, warn=False)
+    # rLLM's transform, asked for: attention = token != pad id (prompts and
+    # responses), positions = (cumsum(attention) - 1) * attention.
+    got = to_padded(rec, 0, 4, 5, warn=False, mask_pad_token_ids=True)
     np.testing.assert_array_equal(got.input_ids, ids)
     np.testing.assert_array_equal(got.attention_mask, [[0, 1, 0, 1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0, 0]])
     np.testing.assert_array_equal(got.position_ids, [[0, 0, 0, 1, 2, 3, 0, 0, 0], [0, 1, 2, 3, 4, 0, 0, 0, 0]])
@@ -437,17 +437,58 @@ def test_attention_and_positions_follow_rllm_and_verl():
     assert got.truncation["pad_id_tokens"] == 2
     assert got.prompts.base is not None and np.shares_memory(got.prompts, got.input_ids)
 
-    # verl's agent loop: attention from the lengths (tokenizer.pad), so a real
-    # token equal to the pad id keeps its position; padding positions are 0
-    # (verl's clip(cumsum - 1, 0) repeats the last position on the right
-    # padding instead; both are masked out).
-    got = to_padded(rec, 0, 4, 5, warn=False, mask_pad_token_ids=False)
+    # The default, as verl's agent loop: attention from the lengths
+    # (tokenizer.pad), so a real token equal to the pad id keeps its
+    # position; padding positions are 0 (verl's clip(cumsum - 1, 0) repeats
+    # the last position on the right padding instead; both are masked out).
+    got = to_padded(rec, 0, 4, 5, warn=False)
+    assert all(np.array_equal(a, b) for a, b in zip(got.arrays().values(), to_padded(rec, 0, 4, 5, warn=False, mask_pad_token_ids=False).arrays().values()))
     np.testing.assert_array_equal(got.input_ids, ids)
     np.testing.assert_array_equal(got.attention_mask, [[0, 1, 1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0, 0, 0, 0]])
     np.testing.assert_array_equal(got.position_ids, [[0, 0, 1, 2, 3, 4, 5, 0, 0], [0, 1, 2, 3, 4, 0, 0, 0, 0]])
     np.testing.assert_array_equal(got.advantages, [[2, 0, 2, 0, 0], [2, 0, 0, 0, 0]])
     np.testing.assert_array_equal(got.traj_rewards, [[0, 0, 1, 0, 0], [1, 0, 0, 0, 0]])
     assert got.truncation["pad_id_tokens"] == 2 and got.truncation["prompt_tokens_dropped"] == 1
+
+
+def test_truncated_responses_reward_as_rllm_or_verl():
+    from rllm_pipe.padded import to_padded
+
+    # row 0's response (3 tokens, the last one the pad id) is cut to 2; row 1 fits.
+    rec = _merged_record([([5, 0, 7], [8, 9, 0], [1, 0, 1]), ([1, 2], [3], [1])])
+    rllm = to_padded(rec, 0, 4, 2, warn=False)  # the default: no reward for a cut response
+    np.testing.assert_array_equal(rllm.traj_rewards, [[0, 0], [1, 0]])
+    np.testing.assert_array_equal(rllm.step_rewards, [[0, 0], [1, 0]])
+    verl = to_padded(rec, 0, 4, 2, warn=False, truncated_reward="last_kept")
+    np.testing.assert_array_equal(verl.traj_rewards, [[0, 1], [1, 0]])
+    np.testing.assert_array_equal(verl.step_rewards, [[0, 1], [1, 0]])
+    assert rllm.truncation == verl.truncation and rllm.truncation["responses_truncated"] == 1
+    # everything else is the same
+    for k, a in rllm.arrays().items():
+        if k not in ("traj_rewards", "step_rewards"):
+            np.testing.assert_array_equal(a, verl.arrays()[k], err_msg=k)
+    with pytest.raises(ValueError):
+        to_padded(rec, 0, 4, 2, truncated_reward="verl")
+
+
+def test_pad_id_inside_prompts_and_responses_by_default(serve_mt):
+    """Generated multi-turn data where the pad id (0) is a real token inside
+    prompts and responses: with default arguments the attention mask is the
+    rows' lengths, no hole in it (verl derives response lengths from it)."""
+    srv = serve_mt("--consumer-group", "pad-inside", "--layout", "trajectories")
+    holes = 0
+    with Client(srv.location, consumer="t") as c:
+        for b in c.batches():
+            got = b.to_padded(PAD, 4096, 4096)
+            prompts, responses = b.column("prompt_ids").to_pylist(), b.column("response_ids").to_pylist()
+            holes += sum(int((np.array(p) == PAD).sum() + (np.array(r) == PAD).sum()) for p, r in zip(prompts, responses))
+            np.testing.assert_array_equal(got.attention_mask[:, :4096].sum(axis=1), [len(p) for p in prompts])
+            np.testing.assert_array_equal(got.attention_mask[:, 4096:].sum(axis=1), [len(r) for r in responses])
+            # contiguous: left-padded prompts, right-padded responses
+            for i, (p, r) in enumerate(zip(prompts, responses)):
+                assert got.attention_mask[i, 4096 - len(p):4096 + len(r)].all()
+            b.ack()
+    assert holes > 0, "the data must hold the pad id inside rows for this test to mean anything"
 
 
 def test_dataset_reuse_arrays(serve_mt):
