@@ -28,6 +28,10 @@ scripts/browser.sh >/dev/null 2>"$logs/browser" &
 browser=$!
 scripts/pytest.sh --prepare >"$logs/venv" 2>&1 &
 venv=$!
+# verl's environment is ~2.6 GB to download on a fresh machine: fetched
+# while the Go tests run.
+scripts/verl-test.sh --prepare >"$logs/verl" 2>&1 &
+verl=$!
 
 "$GO" vet ./...
 GO="$GO" scripts/layers.sh
@@ -45,3 +49,9 @@ if ! wait "$venv"; then
 	exit 1
 fi
 scripts/pytest.sh
+if ! wait "$verl"; then
+	cat "$logs/verl" >&2
+	echo "make test: verl's test environment could not be built (above)" >&2
+	exit 1
+fi
+scripts/verl-test.sh
