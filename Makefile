@@ -8,7 +8,7 @@ DATA    ?= data
 WORK    ?= .run
 GROUPS  ?= 2000
 
-.PHONY: all build run loop bench-loop test test-python test-short bench fuzz lint fmt clean services-up services-down
+.PHONY: all build run loop bench-loop test test-long test-python test-short bench fuzz lint fmt clean services-up services-down
 
 all: lint test
 
@@ -45,9 +45,19 @@ bench-loop: build
 # while Debian's chromium (scripts/browser.sh) and the Python tests'
 # virtualenv install in the background. Then the Python client's tests
 # against a real `rllm-pipe serve` (scripts/pytest.sh: a cached virtualenv
-# with pyarrow and pytest from PyPI).
+# with pyarrow and pytest from PyPI), and the batches into the real verl
+# (scripts/verl-test.sh: its cached environment is fetched during the Go
+# tests).
 test:
 	GO=$(GO) scripts/test.sh
+
+# test-long: the crash and outage scenarios at full length (10 kill -9 of
+# a Kafka->MinIO ingest, a 30 s MinIO outage); `make test` runs them
+# shorter. CI runs both.
+test-long:
+	scripts/services.sh up >/dev/null
+	eval "$$(scripts/services.sh env)" && RLLM_TEST_LONG=1 GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 30m \
+		-run 'TestIntegrationKafkaToS3CrashLoop|TestIntegrationOutages' ./cmd/rllm-pipe/
 
 # test-python: only the Python client's tests.
 test-python:

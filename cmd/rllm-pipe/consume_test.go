@@ -61,6 +61,12 @@ type consLine struct {
 	Rows      int64    `json:"rows"`
 	Tokens    int64    `json:"tokens"`
 	Oversized bool     `json:"oversized"`
+	Step      struct {
+		Step   uint64 `json:"step"`
+		Part   int    `json:"part"`
+		Parts  int    `json:"parts"`
+		Groups int    `json:"groups"`
+	} `json:"step"`
 }
 
 // consGenChunks generates groups of 4 with `rllm-pipe gen` (plus genArgs)
@@ -435,6 +441,9 @@ func consCheckLines(t *testing.T, who string, lines []consLine, d consData) (sin
 		}
 		if l.Oversized && (!over || len(l.Groups) != 1) {
 			problems = append(problems, "flagged oversized")
+		}
+		if l.BatchID != 0 && (l.Step.Step == 0 || l.Step.Part != 0 || l.Step.Parts != 1 || l.Step.Groups != len(l.Groups)) { // consume's lines (not the Flight client's below)
+			problems = append(problems, fmt.Sprintf("step %+v: want a step of its own, of its groups", l.Step))
 		}
 		if len(problems) > 0 {
 			if bad++; bad <= 10 {

@@ -82,9 +82,12 @@ func TestIntegrationKafkaToS3CrashLoop(t *testing.T) {
 	newIngest := func() *exec.Cmd { return sc.ingest("--shard-size", "512KiB", "--quiet") }
 	settledAll := func() int64 { return settledCount(t, cfg) }
 	rng := mrand.New(mrand.NewPCG(uint64(time.Now().UnixNano()), 2))
-	kills := 0
+	kills, wantKills := 0, 4
+	if longTier() {
+		wantKills = 10
+	}
 	produceDone := false
-	for kills < 10 || !produceDone {
+	for kills < wantKills || !produceDone {
 		select {
 		case err := <-produced:
 			if err != nil {

@@ -41,6 +41,12 @@ func TestMain(m *testing.M) {
 		}))
 }
 
+// longTier reports whether the long tier runs (RLLM_TEST_LONG=1, `make
+// test-long`, which CI runs after `make test`): the crash and outage
+// scenarios at full length (more kills, longer outages). `make test` runs
+// them shorter, to stay within its time.
+func longTier() bool { return os.Getenv("RLLM_TEST_LONG") == "1" }
+
 // raceNoExitSleep stops the binaries the tests launch from sleeping before
 // they exit: a binary built with -race sleeps GORACE's atexit_sleep_ms
 // (1 s by default) at exit, and the tests launch it hundreds of times.

@@ -9,7 +9,6 @@ functions, DataProto, its v1 per-sample stacking, and one PPO actor update
 of a tiny random model on CPU through verl's FSDP engine and ppo_loss."""
 
 import os
-import tempfile
 from functools import partial
 
 import numpy as np
@@ -41,6 +40,7 @@ def served(tmp_path_factory):
         started.append(s)
         return s
 
+    start.root = out
     yield start
     for s in started:
         s.stop()
@@ -139,34 +139,25 @@ def test_v1_samples_are_accepted(served):
 @pytest.fixture(scope="module")
 def cpu_engine():
     """verl's FSDP engine on CPU (fsdp2, one gloo process) over a tiny
-    randomly initialised Qwen3: verl 0.9 ships no CPU platform, so a minimal
-    one is registered first."""
+    randomly initialised Qwen3, built as examples/verl_trainer.py builds it."""
+    import argparse
+    import importlib.util
+
     import torch.distributed as dist
-    from transformers import AutoModelForCausalLM, Qwen3Config
 
-    import verl_cpu  # noqa: F401  (registers the CPU platform before verl caches one)
-    from verl.trainer.config import CheckpointConfig
-    from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
-    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+    from conftest import REPO
+    from rllm_pipe.verl import use_cpu
 
+    use_cpu()  # before verl's engine modules read the platform
+    spec = importlib.util.spec_from_file_location("verl_trainer", REPO / "train" / "python" / "examples" / "verl_trainer.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     dist.init_process_group(backend="gloo", rank=0, world_size=1)
-    path = tempfile.mkdtemp()
-    torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=4, tie_word_embeddings=False)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    engine = FSDPEngineWithLMHead(
-        model_config=HFModelConfig(path=path, load_tokenizer=False, use_remove_padding=False, override_config={"attn_implementation": "eager"}),
-        engine_config=FSDPEngineConfig(strategy="fsdp2", forward_only=False, fsdp_size=1, use_remove_padding=False, use_dynamic_bsz=False,
-                                       micro_batch_size_per_gpu=4, max_token_len_per_gpu=4096, use_torch_compile=False,
-                                       mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}),
-        optimizer_config=FSDPOptimizerConfig(lr=1e-2, lr_scheduler_type="constant"),
-        checkpoint_config=CheckpointConfig(),
-    )
-    engine.initialize()
-    yield engine, path
+    path = ex.tiny_model(512)
+    args = argparse.Namespace(cpu=True, micro_batch=4, max_prompt=128, max_response=256, lr=1e-2)
+    yield ex.engine_for(path, args), path
     dist.destroy_process_group()
 
 
@@ -188,6 +179,7 @@ def _model_log_probs(model, p, temperature=1.0):
 def test_actor_update_on_cpu_realigns_log_probs_and_moves_the_loss(served, cpu_engine):
     from transformers import AutoModelForCausalLM
     from verl.utils import tensordict_utils as tu
+    from verl.utils.metric.utils import reduce_metrics
     from verl.workers.config import ActorConfig
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import left_right_2_no_padding
@@ -209,9 +201,36 @@ def test_actor_update_on_cpu_realigns_log_probs_and_moves_the_loss(served, cpu_e
                              micro_batch_size_per_gpu=4, max_token_len_per_gpu=4096, use_fused_kernels=False)
         with engine.train_mode():
             out = engine.train_batch(td, loss_function=partial(ppo_loss, config=actor))
-        m = out["metrics"]
-        kl = np.mean(m["actor/ppo_kl"]) if isinstance(m["actor/ppo_kl"], list) else float(m["actor/ppo_kl"])
+        m = reduce_metrics(out["metrics"])
         if step == 0:
-            assert abs(kl) < 1e-5, f"verl's log-probs differ from the model's on the first step: ppo_kl {kl}"
-        losses.append(np.mean(m["actor/pg_loss"]) if isinstance(m["actor/pg_loss"], list) else float(m["actor/pg_loss"]))
+            assert abs(m["actor/ppo_kl"]) < 1e-5, f"verl's log-probs differ from the model's on the first step: {m}"
+        losses.append(m["actor/pg_loss"])
     assert len(set(np.round(losses, 6))) > 1, f"the loss did not move: {losses}"
+
+
+def test_example_trains_acknowledges_and_publishes(served):
+    """examples/verl_trainer.py on CPU: three steps of 2 groups through
+    verl's actor update; each acknowledged with the version it made, which
+    is published for the gateway."""
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from conftest import BIN, REPO
+
+    srv = served("example")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_PORT": str(port), "PYTHONPATH": str(REPO / "train" / "python")}
+    out = subprocess.run([sys.executable, str(REPO / "train" / "python" / "examples" / "verl_trainer.py"), "--serve", srv.location,
+                          "--tiny-model", "--cpu", "--steps", "3", "--groups-per-step", "2", "--lr", "1e-2"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [s["version"] for s in steps] == [1, 2, 3] and all(s["groups"] == 2 for s in steps), steps
+    assert all(s["grad_norm"] > 0 for s in steps) and len({round(s["pg_loss"], 6) for s in steps}) > 1, steps
+    shown = subprocess.run([BIN, "publish-version", "--show", "--from", str(served.root), "--consumer-group", "example"],
+                           capture_output=True, text=True, check=True).stdout
+    assert json.loads(shown)["policy_version"] == 3, shown
