@@ -22,20 +22,8 @@ command -v "$PYTHON" >/dev/null || { echo "pytest.sh: $PYTHON not found (Python 
 	{ echo "pytest.sh: $("$PYTHON" --version 2>&1) is too old: the client tests need Python 3.10+ (set PYTHON)" >&2; exit 1; }
 key=$( (cat "$REQS"; "$PYTHON" --version) | sha256sum | cut -c1-12)
 VENV=$CACHE_DIR/venv-$key
-
-if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
-	echo "pytest.sh: building $VENV" >&2
-	rm -rf "$VENV"
-	mkdir -p "$CACHE_DIR"
-	if ! "$PYTHON" -m venv "$VENV" 2>/dev/null; then
-		# No ensurepip (a Debian python3 without python3-venv): use virtualenv.
-		rm -rf "$VENV"
-		"$PYTHON" -m pip install --quiet --user virtualenv
-		"$PYTHON" -m virtualenv --quiet "$VENV"
-	fi
-	"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQS"
-	touch "$VENV/.complete"
-fi
+. "$REPO_DIR/scripts/lib/venv.sh"
+build_venv pytest.sh "$VENV" "$PYTHON" "$REQS"
 
 [ "${1:-}" = --prepare ] && [ $# = 1 ] && exit 0
 if [ "${1:-}" = --python ] && [ $# = 1 ]; then

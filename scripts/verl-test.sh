@@ -25,20 +25,9 @@ fi
 	{ echo "verl-test.sh: verl $VERL_VERSION needs Python 3.10-3.12, $PYTHON is $("$PYTHON" --version 2>&1) (set PYTHON)" >&2; exit 1; }
 key=$( (cat "$REQS"; echo "verl==$VERL_VERSION"; "$PYTHON" --version) | sha256sum | cut -c1-12)
 VENV=$CACHE_DIR/venv-verl-$key
-
-if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
-	echo "verl-test.sh: building $VENV (about 2.6 GB to download, once)" >&2
-	rm -rf "$VENV"
-	mkdir -p "$CACHE_DIR"
-	if ! "$PYTHON" -m venv "$VENV" 2>/dev/null; then
-		rm -rf "$VENV"
-		"$PYTHON" -m pip install --quiet --user virtualenv
-		"$PYTHON" -m virtualenv --quiet "$VENV"
-	fi
-	"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQS"
-	"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "verl==$VERL_VERSION"
-	touch "$VENV/.complete"
-fi
+. "$REPO_DIR/scripts/lib/venv.sh"
+[ -f "$VENV/.complete" ] || echo "verl-test.sh: about 2.6 GB to download, once" >&2
+build_venv verl-test.sh "$VENV" "$PYTHON" "$REQS" --no-deps "verl==$VERL_VERSION"
 
 [ "${1:-}" = --prepare ] && [ $# = 1 ] && exit 0
 if [ "${1:-}" = --python ] && [ $# = 1 ]; then

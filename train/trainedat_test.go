@@ -39,15 +39,7 @@ func testStalenessHoldsWhereTrained(t *testing.T, lead int64) {
 	}
 	root := t.TempDir()
 	traintest.WriteVersionedShards(t, root, versions, 1, 4)
-	r, err := local.OpenReader(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	obj, err := r.Objects(train.GroupDir("g"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, obj := openGroupG(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := train.NewConsumer(ctx, r, obj, train.ConsumerConfig{Config: train.Config{MaxStaleness: maxStale, IncludeFiltered: true},
@@ -195,15 +187,7 @@ func TestBatchGroups(t *testing.T) {
 func TestLoopHoldsTheBoundAndTheStepSize(t *testing.T) {
 	const maxStale, perStep, rollouts = 1, 4, 480
 	root := t.TempDir()
-	r, err := local.OpenReader(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	obj, err := r.Objects(train.GroupDir("g"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	r, obj := openGroupG(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	join := func(name string, follow bool) *train.Consumer {
@@ -316,4 +300,20 @@ func TestLoopHoldsTheBoundAndTheStepSize(t *testing.T) {
 	if steps < 20 || st.SkippedStale == 0 {
 		t.Errorf("%d steps, %d skipped: the loop should train and the late rollouts go stale", steps, st.SkippedStale)
 	}
+}
+
+// openGroupG opens root for reading and its consumer group "g" (closed
+// with the test).
+func openGroupG(t *testing.T, root string) (*local.Reader, train.Objects) {
+	t.Helper()
+	r, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	obj, err := r.Objects(train.GroupDir("g"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, obj
 }
