@@ -709,21 +709,49 @@ func (d *Decoder) setFloats(f field) {
 	}
 }
 
+// versionList reads token_versions: one version per response token, each
+// element an integer or, run-length encoded, a pair [version, count] for
+// count tokens in a row at version (the two forms may mix).
 func (d *Decoder) versionList(f field, start int) error {
 	if d.lx.peek() != '[' {
-		return d.reject(f, start, schemas.ReasonWrongType, "token_versions must be an array of integers")
+		return d.reject(f, start, schemas.ReasonWrongType, "token_versions must be an array of integers or [version, count] runs")
 	}
 	d.int64s = d.int64s[:0]
-	err := d.list(func(i int) error {
+	one := func(i int) (int64, error) {
 		v, rerr, err := d.intField(f)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if rerr != nil {
 			rerr.Err = fmt.Errorf("token_versions[%d]: %w", i, rerr.Err)
-			return valueErr{rerr}
+			return 0, valueErr{rerr}
 		}
-		d.int64s = append(d.int64s, v)
+		return v, nil
+	}
+	err := d.list(func(i int) error {
+		if d.lx.peek() != '[' {
+			v, err := one(i)
+			if err != nil {
+				return err
+			}
+			d.int64s = append(d.int64s, v)
+			return nil
+		}
+		var run []int64
+		if err := d.list(func(int) error {
+			v, err := one(i)
+			run = append(run, v)
+			return err
+		}); err != nil {
+			return err
+		}
+		if len(run) != 2 || run[1] < 1 || run[1] > maxVersionRun-int64(len(d.int64s)) {
+			return valueErr{schemas.Rejectf(schemas.ReasonInvalidValue, "token_versions",
+				"token_versions[%d]: a run is [version, count] with 1 <= count and at most %d tokens in all", i, maxVersionRun)}
+		}
+		for range run[1] {
+			d.int64s = append(d.int64s, run[0])
+		}
 		return nil
 	})
 	if err != nil {
@@ -733,6 +761,10 @@ func (d *Decoder) versionList(f field, start int) error {
 	d.step.HasTokenVersions = true
 	return nil
 }
+
+// maxVersionRun bounds the tokens token_versions' runs expand to (a run's
+// count is the client's: it must not size an allocation beyond reason).
+const maxVersionRun = 1 << 22
 
 // arrayOfObjects checks (and consumes) an array whose elements are all
 // objects. ok is false for any other element kind.

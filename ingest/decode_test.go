@@ -134,6 +134,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"short logprobs", with(goodStep, "response_logprobs", `[-0.5]`), schemas.ReasonLengthMismatch, "response_logprobs"},
 		{"long token_versions", with(goodStep, "token_versions", `[1,2,3]`), schemas.ReasonLengthMismatch, "token_versions"},
 		{"negative token_version", with(goodStep, "token_versions", `[1,-2]`), schemas.ReasonInvalidValue, "token_versions"},
+		{"long token_version runs", with(goodStep, "token_versions", `[[1,2],3]`), schemas.ReasonLengthMismatch, "token_versions"},
+		{"empty token_version run", with(goodStep, "token_versions", `[[1,0],[2,2]]`), schemas.ReasonInvalidValue, "token_versions"},
+		{"token_version run of three", with(goodStep, "token_versions", `[[1,1,1],2]`), schemas.ReasonInvalidValue, "token_versions"},
+		{"huge token_version run", with(goodStep, "token_versions", `[[1,1e15]]`), schemas.ReasonInvalidValue, "token_versions"},
+		{"negative token_version in a run", with(goodStep, "token_versions", `[[-1,2]]`), schemas.ReasonInvalidValue, "token_versions"},
 		{"short teacher", with(goodStep, "teacher_logprobs", `[-1]`), schemas.ReasonLengthMismatch, "teacher_logprobs"},
 		{"NaN teacher", with(goodStep, "teacher_logprobs", `[-1,NaN]`), schemas.ReasonNonFinite, "teacher_logprobs"},
 		{"messages object", with(goodStep, "messages", `{"role":"user"}`), schemas.ReasonWrongType, "messages"},
@@ -230,6 +235,23 @@ func TestIntValue(t *testing.T) {
 		got, err := intValue([]byte(tc.tok))
 		if err != tc.err || got != tc.want {
 			t.Errorf("intValue(%s) = %d, %v; want %d, %v", tc.tok, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// token_versions may come run-length encoded: [version, count] pairs,
+// mixed with single versions.
+func TestDecodeTokenVersionRuns(t *testing.T) {
+	var d Decoder
+	for in, want := range map[string]string{
+		`[[2,2]]`: "[2 2]", `[[2,1],3]`: "[2 3]", `[2,[3,1]]`: "[2 3]", `[2,3]`: "[2 3]",
+	} {
+		rec, err := d.Decode([]byte(with(goodStep, "token_versions", in)))
+		if err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if got := fmt.Sprint(rec.Step.TokenVersions); got != want || !rec.Step.HasTokenVersions {
+			t.Errorf("%s: %s, want %s", in, got, want)
 		}
 	}
 }

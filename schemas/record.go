@@ -93,5 +93,29 @@ func GroupKey(groupID, taskID, role string) string {
 // Key returns the step's advantage group.
 func (s *Step) Key() string { return GroupKey(s.GroupID, s.TaskID, s.Role) }
 
+// OldestVersion is the policy version of the step's oldest token: the
+// smallest of its token_versions and its policy_version. Staleness is
+// judged on it (a generation that spanned a weight update is as stale as
+// its first tokens).
+func (s *Step) OldestVersion() int64 {
+	v := s.PolicyVersion
+	for _, t := range s.TokenVersions {
+		v = min(v, t)
+	}
+	return v
+}
+
+// MixedVersions reports whether the step's tokens span policy versions:
+// token_versions present and not all equal to policy_version. Uniform ones
+// say nothing the step's version does not, and are stored as absent.
+func (s *Step) MixedVersions() bool {
+	for _, t := range s.TokenVersions {
+		if t != s.PolicyVersion {
+			return true
+		}
+	}
+	return false
+}
+
 // Key returns the trajectory's advantage group.
 func (t *Trajectory) Key() string { return GroupKey(t.GroupID, t.TaskID, t.Role) }

@@ -882,8 +882,8 @@ func (a *Assembler) close(g *group, why string) {
 	out.Version = -1
 	for _, t := range out.Trajectories {
 		for _, s := range t.Steps {
-			if out.Version < 0 || s.PolicyVersion < out.Version {
-				out.Version = s.PolicyVersion
+			if v := s.OldestVersion(); out.Version < 0 || v < out.Version {
+				out.Version = v
 			}
 		}
 		a.Counters.StepsEmitted += int64(len(t.Steps))

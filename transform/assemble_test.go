@@ -425,3 +425,49 @@ func TestAssembleRejectedStepsCloseTheGroup(t *testing.T) {
 		t.Fatalf("%d groups open", h.a.OpenGroups())
 	}
 }
+
+// A generation that spanned a weight update is as stale as its oldest
+// token: the group's version is the smallest token version of its steps;
+// token versions all equal to the step's version are stored as absent.
+func TestGroupVersionIsTheOldestToken(t *testing.T) {
+	h := newHarness(t, Config{GroupSize: 2})
+	// a1's step: policy 1 (step()'s idx+1), its token generated at 0.
+	h.add(t0,
+		step("A", "a1", 0, `"token_versions":[0]`),
+		traj("A", "a1", 1, 1),
+		step("A", "a2", 0, `"token_versions":[1]`), // uniform: as if absent
+		traj("A", "a2", 0, 1),
+	)
+	h.take()
+	if got, want := h.summary(), "A@v0:a1[0],a2[0]"; got != want {
+		t.Fatalf("got %s, want %s", got, want)
+	}
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	bt := NewBatcher(mem, BatchConfig{Estimator: mustGRPO()})
+	defer bt.Release()
+	batches, err := bt.Build(h.groups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := batches[0].Record
+	defer func() {
+		for _, b := range batches {
+			b.Record.Release()
+		}
+	}()
+	tv := rec.Column(schemas.ColTokenVersions).(*array.List)
+	gv := rec.Column(schemas.ColGroupVersion).(*array.Int64)
+	got := []string{}
+	for i := range int(rec.NumRows()) {
+		if tv.IsNull(i) {
+			got = append(got, fmt.Sprintf("null@%d", gv.Value(i)))
+			continue
+		}
+		s, e := tv.ValueOffsets(i)
+		got = append(got, fmt.Sprintf("%v@%d", tv.ListValues().(*array.Int64).Int64Values()[s:e], gv.Value(i)))
+	}
+	if fmt.Sprint(got) != "[[0]@0 null@0]" {
+		t.Fatalf("token_versions@group_version per row: %v", got)
+	}
+}

@@ -409,7 +409,9 @@ func (bt *Batcher) reserve(groups []*Group, b *array.RecordBuilder) {
 			for _, s := range t.Steps {
 				rows++
 				teacher += len(s.TeacherLogprobs)
-				versions += len(s.TokenVersions)
+				if s.MixedVersions() {
+					versions += len(s.TokenVersions)
+				}
 				meta += len(s.Metadata)
 				stepIDs += len(s.StepID)
 				trajIDs += len(s.TrajectoryID)
@@ -548,7 +550,7 @@ func (bt *Batcher) build(groups []*Group) (Batch, error) {
 				bt.addPrompt(ch, k, prefixLen)
 				bt.resp.add(s.ResponseIDs)
 				bt.logp.add(s.ResponseLogprobs)
-				if s.HasTokenVersions {
+				if s.HasTokenVersions && s.MixedVersions() {
 					tokV.Append(true)
 					tokVV.AppendValues(s.TokenVersions, nil)
 				} else {
