@@ -31,6 +31,13 @@ type capture struct {
 	// (root "weight_version", as rLLM's gateway reads it); -1 when absent
 	// or not a non-negative integer.
 	weightVersion int64
+	// versions are the policy versions of choice 0's response tokens, one
+	// each (nil: none known): a stream's chunks carry the engine's
+	// weight_version, else the gateway's own in force when they arrived
+	// (gw); a non-streamed answer its output_versions (SGLang, AReaL).
+	// -1: unknown (the step's version fills it in).
+	versions []int64
+	gw       func() int64
 
 	// streaming accumulation (choice 0)
 	role       string
@@ -62,6 +69,8 @@ type wireResp struct {
 	// The weight version a rollout engine stamps on its response (absent
 	// from plain vLLM): a number, or its decimal string.
 	WeightVersion json.RawMessage `json:"weight_version"`
+	// A version per output token (SGLang's and AReaL's output_versions).
+	OutputVersions []int64 `json:"output_versions"`
 }
 
 type wireUsage struct {
@@ -71,6 +80,7 @@ type wireUsage struct {
 
 type wireChoice struct {
 	Index          int             `json:"index"`
+	OutputVersions []int64         `json:"output_versions"`
 	Message        json.RawMessage `json:"message"`
 	Delta          *wireDelta      `json:"delta"`
 	FinishReason   *string         `json:"finish_reason"`
@@ -104,27 +114,70 @@ type wireLogprobs struct {
 
 type sgMeta struct {
 	OutputTokenLogprobs [][]json.RawMessage `json:"output_token_logprobs"`
+	OutputVersions      []int64             `json:"output_versions"`
 	FinishReason        json.RawMessage     `json:"finish_reason"`
 	PromptTokens        int64               `json:"prompt_tokens"`
 	CompletionTokens    int64               `json:"completion_tokens"`
 }
 
-// setWeightVersion keeps a response's weight_version when it is a
-// non-negative integral number up to 2^53 (3, 3.0, 3e0), or such a
-// number's decimal string, blanks around it allowed (as rLLM's int()
-// takes it).
+// setWeightVersion keeps a response's weight_version (parseVersion).
 func (c *capture) setWeightVersion(raw json.RawMessage) {
+	if v, ok := parseVersion(raw); ok {
+		c.weightVersion = v
+	}
+}
+
+// parseVersion reads a weight_version: a non-negative integral number up
+// to 2^53 (3, 3.0, 3e0), or such a number's decimal string, blanks around
+// it allowed (as rLLM's int() takes it); false when absent (every chunk of
+// a plain vLLM stream) or not one.
+func parseVersion(raw json.RawMessage) (int64, bool) {
 	if len(raw) == 0 {
-		return // absent: every chunk of a plain vLLM stream
+		return 0, false
 	}
 	v := strings.TrimSpace(string(bytes.Trim(raw, `"`)))
 	if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 && n <= 1<<53 {
-		c.weightVersion = n
+		return n, true
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f <= 1<<53 && f == math.Trunc(f) && raw[0] != '"' {
+		return int64(f), true // a JSON number written 3.0 or 3e0
+	}
+	return 0, false
+}
+
+// addVersions notes the versions of n response tokens that arrived in one
+// chunk: the chunk's weight_version, else the gateway's in force now.
+func (c *capture) addVersions(n int, raw json.RawMessage) {
+	v, ok := parseVersion(raw)
+	if !ok {
+		v = -1
+		if c.gw != nil {
+			v = c.gw()
+		}
+	}
+	if c.versions == nil && v < 0 {
 		return
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f <= 1<<53 && f == math.Trunc(f) && len(raw) > 0 && raw[0] != '"' {
-		c.weightVersion = int64(f) // a JSON number written 3.0 or 3e0
+	for len(c.versions) < len(c.responseIDs)-n {
+		c.versions = append(c.versions, -1) // tokens that came with no version
 	}
+	for range n {
+		c.versions = append(c.versions, v)
+	}
+}
+
+// setOutputVersions keeps a non-streamed answer's per-token versions when
+// there is one per response token.
+func (c *capture) setOutputVersions(vs []int64) {
+	if len(vs) == 0 || len(vs) != len(c.responseIDs) {
+		return
+	}
+	for _, v := range vs {
+		if v < 0 || v > 1<<53 {
+			return
+		}
+	}
+	c.versions = vs
 }
 
 // parseResponse reads a non-streaming response body.
@@ -157,6 +210,11 @@ func parseResponse(body []byte, c *capture) {
 		}
 		c.responseIDs = ch.TokenIDs
 		c.addLogprobs(ch.Logprobs)
+		if ch.OutputVersions != nil {
+			c.setOutputVersions(ch.OutputVersions)
+		} else {
+			c.setOutputVersions(r.OutputVersions)
+		}
 		if ch.FinishReason != nil {
 			c.finishReason = *ch.FinishReason
 		}
@@ -201,6 +259,11 @@ func (c *capture) sglangGenerate(r *wireResp) {
 		c.responseIDs = r.OutputIDs
 	case rows != nil:
 		c.responseIDs = ids
+	}
+	if m.OutputVersions != nil {
+		c.setOutputVersions(m.OutputVersions)
+	} else {
+		c.setOutputVersions(r.OutputVersions)
 	}
 	var fr struct {
 		Type string `json:"type"`
@@ -283,6 +346,7 @@ func (c *capture) addChunk(data []byte) bool {
 				c.responseIDs = []int64{}
 			}
 			c.responseIDs = append(c.responseIDs, ch.TokenIDs...)
+			c.addVersions(len(ch.TokenIDs), r.WeightVersion)
 		}
 		c.addLogprobs(ch.Logprobs)
 		if ch.FinishReason != nil && *ch.FinishReason != "" {

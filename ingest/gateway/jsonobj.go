@@ -96,7 +96,7 @@ func isNull(v json.RawMessage) bool {
 // to null, as rLLM's gateway removes them: vLLM's token ids and the
 // weight version an engine stamps. Other keys (logprobs, an OpenAI field)
 // become null, their value when not requested.
-var removedKeys = map[string]bool{"prompt_token_ids": true, "token_ids": true, "weight_version": true}
+var removedKeys = map[string]bool{"prompt_token_ids": true, "token_ids": true, "weight_version": true, "output_versions": true}
 
 // stripFields removes (removedKeys) or sets to null the present root keys
 // and choices[i] keys of a response (or a stream chunk); changed is false

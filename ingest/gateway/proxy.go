@@ -123,14 +123,18 @@ func (rw *rewrite) stripKeys() (root, choice []string) {
 	return root, choice
 }
 
-// withEngineKeys adds to root the keys of body that an engine stamps for
-// the gateway (its weight version, which the gateway records), when body
-// holds one; root is not modified.
-func withEngineKeys(root []string, body []byte) []string {
+// withEngineKeys adds the keys of body that an engine stamps for the
+// gateway (its weight version, its per-token output_versions, which the
+// gateway records), when body holds one; root and choice are not modified.
+func withEngineKeys(root, choice []string, body []byte) ([]string, []string) {
 	if bytes.Contains(body, []byte(`"weight_version"`)) {
-		return append(slices.Clip(root), "weight_version")
+		root = append(slices.Clip(root), "weight_version")
 	}
-	return root
+	if bytes.Contains(body, []byte(`"output_versions"`)) {
+		root = append(slices.Clip(root), "output_versions")
+		choice = append(slices.Clip(choice), "output_versions")
+	}
+	return root, choice
 }
 
 // upstreamDo sends the request to the session's worker; a worker that
@@ -276,6 +280,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 	cl := &call{sess: sess, endpoint: endpoint, version: s.weight.Load(), dispatch: time.Now(), messages: rw.messages,
 		tools: rw.tools, model: rw.model, stream: rw.stream}
 	cl.cap.weightVersion = -1
+	cl.cap.gw = s.weight.Load // the version in force as each chunk arrives
 	cl.cap.promptIDs = rw.inputIDs
 	defer func() { // after s.record
 		if cl.answering {
@@ -319,7 +324,7 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 		} else {
 			out := raw
 			root, choice := rw.stripKeys()
-			if root = withEngineKeys(root, raw); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
+			if root, choice = withEngineKeys(root, choice, raw); len(root)+len(choice) > 0 && endpoint != "generate" && !cl.cap.unreadable {
 				if b, _, err := stripFields(raw, root, choice); err == nil {
 					out = b
 				}
@@ -391,7 +396,7 @@ func (s *Server) relayStream(w http.ResponseWriter, r *http.Request, resp *http.
 					sawDone = true
 					cl.answer() // the agent's stream ends with this event
 				} else if len(data) > 0 && cl.cap.addChunk(data) && strip {
-					if root := withEngineKeys(root, data); len(root)+len(choice) > 0 {
+					if root, choice := withEngineKeys(root, choice, data); len(root)+len(choice) > 0 {
 						if b, changed, err := stripFields(data, root, choice); err == nil && changed {
 							out = append(append([]byte("data: "), b...), '\n')
 						}

@@ -70,11 +70,14 @@ type stepRecord struct {
 	PromptDeltaIDs   *[]int64        `json:"prompt_delta_ids,omitempty"`
 	ResponseIDs      *[]int64        `json:"response_ids,omitempty"`
 	ResponseLogprobs json.RawMessage `json:"response_logprobs,omitempty"`
-	Messages         json.RawMessage `json:"messages,omitempty"`
-	FinishReason     string          `json:"finish_reason,omitempty"`
-	Model            string          `json:"model,omitempty"`
-	CreatedAt        string          `json:"created_at"`
-	Metadata         json.RawMessage `json:"metadata"`
+	// TokenVersions, run-length encoded ([version, count] runs), when the
+	// response's tokens span policy versions.
+	TokenVersions [][2]int64      `json:"token_versions,omitempty"`
+	Messages      json.RawMessage `json:"messages,omitempty"`
+	FinishReason  string          `json:"finish_reason,omitempty"`
+	Model         string          `json:"model,omitempty"`
+	CreatedAt     string          `json:"created_at"`
+	Metadata      json.RawMessage `json:"metadata"`
 }
 
 // stepMeta is the step's metadata: what the wire format has no field for.
@@ -90,6 +93,44 @@ type stepMeta struct {
 	NullLogprobAt []int           `json:"null_logprob_positions,omitempty"`
 	PromptTokens  int64           `json:"prompt_tokens,omitempty"`
 	ComplTokens   int64           `json:"completion_tokens,omitempty"`
+	// VersionChanges are where the generation crossed a weight update:
+	// the response token at which each new version begins (an interrupted
+	// and continued generation).
+	VersionChanges []versionChange `json:"version_changes,omitempty"`
+}
+
+// versionChange is a response token position where a new policy version
+// begins.
+type versionChange struct {
+	At      int   `json:"at"`
+	Version int64 `json:"version"`
+}
+
+// tokenVersions fills the unknown entries of vs with version and returns
+// its runs and where the version changes; nil, nil when every token is at
+// version (nothing the step's own version does not say).
+func tokenVersions(vs []int64, version int64) ([][2]int64, []versionChange) {
+	var runs [][2]int64
+	var changes []versionChange
+	mixed := false
+	for i, v := range vs {
+		if v < 0 {
+			v = version
+		}
+		mixed = mixed || v != version
+		if n := len(runs); n > 0 && runs[n-1][0] == v {
+			runs[n-1][1]++
+			continue
+		}
+		if i > 0 {
+			changes = append(changes, versionChange{At: i, Version: v})
+		}
+		runs = append(runs, [2]int64{v, 1})
+	}
+	if !mixed {
+		return nil, nil
+	}
+	return runs, changes
 }
 
 // reject classifies a capture: "" when the step is trainable.
@@ -159,12 +200,16 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 	if c.choices > 1 {
 		meta.Choices = c.choices
 	}
-	metaJSON := marshal(meta)
 	id := stepID(s.trajID, index)
 	version := cl.version // in force at dispatch, unless the engine stamped its own
 	if c.weightVersion >= 0 {
 		version = c.weightVersion
 	}
+	var runs [][2]int64
+	if len(c.versions) == len(c.responseIDs) {
+		runs, meta.VersionChanges = tokenVersions(c.versions, version)
+	}
+	metaJSON := marshal(meta)
 	rec := stepRecord{Type: "step", StepID: id, TaskID: s.taskID, GroupID: s.groupID, Role: s.role, TrajectoryID: s.trajID,
 		StepIndex: index, PolicyVersion: version, FinishReason: finish, Model: model,
 		CreatedAt: cl.dispatch.UTC().Format("2006-01-02T15:04:05.000000Z"), Metadata: metaJSON}
@@ -181,6 +226,7 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 	}
 	if c.responseIDs != nil {
 		rec.ResponseIDs = &c.responseIDs
+		rec.TokenVersions = runs
 	}
 	if reject != rejectUnreadable && reject != rejectMissingIDs {
 		rec.ResponseLogprobs = c.logprobsJSON()
