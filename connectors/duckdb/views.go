@@ -104,6 +104,7 @@ const (
 	ViewDLCommits    = "dead_letter_commits"
 	ViewConsumed     = "consumed"
 	ViewStaleSkips   = "stale_skips"
+	ViewPromptForks  = "prompt_forks"
 )
 
 func (l *layout) views() ([]View, error) {
@@ -118,6 +119,9 @@ func (l *layout) views() ([]View, error) {
 		{ViewSteps, "one row per committed step: every row of the committed shards, whole prompts and messages, plus shard (its manifest path)", l.stepsSQL()},
 		{ViewTrajectories, "one row per trajectory (group_id, group_version, trajectory_id); pass = coalesce(is_correct, reward > 0)", trajectoriesSQL},
 		{ViewGroups, "one row per group (group_id, group_version); reward_std is the population std", groupsSQL},
+		{ViewPromptForks, "one row per step whose prompt does not extend its trajectory's previous step's prompt + response " +
+			"(a chat template re-rendered history, a context reset): fork_at is the first token where they differ (the common prefix's length), " +
+			"prev_tokens the previous step's prompt + response length; such a step starts a new trainer row", promptForksSQL},
 		{ViewDeadLetters, "one row per committed dead letter", l.deadLettersSQL()},
 		{ViewDLCommits, "per manifest entry (seq, committed_at), dead-letter file and reason: the dead letters that entry committed " +
 			"(a line belongs to the first entry whose mark on its file covers it)", l.deadLetterCommitsSQL()},
@@ -582,6 +586,25 @@ SELECT group_id, group_version, trajectory_id,
   coalesce(arg_min_null(is_correct, shard), arg_min_null(reward, shard) > 0) AS pass
 FROM per_shard
 GROUP BY group_id, group_version, trajectory_id;
+`
+
+// promptForksSQL finds the steps that do not extend their predecessor
+// (the rule of schemas/prefix.Extends: the prompt begins with the previous
+// step's prompt followed by its response), and where they diverge.
+const promptForksSQL = `CREATE OR REPLACE VIEW prompt_forks AS
+WITH walk AS (
+  SELECT group_id, group_version, trajectory_id, step_id, step_index, shard, prompt_ids,
+    list_concat(lag(prompt_ids) OVER w, lag(response_ids) OVER w) AS prev_ids
+  FROM steps
+  WINDOW w AS (PARTITION BY group_id, group_version, trajectory_id ORDER BY step_index)
+)
+SELECT group_id, group_version, trajectory_id, step_id, step_index, shard,
+  coalesce(list_position(list_transform(range(1, least(len(prompt_ids), len(prev_ids)) + 1), i -> prompt_ids[i] != prev_ids[i]), true) - 1,
+    least(len(prompt_ids), len(prev_ids)))::BIGINT AS fork_at,
+  len(prev_ids)::BIGINT AS prev_tokens, len(prompt_ids)::BIGINT AS prompt_tokens
+FROM walk
+WHERE prev_ids IS NOT NULL AND len(prev_ids) > 0
+  AND NOT (len(prompt_ids) >= len(prev_ids) AND prompt_ids[1:len(prev_ids)] = prev_ids);
 `
 
 const groupsSQL = `CREATE OR REPLACE VIEW groups AS

@@ -45,7 +45,7 @@ func FuzzCapture(f *testing.F) {
 		} else {
 			parseResponse(data, &cl.cap)
 		}
-		line, tr, reject := buildStep(cl, 0, nil)
+		line, tr, reject, _ := buildStep(cl, 0, nil, false)
 		if !json.Valid(line) || !json.Valid(tr.json) {
 			t.Fatalf("invalid JSON: %s", line)
 		}

@@ -55,9 +55,10 @@ func (h *histogram) observe(d time.Duration) {
 type metrics struct {
 	calls          counterVec // kind: recorded, passthrough, plain
 	steps          atomic.Int64
-	rejected       counterVec // gateway_reject reason
-	cutOff         counterVec // cause
-	errors         counterVec // kind
+	forks          atomic.Int64 // steps whose prompt does not extend the previous step's
+	rejected       counterVec   // gateway_reject reason
+	cutOff         counterVec   // cause
+	errors         counterVec   // kind
 	promptTokens   atomic.Int64
 	complTokens    atomic.Int64
 	unrecordedN    atomic.Int64
@@ -93,6 +94,7 @@ func (m *metrics) write(w io.Writer, sessionsOpen int, traceBytes int64, weight 
 	}
 	vec("rllm_gateway_calls_total", "Agent calls by kind: recorded (in a session), passthrough (other routes in a session), plain (outside a session).", "kind", &m.calls)
 	one("rllm_gateway_steps_recorded_total", "counter", "Step records queued for the output.", m.steps.Load())
+	one("rllm_gateway_prompt_forks_total", "counter", "Steps whose prompt does not extend the previous step's prompt and answer (re-rendered history, context resets): recorded whole, with where they diverge.", m.forks.Load())
 	vec("rllm_gateway_rejected_steps_total", "Steps written so that ingest dead-letters them, by reason (null_logprob, logprob_count, missing_token_ids, unreadable_response).", "reason", &m.rejected)
 	vec("rllm_gateway_cut_off_steps_total", "Steps whose agent did not get the whole answer, by cause (client_disconnect, upstream_cut).", "cause", &m.cutOff)
 	vec("rllm_gateway_errors_total", "Errors by kind.", "kind", &m.errors)

@@ -494,22 +494,24 @@ func (s *Server) record(cl *call) {
 	sess.mu.Lock()
 	index := sess.steps
 	sess.steps++
+	// The previous step, if it is a parent this one may extend (stored as
+	// a delta unless --whole-prompts; a fork when it does not).
 	var parent *prev
-	if !s.cfg.WholePrompts {
-		// The previous step, if it is a parent this one may extend.
-		if p := sess.last; p != nil && p.index == index-1 {
-			parent = p
-		}
-		sess.last = nil
+	if p := sess.last; p != nil && p.index == index-1 {
+		parent = p
 	}
+	sess.last = nil
 	sess.mu.Unlock()
-	line, tr, reject := buildStep(cl, index, parent)
+	line, tr, reject, fork := buildStep(cl, index, parent, s.cfg.WholePrompts)
+	if fork != nil {
+		s.metrics.forks.Add(1)
+	}
 	if len(line) > s.cfg.MaxRecordBytes {
 		// More than the output takes: its stub, which ingest dead-letters.
 		s.log.Warn("gateway: a step is larger than the output takes; its stub is written instead", "session_id", sess.id, "bytes", len(line), "max", s.cfg.MaxRecordBytes)
 		line, reject = refusedStub(line, rejectTooLarge), rejectTooLarge
 	}
-	if c := &cl.cap; !s.cfg.WholePrompts && reject == "" && cl.cutOff == "" && c.promptIDs != nil && c.responseIDs != nil {
+	if c := &cl.cap; reject == "" && cl.cutOff == "" && c.promptIDs != nil && c.responseIDs != nil {
 		// This step is the next one's parent, unless a later call was
 		// recorded meanwhile (it was then written whole). Set only now,
 		// once its line is known to be written as it is.

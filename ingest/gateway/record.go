@@ -97,6 +97,18 @@ type stepMeta struct {
 	// the response token at which each new version begins (an interrupted
 	// and continued generation).
 	VersionChanges []versionChange `json:"version_changes,omitempty"`
+	// PromptFork, for a step whose prompt does not extend the previous
+	// step's prompt and answer (a chat template that re-rendered history):
+	// where they diverge.
+	PromptFork *promptFork `json:"prompt_fork,omitempty"`
+}
+
+// promptFork is where a prompt leaves its predecessor's prompt + answer:
+// At, the first token that differs (their common prefix's length), of
+// PrevTokens.
+type promptFork struct {
+	At         int `json:"at"`
+	PrevTokens int `json:"prev_tokens"`
 }
 
 // versionChange is a response token position where a new policy version
@@ -180,8 +192,9 @@ func stepID(trajID string, index int64) string {
 }
 
 // buildStep renders the step line and its trace for call index; a prompt
-// that begins with parent's prompt and answer is written as a delta.
-func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, reject string) {
+// that begins with parent's prompt and answer is written as a delta
+// (unless whole), one that does not is marked as a fork (returned too).
+func buildStep(cl *call, index int64, parent *prev, whole bool) (line []byte, tr *trace, reject string, fork *promptFork) {
 	s, c := cl.sess, &cl.cap
 	if cl.partial && c.promptIDs != nil && c.responseIDs == nil {
 		c.responseIDs = []int64{} // cut before the first token: an empty response, not a missing one
@@ -209,6 +222,12 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 	if len(c.versions) == len(c.responseIDs) {
 		runs, meta.VersionChanges = tokenVersions(c.versions, version)
 	}
+	extends := 0
+	if parent != nil && reject == "" && c.promptIDs != nil {
+		if extends = prefix.Extends(c.promptIDs, parent.prompt, parent.answer); extends == 0 && len(parent.prompt)+len(parent.answer) > 0 {
+			meta.PromptFork = &promptFork{At: prefix.Diverges(c.promptIDs, parent.prompt, parent.answer), PrevTokens: len(parent.prompt) + len(parent.answer)}
+		}
+	}
 	metaJSON := marshal(meta)
 	rec := stepRecord{Type: "step", StepID: id, TaskID: s.taskID, GroupID: s.groupID, Role: s.role, TrajectoryID: s.trajID,
 		StepIndex: index, PolicyVersion: version, FinishReason: finish, Model: model,
@@ -217,11 +236,9 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 		rec.PromptIDs = &c.promptIDs
 		// No parent: the session's first step, or one after a step that
 		// will be dead-lettered; sent whole.
-		if parent != nil && reject == "" {
-			if n := prefix.Extends(c.promptIDs, parent.prompt, parent.answer); n > 0 {
-				delta := c.promptIDs[n:]
-				rec.PromptIDs, rec.ParentStepID, rec.PromptDeltaIDs = nil, parent.id, &delta
-			}
+		if extends > 0 && !whole {
+			delta := c.promptIDs[extends:]
+			rec.PromptIDs, rec.ParentStepID, rec.PromptDeltaIDs = nil, parent.id, &delta
 		}
 	}
 	if c.responseIDs != nil {
@@ -262,7 +279,7 @@ func buildStep(cl *call, index int64, parent *prev) (line []byte, tr *trace, rej
 		ResponseMessage: respMsg, CompletionTokenIDs: nonNil(c.responseIDs), Logprobs: c.logprobs, FinishReason: fr,
 		WeightVersion: version, LatencyMS: meta.LatencyMS, TokenCounts: counts, Timestamp: unixSeconds(cl.dispatch), Metadata: metaJSON}
 	tj := marshal(t)
-	return line, &trace{id: t.TraceID, ts: t.Timestamp, json: tj}, reject
+	return line, &trace{id: t.TraceID, ts: t.Timestamp, json: tj}, reject, meta.PromptFork
 }
 
 func nonNil(s []int64) []int64 {

@@ -33,6 +33,28 @@ func Extends[T ~int32 | ~int64](prompt, prev, resp []T) int {
 	return n
 }
 
+// Diverges returns where prompt stops following its predecessor's prompt
+// followed by its response: the length of their common prefix (len(prompt)
+// when prompt is all of it, shorter). A prompt that Extends them diverges
+// nowhere: len(prev)+len(resp).
+func Diverges[T ~int32 | ~int64](prompt, prev, resp []T) int {
+	i := 0
+	for ; i < len(prompt) && i < len(prev); i++ {
+		if prompt[i] != prev[i] {
+			return i
+		}
+	}
+	if i < len(prev) {
+		return i
+	}
+	for j := 0; i < len(prompt) && j < len(resp); i, j = i+1, j+1 {
+		if prompt[i] != resp[j] {
+			return i
+		}
+	}
+	return i
+}
+
 // sameInts reports whether a and b hold the same integers, comparing their
 // memory (bytes.Equal's vector loop; slices.Equal goes element by element,
 // several times slower on the long prompts of multi-turn steps).
