@@ -129,7 +129,7 @@ func (c *Config) mergesDeltas() bool {
 var mergeColumns = []string{
 	"group_id", "group_version", "prompt_ids", "response_ids", "filter_reason",
 	"task_id", "role", "trajectory_id", "step_id", "step_index", "num_steps", "group_size",
-	"policy_version", "response_logprobs", "token_advantages", "reward", "advantage",
+	"policy_version", "token_versions", "response_logprobs", "token_advantages", "reward", "advantage",
 	"partial", "is_correct", "termination_reason", "estimator",
 	"prompt_prefix_len", "prompt_delta_ids", "trajectory_metadata",
 }

@@ -61,6 +61,7 @@ const (
 	ColIsCorrect
 	ColTerminationReason
 	ColEstimator
+	ColResponseVersions
 	NumColumns
 )
 
@@ -90,7 +91,8 @@ var Schema = arrow.NewSchema([]arrow.Field{
 	ColNumSteps:         {Name: "num_steps", Type: arrow.PrimitiveTypes.Int32},
 	// is_last: the row ends with the trajectory's last step.
 	ColIsLast: {Name: "is_last", Type: arrow.FixedWidthTypes.Boolean},
-	// The smallest and largest policy version of the row's steps.
+	// The smallest and largest policy version of the row's tokens (the
+	// steps' versions and their token_versions).
 	ColPolicyVersion:    {Name: "policy_version", Type: arrow.PrimitiveTypes.Int64},
 	ColMaxPolicyVersion: {Name: "max_policy_version", Type: arrow.PrimitiveTypes.Int64},
 	ColGroupVersion:     {Name: "group_version", Type: arrow.PrimitiveTypes.Int64},
@@ -117,6 +119,10 @@ var Schema = arrow.NewSchema([]arrow.Field{
 	ColIsCorrect:         {Name: "is_correct", Type: arrow.FixedWidthTypes.Boolean, Nullable: true},
 	ColTerminationReason: {Name: "termination_reason", Type: arrow.BinaryTypes.String, Nullable: true},
 	ColEstimator:         {Name: "estimator", Type: arrow.BinaryTypes.String},
+	// Per response token: the policy version that generated it (the step's
+	// token_versions, else its policy_version) on action tokens, -1 on
+	// observation tokens.
+	ColResponseVersions: {Name: "response_versions", Type: arrow.ListOfNonNullable(arrow.PrimitiveTypes.Int64)},
 }, func() *arrow.Metadata {
 	m := arrow.NewMetadata([]string{LayoutKey}, []string{"trajectories"})
 	return &m

@@ -15,8 +15,9 @@ type input struct {
 	task, role, sid, term, est *array.String
 	numSteps, groupSize        *array.Int32
 	pv, gv                     *array.Int64
-	lp, tokAdv                 *array.List
+	lp, tokAdv, tv             *array.List
 	lpV, tokAdvV               []float32
+	tvV                        []int64
 	reward, adv                *array.Float64
 	partial, correct           *array.Boolean
 }
@@ -46,6 +47,7 @@ func inputColumns(s *steps) (*input, error) {
 	in.gv, _ = col("group_version").(*array.Int64)
 	in.lp, _ = col("response_logprobs").(*array.List)
 	in.tokAdv, _ = col("token_advantages").(*array.List)
+	in.tv, _ = col("token_versions").(*array.List)
 	in.reward, _ = col("reward").(*array.Float64)
 	in.adv, _ = col("advantage").(*array.Float64)
 	in.partial, _ = col("partial").(*array.Boolean)
@@ -64,7 +66,24 @@ func inputColumns(s *steps) (*input, error) {
 		return nil, fmt.Errorf("merge: response_logprobs and token_advantages must be lists of float32")
 	}
 	in.lpV, in.tokAdvV = lpV.Float32Values(), taV.Float32Values()
+	if in.tv != nil {
+		tvV, ok := in.tv.ListValues().(*array.Int64)
+		if !ok {
+			return nil, fmt.Errorf("merge: token_versions must be a list of int64")
+		}
+		in.tvV = tvV.Int64Values()
+	}
 	return in, nil
+}
+
+// versionsOf returns row i's token versions, nil when it has none (its
+// tokens are all at its policy_version).
+func (in *input) versionsOf(i int) []int64 {
+	if in.tv == nil || in.tv.IsNull(i) {
+		return nil
+	}
+	a, b := in.tv.ValueOffsets(i)
+	return in.tvV[a:b]
 }
 
 // logprobsOf returns row i's response logprobs (one per response token:
@@ -103,6 +122,8 @@ type builders struct {
 	promptV, respV                        *array.Int32Builder
 	maskV                                 *array.Int8Builder
 	lpV, advsV                            *array.Float32Builder
+	vers                                  *array.ListBuilder
+	versV                                 *array.Int64Builder
 }
 
 func newBuilders(mem memory.Allocator) *builders {
@@ -123,6 +144,8 @@ func newBuilders(mem memory.Allocator) *builders {
 	b.promptV, b.respV = b.prompt.ValueBuilder().(*array.Int32Builder), b.resp.ValueBuilder().(*array.Int32Builder)
 	b.maskV = b.mask.ValueBuilder().(*array.Int8Builder)
 	b.lpV, b.advsV = b.lp.ValueBuilder().(*array.Float32Builder), b.advs.ValueBuilder().(*array.Float32Builder)
+	b.vers = f(ColResponseVersions).(*array.ListBuilder)
+	b.versV = b.vers.ValueBuilder().(*array.Int64Builder)
 	return b
 }
 
@@ -174,6 +197,7 @@ type merger struct {
 	// Scratch reused from row to row.
 	ones, zeros []int8
 	zf, fill    []float32
+	vfill       []int64
 	pieces      [][]int32
 }
 
@@ -237,9 +261,10 @@ func (m *merger) plan() (plan []span, promptN, responseN int) {
 // and responseN response tokens.
 func (b *builders) reserve(rows, promptN, responseN int) {
 	b.rb.Reserve(rows)
-	for _, lb := range []*array.ListBuilder{b.prompt, b.resp, b.mask, b.lp, b.advs} {
+	for _, lb := range []*array.ListBuilder{b.prompt, b.resp, b.mask, b.lp, b.advs, b.vers} {
 		lb.Reserve(rows)
 	}
+	b.versV.Reserve(responseN)
 	b.promptV.Reserve(promptN)
 	b.respV.Reserve(responseN)
 	b.maskV.Reserve(responseN)
@@ -269,11 +294,22 @@ func (m *merger) tokens(sp span) (action, obs, tokAdvSteps int, minPV, maxPV int
 				b.maskV.AppendValues(m.zeros[:len(delta)], nil)
 				b.lpV.AppendValues(m.zf, nil)
 				b.advsV.AppendValues(m.zf, nil)
+				m.vfill = fillI(m.vfill, len(delta), -1)
+				b.versV.AppendValues(m.vfill, nil)
 				obs += len(delta)
 			}
 			minPV, maxPV = min(minPV, in.pv.Value(r)), max(maxPV, in.pv.Value(r))
 		}
 		resp := in.respOf(r)
+		if tv := in.versionsOf(r); len(tv) == len(resp) && len(tv) > 0 {
+			b.versV.AppendValues(tv, nil)
+			for _, v := range tv {
+				minPV, maxPV = min(minPV, v), max(maxPV, v)
+			}
+		} else {
+			m.vfill = fillI(m.vfill, len(resp), in.pv.Value(r))
+			b.versV.AppendValues(m.vfill, nil)
+		}
 		m.ones = grow(m.ones, len(resp), 1)
 		b.respV.AppendValues(resp, nil)
 		b.maskV.AppendValues(m.ones[:len(resp)], nil)
@@ -304,6 +340,7 @@ func (m *merger) appendRow(sp span) {
 	b.resp.Append(true)
 	b.mask.Append(true)
 	b.lp.Append(true)
+	b.vers.Append(true)
 	b.advs.Append(true)
 	action, obs, tokAdvSteps, minPV, maxPV := m.tokens(sp)
 	b.gid.Append(fin.gid.Value(fr))
@@ -372,6 +409,14 @@ func grow(s []int8, n int, v int8) []int8 {
 }
 
 // fillF returns n items, all v, reusing s's memory.
+func fillI(s []int64, n int, v int64) []int64 {
+	s = slices.Grow(s[:0], n)[:n]
+	for i := range s {
+		s[i] = v
+	}
+	return s
+}
+
 func fillF(s []float32, n int, v float32) []float32 {
 	s = slices.Grow(s[:0], n)[:n]
 	for i := range s {

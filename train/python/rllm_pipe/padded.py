@@ -36,6 +36,10 @@ The layout is the one rLLM's verl backend builds
   ``step_rewards`` likewise: for merged rows it equals ``traj_rewards``, as
   rLLM's merged transform sets a row's step reward to the trajectory's; for
   step rows it holds the step's ``step_reward`` (0 when the step has none).
+- ``response_versions`` (int64 [rows, R]): the policy version that generated
+  each response token (the step's ``token_versions``, else its
+  ``policy_version``), -1 on observation tokens and padding: the
+  denominator's version of an importance ratio, token by token.
 - ``old_log_probs`` (float32 [rows, R], padded with 0) when the record has an
   ``old_log_probs`` list column (one item per response token, like
   ``rollout_log_probs``); no rllm-pipe layout carries one yet, so it is None
@@ -84,6 +88,7 @@ TENSORS = (
     "advantages",
     "traj_rewards",
     "step_rewards",
+    "response_versions",
 )
 
 
@@ -103,6 +108,7 @@ class Padded:
     advantages: np.ndarray  # float32 [rows, R], masked
     traj_rewards: np.ndarray  # float32 [rows, R]
     step_rewards: np.ndarray  # float32 [rows, R]
+    response_versions: np.ndarray  # int64 [rows, R]: -1 off the actions
     is_pad: np.ndarray  # bool [rows]: rows added by pad_rows_to_multiple
     is_valid: np.ndarray  # bool [rows]: not is_pad (rLLM's name)
     prompt_truncated: np.ndarray  # bool [rows]
@@ -313,6 +319,30 @@ def to_padded(
         adv_kept = kept_response("advantages", av, np.concatenate([[0], np.cumsum(rlen)]))
         action_total, action_kept = int(rlen.sum()), int(rkeep.sum())
     rollout_log_probs = response_tensor("rollout_log_probs", kept_response("rollout_log_probs", lv, lo), np.float32)
+    # The version of each response token: merged rows carry it (-1 on
+    # observations); step rows have token_versions, else their policy_version.
+    if merged and _has(record, "response_versions"):
+        vv, vo = _list(record, "response_versions")
+        vers_kept = kept_response("response_versions", vv, vo)
+    else:
+        step_v = np.full(n, -1, dtype=np.int64)  # unknown: a record without versions
+        if _has(record, "policy_version"):
+            step_v = _column(record, "policy_version").to_numpy(zero_copy_only=False).astype(np.int64)
+        vv = np.repeat(step_v, rlen)
+        if merged:  # rows of an older server: the row's version on its actions
+            vv = np.where(mv[mo[0] : mo[-1]] == 1, vv, -1)
+        elif _has(record, "token_versions"):
+            tv = _column(record, "token_versions")
+            has = ~np.asarray(tv.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+            starts = np.concatenate([[0], np.cumsum(rlen)])
+            for i in np.nonzero(has)[0]:  # the rare rows whose tokens span versions
+                v = tv[int(i)].as_py()
+                if len(v) != rlen[i]:
+                    raise ValueError("token_versions' lengths differ from response_ids'")
+                vv[starts[i] : starts[i + 1]] = v
+        vers_kept = kept_response("response_versions", vv, np.concatenate([[0], np.cumsum(rlen)]))
+    response_versions = _buffer(out, "response_versions", total_rows, R, np.int64, -1)
+    response_versions[:n][rdst] = vers_kept
     advantages = response_tensor("advantages", adv_kept, np.float32)  # masked: 0 off the actions
     old_log_probs = None
     if _has(record, "old_log_probs"):
@@ -394,6 +424,7 @@ def to_padded(
         "position_ids": position_ids,
         "traj_rewards": traj_rewards,
         "step_rewards": step_rewards,
+        "response_versions": response_versions,
     }
     ids: Dict[str, np.ndarray] = {}
     for out_name, merged_col, step_col in _IDS:
@@ -418,6 +449,7 @@ def to_padded(
         rollout_log_probs=rollout_log_probs,
         advantages=advantages,
         traj_rewards=traj_rewards,
+        response_versions=response_versions,
         step_rewards=step_rewards,
         is_pad=is_pad,
         is_valid=~is_pad,

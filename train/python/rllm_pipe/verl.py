@@ -167,6 +167,9 @@ def dataproto(
         "token_level_rewards": rewards,
         "advantages": arrays["advantages"],
         "returns": arrays["advantages"],
+        # not read by verl: each response token's policy version (-1 off the
+        # actions), for off-policy corrections that need it
+        "response_versions": arrays["response_versions"],
     }
     if old_log_probs == "rollout":
         tensors["old_log_probs"] = arrays["old_log_probs"] if "old_log_probs" in arrays else arrays["rollout_log_probs"]

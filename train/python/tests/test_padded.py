@@ -21,7 +21,7 @@ def multiturn(tmp_path_factory):
     root = tmp_path_factory.mktemp("multiturn")
     src = root / "traces.jsonl"
     run("gen", "--groups", "24", "--group-size", "4", "--turns", "1..9", "--resets", "0.2", "--observation-len", "24",
-        "--prompt-len", "48", "--response-len", "24", "--vocab", "300", "--teacher", "--seed", "7", "--out", str(src))
+        "--prompt-len", "48", "--response-len", "24", "--vocab", "300", "--teacher", "--token-versions", "--seed", "7", "--out", str(src))
     out = root / "out"
     run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--kl-coef", "0.5", "--kl-clip", "1",
         "--shard-size", "64KiB", "--quiet")
@@ -60,22 +60,24 @@ def ref_merge(steps):
     for s in steps:
         p, a, lp = list(s["prompt_ids"]), list(s["response_ids"]), list(s["response_logprobs"])
         adv = list(s["token_advantages"]) if s["token_advantages"] is not None else [s["advantage"]] * len(a)
+        tv = list(s["token_versions"]) if s["token_versions"] is not None else [s["policy_version"]] * len(a)
         if seg is not None and len(p) >= len(full) and p[: len(full)] == full:
             obs = p[len(full) :]
             seg["response"] += obs + a
+            seg["tv"] += [-1] * len(obs) + tv
             seg["mask"] += [0] * len(obs) + [1] * len(a)
             seg["lp"] += [0.0] * len(obs) + lp
             seg["adv"] += [0.0] * len(obs) + adv
             seg["last"] = s["step_index"]
             seg["merged"] += 1
-            seg["versions"].append(s["policy_version"])
+            seg["versions"] += [s["policy_version"]] + tv
             full += obs + a
         else:
             if seg is not None:
                 rows.append(seg)
             seg = {"traj": s["trajectory_id"], "first": s["step_index"], "last": s["step_index"], "prompt": p,
-                   "response": list(a), "mask": [1] * len(a), "lp": lp, "adv": adv, "reward": s["reward"],
-                   "merged": 1, "versions": [s["policy_version"]], "segment": len(rows)}
+                   "response": list(a), "tv": tv, "mask": [1] * len(a), "lp": lp, "adv": adv, "reward": s["reward"],
+                   "merged": 1, "versions": [s["policy_version"]] + tv, "segment": len(rows)}
             full = p + a
         seg["is_last"] = s["step_index"] == s["num_steps"] - 1
         seg["token_advantages"] = seg.get("token_advantages", 0) + (s["token_advantages"] is not None)
@@ -92,12 +94,14 @@ def ref_pad(rows, pad, P, R):
            [("prompts", P), ("responses", R), ("response_mask", R), ("rollout_log_probs", R), ("advantages", R), ("traj_rewards", R)]}
     out["prompts"][:] = pad
     out["responses"][:] = pad
+    out["response_versions"] = np.full((n, R), -1, dtype=np.int64)
     for i, r in enumerate(rows):
         p = r["prompt"][-P:]  # left pad, keep the end
         out["prompts"][i, P - len(p) :] = p
         resp = r["response"][:R]  # right pad, keep the start
         out["responses"][i, : len(resp)] = resp
         out["response_mask"][i, : len(resp)] = r["mask"][:R]
+        out["response_versions"][i, : len(resp)] = r["tv"][:R]
         out["rollout_log_probs"][i, : len(resp)] = r["lp"][:R]
         out["advantages"][i, : len(resp)] = np.array(r["adv"][:R]) * np.array(r["mask"][:R])
         if 0 < len(r["response"]) <= R:
@@ -127,7 +131,7 @@ def reference_rows(location):
 def test_padded_matches_rllm_reference(serve_mt, P, R):
     ref = reference_rows(serve_mt("--consumer-group", f"steps-{P}").location)
     srv = serve_mt("--consumer-group", f"traj-{P}", "--layout", "trajectories", "--max-tokens", "20000")
-    seen, resets, cut, token_adv, not_last, mixed = 0, 0, 0, 0, 0, 0
+    seen, resets, cut, token_adv, not_last, mixed, token_mixed = 0, 0, 0, 0, 0, 0, 0
     with Client(srv.location, consumer="t") as c:
         for b in c.batches():
             assert b.layout == "trajectories"
@@ -137,7 +141,7 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
             keys = list(zip(got.ids["trajectory_ids"], got.ids["first_step_index"]))
             rows = [ref[k] for k in keys]
             want = ref_pad(rows, PAD, P, R)
-            for name in ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask"):
+            for name in ("input_ids", "attention_mask", "position_ids", "prompts", "responses", "response_mask", "response_versions"):
                 np.testing.assert_array_equal(getattr(got, name), want[name], err_msg=name)
             for name in ("rollout_log_probs", "advantages", "traj_rewards", "step_rewards"):
                 np.testing.assert_allclose(getattr(got, name), want[name], rtol=0, atol=1e-6, err_msg=name)
@@ -150,6 +154,8 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
             token_adv += sum(r["token_advantages"] for r in rows)
             not_last += sum(not r["is_last"] for r in rows)
             mixed += sum(min(r["versions"]) != max(r["versions"]) for r in rows)
+            token_mixed += sum(
+                len({v for v in r["tv"] if v >= 0}) > 1 and any(a != b for a, b in zip(r["tv"], r["tv"][1:]) if a >= 0 and b >= 0) for r in rows)
             # truncation is counted, never silent
             tr = got.truncation
             assert tr["prompts_truncated"] == sum(len(r["prompt"]) > P for r in rows)
@@ -167,6 +173,7 @@ def test_padded_matches_rllm_reference(serve_mt, P, R):
     assert resets > 0, "the data has context resets"
     assert token_adv > 0, "the data has distillation token advantages"
     assert not_last > 0 and mixed > 0, "rows cut by a reset, rows of several policy versions"
+    assert token_mixed > 0, "rows whose tokens change version within a step (token_versions)"
     if R < 4096:
         assert cut > 0, "the small lengths cut rows"
 
