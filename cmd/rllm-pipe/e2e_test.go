@@ -1466,17 +1466,18 @@ func e2eSpotChecks() map[string]e2eSpot {
 		"A1-s0": {2, 3, 3, false, g1}, "A1-s1": {2, 3, 3, false, g1},
 		"A2-s0": {2, 3, 3, false, 0}, "A2-s1": {2, 3, 3, false, 0},
 		"A3-s0": {2, 3, 3, false, -g1},
-		"C1-s0": {7, 4, 4, false, 1.732046807578115},
-		"C2-s0": {7, 4, 4, false, -0.5773489358593717},
-		"C3-s0": {7, 4, 4, false, -0.5773489358593717},
-		"C4-s0": {7, 4, 4, false, -0.5773489358593717},
+		// C1's last token was generated at 6: the group is as old as it.
+		"C1-s0": {6, 4, 4, false, 1.732046807578115},
+		"C2-s0": {6, 4, 4, false, -0.5773489358593717},
+		"C3-s0": {6, 4, 4, false, -0.5773489358593717},
+		"C4-s0": {6, 4, 4, false, -0.5773489358593717},
 		"S1-s0": {0, 1, 1, false, 0.7}, "S1-s1": {0, 1, 1, false, 0.7}, "S1-s2": {0, 1, 1, false, 0.7},
-		"D1-s0": {5, 3, 3, false, math.NaN()}, "D3-s0": {5, 3, 3, false, math.NaN()},
+		"D1-s0": {4, 3, 3, false, math.NaN()}, "D3-s0": {4, 3, 3, false, math.NaN()},
 		"E1-s0": {0, 3, 3, false, 0}, "E2-s0": {0, 3, 3, false, 0}, "E3-s0": {0, 3, 3, false, 0},
 		"b1-s0": {1, 2, 2, false, pm}, "b2-s0": {1, 2, 2, false, -pm}, "b2-s1": {1, 2, 2, false, -pm},
 		"p1-s0": {4, 2, 3, true, pm}, "p2-s0": {4, 2, 3, true, -pm},
 		"NZ1-s0": {0, 1, 1, false, 0.5}, "UF1-s0": {1, 1, 1, false, 0},
-		"BIG1-s0": {9007199254740993, 1, 1, false, 0.5}, "BIG2-s0": {math.MaxInt64, 1, 1, false, 0.5},
+		"BIG1-s0": {0, 1, 1, false, 0.5}, "BIG2-s0": {math.MaxInt64, 1, 1, false, 0.5}, // BIG1's second token is at 0
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -1094,8 +1095,9 @@ func (in *refIngestor) emit(g *refGroupState, partial bool) {
 	for i, tr := range trajs {
 		rewards[i] = tr.rec.Reward
 		for _, s := range tr.steps {
-			if s.Policy < groupVersion {
-				groupVersion = s.Policy
+			// A group is as stale as its oldest token.
+			for _, v := range append([]int64{s.Policy}, s.TokenVersions...) {
+				groupVersion = min(groupVersion, v)
 			}
 		}
 	}
@@ -1122,7 +1124,7 @@ func (in *refIngestor) emit(g *refGroupState, partial bool) {
 				ResponseIDs:       s.ResponseIDs,
 				Logprobs:          s.Logprobs,
 				TokenVersions:     s.TokenVersions,
-				HasTV:             s.HasTV,
+				HasTV:             s.HasTV && slices.ContainsFunc(s.TokenVersions, func(v int64) bool { return v != s.Policy }), // uniform: stored as absent
 				Teacher:           s.Teacher,
 				HasTeacher:        s.HasTeacher,
 				Messages:          s.Messages,
