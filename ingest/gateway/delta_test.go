@@ -43,7 +43,9 @@ func jsonInts(v []int64) string { b, _ := json.Marshal(v); return string(b) }
 // TestPromptDeltasOnTheWire: a step whose prompt extends the session's
 // previous step's prompt and response is written as parent_step_id and
 // prompt_delta_ids; the rebuilt prompts equal what the backend saw; a
-// reset is written whole; WholePrompts turns it off.
+// reset is written whole, marked as a prompt fork (metadata prompt_fork:
+// where it diverges) and counted in the metrics; WholePrompts turns the
+// deltas off, not the forks.
 func TestPromptDeltasOnTheWire(t *testing.T) {
 	for _, whole := range []bool{false, true} {
 		up := httptest.NewServer(&growingBackend{prompt: []int64{1, 2}})
@@ -84,10 +86,26 @@ func TestPromptDeltasOnTheWire(t *testing.T) {
 			if !slices.Equal(prompt, want[s.StepIndex]) {
 				t.Fatalf("whole=%v step %d: prompt %v, want %v", whole, s.StepIndex, prompt, want[s.StepIndex])
 			}
+			var meta struct {
+				PromptFork *promptFork `json:"prompt_fork"`
+			}
+			if err := json.Unmarshal(s.Metadata, &meta); err != nil {
+				t.Fatal(err)
+			}
+			var fork *promptFork
+			if s.StepIndex == 3 { // [1 2 103] after step 2's prompt and its 2 response tokens
+				fork = &promptFork{At: 2, PrevTokens: len(want[2]) + 2}
+			}
+			if fmt.Sprint(meta.PromptFork) != fmt.Sprint(fork) {
+				t.Errorf("whole=%v step %d: prompt_fork %v, want %v", whole, s.StepIndex, meta.PromptFork, fork)
+			}
 			got[s.StepID] = slices.Concat(prompt, int64s(s.ResponseIDs))
 		}
 		if wantDeltas := map[bool]int{false: 3, true: 0}[whole]; deltas != wantDeltas {
 			t.Fatalf("whole=%v: %d steps written as deltas, want %d", whole, deltas, wantDeltas)
+		}
+		if _, body := e.do("GET", "/metrics", ""); !strings.Contains(string(body), "rllm_gateway_prompt_forks_total 1\n") {
+			t.Errorf("whole=%v: metrics lack one fork:\n%s", whole, body)
 		}
 		up.Close()
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -101,50 +100,5 @@ func TestTokenVersionsAcrossAWeightUpdate(t *testing.T) {
 				t.Errorf("token_versions on the wire %s, want the runs [[5 2] [6 2]]", runs)
 			}
 		})
-	}
-}
-
-// TestPromptForksRecorded: a step whose prompt does not extend the
-// previous step's prompt and answer (here a context reset) carries where
-// they diverge in its metadata, with or without deltas on the wire, and
-// is counted in the metrics; steps that extend carry nothing.
-func TestPromptForksRecorded(t *testing.T) {
-	for _, whole := range []bool{false, true} {
-		up := httptest.NewServer(&growingBackend{prompt: []int64{1, 2}})
-		e := newEnv(t, func(c *Config) { c.Upstreams = []string{up.URL}; c.WholePrompts = whole })
-		var prompts [][]int64
-		for k := range 5 {
-			e.mustJSON("POST", "/sessions/fork:0/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 200, nil)
-			p := []int64{1, 2}
-			if k > 0 && k != 3 {
-				p = append(slices.Clone(prompts[k-1]), 200+int64(k-1), 300+int64(k-1))
-			}
-			prompts = append(prompts, append(p, 100+int64(k)))
-		}
-		e.finish("fork:0", 1)
-		st := steps(decodeAll(t, e.out.records()))
-		if len(st) != 5 {
-			t.Fatalf("%d steps", len(st))
-		}
-		for k, s := range st {
-			var meta struct {
-				PromptFork *promptFork `json:"prompt_fork"`
-			}
-			if err := json.Unmarshal(s.rec.Step.Metadata, &meta); err != nil {
-				t.Fatal(err)
-			}
-			var want *promptFork
-			if k == 3 { // [1 2 103] after [1 2 100 200 300 101 201 301 102] + [202 302]
-				want = &promptFork{At: 2, PrevTokens: len(prompts[2]) + 2}
-			}
-			if fmt.Sprint(meta.PromptFork) != fmt.Sprint(want) {
-				t.Errorf("whole %t step %d: prompt_fork %v, want %v", whole, k, meta.PromptFork, want)
-			}
-		}
-		_, body := e.do("GET", "/metrics", "")
-		if !strings.Contains(string(body), "rllm_gateway_prompt_forks_total 1\n") {
-			t.Errorf("whole %t: metrics lack one fork:\n%s", whole, body)
-		}
-		up.Close()
 	}
 }
