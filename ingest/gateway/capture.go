@@ -31,6 +31,9 @@ type capture struct {
 	// (root "weight_version", as rLLM's gateway reads it); -1 when absent
 	// or not a non-negative integer.
 	weightVersion int64
+	// logprobsMode is the engine's logprobs mode when it stamps one (root
+	// "logprobs_mode": raw_logprobs, processed_logprobs, ...).
+	logprobsMode string
 	// versions are the policy versions of choice 0's response tokens, one
 	// each (nil: none known): a stream's chunks carry the engine's
 	// weight_version, else the gateway's own in force when they arrived
@@ -71,6 +74,8 @@ type wireResp struct {
 	WeightVersion json.RawMessage `json:"weight_version"`
 	// A version per output token (SGLang's and AReaL's output_versions).
 	OutputVersions []int64 `json:"output_versions"`
+	// The engine's logprobs mode, when it says (vLLM's --logprobs-mode).
+	LogprobsMode string `json:"logprobs_mode"`
 }
 
 type wireUsage struct {
@@ -125,6 +130,17 @@ func (c *capture) setWeightVersion(raw json.RawMessage) {
 	if v, ok := parseVersion(raw); ok {
 		c.weightVersion = v
 	}
+}
+
+// setLogprobsMode keeps an engine's logprobs mode: a short name of
+// letters, digits and underscores.
+func (c *capture) setLogprobsMode(m string) {
+	if m == "" || len(m) > 64 || strings.IndexFunc(m, func(r rune) bool {
+		return (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '_'
+	}) >= 0 {
+		return
+	}
+	c.logprobsMode = m
 }
 
 // parseVersion reads a weight_version: a non-negative integral number up
@@ -189,6 +205,7 @@ func parseResponse(body []byte, c *capture) {
 	}
 	c.model = r.Model
 	c.setWeightVersion(r.WeightVersion)
+	c.setLogprobsMode(r.LogprobsMode)
 	if r.Usage != nil {
 		c.promptTok, c.complTok = r.Usage.PromptTokens, r.Usage.CompletionTokens
 	}
@@ -318,6 +335,7 @@ func (c *capture) addChunk(data []byte) bool {
 	if c.weightVersion < 0 {
 		c.setWeightVersion(r.WeightVersion)
 	}
+	c.setLogprobsMode(r.LogprobsMode)
 	if (len(r.Error) > 0 && string(r.Error) != "null") || r.Object == "error" {
 		c.upstreamErr = true // the generation failed: what arrived is cut short
 		return true

@@ -96,7 +96,7 @@ func isNull(v json.RawMessage) bool {
 // to null, as rLLM's gateway removes them: vLLM's token ids and the
 // weight version an engine stamps. Other keys (logprobs, an OpenAI field)
 // become null, their value when not requested.
-var removedKeys = map[string]bool{"prompt_token_ids": true, "token_ids": true, "weight_version": true, "output_versions": true}
+var removedKeys = map[string]bool{"prompt_token_ids": true, "token_ids": true, "weight_version": true, "output_versions": true, "logprobs_mode": true}
 
 // stripFields removes (removedKeys) or sets to null the present root keys
 // and choices[i] keys of a response (or a stream chunk); changed is false
@@ -155,4 +155,16 @@ func stripFields(body []byte, rootKeys, choiceKeys []string) (out []byte, change
 		return body, false, nil
 	}
 	return joinObject(fs), true, nil
+}
+
+// splitOrEmpty is obj's fields, none when obj is empty or not an object.
+func splitOrEmpty(obj json.RawMessage) []field {
+	if len(obj) == 0 {
+		return nil
+	}
+	fs, err := splitObject(obj)
+	if err != nil {
+		return nil
+	}
+	return fs
 }

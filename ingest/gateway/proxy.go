@@ -46,6 +46,29 @@ type rewrite struct {
 	tools         json.RawMessage
 	model         string
 	inputIDs      []int64 // SGLang /generate: the prompt ids sent
+	// sampling are the sampling parameters the call was sent with (the
+	// agent's, or the session's defaults), as recorded (samplingKeys).
+	sampling []field
+}
+
+// samplingKeys are the sampling parameters recorded with each step: what
+// the behaviour logprobs depend on (an importance ratio is only right
+// against the distribution that sampled).
+var samplingKeys = []string{"temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "max_new_tokens", "seed", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+
+// recordSampling keeps fs's sampling keys (those of fs itself, or of its
+// nested sampling_params object: SGLang's /generate).
+func (rw *rewrite) recordSampling(fs []field) {
+	if sp, ok := getField(fs, "sampling_params"); ok && !isNull(sp) {
+		if inner, err := splitObject(sp); err == nil {
+			fs = inner
+		}
+	}
+	for _, k := range samplingKeys {
+		if v, ok := getField(fs, k); ok && !isNull(v) {
+			rw.sampling = append(rw.sampling, field{key: k, val: v})
+		}
+	}
 }
 
 func truthy(v json.RawMessage) bool {
@@ -66,6 +89,7 @@ func rewriteRequest(body []byte, endpoint string, sampling []field) (*rewrite, e
 			fs = append(fs, sp)
 		}
 	}
+	rw.recordSampling(fs)
 	if v, ok := getField(fs, "stream"); ok {
 		rw.stream = string(bytes.TrimSpace(v)) == "true"
 	}
@@ -129,6 +153,9 @@ func (rw *rewrite) stripKeys() (root, choice []string) {
 func withEngineKeys(root, choice []string, body []byte) ([]string, []string) {
 	if bytes.Contains(body, []byte(`"weight_version"`)) {
 		root = append(slices.Clip(root), "weight_version")
+	}
+	if bytes.Contains(body, []byte(`"logprobs_mode"`)) {
+		root = append(slices.Clip(root), "logprobs_mode")
 	}
 	if bytes.Contains(body, []byte(`"output_versions"`)) {
 		root = append(slices.Clip(root), "output_versions")
@@ -279,6 +306,9 @@ func (s *Server) handleAgent(w http.ResponseWriter, r *http.Request, sid, tail s
 	}
 	cl := &call{sess: sess, endpoint: endpoint, version: s.weight.Load(), dispatch: time.Now(), messages: rw.messages,
 		tools: rw.tools, model: rw.model, stream: rw.stream}
+	if len(rw.sampling) > 0 {
+		cl.sampling = joinObject(rw.sampling)
+	}
 	cl.cap.weightVersion = -1
 	cl.cap.gw = s.weight.Load // the version in force as each chunk arrives
 	cl.cap.promptIDs = rw.inputIDs

@@ -36,7 +36,8 @@ type call struct {
 	latency  time.Duration
 	messages json.RawMessage // request messages (chat)
 	tools    json.RawMessage
-	model    string // requested model
+	model    string          // requested model
+	sampling json.RawMessage // the sampling parameters sent (an object), nil when none
 	cap      capture
 	stream   bool
 	cutOff   string // why the agent did not get the whole answer ("" when it did)
@@ -97,6 +98,10 @@ type stepMeta struct {
 	// the response token at which each new version begins (an interrupted
 	// and continued generation).
 	VersionChanges []versionChange `json:"version_changes,omitempty"`
+	// Sampling are the sampling parameters the call was sent with and the
+	// engine's logprobs mode when it stamped one (logprobs_mode): what the
+	// behaviour logprobs mean.
+	Sampling json.RawMessage `json:"sampling,omitempty"`
 	// PromptFork, for a step whose prompt does not extend the previous
 	// step's prompt and answer (a chat template that re-rendered history):
 	// where they diverge.
@@ -212,6 +217,10 @@ func buildStep(cl *call, index int64, parent *prev, whole bool) (line []byte, tr
 		Tools: cl.tools, CutOff: cl.cutOff, Reject: reject, NullLogprobAt: c.nullAt, PromptTokens: c.promptTok, ComplTokens: c.complTok}
 	if c.choices > 1 {
 		meta.Choices = c.choices
+	}
+	meta.Sampling = cl.sampling
+	if c.logprobsMode != "" {
+		meta.Sampling = joinObject(append(splitOrEmpty(cl.sampling), field{key: "logprobs_mode", val: marshal(c.logprobsMode)}))
 	}
 	id := stepID(s.trajID, index)
 	version := cl.version // in force at dispatch, unless the engine stamped its own

@@ -102,3 +102,32 @@ func TestTokenVersionsAcrossAWeightUpdate(t *testing.T) {
 		})
 	}
 }
+
+// TestSamplingRecorded: each step records the sampling parameters its call
+// was sent with — the agent's, the session's defaults for the others —
+// and the engine's logprobs mode when it stamps one (removed from the
+// agent's answer, like its weight version).
+func TestSamplingRecorded(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"id":"c","object":"chat.completion","model":"m","logprobs_mode":"raw_logprobs","prompt_token_ids":[1,2],"choices":[{"index":0,"message":{"role":"assistant","content":"a"},"finish_reason":"stop","token_ids":[3],"logprobs":{"content":[{"logprob":-0.5}]}}]}`)
+	}))
+	defer up.Close()
+	e := newEnv(t, func(c *Config) { c.Upstreams = []string{up.URL} })
+	e.mustJSON("POST", "/sessions", `{"session_id":"smp:0","sampling_params":{"temperature":0.6,"top_k":20}}`, 200, nil)
+	code, body := e.do("POST", "/sessions/smp:0/v1/chat/completions", `{"model":"m","temperature":1.0,"top_p":0.9,"seed":7,"messages":[{"role":"user","content":"hi"}]}`)
+	if code != 200 || strings.Contains(string(body), "logprobs_mode") {
+		t.Fatalf("status %d, the agent's answer %s", code, body)
+	}
+	e.finish("smp:0", 1)
+	st := steps(decodeAll(t, e.out.records()))
+	var meta struct {
+		Sampling map[string]any `json:"sampling"`
+	}
+	if err := json.Unmarshal(st[0].rec.Step.Metadata, &meta); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"temperature": 1.0, "top_p": 0.9, "seed": 7.0, "top_k": 20.0, "logprobs_mode": "raw_logprobs"}
+	if fmt.Sprint(meta.Sampling) != fmt.Sprint(want) {
+		t.Fatalf("sampling %v, want %v", meta.Sampling, want)
+	}
+}
