@@ -45,6 +45,9 @@ type Config struct {
 	GroupMultiple int
 	// IncludeFiltered keeps rows that a filter marked (filter_reason).
 	IncludeFiltered bool
+	// RequireSampling, if set, skips (and counts) the groups with a step
+	// not sampled as it says (SamplingRequirement).
+	RequireSampling SamplingRequirement
 	// Batch, if set, recomputes advantage over each batch (REINFORCE++
 	// baseline, PRPO, batch std).
 	Batch advantage.BatchEstimator
@@ -138,6 +141,9 @@ type Counters struct {
 	// SplitSteps counts steps the token budget split into several
 	// batches (Batch.StepPart).
 	SplitSteps int64 `json:"split_steps"`
+	// SkippedSampling counts groups skipped for a step not sampled as
+	// Config.RequireSampling requires.
+	SkippedSampling int64 `json:"groups_skipped_sampling"`
 }
 
 // former gathers admitted groups into batches within the token budget.
@@ -191,6 +197,9 @@ func (f *former) passOver(g *group, policyVersion int64) bool {
 		return true
 	case g.rows == 0:
 		f.counters.SkippedEmpty++
+		return true
+	case !f.sampled(g):
+		f.counters.SkippedSampling++
 		return true
 	}
 	return false

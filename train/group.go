@@ -3,6 +3,7 @@ package train
 import (
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/apache/arrow-go/v18/arrow"
@@ -138,6 +139,9 @@ var mergeColumns = []string{
 // merging deltas.
 func (c *Config) shardColumns() []string {
 	if c.mergesDeltas() {
+		if len(c.RequireSampling) > 0 {
+			return append(slices.Clip(mergeColumns), "metadata")
+		}
 		return mergeColumns
 	}
 	return nil

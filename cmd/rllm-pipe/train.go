@@ -33,6 +33,7 @@ type trainOpts struct {
 	versionsPerBatch int64
 	batchGroups      int
 	groupMultiple    int
+	requireSampling  string
 	batchWait        time.Duration
 	follow           bool
 	poll             time.Duration
@@ -48,6 +49,7 @@ func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
 	f.Int64Var(&o.maxVersionLead, "max-version-lead", train.DefaultMaxVersionLead, "staleness is judged against the member's policy version capped at the newest committed group version plus this lead, so that a member far ahead (or lying) cannot pass the group's data over as stale (-1: no cap)")
 	f.Int64Var(&o.maxTokens, "max-tokens", 0, "token budget of a batch, prompt and response tokens (0: one group per batch); with --batch-groups a cap that splits a step into several batches of whole groups")
 	f.BoolVar(&o.includeFiltered, "include-filtered", false, "deliver rows a filter marked (filter_reason)")
+	f.StringVar(&o.requireSampling, "require-sampling", "", "skip (and count) groups with a step not sampled so: key=value[,...] against the step's recorded sampling (metadata.sampling: the request's temperature, top_p, top_k, ..., the engine's logprobs_mode), e.g. temperature=1,logprobs_mode=raw_logprobs")
 	f.StringVar(&o.batchEstimator, "batch-estimator", "", "recompute advantage over each batch: reinforce_plus_plus_baseline, prpo, batch_std")
 	f.StringVar(&o.compat, "compat", "rllm", "numerical conventions of --batch-estimator: rllm, verl, trl")
 	f.StringVar(&o.layout, "layout", "steps", "rows of a batch: steps (one per step, the shard schema) or trajectories (the steps of a trajectory that extend each other merged into one row, as rLLM's verl backend trains on; --max-tokens counts merged rows)")
@@ -85,6 +87,10 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 	if err := checkBatchGroups(o.batchGroups, o.groupMultiple); err != nil {
 		return train.ConsumerConfig{}, usageErrorf("%v", err)
 	}
+	sampling, err := train.ParseSamplingRequirement(o.requireSampling)
+	if err != nil {
+		return train.ConsumerConfig{}, usageErrorf("--require-sampling: %v", err)
+	}
 	vpb := o.versionsPerBatch
 	if vpb == 0 {
 		vpb = train.NoVersionAdvance
@@ -97,7 +103,7 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 		Config: train.Config{
 			PolicyVersion: o.policyVersion, MaxStaleness: o.maxStaleness, MaxTokens: o.maxTokens, BatchGroups: o.batchGroups, BatchWait: o.batchWait,
 			GroupMultiple:   o.groupMultiple,
-			IncludeFiltered: o.includeFiltered,
+			IncludeFiltered: o.includeFiltered, RequireSampling: sampling,
 		},
 		Name: name, LeaseTimeout: o.leaseTimeout, MaxInflight: o.maxInflight, Follow: o.follow, Poll: o.poll,
 	}
