@@ -77,4 +77,31 @@ func TestPromptForksView(t *testing.T) {
 		t.Fatalf("prompt_forks:\n%s\nwant (%d):\n%s", strings.Join(got, "\n"), len(want), strings.Join(want, "\n"))
 	}
 	t.Logf("%d forks in %d trajectories", len(want), len(by))
+	// The report: trajectories by their number of forks.
+	perTraj := map[string]int{}
+	for _, w := range want {
+		perTraj[strings.Split(w, ",")[0]]++
+	}
+	byForks := map[int]int{}
+	for id := range by {
+		byForks[perTraj[id]]++
+	}
+	var wantReport []string
+	for k, n := range byForks {
+		wantReport = append(wantReport, fmt.Sprintf("%d,%d", k, n))
+	}
+	slices.Sort(wantReport)
+	q = e2eRun(t, bin, work, "sql", "--from", out, "--format", "csv", "--report", "prompt-forks")
+	if q.code != 0 {
+		t.Fatalf("sql --report prompt-forks: %s", q.stderr)
+	}
+	var gotReport []string
+	for _, l := range strings.Split(strings.TrimSpace(q.stdout), "\n")[1:] {
+		f := strings.Split(l, ",")
+		gotReport = append(gotReport, f[0]+","+f[1])
+	}
+	slices.Sort(gotReport)
+	if !slices.Equal(gotReport, wantReport) {
+		t.Errorf("prompt-forks report (forks,trajectories) %v, want %v", gotReport, wantReport)
+	}
 }

@@ -261,7 +261,7 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 	series := eval[int](t, p, `document.querySelectorAll('svg.chart g.series').length`)
 	points := eval[int](t, p, `document.querySelectorAll('svg.chart .pt, svg.chart .bar').length`)
 	ids := eval[[]string](t, p, `[...document.querySelectorAll('svg.chart')].map(s => s.id)`)
-	wantIDs := []string{"advantage", "dead-letters", "dead-letters-time", "filtered", "filtered-time", "lengths", "loop-age", "loop-stale", "loop-staleness", "pass", "reward", "roles", "staleness", "throughput"}
+	wantIDs := []string{"advantage", "dead-letters", "dead-letters-time", "filtered", "filtered-time", "lengths", "loop-age", "loop-stale", "loop-staleness", "pass", "prompt-forks", "reward", "roles", "staleness", "throughput"}
 	sort.Strings(ids)
 	if strings.Join(ids, ",") != strings.Join(wantIDs, ",") {
 		t.Errorf("charts %v, want %v", ids, wantIDs)
@@ -274,10 +274,10 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 		}
 	}
 	// reward 1, pass 5, staleness 1, advantage (1 estimator), lengths 4,
-	// throughput 1, roles 2; no filtered groups, no dead letters, no
-	// consumer group (the training-loop charts are empty).
-	if series != 15 || series != wantSeries || points != wantPoints || charts != len(wantIDs) {
-		t.Errorf("browser: %d charts, %d series, %d points; want %d, 15 (=%d), %d", charts, series, points, len(wantIDs), wantSeries, wantPoints)
+	// throughput 1, roles 2, prompt forks 1; no filtered groups, no dead
+	// letters, no consumer group (the training-loop charts are empty).
+	if series != 16 || series != wantSeries || points != wantPoints || charts != len(wantIDs) {
+		t.Errorf("browser: %d charts, %d series, %d points; want %d, 16 (=%d), %d", charts, series, points, len(wantIDs), wantSeries, wantPoints)
 	}
 	p.screenshot(t, "report.png")
 	// Dark: the theme follows the system's, the charts with it.

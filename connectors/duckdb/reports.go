@@ -42,6 +42,7 @@ const (
 	ReportRoles              = "roles"
 	ReportTrainingLoop       = "training-loop"
 	ReportStaleSkips         = "stale-skips"
+	ReportPromptForks        = "prompt-forks"
 )
 
 // AdvantageBins is the number of bins of the advantage-histogram report.
@@ -66,6 +67,7 @@ func Reports() []ReportInfo {
 		{ReportRoles, "per role ('(none)' when unset): trajectories, mean reward, pass rate, mean response tokens per trajectory"},
 		{ReportTrainingLoop, "per consumer group and train step (acknowledged batch): policy version, groups, largest staleness, and how long after their last trajectory finished at the capture gateway (trajectory metadata finished_at) the groups were acknowledged, p50 and max in seconds (null for groups without it)"},
 		{ReportStaleSkips, "per consumer group and policy version with groups skipped as stale (stale_skips): groups committed, acknowledged and skipped as stale, and the share skipped"},
+		{ReportPromptForks, "trajectories by their number of prompt forks (prompt_forks: steps whose prompt does not extend the previous step's prompt + response): forks, trajectories, their steps, and the mean first token where the forks diverge"},
 	}
 }
 
@@ -113,6 +115,8 @@ func Report(name string, o ReportOptions) (string, error) {
 		return trainingLoopSQL, nil
 	case ReportStaleSkips:
 		return staleSkipsSQL, nil
+	case ReportPromptForks:
+		return promptForksReportSQL, nil
 	}
 	var names []string
 	for _, r := range Reports() {
@@ -121,6 +125,14 @@ func Report(name string, o ReportOptions) (string, error) {
 	sort.Strings(names)
 	return "", fmt.Errorf("%w %q (reports: %s)", ErrUnknownReport, name, strings.Join(names, ", "))
 }
+
+const promptForksReportSQL = `WITH per_traj AS (
+  SELECT t.group_id, t.group_version, t.trajectory_id, t.steps, count(f.step_id) AS forks, avg(f.fork_at) AS fork_at
+  FROM trajectories t LEFT JOIN prompt_forks f USING (group_id, group_version, trajectory_id)
+  GROUP BY ALL
+)
+SELECT forks, count(*) AS trajectories, sum(steps) AS steps, round(avg(fork_at), 2) AS mean_fork_at
+FROM per_traj GROUP BY forks ORDER BY forks`
 
 const staleSkipsSQL = `WITH committed AS (
   SELECT group_version AS policy_version, count(*) AS groups FROM groups GROUP BY ALL

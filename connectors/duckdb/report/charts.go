@@ -91,6 +91,10 @@ func Charts(d *Data, link Linker) []*Chart {
 		YLabel: "groups skipped as stale", Kind: KindLine, YZero: true,
 		Series: reasonSeries(ss, "policy_version", "consumer_group", "groups_skipped_stale", nil), Note: "no consumer group skipped a group as stale"})
 
+	pf := d.Tables[duckdb.ReportPromptForks]
+	out = append(out, &Chart{ID: "prompt-forks", Title: "Trajectories by prompt forks (prompts that do not extend the previous step's)", XLabel: "forks in the trajectory",
+		YLabel: "trajectories", Kind: KindBar, Series: barSeries(pf, "forks", []string{"trajectories"}, []string{"trajectories"}, nil), Note: "no trajectory"})
+
 	ro := d.Tables[duckdb.ReportRoles]
 	if hasRoles(ro) {
 		out = append(out, &Chart{ID: "roles", Title: "Mean reward and pass rate by role", XLabel: "role", YLabel: "mean reward / pass rate", Kind: KindBar,

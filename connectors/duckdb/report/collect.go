@@ -58,7 +58,7 @@ func Names() []string {
 		duckdb.ReportRewardByVersion, duckdb.ReportPassAtKByVersion, duckdb.ReportPassAtK, duckdb.ReportStaleness,
 		duckdb.ReportAdvantage, duckdb.ReportAdvantageHistogram, duckdb.ReportTokenLengths, duckdb.ReportLengthsByVersion,
 		duckdb.ReportFilteredByVersion, duckdb.ReportFilteredOverTime, duckdb.ReportDeadLetters,
-		duckdb.ReportDeadLettersOverTime, duckdb.ReportThroughput, duckdb.ReportRoles, duckdb.ReportTrainingLoop, duckdb.ReportStaleSkips,
+		duckdb.ReportDeadLettersOverTime, duckdb.ReportThroughput, duckdb.ReportRoles, duckdb.ReportTrainingLoop, duckdb.ReportStaleSkips, duckdb.ReportPromptForks,
 	}
 }
 
