@@ -156,6 +156,16 @@ type former struct {
 	since    time.Time // when the first pending group was added
 }
 
+// CheckBatchGroups reports whether a step of groups groups can be made of
+// batches of a multiple of multiple groups (Config.BatchGroups,
+// GroupMultiple; 0: unset).
+func CheckBatchGroups(groups, multiple int) error {
+	if groups > 0 && multiple > 1 && groups%multiple != 0 {
+		return fmt.Errorf("batch groups %d are not a multiple of the group multiple %d", groups, multiple)
+	}
+	return nil
+}
+
 // MaxPolicyVersion is the largest policy version a trainer may report
 // (schemas.MaxPolicyVersion, 2^53). Versions come from clients and flags;
 // CheckPolicyVersion keeps them in [0, 2^53].

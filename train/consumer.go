@@ -191,6 +191,7 @@ type Consumer struct {
 	ages     ageHist // of the groups delivered (Stats.Freshness), under mu
 	inflight map[uint64][]marks
 	stepOf   map[uint64]uint64     // the inflight batches' steps
+	stepRefs map[uint64]int        // per step in flight, its batches in flight
 	audit    map[uint64]auditBatch // the inflight batches' groups, in order
 	done     map[uint64]AckResult  // recent acknowledgements, for repeats
 	doneIDs  []uint64              // their order, oldest first
@@ -245,6 +246,9 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	if err := CheckName("consumer name", cfg.Name); err != nil {
 		return nil, err
 	}
+	if err := CheckBatchGroups(cfg.BatchGroups, cfg.GroupMultiple); err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
 	if cfg.LeaseTimeout <= 0 {
 		cfg.LeaseTimeout = 30 * time.Second
 	}
@@ -274,7 +278,7 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 	}
 	c := &Consumer{
 		cfg: cfg, shards: shards, coord: coord, mem: mem, watch: map[string]leaseWatch{}, declined: map[string]*declinedShard{},
-		inflight: map[uint64][]marks{}, stepOf: map[uint64]uint64{}, audit: map[uint64]auditBatch{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
+		inflight: map[uint64][]marks{}, stepOf: map[uint64]uint64{}, stepRefs: map[uint64]int{}, audit: map[uint64]auditBatch{}, done: map[uint64]AckResult{}, held: map[string]bool{}, read: map[string]bool{},
 		skips: map[skipKey]skipNote{}, totals: map[string]int32{},
 		acked: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{}),
 		// Batch ids start at random, so that an acknowledgement meant for an
@@ -525,7 +529,7 @@ func (c *Consumer) nextQueued() *Delivery {
 	c.nextID++
 	c.inflight[c.nextID] = q.marks
 	c.audit[c.nextID] = q.audit
-	c.stepOf[c.nextID] = q.b.StepPart.Step
+	c.inflightStep(c.nextID, q.b.StepPart.Step)
 	for _, age := range q.b.Ages(time.Now()) {
 		if age >= 0 {
 			c.ages.add(age)
@@ -545,12 +549,24 @@ func (c *Consumer) discardQueued() {
 
 // stepsInflight counts the steps of the batches delivered and not yet
 // acknowledged (the parts of one step train together). c.mu held.
-func (c *Consumer) stepsInflight() int {
-	steps := make(map[uint64]bool, len(c.stepOf))
-	for _, s := range c.stepOf {
-		steps[s] = true
+func (c *Consumer) stepsInflight() int { return len(c.stepRefs) }
+
+// inflightStep notes delivered batch id, of step. c.mu held.
+func (c *Consumer) inflightStep(id, step uint64) {
+	c.stepOf[id] = step
+	c.stepRefs[step]++
+}
+
+// settledStep forgets batch id's step once acknowledged. c.mu held.
+func (c *Consumer) settledStep(id uint64) {
+	step, ok := c.stepOf[id]
+	if !ok {
+		return
 	}
-	return len(steps)
+	delete(c.stepOf, id)
+	if c.stepRefs[step]--; c.stepRefs[step] <= 0 {
+		delete(c.stepRefs, step)
+	}
 }
 
 // marksOf are groups' ordinals by shard, shards in first-seen order.
@@ -666,7 +682,7 @@ func (c *Consumer) Ack(ctx context.Context, id uint64) (AckResult, error) {
 	c.mu.Lock()
 	c.clearMarks(skips, totals)
 	delete(c.inflight, id)
-	delete(c.stepOf, id)
+	c.settledStep(id)
 	delete(c.audit, id)
 	c.done[id] = res
 	c.doneIDs = append(c.doneIDs, id)
@@ -823,6 +839,9 @@ func (c *Consumer) nextGroup(ctx context.Context) (*group, error) {
 // declined (ConsumerConfig.MaxVersionLead) once no batch in flight holds
 // any of their groups: other members may take them at once.
 func (c *Consumer) releaseDeclined(ctx context.Context) error {
+	if len(c.declined) == 0 {
+		return nil // the common case: nothing declined, nothing to scan
+	}
 	var paths []string
 	c.mu.Lock()
 	busy := map[string]bool{}

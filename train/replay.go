@@ -290,7 +290,7 @@ func (c *Consumer) deliverPlanned(ctx context.Context, shard string, planned Con
 	}
 	c.nextID++
 	c.inflight[c.nextID] = []marks{{Shard: shard, Groups: ords}}
-	c.stepOf[c.nextID] = c.step
+	c.inflightStep(c.nextID, c.step)
 	c.audit[c.nextID] = a
 	return &Delivery{ID: c.nextID, Batch: *b}, nil
 }

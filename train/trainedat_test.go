@@ -98,15 +98,7 @@ func testStalenessHoldsWhereTrained(t *testing.T, lead int64) {
 func TestBatchGroups(t *testing.T) {
 	open := func(t *testing.T, root string, follow bool, wait time.Duration) *train.Consumer {
 		t.Helper()
-		r, err := local.OpenReader(root)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-		obj, err := r.Objects(train.GroupDir("g"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		r, obj := openGroupG(t, root)
 		c, err := train.NewConsumer(context.Background(), r, obj, train.ConsumerConfig{
 			Config: train.Config{MaxStaleness: -1, IncludeFiltered: true, BatchGroups: 4, BatchWait: wait},
 			Name:   "t", Poll: 10 * time.Millisecond, MaxInflight: 1, Follow: follow})

@@ -84,8 +84,8 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 		intIn("group-multiple", o.groupMultiple, 0, maxBatchGroups), durationIn("batch-wait", o.batchWait, 0, 24*time.Hour)); err != nil {
 		return train.ConsumerConfig{}, err
 	}
-	if err := checkBatchGroups(o.batchGroups, o.groupMultiple); err != nil {
-		return train.ConsumerConfig{}, usageErrorf("%v", err)
+	if err := train.CheckBatchGroups(o.batchGroups, o.groupMultiple); err != nil {
+		return train.ConsumerConfig{}, usageErrorf("--batch-groups, --group-multiple: %v", err)
 	}
 	sampling, err := train.ParseSamplingRequirement(o.requireSampling)
 	if err != nil {
@@ -147,14 +147,6 @@ func openShardStore(ctx context.Context, from string, conn connFlags) (store.Rea
 // maxBatchGroups bounds --batch-groups and --group-multiple.
 const maxBatchGroups = 1 << 20
 
-// checkBatchGroups checks a step's groups against the group multiple.
-func checkBatchGroups(groups, multiple int) error {
-	if groups > 0 && multiple > 1 && groups%multiple != 0 {
-		return fmt.Errorf("--batch-groups %d is not a multiple of --group-multiple %d", groups, multiple)
-	}
-	return nil
-}
-
 // memberAsk is what a member asks for (a Flight ticket's), over the
 // flags: its policy version (nil: --policy-version), its groups per step
 // (0: --batch-groups), its versions per step (nil: --versions-per-batch).
@@ -174,7 +166,7 @@ func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, ask 
 		cfg.PolicyVersion = *ask.policyVersion
 	}
 	if ask.batchGroups != 0 {
-		if err := firstErr(intIn("batch_groups", ask.batchGroups, 1, maxBatchGroups), checkBatchGroups(ask.batchGroups, cfg.GroupMultiple)); err != nil {
+		if err := firstErr(intIn("batch_groups", ask.batchGroups, 1, maxBatchGroups), train.CheckBatchGroups(ask.batchGroups, cfg.GroupMultiple)); err != nil {
 			return nil, fmt.Errorf("%w: %v", trainflight.ErrTicket, err)
 		}
 		cfg.BatchGroups = ask.batchGroups
