@@ -34,12 +34,15 @@ type capture struct {
 	// logprobsMode is the engine's logprobs mode when it stamps one (root
 	// "logprobs_mode": raw_logprobs, processed_logprobs, ...).
 	logprobsMode string
-	// versions are the policy versions of choice 0's response tokens, one
-	// each (nil: none known): a stream's chunks carry the engine's
-	// weight_version, else the gateway's own in force when they arrived
-	// (gw); a non-streamed answer its output_versions (SGLang, AReaL).
-	// -1: unknown (the step's version fills it in).
-	versions []int64
+	// versions are the policy versions of choice 0's response tokens, as
+	// runs [version, count] (nil: none known; a stream adds a run only when
+	// the version changes, so a call costs nothing per token): a stream's
+	// chunks carry the engine's weight_version, else the gateway's own in
+	// force when they arrived (gw); a non-streamed answer its
+	// output_versions (SGLang, AReaL). -1: unknown (the step's version
+	// fills it in).
+	versions [][2]int64
+	counted  int // tokens the runs cover
 	gw       func() int64
 
 	// streaming accumulation (choice 0)
@@ -174,12 +177,21 @@ func (c *capture) addVersions(n int, raw json.RawMessage) {
 	if c.versions == nil && v < 0 {
 		return
 	}
-	for len(c.versions) < len(c.responseIDs)-n {
-		c.versions = append(c.versions, -1) // tokens that came with no version
+	c.addRun(-1, len(c.responseIDs)-n-c.counted) // tokens that came with no version
+	c.addRun(v, n)
+}
+
+// addRun adds n tokens at version v to the runs.
+func (c *capture) addRun(v int64, n int) {
+	if n <= 0 {
+		return
 	}
-	for range n {
-		c.versions = append(c.versions, v)
+	c.counted += n
+	if k := len(c.versions); k > 0 && c.versions[k-1][0] == v {
+		c.versions[k-1][1] += int64(n)
+		return
 	}
+	c.versions = append(c.versions, [2]int64{v, int64(n)})
 }
 
 // setOutputVersions keeps a non-streamed answer's per-token versions when
@@ -193,7 +205,10 @@ func (c *capture) setOutputVersions(vs []int64) {
 			return
 		}
 	}
-	c.versions = vs
+	c.versions, c.counted = nil, 0
+	for _, v := range vs {
+		c.addRun(v, 1)
+	}
 }
 
 // parseResponse reads a non-streaming response body.

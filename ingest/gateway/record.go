@@ -123,26 +123,28 @@ type versionChange struct {
 	Version int64 `json:"version"`
 }
 
-// tokenVersions fills the unknown entries of vs with version and returns
-// its runs and where the version changes; nil, nil when every token is at
+// tokenVersions fills the unknown runs of in with version and returns the
+// runs and where the version changes; nil, nil when every token is at
 // version (nothing the step's own version does not say).
-func tokenVersions(vs []int64, version int64) ([][2]int64, []versionChange) {
+func tokenVersions(in [][2]int64, version int64) ([][2]int64, []versionChange) {
 	var runs [][2]int64
 	var changes []versionChange
-	mixed := false
-	for i, v := range vs {
+	mixed, at := false, 0
+	for _, r := range in {
+		v := r[0]
 		if v < 0 {
 			v = version
 		}
 		mixed = mixed || v != version
 		if n := len(runs); n > 0 && runs[n-1][0] == v {
-			runs[n-1][1]++
-			continue
+			runs[n-1][1] += r[1]
+		} else {
+			if at > 0 {
+				changes = append(changes, versionChange{At: at, Version: v})
+			}
+			runs = append(runs, [2]int64{v, r[1]})
 		}
-		if i > 0 {
-			changes = append(changes, versionChange{At: i, Version: v})
-		}
-		runs = append(runs, [2]int64{v, 1})
+		at += int(r[1])
 	}
 	if !mixed {
 		return nil, nil
@@ -228,7 +230,7 @@ func buildStep(cl *call, index int64, parent *prev, whole bool) (line []byte, tr
 		version = c.weightVersion
 	}
 	var runs [][2]int64
-	if len(c.versions) == len(c.responseIDs) {
+	if c.versions != nil && c.counted == len(c.responseIDs) {
 		runs, meta.VersionChanges = tokenVersions(c.versions, version)
 	}
 	extends := 0
