@@ -588,14 +588,20 @@ FROM per_shard
 GROUP BY group_id, group_version, trajectory_id;
 `
 
-// promptForksSQL finds the steps that do not extend their predecessor
-// (the rule of schemas/prefix.Extends: the prompt begins with the previous
-// step's prompt followed by its response), and where they diverge.
-const promptForksSQL = `CREATE OR REPLACE VIEW prompt_forks AS
-WITH walk AS (
+// promptForksSQL is the prompt_forks view: PromptForksOver every step.
+var promptForksSQL = "CREATE OR REPLACE VIEW prompt_forks AS\n" + PromptForksOver("steps") + ";\n"
+
+// PromptForksOver finds the steps of rel (a relation with the steps
+// view's columns, whole prompts) that do not extend their predecessor
+// (the rule of schemas/prefix.Extends: the prompt begins with the
+// previous step's prompt followed by its response), and where they
+// diverge: fork_at, the common prefix's length. The live view's
+// trajectory page runs it over one trajectory's steps.
+func PromptForksOver(rel string) string {
+	return `WITH walk AS (
   SELECT group_id, group_version, trajectory_id, step_id, step_index, shard, prompt_ids,
     list_concat(lag(prompt_ids) OVER w, lag(response_ids) OVER w) AS prev_ids
-  FROM steps
+  FROM ` + rel + `
   WINDOW w AS (PARTITION BY group_id, group_version, trajectory_id ORDER BY step_index)
 )
 SELECT group_id, group_version, trajectory_id, step_id, step_index, shard,
@@ -604,8 +610,8 @@ SELECT group_id, group_version, trajectory_id, step_id, step_index, shard,
   len(prev_ids)::BIGINT AS prev_tokens, len(prompt_ids)::BIGINT AS prompt_tokens
 FROM walk
 WHERE prev_ids IS NOT NULL AND len(prev_ids) > 0
-  AND NOT (len(prompt_ids) >= len(prev_ids) AND prompt_ids[1:len(prev_ids)] = prev_ids);
-`
+  AND NOT (len(prompt_ids) >= len(prev_ids) AND prompt_ids[1:len(prev_ids)] = prev_ids)`
+}
 
 const groupsSQL = `CREATE OR REPLACE VIEW groups AS
 SELECT group_id, group_version,

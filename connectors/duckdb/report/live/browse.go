@@ -84,13 +84,28 @@ var (
 	prevPageSQL = pageSQL("<", "DESC")
 )
 
-const stepsSQL = `SELECT step_index, step_id, policy_version, messages, response_ids, response_logprobs, teacher_logprobs, token_advantages,
-  reward, step_reward, advantage, finish_reason
-FROM steps
-WHERE group_id = $1 AND group_version = $2 AND trajectory_id = $3
-  AND shard = (SELECT min(shard) FROM stored_steps WHERE group_id = $1 AND group_version = $2 AND trajectory_id = $3)
-ORDER BY step_index
+// stepsSQL is a trajectory's steps (those of the first shard holding
+// it, as the trajectories view counts them) with where each step's prompt
+// forked from the one before (duckdb.PromptForksOver: fork_at, the
+// previous prompt + response's length, and the prompt's tokens around
+// the fork, from fork_from).
+var stepsSQL = `WITH s AS (
+  SELECT * FROM steps
+  WHERE group_id = $1 AND group_version = $2 AND trajectory_id = $3
+    AND shard = (SELECT min(shard) FROM stored_steps WHERE group_id = $1 AND group_version = $2 AND trajectory_id = $3)
+), f AS (
+` + duckdb.PromptForksOver("s") + `
+)
+SELECT s.step_index, s.step_id, s.policy_version, s.messages, s.response_ids, s.response_logprobs, s.teacher_logprobs, s.token_advantages,
+  s.reward, s.step_reward, s.advantage, s.finish_reason, s.token_versions, f.fork_at, f.prev_tokens,
+  greatest(f.fork_at - ` + forkContext + `, 0) AS fork_from, s.prompt_ids[greatest(f.fork_at - ` + forkContext + `, 0) + 1 : f.fork_at + ` + forkContext + `] AS fork_window
+FROM s LEFT JOIN f ON f.step_id = s.step_id
+ORDER BY s.step_index
 LIMIT 10000`
+
+// forkContext is how many prompt tokens the trajectory page shows on
+// each side of a fork.
+const forkContext = "4"
 
 func optNum(s string) (any, error) {
 	if s == "" {
@@ -288,6 +303,31 @@ func contentText(raw json.RawMessage) string {
 	return string(raw)
 }
 
+// ints is a list of integers (nil for NULL).
+func ints(v any) []int64 {
+	l, _ := v.([]any)
+	out := make([]int64, 0, len(l))
+	for _, x := range l {
+		f, _ := report.Num(normaliseAny(x))
+		out = append(out, int64(f))
+	}
+	return out
+}
+
+// versionRuns writes per-token versions as their runs: "v5 ×2, v6 ×3".
+func versionRuns(vs []int64) string {
+	var parts []string
+	for i := 0; i < len(vs); {
+		j := i
+		for j < len(vs) && vs[j] == vs[i] {
+			j++
+		}
+		parts = append(parts, fmt.Sprintf("v%d ×%d", vs[i], j-i))
+		i = j
+	}
+	return strings.Join(parts, ", ")
+}
+
 func floats(v any) []float64 {
 	l, _ := v.([]any)
 	out := make([]float64, 0, len(l))
@@ -431,6 +471,24 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(&b, `<section class="step" data-step="%s"><h3>step %s · policy v%s · reward <span class="reward">%s</span> · advantage <span class="advantage">%s</span> · finish %s</h3>`,
 			report.Esc(report.FormatCell(row[0])), report.Esc(report.FormatCell(row[0])), report.Esc(report.FormatCell(row[2])),
 			report.Esc(report.FormatCell(row[8])), report.Esc(report.FormatCell(row[10])), report.Esc(report.FormatCell(row[11])))
+		versions := ints(row[12])
+		if len(versions) > 0 {
+			fmt.Fprintf(&b, ` · <span class="versions">tokens from policy %s</span>`, report.Esc(versionRuns(versions)))
+		}
+		if forkAt, ok := report.Num(row[13]); ok {
+			prev, _ := report.Num(row[14])
+			from, _ := report.Num(row[15])
+			fmt.Fprintf(&b, `<div class="prompt-fork" data-fork-at="%d" data-prev-tokens="%d">prompt forked at token %d: it does not extend the previous step's prompt + response (%d tokens); prompt from token %d: `,
+				int64(forkAt), int64(prev), int64(forkAt), int64(prev), int64(from))
+			for i, id := range ints(row[16]) {
+				cls := "tok"
+				if int64(from)+int64(i) == int64(forkAt) {
+					cls = "tok forked"
+				}
+				fmt.Fprintf(&b, `<span class="%s" title="prompt token %d">%d</span>`, cls, int64(from)+int64(i), id)
+			}
+			b.WriteString(`</div>`)
+		}
 		var msgs []message
 		if m := report.Str(row[3]); m != "" && json.Unmarshal([]byte(m), &msgs) == nil {
 			for _, m := range msgs {
@@ -479,7 +537,15 @@ func (s *Server) trajectory(w http.ResponseWriter, r *http.Request) {
 			case "advantage":
 				v = ta
 			}
-			fmt.Fprintf(&b, `<span class="tok %s" title="%s">%v</span>`, mode.class(v), title, id)
+			vattr := ""
+			if i < len(versions) {
+				title += fmt.Sprintf(" policy v%d", versions[i])
+				vattr = fmt.Sprintf(` data-v="%d"`, versions[i])
+				if i > 0 && versions[i] != versions[i-1] {
+					vattr += ` data-vchange=""`
+				}
+			}
+			fmt.Fprintf(&b, `<span class="tok %s" title="%s"%s>%v</span>`, mode.class(v), title, vattr, id)
 		}
 		b.WriteString(`</div></section>`)
 	}
@@ -499,6 +565,7 @@ const uiCSS = `.tok{font:12px ui-monospace,monospace;padding:0 2px;margin:1px;di
 .tok.na{outline:1px dashed var(--grid)} #colour-modes a{padding:1px 6px;border-radius:4px} #colour-modes a.on{background:var(--card);font-weight:600;text-decoration:none}
 .msg{border-left:3px solid var(--grid);padding:2px 8px;margin:6px 0} .msg pre{white-space:pre-wrap;margin:2px 0}
 .toolcall{color:var(--c3)} .step{background:var(--card);border-radius:8px;padding:8px 12px;margin:12px 0}
+.tok[data-vchange]{border-left:3px solid var(--c1)} .prompt-fork{font-size:12px;margin:4px 0} .tok.forked{outline:2px solid var(--c1)}
 #health{font-variant-numeric:tabular-nums} .err{color:var(--c1)} form label{margin-right:8px}`
 
 func render(w http.ResponseWriter, title string, gen int, body template.HTML) {
