@@ -137,6 +137,79 @@ func readForkInput(t *testing.T, in string) map[string][]forkStep {
 	return by
 }
 
+// TestStepVersionsView: the step_versions view gives every response
+// token's policy version, the oldest and newest, and where a new version
+// begins, as the generated traces have them (steps of one version stored
+// without token versions).
+func TestStepVersionsView(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	in := filepath.Join(work, "t.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--groups", "20", "--group-size", "2", "--turns", "1..4", "--token-versions", "--policy-versions", "4",
+		"--prompt-len", "8", "--response-len", "6", "--seed", "3", "--out", in); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	out := filepath.Join(work, "out")
+	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", out, "--group-size", "2", "--quiet"); r.code != 0 {
+		t.Fatalf("ingest: %s", r.stderr)
+	}
+	var want []string
+	mixed := 0
+	for _, ss := range readForkInput(t, in) {
+		for _, s := range ss {
+			vs := s.TokenVersions
+			if vs == nil {
+				vs = make([]int64, len(s.ResponseIDs))
+				for i := range vs {
+					vs[i] = s.PolicyVersion
+				}
+			}
+			oldest, newest := min(s.PolicyVersion, slices.Min(vs)), max(s.PolicyVersion, slices.Max(vs))
+			var changes []string
+			for i := 1; i < len(vs); i++ {
+				if vs[i] != vs[i-1] {
+					changes = append(changes, fmt.Sprintf("%d:%d", i, vs[i]))
+				}
+			}
+			if changes != nil {
+				mixed++
+			}
+			want = append(want, fmt.Sprintf("%s|%d|%d|%v|%s", fmt.Sprintf("%s#%d", s.TrajectoryID, s.StepIndex), oldest, newest, vs, strings.Join(changes, " ")))
+		}
+	}
+	slices.Sort(want)
+	if mixed == 0 {
+		t.Fatal("no step of mixed versions generated: the test needs some")
+	}
+	q := e2eRun(t, bin, work, "sql", "--from", out, "--format", "jsonl",
+		"SELECT step_id, oldest_version, newest_version, response_versions, version_changes FROM step_versions")
+	if q.code != 0 {
+		t.Fatalf("sql: %s", q.stderr)
+	}
+	var got []string
+	for _, l := range strings.Split(strings.TrimSpace(q.stdout), "\n") {
+		var r struct {
+			StepID           string                        `json:"step_id"`
+			Oldest           int64                         `json:"oldest_version"`
+			Newest           int64                         `json:"newest_version"`
+			ResponseVersions []int64                       `json:"response_versions"`
+			Changes          []struct{ At, Version int64 } `json:"version_changes"`
+		}
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		var changes []string
+		for _, c := range r.Changes {
+			changes = append(changes, fmt.Sprintf("%d:%d", c.At, c.Version))
+		}
+		got = append(got, fmt.Sprintf("%s|%d|%d|%v|%s", r.StepID, r.Oldest, r.Newest, r.ResponseVersions, strings.Join(changes, " ")))
+	}
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("step_versions (%d rows):\n%s\nwant (%d):\n%s", len(got), strings.Join(got, "\n"), len(want), strings.Join(want, "\n"))
+	}
+}
+
 // TestUITrajectoryMarksForksAndVersions: the trajectory page, in headless
 // Chromium, marks each step whose prompt forked at the token the
 // reference walk finds (that token highlighted among the prompt's), and

@@ -65,6 +65,18 @@ func TestRequireSampling(t *testing.T) {
 			t.Errorf("%s: delivered %v, acknowledged %d, skipped for sampling %d; want the ok group, 1, 2", layout, groups, st.Acked, st.Skipped)
 		}
 	}
+	// The step_sampling view: the recorded parameters as columns, NULL
+	// where a step has none.
+	q := e2eRun(t, bin, work, "sql", "--from", out, "--format", "csv",
+		"SELECT step_id, temperature, top_p, logprobs_mode FROM step_sampling ORDER BY step_id")
+	if q.code != 0 {
+		t.Fatalf("sql: %s", q.stderr)
+	}
+	want := "step_id,temperature,top_p,logprobs_mode\nhot/0#0,1,,raw_logprobs\nhot/1#0,0.7,,raw_logprobs\n" +
+		"ok/0#0,1,,raw_logprobs\nok/1#0,1,0.9,raw_logprobs\nunknown/0#0,,,\nunknown/1#0,1,,raw_logprobs"
+	if got := strings.TrimSpace(q.stdout); got != want {
+		t.Errorf("step_sampling:\n%s\nwant:\n%s", got, want)
+	}
 	if r := e2eRun(t, bin, work, "consume", "--from", out, "--require-sampling", "temperature"); r.code != exitUsage {
 		t.Errorf("--require-sampling temperature: exit %d, want %d", r.code, exitUsage)
 	}

@@ -105,6 +105,8 @@ const (
 	ViewConsumed     = "consumed"
 	ViewStaleSkips   = "stale_skips"
 	ViewPromptForks  = "prompt_forks"
+	ViewStepVersions = "step_versions"
+	ViewSampling     = "step_sampling"
 )
 
 func (l *layout) views() ([]View, error) {
@@ -122,6 +124,11 @@ func (l *layout) views() ([]View, error) {
 		{ViewPromptForks, "one row per step whose prompt does not extend its trajectory's previous step's prompt + response " +
 			"(a chat template re-rendered history, a context reset): fork_at is the first token where they differ (the common prefix's length), " +
 			"prev_tokens the previous step's prompt + response length; such a step starts a new trainer row", promptForksSQL},
+		{ViewStepVersions, "one row per committed step: the policy version of each response token (response_versions, aligned with response_ids: " +
+			"token_versions where the step has them, else the step's version), its oldest (what staleness is judged by) and newest, and where a new version " +
+			"begins (version_changes {at, version}: a generation interrupted by a weight update and continued)", stepVersionsSQL},
+		{ViewSampling, "one row per committed step: the sampling parameters and logprobs mode it was generated with (metadata.sampling, " +
+			"as the gateway records them or a producer writes them; NULL where not recorded), sampling the whole object", stepSamplingSQL},
 		{ViewDeadLetters, "one row per committed dead letter", l.deadLettersSQL()},
 		{ViewDLCommits, "per manifest entry (seq, committed_at), dead-letter file and reason: the dead letters that entry committed " +
 			"(a line belongs to the first entry whose mark on its file covers it)", l.deadLetterCommitsSQL()},
@@ -612,6 +619,42 @@ FROM walk
 WHERE prev_ids IS NOT NULL AND len(prev_ids) > 0
   AND NOT (len(prompt_ids) >= len(prev_ids) AND prompt_ids[1:len(prev_ids)] = prev_ids)`
 }
+
+// stepVersionsSQL reads stored_steps (no prompt is rebuilt). The oldest
+// version is schemas.Step.OldestVersion's rule: the least of the step's
+// version and its tokens'.
+const stepVersionsSQL = `CREATE OR REPLACE VIEW step_versions AS
+SELECT group_id, group_version, trajectory_id, step_id, step_index, shard, policy_version,
+  least(policy_version, coalesce(list_min(token_versions), policy_version)) AS oldest_version,
+  greatest(policy_version, coalesce(list_max(token_versions), policy_version)) AS newest_version,
+  coalesce(token_versions, list_transform(response_ids, x -> policy_version)) AS response_versions,
+  coalesce(list_transform(list_filter(range(1, len(token_versions)), i -> token_versions[i + 1] != token_versions[i]),
+    i -> {'at': i, 'version': token_versions[i + 1]}), []) AS version_changes,
+  finish_reason
+FROM stored_steps;
+`
+
+// stepSamplingSQL reads metadata.sampling (train.SamplingRequirement
+// reads the same object): the gateway's max_tokens under whichever name
+// the request used.
+const stepSamplingSQL = `CREATE OR REPLACE VIEW step_sampling AS
+WITH m AS (
+  SELECT group_id, group_version, trajectory_id, step_id, step_index, shard,
+    json_extract(CASE WHEN json_valid(metadata) THEN metadata END, '$.sampling') AS s
+  FROM stored_steps
+)
+SELECT group_id, group_version, trajectory_id, step_id, step_index, shard,
+  TRY_CAST(json_extract_string(s, '$.temperature') AS DOUBLE) AS temperature,
+  TRY_CAST(json_extract_string(s, '$.top_p') AS DOUBLE) AS top_p,
+  TRY_CAST(json_extract_string(s, '$.top_k') AS BIGINT) AS top_k,
+  TRY_CAST(json_extract_string(s, '$.min_p') AS DOUBLE) AS min_p,
+  TRY_CAST(coalesce(json_extract_string(s, '$.max_tokens'), json_extract_string(s, '$.max_completion_tokens'),
+    json_extract_string(s, '$.max_new_tokens')) AS BIGINT) AS max_tokens,
+  TRY_CAST(json_extract_string(s, '$.seed') AS BIGINT) AS seed,
+  json_extract_string(s, '$.logprobs_mode') AS logprobs_mode,
+  s::VARCHAR AS sampling
+FROM m;
+`
 
 const groupsSQL = `CREATE OR REPLACE VIEW groups AS
 SELECT group_id, group_version,
