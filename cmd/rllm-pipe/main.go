@@ -140,6 +140,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	root.AddCommand(newUICmd(soft))
 	root.AddCommand(newReplayCmd(soft))
 	root.AddCommand(newCompactCmd(soft))
+	root.AddCommand(newIcebergCmd(soft))
 	root.AddCommand(newPublishVersionCmd(soft))
 	return root
 }

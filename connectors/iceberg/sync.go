@@ -1,0 +1,530 @@
+package iceberg
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow"
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/arrow-go/v18/arrow/memory"
+	"github.com/apache/iceberg-go"
+	"github.com/apache/iceberg-go/catalog"
+	icebergio "github.com/apache/iceberg-go/io"
+	"github.com/apache/iceberg-go/table"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
+	"github.com/rllm-pipe/rllm-pipe/schemas"
+)
+
+// Snapshot summary and table properties the projection keeps.
+const (
+	// PropShards is, in a snapshot's summary, how many of the manifest's
+	// committed shards the table holds from that snapshot on.
+	PropShards = "rllm-pipe.shards"
+	// PropLastShard is the path (under the root) of the last of them.
+	PropLastShard = "rllm-pipe.last-shard"
+	// PropCommit names the commit attempt that made the snapshot, so that
+	// a syncer whose commit's outcome it did not learn (an error after
+	// the catalog may have taken it) tells its own from a rival's.
+	PropCommit = "rllm-pipe.commit"
+	// PropSource is, in the table's properties, the root it projects.
+	PropSource = "rllm-pipe.source"
+	// propRetries is Iceberg's commit retry count: 0 on our tables (see
+	// the package doc).
+	propRetries = "commit.retry.num-retries"
+)
+
+// maxConflicts bounds the commits one sync may lose to rivals before it
+// gives up (the rivals are making progress; a later sync goes on).
+const maxConflicts = 1000
+
+// StepsTable is the name of the steps table in its namespace.
+const StepsTable = "steps"
+
+// Config says where the tables are and how the syncer works.
+type Config struct {
+	// Namespace holds the tables. Default {"rllm"}.
+	Namespace []string
+	// Base is the URL prefix of the root's files: file:///abs/root/ or
+	// s3://bucket/prefix/ (a shard's data file is Base + its path).
+	Base string
+	// Location is the steps table's location (its metadata, and the
+	// files of shards of several versions): default the catalog's
+	// warehouse's choice.
+	Location string
+	// MaxFilesPerCommit bounds the shards one commit adds (a long
+	// backlog becomes several snapshots). Default 1000.
+	MaxFilesPerCommit int
+	// Concurrency bounds the footers read at once. Default GOMAXPROCS.
+	Concurrency int
+	// Properties are the tables' own properties when created (besides
+	// ours).
+	Properties iceberg.Properties
+}
+
+// Result is what a sync did.
+type Result struct {
+	Shards    int   // shards added
+	Rows      int64 // rows they hold
+	Split     int   // shards of several versions written as one file per version
+	Commits   int   // snapshots committed
+	Conflicts int   // commits that lost a race and were recomputed
+	Position  int   // committed shards the table holds now
+	Snapshot  int64 // the table's current snapshot id (0: none yet)
+}
+
+// Syncer adds a root's committed shards to the steps table.
+type Syncer struct {
+	cat catalog.Catalog
+	r   store.Reader
+	cfg Config
+	id  table.Identifier
+}
+
+// NewSyncer returns a syncer of r's shards into cat.
+func NewSyncer(cat catalog.Catalog, r store.Reader, cfg Config) (*Syncer, error) {
+	if len(cfg.Namespace) == 0 {
+		cfg.Namespace = []string{"rllm"}
+	}
+	if cfg.MaxFilesPerCommit <= 0 {
+		cfg.MaxFilesPerCommit = 1000
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = runtime.GOMAXPROCS(0)
+	}
+	if !strings.HasSuffix(cfg.Base, "/") {
+		return nil, fmt.Errorf("iceberg: base %q must end in /", cfg.Base)
+	}
+	return &Syncer{cat: cat, r: r, cfg: cfg, id: append(table.Identifier{}, append(cfg.Namespace, StepsTable)...)}, nil
+}
+
+// Table is the steps table's identifier.
+func (s *Syncer) Table() table.Identifier { return s.id }
+
+// crashPoint, set only by tests, runs before each step of the protocol.
+var crashPoint func(name string)
+
+func step(name string) {
+	if crashPoint != nil {
+		crashPoint(name)
+	}
+}
+
+// Sync adds every committed shard the table does not hold yet, in
+// commits of at most MaxFilesPerCommit shards, and returns once the table
+// holds every shard committed when it looked last.
+func (s *Syncer) Sync(ctx context.Context) (Result, error) {
+	var res Result
+	for {
+		step("load")
+		tbl, err := s.open(ctx)
+		if err != nil {
+			return res, err
+		}
+		pos, err := Position(tbl)
+		if err != nil {
+			return res, err
+		}
+		if pos.Shards < res.Position {
+			return res, fmt.Errorf("iceberg: table %s went back from %d shards to %d: another writer rewrote its history", s.id, res.Position, pos.Shards)
+		}
+		res.Position = pos.Shards
+		if snap := tbl.CurrentSnapshot(); snap != nil {
+			res.Snapshot = snap.SnapshotID
+		}
+		from := max(pos.Shards-1, 0)
+		entries, err := s.r.CommittedFrom(ctx, from)
+		if err != nil {
+			return res, fmt.Errorf("iceberg: read the manifest: %w", err)
+		}
+		if pos.Shards > 0 {
+			if len(entries) == 0 || entries[0].Path != pos.LastShard {
+				return res, fmt.Errorf("iceberg: table %s holds %d shards up to %q, which the manifest of %s does not list there: it projects another root (drop the table to rebuild it)",
+					s.id, pos.Shards, pos.LastShard, s.r.Name())
+			}
+			entries = entries[1:]
+		}
+		if len(entries) == 0 {
+			return res, nil
+		}
+		batch := entries[:min(len(entries), s.cfg.MaxFilesPerCommit)]
+		step("files")
+		files, rows, split, err := s.dataFiles(ctx, tbl, batch)
+		if err != nil {
+			return res, err
+		}
+		next := Pos{Shards: pos.Shards + len(batch), LastShard: batch[len(batch)-1].Path}
+		step("commit")
+		committed, err := s.commit(ctx, tbl, files, next)
+		if err != nil {
+			return res, err
+		}
+		step("committed")
+		if !committed {
+			res.Conflicts++
+			if res.Conflicts > maxConflicts {
+				return res, fmt.Errorf("iceberg: %d commits to %s lost a race in a row", res.Conflicts, s.id)
+			}
+			continue
+		}
+		res.Position = next.Shards
+		res.Shards += len(batch)
+		res.Rows += rows
+		res.Split += split
+		res.Commits++
+	}
+}
+
+// commit adds files at position next in one commit that requires the
+// table to be where tbl is. It reports false when the commit lost to
+// another (the table moved: the caller reads the position again); an
+// error whose outcome is unknown is resolved by reading the table back.
+func (s *Syncer) commit(ctx context.Context, tbl *table.Table, files []iceberg.DataFile, next Pos) (bool, error) {
+	txn := tbl.NewTransaction()
+	nonce := newNonce()
+	props := iceberg.Properties{PropShards: strconv.Itoa(next.Shards), PropLastShard: next.LastShard, PropCommit: nonce}
+	if err := txn.AddDataFiles(ctx, files, props); err != nil {
+		return false, fmt.Errorf("iceberg: stage %d files: %w", len(files), err)
+	}
+	_, err := txn.Commit(ctx)
+	if err == nil {
+		return true, nil
+	}
+	// Lost a race, or an outcome not known (a timeout after the catalog
+	// took it): the table says which.
+	back, lerr := s.cat.LoadTable(ctx, s.id)
+	if lerr != nil {
+		return false, fmt.Errorf("iceberg: commit: %w (and reading the table back: %v)", err, lerr)
+	}
+	for snap := back.CurrentSnapshot(); snap != nil && snap.SnapshotID != snapshotID(tbl); {
+		if snap.Summary != nil && snap.Summary.Properties[PropCommit] == nonce {
+			return true, nil // it landed
+		}
+		if snap.ParentSnapshotID == nil {
+			break
+		}
+		snap = back.Metadata().SnapshotByID(*snap.ParentSnapshotID)
+	}
+	if snapshotID(back) != snapshotID(tbl) {
+		return false, nil // another commit came first
+	}
+	return false, fmt.Errorf("iceberg: commit to %s: %w", s.id, err)
+}
+
+// newNonce is a commit attempt's name.
+func newNonce() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func snapshotID(t *table.Table) int64 {
+	if s := t.CurrentSnapshot(); s != nil {
+		return s.SnapshotID
+	}
+	return 0
+}
+
+// dataFiles builds the Iceberg entries of batch's shards from their
+// footers, concurrently; a shard of several versions becomes one file per
+// version (splitShard).
+func (s *Syncer) dataFiles(ctx context.Context, tbl *table.Table, batch []schemas.ShardEntry) ([]iceberg.DataFile, int64, int, error) {
+	fs, err := tbl.FS(ctx)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("iceberg: table file IO: %w", err)
+	}
+	out := make([][]iceberg.DataFile, len(batch))
+	splits := make([]bool, len(batch))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.cfg.Concurrency)
+	for i, e := range batch {
+		g.Go(func() error {
+			if !store.CheckShardPath(e.Path) {
+				return fmt.Errorf("iceberg: shard path %q is not a clean relative path", e.Path)
+			}
+			p := s.cfg.Base + e.Path
+			df, err := table.FileToDataFile(gctx, fs, p, tbl.Schema(), tbl.Spec(), 0, tbl.Properties())
+			if err == nil {
+				out[i] = []iceberg.DataFile{df}
+				return nil
+			}
+			if !strings.Contains(err.Error(), "more than one value for partition field") {
+				return fmt.Errorf("iceberg: shard %s: %w", e.Path, err)
+			}
+			files, err := s.splitShard(gctx, tbl, e)
+			if err != nil {
+				return fmt.Errorf("iceberg: shard %s of several versions: %w", e.Path, err)
+			}
+			out[i], splits[i] = files, true
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, 0, 0, err
+	}
+	var files []iceberg.DataFile
+	var rows int64
+	split := 0
+	for i, fs := range out {
+		files = append(files, fs...)
+		for _, f := range fs {
+			rows += f.Count()
+		}
+		if splits[i] {
+			split++
+		}
+	}
+	return files, rows, split, nil
+}
+
+// Pos is a table's position in the manifest.
+type Pos struct {
+	Shards    int
+	LastShard string
+}
+
+// Position reads the position of the table's current snapshot: the
+// newest snapshot of its lineage that recorded one (snapshots others
+// committed, such as a rewrite, record none).
+func Position(tbl *table.Table) (Pos, error) {
+	meta := tbl.Metadata()
+	for snap := tbl.CurrentSnapshot(); snap != nil; {
+		if snap.Summary != nil {
+			if v, ok := snap.Summary.Properties[PropShards]; ok {
+				n, err := strconv.Atoi(v)
+				if err != nil || n < 0 {
+					return Pos{}, fmt.Errorf("iceberg: snapshot %d: %s = %q is not a count", snap.SnapshotID, PropShards, v)
+				}
+				return Pos{Shards: n, LastShard: snap.Summary.Properties[PropLastShard]}, nil
+			}
+		}
+		if snap.ParentSnapshotID == nil {
+			break
+		}
+		parent := meta.SnapshotByID(*snap.ParentSnapshotID)
+		if parent == nil {
+			return Pos{}, fmt.Errorf("iceberg: snapshot %d's parent %d has expired before any snapshot recorded the table's position: rebuild the table", snap.SnapshotID, *snap.ParentSnapshotID)
+		}
+		snap = parent
+	}
+	return Pos{}, nil
+}
+
+// open loads the steps table, creating its namespace and itself when
+// absent, and brings it to what the syncer needs: our retry setting, the
+// root it projects, and every column of the current schema.
+func (s *Syncer) open(ctx context.Context) (*table.Table, error) {
+	tbl, err := s.cat.LoadTable(ctx, s.id)
+	if errors.Is(err, catalog.ErrNoSuchTable) {
+		tbl, err = s.create(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("iceberg: table %s: %w", s.id, err)
+	}
+	props := tbl.Properties()
+	if src := props[PropSource]; src != "" && src != s.r.Name() {
+		return nil, fmt.Errorf("iceberg: table %s projects %s, not %s", s.id, src, s.r.Name())
+	}
+	want, err := TableSchema()
+	if err != nil {
+		return nil, err
+	}
+	missing := false
+	for _, f := range want.Fields() {
+		if _, ok := tbl.Schema().FindFieldByName(f.Name); !ok {
+			missing = true
+		}
+	}
+	if props[propRetries] == "0" && props[PropSource] != "" && !missing {
+		return tbl, nil
+	}
+	// Schema evolution (our schema gained columns) and our settings, in
+	// one commit; idempotent, so a race or a crash only repeats it.
+	txn := tbl.NewTransaction()
+	if missing {
+		if err := txn.UpdateSchema(true, false).UnionByNameWith(want).Commit(); err != nil {
+			return nil, fmt.Errorf("iceberg: evolve %s's schema: %w", s.id, err)
+		}
+	}
+	if err := txn.SetProperties(iceberg.Properties{propRetries: "0", PropSource: s.r.Name()}); err != nil {
+		return nil, err
+	}
+	if _, err := txn.Commit(ctx); err != nil {
+		// Another syncer may have done the same: read it back.
+		if back, lerr := s.cat.LoadTable(ctx, s.id); lerr == nil && back.Properties()[propRetries] == "0" {
+			return back, nil
+		}
+		return nil, fmt.Errorf("iceberg: set up %s: %w", s.id, err)
+	}
+	return s.cat.LoadTable(ctx, s.id)
+}
+
+func (s *Syncer) create(ctx context.Context) (*table.Table, error) {
+	ns := table.Identifier(s.cfg.Namespace)
+	if err := s.cat.CreateNamespace(ctx, ns, nil); err != nil && !errors.Is(err, catalog.ErrNamespaceAlreadyExists) {
+		return nil, fmt.Errorf("create namespace %s: %w", strings.Join(ns, "."), err)
+	}
+	sc, err := TableSchema()
+	if err != nil {
+		return nil, err
+	}
+	spec, err := iceberg.NewPartitionSpecOpts(iceberg.AddPartitionFieldByName("group_version", "group_version", iceberg.IdentityTransform{}, sc, nil))
+	if err != nil {
+		return nil, fmt.Errorf("partition spec: %w", err)
+	}
+	props := iceberg.Properties{
+		propRetries: "0", PropSource: s.r.Name(),
+		"format-version": "2", "write.parquet.compression-codec": "zstd",
+	}
+	for k, v := range s.cfg.Properties {
+		props[k] = v
+	}
+	opts := []catalog.CreateTableOpt{catalog.WithPartitionSpec(&spec), catalog.WithProperties(props)}
+	if s.cfg.Location != "" {
+		opts = append(opts, catalog.WithLocation(strings.TrimSuffix(s.cfg.Location, "/")))
+	}
+	step("create")
+	tbl, err := s.cat.CreateTable(ctx, s.id, sc, opts...)
+	if errors.Is(err, catalog.ErrTableAlreadyExists) {
+		return s.cat.LoadTable(ctx, s.id)
+	}
+	return tbl, err
+}
+
+// TableSchema is the steps table's schema: the shards' (schemas.StepSchema)
+// with every field optional, so that shards of earlier schema versions,
+// which lack later columns, read as nulls there.
+func TableSchema() (*iceberg.Schema, error) {
+	fields := make([]arrow.Field, len(schemas.StepSchema.Fields()))
+	for i, f := range schemas.StepSchema.Fields() {
+		f.Nullable = true
+		fields[i] = f
+	}
+	sc, err := table.ArrowSchemaToIcebergWithFreshIDs(arrow.NewSchema(fields, nil), false)
+	if err != nil {
+		return nil, fmt.Errorf("iceberg: the steps schema: %w", err)
+	}
+	return sc, nil
+}
+
+// splitName is where a version's rows of a shard of several versions go:
+// under the table's data folder, named after the shard and the attempt.
+func splitName(location, shard string, version int64, attempt string) string {
+	base := strings.TrimSuffix(path.Base(shard), ".parquet")
+	return fmt.Sprintf("%s/data/group_version=%d/%s-v%d-%s.parquet", strings.TrimSuffix(location, "/"), version, base, version, attempt)
+}
+
+// splitShard writes the rows of a shard of several versions again, one
+// file per version under the table's data folder, in their order (a
+// trajectory's rows keep their prompt deltas: a trajectory has one
+// version), and returns their entries. Each attempt names its files
+// anew, so that a syncer that lost a race never rewrites a file a
+// committed snapshot lists; a loser's files are orphans, as Iceberg's
+// orphan-file removal knows them.
+func (s *Syncer) splitShard(ctx context.Context, tbl *table.Table, e schemas.ShardEntry) ([]iceberg.DataFile, error) {
+	fsys, err := tbl.FS(ctx)
+	if err != nil {
+		return nil, err
+	}
+	wfs, ok := fsys.(icebergio.WriteFileIO)
+	if !ok {
+		return nil, fmt.Errorf("the table's file IO cannot write")
+	}
+	mem := memory.NewGoAllocator()
+	rd, err := s.r.ReadShard(ctx, e, nil, mem)
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	rd.KeepDeltas()
+	attempt := strconv.FormatInt(time.Now().UnixNano(), 36)
+	type out struct {
+		name string
+		f    icebergio.FileWriter
+		w    *parquet.Writer
+	}
+	outs := map[int64]*out{}
+	var order []int64
+	closeAll := func() {
+		for _, o := range outs {
+			if o.w != nil {
+				_ = o.w.Close()
+			}
+			_ = o.f.Close()
+		}
+	}
+	err = rd.Each(func(rec arrow.RecordBatch) error {
+		idx := rec.Schema().FieldIndices("group_version")
+		if len(idx) == 0 {
+			return fmt.Errorf("no group_version column")
+		}
+		col, ok := rec.Column(idx[0]).(*array.Int64)
+		if !ok {
+			return fmt.Errorf("group_version is %s, not int64", rec.Column(idx[0]).DataType())
+		}
+		for lo := 0; lo < int(rec.NumRows()); {
+			v := col.Value(lo)
+			hi := lo + 1
+			for hi < int(rec.NumRows()) && col.Value(hi) == v {
+				hi++
+			}
+			o := outs[v]
+			if o == nil {
+				name := splitName(tbl.Location(), e.Path, v, attempt)
+				f, err := wfs.Create(name)
+				if err != nil {
+					return fmt.Errorf("create %s: %w", name, err)
+				}
+				o = &out{name: name, f: f}
+				outs[v] = o
+				order = append(order, v)
+				if o.w, err = parquet.NewWriter(f, rec.Schema(), parquet.Options{Allocator: mem},
+					map[string]string{schemas.FooterSchemaKey: e.SchemaVersion}); err != nil {
+					return err
+				}
+			}
+			part := rec.NewSlice(int64(lo), int64(hi))
+			err := o.w.Write(part)
+			part.Release()
+			if err != nil {
+				return fmt.Errorf("write %s: %w", o.name, err)
+			}
+			lo = hi
+		}
+		return nil
+	})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	var files []iceberg.DataFile
+	for _, v := range order {
+		o := outs[v]
+		err := o.w.Close()
+		o.w = nil
+		if cerr := o.f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("close %s: %w", o.name, err)
+		}
+		df, err := table.FileToDataFile(ctx, fsys, o.name, tbl.Schema(), tbl.Spec(), 0, tbl.Properties())
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("%s: %w", o.name, err)
+		}
+		files = append(files, df)
+	}
+	return files, nil
+}
