@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
+	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+)
+
+// TestIcebergSyncKilledAndFollowing: `iceberg sync` killed with SIGKILL
+// at random moments while it adds a root one shard per commit, then a
+// --follow syncer beside an ingest that keeps committing: in the end the
+// table lists every committed shard once, and the rows sql counts.
+func TestIcebergSyncKilledAndFollowing(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	root := filepath.Join(work, "out")
+	ingestRun := func(seed, versions int) {
+		in := filepath.Join(work, fmt.Sprintf("t%d.jsonl", seed))
+		if r := e2eRun(t, bin, work, "gen", "--groups", "40", "--group-size", "2", "--turns", "1..3", "--policy-versions", fmt.Sprint(versions),
+			"--seed", fmt.Sprint(seed), "--out", in); r.code != 0 {
+			t.Fatalf("gen: %s", r.stderr)
+		}
+		if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", root, "--group-size", "2", "--quiet"); r.code != 0 {
+			t.Fatalf("ingest: %s", r.stderr)
+		}
+	}
+	for seed := range 6 {
+		ingestRun(seed, 6) // a shard per version and run
+	}
+	catalog := filepath.Join(work, "lake", "catalog.db")
+	sync := []string{"iceberg", "sync", "--from", root, "--catalog", catalog, "--max-files-per-commit", "1", "--quiet"}
+	kills := 0
+	var positions []int
+	for i := range 6 {
+		cmd := exec.Command(bin, sync...)
+		cmd.Env = e2eEnv()
+		var se bytes.Buffer
+		cmd.Stderr = &se
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(80+40*i) * time.Millisecond)
+		_ = cmd.Process.Kill()
+		if err := cmd.Wait(); err != nil {
+			if ee, ok := err.(*exec.ExitError); !ok || !strings.Contains(ee.Error(), "killed") {
+				t.Fatalf("sync: %v\n%s", err, se.String())
+			}
+			kills++
+		}
+		checkIcebergPrefix(t, root, catalog)
+		positions = append(positions, icebergPosition(t, catalog))
+	}
+	// More commits while a follower syncs.
+	follow := exec.Command(bin, "iceberg", "sync", "--from", root, "--catalog", catalog, "--follow", "--poll", "100ms", "--json")
+	follow.Env = e2eEnv()
+	var fo, fe bytes.Buffer
+	follow.Stdout, follow.Stderr = &fo, &fe
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for seed := 10; seed < 13; seed++ {
+		ingestRun(seed, 3)
+	}
+	n := len(committedPaths(t, root))
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		pos := icebergPosition(t, catalog)
+		if pos == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower holds %d of %d shards after 60 s: %s", pos, n, fe.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	_ = follow.Process.Signal(os.Interrupt)
+	if err := follow.Wait(); err != nil {
+		t.Fatalf("follower: %v\n%s", err, fe.String())
+	}
+	checkIcebergPrefix(t, root, catalog)
+	if !strings.Contains(fo.String(), `"Shards":`) {
+		t.Errorf("--json printed no result: %q", fo.String())
+	}
+	t.Logf("%d of 6 syncs killed, holding %v shards after each; %d shards in the end", kills, positions, n)
+	if kills == 0 {
+		t.Error("no sync was killed: the test kills nothing")
+	}
+	if r := e2eRun(t, bin, work, "iceberg", "sync", "--from", root, "--catalog", catalog, "--max-files-per-commit", "0"); r.code != exitUsage {
+		t.Errorf("--max-files-per-commit 0: exit %d, want %d", r.code, exitUsage)
+	}
+}
+
+func committedPaths(t *testing.T, root string) []string {
+	t.Helper()
+	r, err := local.OpenReader(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	es, err := r.Committed(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Path)
+	}
+	return out
+}
+
+// icebergPosition is how many shards the steps table holds (0 before it
+// exists).
+func icebergPosition(t *testing.T, catalog string) int {
+	t.Helper()
+	cat, err := icebergsync.OpenCatalog(context.Background(), catalog, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", icebergsync.StepsTable})
+	if err != nil {
+		return 0
+	}
+	pos, err := icebergsync.Position(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pos.Shards
+}
+
+// checkIcebergPrefix fails t unless the table lists exactly the first
+// shards of the manifest its position says, each once.
+func checkIcebergPrefix(t *testing.T, root, catalog string) {
+	t.Helper()
+	cat, err := icebergsync.OpenCatalog(context.Background(), catalog, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", icebergsync.StepsTable})
+	if err != nil {
+		return // killed before it made the table
+	}
+	pos, err := icebergsync.Position(tbl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := tbl.Scan().PlanFiles(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int{}
+	for _, task := range tasks {
+		got[strings.TrimPrefix(task.File.FilePath(), "file://"+root+"/")]++
+	}
+	want := committedPaths(t, root)[:pos.Shards]
+	for _, p := range want {
+		if got[p] != 1 {
+			t.Errorf("shard %s listed %d times", p, got[p])
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("the table lists %d files, its position says %d shards", len(got), len(want))
+	}
+}
