@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/apache/iceberg-go"
@@ -14,6 +17,7 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 )
 
 type icebergOpts struct {
@@ -36,7 +40,7 @@ func newIcebergCmd(soft context.Context) *cobra.Command {
 		Short: "Project committed shards into Apache Iceberg tables (Spark, Trino, pyiceberg read them)",
 	}
 	var o icebergOpts
-	sync := &cobra.Command{
+	syncCmd := &cobra.Command{
 		Use:   "sync --from URL --catalog URI",
 		Short: "Add every committed shard not yet in the Iceberg steps table, exactly once (no rewrite)",
 		Long: `sync adds the root's committed shards to the Iceberg table NAMESPACE.steps as
@@ -59,7 +63,7 @@ Example:
 			return runIcebergSync(soft, cmd, o)
 		},
 	}
-	f := sync.Flags()
+	f := syncCmd.Flags()
 	f.StringVar(&o.from, "from", "", "shard root: file:///path, a path, or s3://bucket/prefix")
 	f.StringVar(&o.catalog, "catalog", "", "Iceberg catalog: a SQLite file (sqlite:///path.db, path.db) or a REST catalog (http(s)://...)")
 	f.StringVar(&o.catalogName, "catalog-name", icebergsync.DefaultCatalogName, "the catalog's name, as readers configure it")
@@ -71,7 +75,7 @@ Example:
 	f.BoolVar(&o.json, "json", false, "print each sync's result as a JSON line on stdout")
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
 	o.conn.register(f)
-	cmd.AddCommand(sync)
+	cmd.AddCommand(syncCmd)
 	return cmd
 }
 
@@ -85,12 +89,6 @@ func runIcebergSync(soft context.Context, cmd *cobra.Command, o icebergOpts) err
 	if o.poll <= 0 {
 		return usageErrorf("--poll %s: positive", o.poll)
 	}
-	ns := strings.Split(o.namespace, ".")
-	for _, part := range ns {
-		if part == "" {
-			return usageErrorf("--namespace %q: empty level", o.namespace)
-		}
-	}
 	if err := o.conn.check(); err != nil {
 		return err
 	}
@@ -98,30 +96,18 @@ func runIcebergSync(soft context.Context, cmd *cobra.Command, o icebergOpts) err
 	if err != nil {
 		return usageErrorf("--from: %v", err)
 	}
-	base, warehouse, props, err := icebergLocations(root, o.warehouse)
-	if err != nil {
-		return usageErrorf("%v", err)
-	}
 	ctx := cmd.Context()
 	r, err := connectors.OpenReader(ctx, root, "iceberg-"+newRunID())
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	catProps := iceberg.Properties{"warehouse": warehouse}
-	for k, v := range props {
-		catProps[k] = v
-	}
-	cat, err := icebergsync.OpenCatalog(ctx, o.catalog, o.catalogName, catProps)
+	sy, closeCat, err := openIceberg(ctx, root, r, icebergTarget{catalog: o.catalog, name: o.catalogName, namespace: o.namespace,
+		warehouse: o.warehouse, maxFiles: o.maxFiles})
 	if err != nil {
 		return err
 	}
-	defer cat.Close()
-	sy, err := icebergsync.NewSyncer(cat, r, icebergsync.Config{Namespace: ns, Base: base, MaxFilesPerCommit: o.maxFiles,
-		Location: strings.TrimSuffix(warehouse, "/") + "/" + strings.Join(ns, ".") + "/" + icebergsync.StepsTable})
-	if err != nil {
-		return err
-	}
+	defer closeCat()
 	for {
 		start := time.Now()
 		res, err := sy.Sync(ctx)
@@ -150,6 +136,42 @@ func runIcebergSync(soft context.Context, cmd *cobra.Command, o icebergOpts) err
 		case <-time.After(o.poll):
 		}
 	}
+}
+
+// icebergTarget is where a syncer projects a root: the flags of iceberg
+// sync and ingest's --iceberg-*.
+type icebergTarget struct {
+	catalog, name, namespace, warehouse string
+	maxFiles                            int
+}
+
+// openIceberg opens the catalog and a syncer of r's shards (root's) into
+// it; the function returned closes the catalog.
+func openIceberg(ctx context.Context, root connectors.Root, r store.Reader, t icebergTarget) (*icebergsync.Syncer, func() error, error) {
+	ns := strings.Split(t.namespace, ".")
+	for _, part := range ns {
+		if part == "" {
+			return nil, nil, usageErrorf("namespace %q: empty level", t.namespace)
+		}
+	}
+	base, warehouse, props, err := icebergLocations(root, t.warehouse)
+	if err != nil {
+		return nil, nil, usageErrorf("%v", err)
+	}
+	catProps := iceberg.Properties{"warehouse": warehouse}
+	for k, v := range props {
+		catProps[k] = v
+	}
+	cat, err := icebergsync.OpenCatalog(ctx, t.catalog, t.name, catProps)
+	if err != nil {
+		return nil, nil, err
+	}
+	sy, err := icebergsync.NewSyncer(cat, r, icebergsync.Config{Namespace: ns, Base: base, MaxFilesPerCommit: t.maxFiles,
+		Location: strings.TrimSuffix(warehouse, "/") + "/" + strings.Join(ns, ".") + "/" + icebergsync.StepsTable})
+	if err != nil {
+		return nil, nil, errors.Join(err, cat.Close())
+	}
+	return sy, cat.Close, nil
 }
 
 func printIcebergSync(w io.Writer, sy *icebergsync.Syncer, res icebergsync.Result, took time.Duration) {
@@ -196,4 +218,63 @@ func icebergLocations(root connectors.Root, warehouse string) (base, wh string, 
 	props = map[string]string{"s3.endpoint": c.Endpoint, "s3.region": c.Region, "s3.access-key-id": c.AccessKey,
 		"s3.secret-access-key": c.SecretKey, "s3.force-virtual-addressing": "false"}
 	return base, warehouse, props, nil
+}
+
+// icebergFollower keeps a table in step with a running ingest's commits:
+// a sync every interval (an error is logged, not fatal: the shards are
+// committed whatever the catalog does), and one at the end.
+type icebergFollower struct {
+	sy    *icebergsync.Syncer
+	stop  chan struct{}
+	done  chan struct{}
+	mu    sync.Mutex
+	total icebergsync.Result
+}
+
+func followIceberg(ctx context.Context, sy *icebergsync.Syncer, every time.Duration, log *slog.Logger) *icebergFollower {
+	f := &icebergFollower{sy: sy, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-f.stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if _, err := f.sync(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("iceberg: sync failed; retried at the next interval", "err", err)
+			}
+		}
+	}()
+	return f
+}
+
+func (f *icebergFollower) sync(ctx context.Context) (icebergsync.Result, error) {
+	res, err := f.sy.Sync(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.total.Shards += res.Shards
+	f.total.Rows += res.Rows
+	f.total.Split += res.Split
+	f.total.Commits += res.Commits
+	f.total.Conflicts += res.Conflicts
+	if err == nil {
+		f.total.Position, f.total.Snapshot = res.Position, res.Snapshot
+	}
+	return res, err
+}
+
+// finish stops the interval syncs and syncs once more, so that the table
+// holds every commit of the run.
+func (f *icebergFollower) finish(ctx context.Context) (icebergsync.Result, error) {
+	close(f.stop)
+	<-f.done
+	_, err := f.sync(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.total, err
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -87,7 +88,7 @@ func TestIcebergSyncKilledAndFollowing(t *testing.T) {
 		t.Fatalf("follower: %v\n%s", err, fe.String())
 	}
 	checkIcebergPrefix(t, root, catalog)
-	if !strings.Contains(fo.String(), `"Shards":`) {
+	if !strings.Contains(fo.String(), `"shards":`) {
 		t.Errorf("--json printed no result: %q", fo.String())
 	}
 	t.Logf("%d of 6 syncs killed, holding %v shards after each; %d shards in the end", kills, positions, n)
@@ -170,5 +171,42 @@ func checkIcebergPrefix(t *testing.T, root, catalog string) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("the table lists %d files, its position says %d shards", len(got), len(want))
+	}
+}
+
+// TestIngestKeepsAnIcebergTable: ingest --iceberg-catalog leaves the
+// table holding every shard it committed, and says so in its stats.
+func TestIngestKeepsAnIcebergTable(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	in := filepath.Join(work, "t.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--groups", "30", "--group-size", "2", "--policy-versions", "3", "--out", in); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	root, catalog, stats := filepath.Join(work, "out"), filepath.Join(work, "c.db"), filepath.Join(work, "s.json")
+	r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", root, "--group-size", "2", "--flush-interval", "50ms",
+		"--iceberg-catalog", catalog, "--iceberg-every", "20ms", "--stats-json", stats)
+	if r.code != 0 {
+		t.Fatalf("ingest: %s", r.stderr)
+	}
+	n := len(committedPaths(t, root))
+	if pos := icebergPosition(t, catalog); pos != n || n == 0 {
+		t.Fatalf("the table holds %d shards, ingest committed %d", pos, n)
+	}
+	checkIcebergPrefix(t, root, catalog)
+	data, err := os.ReadFile(stats)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Iceberg struct {
+			Shards, Position int
+		}
+	}
+	if err := json.Unmarshal(data, &st); err != nil || st.Iceberg.Shards != n || st.Iceberg.Position != n {
+		t.Errorf("stats iceberg %+v (%v), want %d shards added and held", st.Iceberg, err, n)
+	}
+	if !strings.Contains(r.stderr, "iceberg:") {
+		t.Errorf("the summary does not mention the table:\n%s", r.stderr)
 	}
 }

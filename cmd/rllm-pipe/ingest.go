@@ -18,6 +18,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
+	"github.com/rllm-pipe/rllm-pipe/connectors"
+	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
@@ -51,6 +53,8 @@ type ingestOpts struct {
 	logFormat                string
 	cpuProfile               string
 	memoryLimit              string
+	iceberg                  icebergTarget
+	icebergEvery             time.Duration
 	conn                     connFlags
 }
 
@@ -74,6 +78,10 @@ input skips groups already committed.`,
 	f.StringVar(&o.to, "to", "", "output root: file:///path, a path, or s3://bucket/prefix (env RLLM_TO)")
 	f.StringVar(&o.dlq, "dlq", "", "dead-letter output: a file, or kafka://host:port/topic (default <to>/_dlq/)")
 	f.StringVar(&o.statsJSON, "stats-json", "", "also write the run's summary as JSON to this file")
+	f.StringVar(&o.iceberg.catalog, "iceberg-catalog", "", "also keep an Iceberg steps table in step with the commits (as iceberg sync --follow does): a SQLite catalog file or a REST catalog URL")
+	f.StringVar(&o.iceberg.namespace, "iceberg-namespace", "rllm", "with --iceberg-catalog, the tables' namespace")
+	f.StringVar(&o.iceberg.warehouse, "iceberg-warehouse", "", "with --iceberg-catalog, where new tables keep their metadata (default: the output root's _iceberg folder)")
+	f.DurationVar(&o.icebergEvery, "iceberg-every", 10*time.Second, "with --iceberg-catalog, how often the table catches up with the commits (and once more at the end)")
 	f.StringVar(&o.spill, "spill", "", "with --from -: where records read from stdin but never committed (a store outage, a second signal) are saved, as they were read, for a later ingest of that file; a copy of stdin is kept in hidden segments beside it until the run ends (default ./rllm-pipe-unwritten-<run>.jsonl)")
 	f.IntVar(&o.groupSize, "group-size", 8, "trajectories per group (a trajectory record's group_size overrides it)")
 	f.IntVar(&o.minGroupSize, "min-group-size", 2, "least complete trajectories to emit a group partial at timeout or end of input")
@@ -245,6 +253,23 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	}
 
 	stats := ingestStats{RunID: p.runID, Output: st.Name(), Estimator: p.label, DeadLetters: map[string]int64{}, Stdin: o.from == "-"}
+	var ice *icebergFollower
+	if o.iceberg.catalog != "" {
+		if o.icebergEvery <= 0 {
+			return usageErrorf("--iceberg-every %s: positive", o.icebergEvery)
+		}
+		root, err := connectors.ParseRoot(o.to, o.conn.options())
+		if err != nil {
+			return usageErrorf("--to: %v", err)
+		}
+		o.iceberg.name, o.iceberg.maxFiles = icebergsync.DefaultCatalogName, 1000
+		sy, closeCat, err := openIceberg(ctx, root, st, o.iceberg)
+		if err != nil {
+			return err
+		}
+		defer closeCat()
+		ice = followIceberg(ctx, sy, o.icebergEvery, p.cfg.Log)
+	}
 	pl := pipeline.New(p.cfg, st, dl)
 	var runErr error
 	if strings.HasPrefix(o.from, "kafka://") {
@@ -262,6 +287,16 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	}
 	if err := dl.Close(); err != nil {
 		runErr = errors.Join(runErr, err)
+	}
+	if ice != nil {
+		res, err := ice.finish(ctx)
+		stats.Iceberg = &res
+		if err != nil {
+			// The shards are committed: the table catches up at the next
+			// sync (iceberg sync, or this ingest run again).
+			stats.IcebergError = err.Error()
+			p.cfg.Log.Warn("iceberg: the table is behind the commits", "err", err)
+		}
 	}
 	stats.Result = pl.Result()
 	stats.Stopped = soft.Err() != nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
 	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
 )
 
@@ -26,6 +27,9 @@ type ingestStats struct {
 	pipeline.Result
 	DeadLetters      map[string]int64 `json:"dead_letters"`
 	DeadLettersTotal int64            `json:"dead_letters_total"`
+	// Iceberg is what --iceberg-catalog's syncs did in all.
+	Iceberg      *icebergsync.Result `json:"iceberg,omitempty"`
+	IcebergError string              `json:"iceberg_error,omitempty"`
 }
 
 func writeStatsJSON(path string, st ingestStats) error {
@@ -100,4 +104,11 @@ func printIngestSummary(w io.Writer, st ingestStats) {
 		fmt.Fprintln(w, "  stopped early by a signal: groups still open were not written; run again to resume")
 	}
 	fmt.Fprintf(w, "  output:     %s\n", st.Output)
+	if st.Iceberg != nil {
+		fmt.Fprintf(w, "  iceberg:    %d shards added in %d commits; the table holds %d shards", st.Iceberg.Shards, st.Iceberg.Commits, st.Iceberg.Position)
+		if st.IcebergError != "" {
+			fmt.Fprintf(w, " (behind: %s; iceberg sync catches it up)", st.IcebergError)
+		}
+		fmt.Fprintln(w)
+	}
 }

@@ -74,13 +74,13 @@ type Config struct {
 
 // Result is what a sync did.
 type Result struct {
-	Shards    int   // shards added
-	Rows      int64 // rows they hold
-	Split     int   // shards of several versions written as one file per version
-	Commits   int   // snapshots committed
-	Conflicts int   // commits that lost a race and were recomputed
-	Position  int   // committed shards the table holds now
-	Snapshot  int64 // the table's current snapshot id (0: none yet)
+	Shards    int   `json:"shards"`    // shards added
+	Rows      int64 `json:"rows"`      // rows they hold
+	Split     int   `json:"split"`     // shards of several versions written as one file per version
+	Commits   int   `json:"commits"`   // snapshots committed
+	Conflicts int   `json:"conflicts"` // commits that lost a race and were recomputed
+	Position  int   `json:"position"`  // committed shards the table holds now
+	Snapshot  int64 `json:"snapshot"`  // the table's current snapshot id (0: none yet)
 }
 
 // Syncer adds a root's committed shards to the steps table.
