@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors"
 	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
 )
 
 // TestIcebergSyncKilledAndFollowing: `iceberg sync` killed with SIGKILL
@@ -208,5 +210,72 @@ func TestIngestKeepsAnIcebergTable(t *testing.T) {
 	}
 	if !strings.Contains(r.stderr, "iceberg:") {
 		t.Errorf("the summary does not mention the table:\n%s", r.stderr)
+	}
+}
+
+// TestIntegrationIcebergOnS3: a root on MinIO synced into a table whose
+// warehouse is on MinIO too (the root's _iceberg prefix): twice, adding
+// nothing the second time, and the table read back through the catalog
+// (its file IO on S3) holds the rows sql counts.
+func TestIntegrationIcebergOnS3(t *testing.T) {
+	bin := e2eBinary(t)
+	tg := newS3Target(t, "iceberg")
+	work := t.TempDir()
+	in := filepath.Join(work, "t.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--groups", "40", "--group-size", "2", "--turns", "1..3", "--policy-versions", "3", "--out", in); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", tg.url, "--s3-endpoint", tg.endpoint, "--group-size", "2", "--quiet"); r.code != 0 {
+		t.Fatalf("ingest: %s", r.stderr)
+	}
+	catalog := filepath.Join(work, "c.db")
+	sync := []string{"iceberg", "sync", "--from", tg.url, "--s3-endpoint", tg.endpoint, "--catalog", catalog, "--json", "--quiet"}
+	var first, again struct{ Shards, Position int }
+	r := e2eRun(t, bin, work, sync...)
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &first) != nil {
+		t.Fatalf("sync: %s%s", r.stdout, r.stderr)
+	}
+	r = e2eRun(t, bin, work, sync...)
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &again) != nil || again.Shards != 0 || again.Position != first.Position || first.Shards == 0 {
+		t.Fatalf("syncs: %+v then %+v (%s)", first, again, r.stderr)
+	}
+	q := e2eRun(t, bin, work, "sql", "--from", tg.url, "--s3-endpoint", tg.endpoint, "--format", "csv", "SELECT count(*) FROM steps")
+	if q.code != 0 {
+		t.Fatalf("sql: %s", q.stderr)
+	}
+	want := strings.TrimSpace(strings.Split(q.stdout, "\n")[1])
+	cfg, err := s3.ParseURL(tg.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Endpoint = tg.endpoint
+	_, warehouse, props, err := icebergLocations(connectors.Root{S3: &cfg}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	catProps := map[string]string{"warehouse": warehouse}
+	for k, v := range props {
+		catProps[k] = v
+	}
+	cat, err := icebergsync.OpenCatalog(ctx, catalog, "", catProps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	tbl, err := cat.LoadTable(ctx, []string{"rllm", icebergsync.StepsTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(tbl.Location(), "s3://") || !strings.HasPrefix(tbl.MetadataLocation(), tbl.Location()) {
+		t.Errorf("table at %s, metadata %s: want the warehouse on S3", tbl.Location(), tbl.MetadataLocation())
+	}
+	arr, err := tbl.Scan().ToArrowTable(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arr.Release()
+	if got := fmt.Sprint(arr.NumRows()); got != want {
+		t.Errorf("the table reads %s rows from S3, sql counts %s", got, want)
 	}
 }
