@@ -34,4 +34,6 @@ fi
 cd "$REPO_DIR"
 go build -o bin/rllm-pipe ./cmd/rllm-pipe
 cd train/python
+# The Spark test's jars, when scripts/spark.sh --prepare has fetched them.
+if [ -z "${RLLM_ICEBERG_JARS:-}" ] && jars=$("$REPO_DIR/scripts/spark.sh" --jars 2>/dev/null); then export RLLM_ICEBERG_JARS=$jars; fi
 RLLM_PIPE_BIN=$REPO_DIR/bin/rllm-pipe PYTHONPATH=$PWD exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# scripts/services.sh: local Kafka (single-node KRaft) and MinIO for rllm-pipe, without Docker.
+# scripts/services.sh: local Kafka (single-node KRaft), MinIO and PostgreSQL for rllm-pipe, without
+# Docker.
 #
-#   scripts/services.sh up              install (cached) + start both, wait until healthy, print env
-#   scripts/services.sh down [--clean]  stop both (SIGTERM, 20 s, then SIGKILL); --clean also deletes data
+#   scripts/services.sh up              install (cached) + start all, wait until healthy, print env
+#   scripts/services.sh down [--clean]  stop all (SIGTERM, 20 s, then SIGKILL); --clean also deletes data
 #   scripts/services.sh env             print the export lines: eval "$(scripts/services.sh env)"
 #   scripts/services.sh status          one line per service; exit 0 only if both are running
 #   scripts/services.sh kafka-stop | kafka-start | minio-stop | minio-start    (fault injection)
 #   scripts/services.sh logs kafka|minio [-f] [-n LINES]
 #
 # Kafka's jars come from Maven (scripts/kafka/pom.xml) into the cache, MinIO is built once with
-# `go install`. Everything is started in the background (setsid + nohup) and survives the caller.
+# `go install`; PostgreSQL (the Iceberg SQL catalog's tests) is Debian's package, installed with
+# apt-get when absent, its cluster in the state folder, trusting loopback connections only.
+# Everything is started in the background (setsid + nohup) and survives the caller.
 #
 # Environment:
 #   RLLM_CACHE           cache for the Kafka jars and the MinIO binary  (default ~/.cache/rllm-pipe)
 #   RLLM_SERVICES_DIR    state: data, logs, pid files                   (default <repo>/.services)
 #   RLLM_KAFKA_PORT      Kafka broker port          (default 9092; controller listener = port+1)
 #   RLLM_MINIO_PORT      MinIO S3 API port          (default 9000; console = port+1)
+#   RLLM_PG_PORT         PostgreSQL port            (default 5433)
 #   RLLM_KAFKA_CONTROLLER_PORT, RLLM_MINIO_CONSOLE_PORT   override the "+1" ports
 #   RLLM_KAFKA_VERSION   Kafka version fetched from Maven (default 4.1.1)
 #   RLLM_SERVICES_TIMEOUT seconds to wait for a service to become healthy (default 60)
@@ -39,6 +43,8 @@ KAFKA_PORT=${RLLM_KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=${RLLM_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
 MINIO_PORT=${RLLM_MINIO_PORT:-9000}
 MINIO_CONSOLE_PORT=${RLLM_MINIO_CONSOLE_PORT:-$((MINIO_PORT + 1))}
+PG_PORT=${RLLM_PG_PORT:-5433}
+PG_DB=rllm_test
 MINIO_USER=rllmpipe
 MINIO_PASSWORD=rllmpipe-secret
 HEALTH_TIMEOUT=${RLLM_SERVICES_TIMEOUT:-60}
@@ -54,6 +60,7 @@ LOG_DIR=$STATE_DIR/logs
 KAFKA_STATE=$STATE_DIR/kafka
 KAFKA_DATA=$KAFKA_STATE/data
 MINIO_DATA=$STATE_DIR/minio-data
+PG_DATA=$STATE_DIR/postgres
 
 JAVA=${JAVA_HOME:+$JAVA_HOME/bin/}java
 
@@ -505,6 +512,67 @@ minio_start() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# PostgreSQL
+
+# pg_bin prints the folder of the server's programs (initdb, pg_ctl).
+pg_bin() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do
+    if [[ -x $d/pg_ctl && -x $d/initdb ]]; then printf '%s\n' "$d"; return 0; fi
+  done
+  if have pg_ctl && have initdb; then dirname -- "$(command -v pg_ctl)"; return 0; fi
+  return 1
+}
+
+pg_install() {
+  pg_bin >/dev/null && return 0
+  if [[ $(id -u) == 0 ]] && have apt-get; then
+    log "installing PostgreSQL (Debian's package)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1; } ||
+      die "apt-get install postgresql failed"
+  fi
+  pg_bin >/dev/null || die "PostgreSQL's server programs not found (install Debian's postgresql package)"
+}
+
+# as_pg runs a server program as the postgres user when we are root (the
+# server refuses to run as root).
+as_pg() { if [[ $(id -u) == 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+pg_healthy() { port_open "$PG_PORT" && as_pg "$(pg_bin)/pg_isready" -q -h "$HOST" -p "$PG_PORT" 2>/dev/null; }
+
+pg_start() {
+  pg_install
+  local bin t0=$SECONDS
+  bin=$(pg_bin)
+  if pg_healthy; then return 0; fi
+  if [[ ! -f $PG_DATA/PG_VERSION ]]; then
+    rm -rf "$PG_DATA"
+    mkdir -p "$PG_DATA"
+    [[ $(id -u) == 0 ]] && chown postgres: "$PG_DATA"
+    chmod 700 "$PG_DATA"
+    as_pg "$bin/initdb" -D "$PG_DATA" -U postgres --auth=trust -E UTF8 >/dev/null ||
+      die "initdb failed"
+  fi
+  # Loopback only, the socket in the data folder, its log there too
+  # (written by the postgres user); the server must not inherit the
+  # state and cache locks' descriptors, or it would hold them.
+  as_pg "$bin/pg_ctl" -D "$PG_DATA" -l "$PG_DATA/server.log" -w -t "$HEALTH_TIMEOUT" \
+    -o "-c listen_addresses=$HOST -p $PG_PORT -k $PG_DATA" start >/dev/null 8>&- 9>&- ||
+    { tail -n 20 "$PG_DATA/server.log" >&2 || true; die "PostgreSQL did not start"; }
+  as_pg "$bin/psql" -h "$HOST" -p "$PG_PORT" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'" | grep -q 1 ||
+    as_pg "$bin/createdb" -h "$HOST" -p "$PG_PORT" -U postgres "$PG_DB"
+  log "PostgreSQL is healthy ($((SECONDS - t0))s)"
+}
+
+pg_stop() {
+  local bin
+  bin=$(pg_bin) || return 0
+  [[ -f $PG_DATA/postmaster.pid ]] || return 0
+  as_pg "$bin/pg_ctl" -D "$PG_DATA" -m fast -w -t "$STOP_TIMEOUT" stop >/dev/null 2>&1 || true
+}
+
+# ---------------------------------------------------------------------------------------------
 # commands
 
 cmd_env() {
@@ -515,6 +583,7 @@ export AWS_ENDPOINT_URL=http://$HOST:$MINIO_PORT
 export AWS_ACCESS_KEY_ID=$MINIO_USER
 export AWS_SECRET_ACCESS_KEY=$MINIO_PASSWORD
 export AWS_REGION=us-east-1
+export RLLM_PG_URL=postgres://postgres@$HOST:$PG_PORT/$PG_DB?sslmode=disable
 EOF
 }
 
@@ -523,7 +592,8 @@ cmd_up() {
   lock_state
   kafka_start
   minio_start
-  log "up: Kafka $HOST:$KAFKA_PORT, MinIO $HOST:$MINIO_PORT ($((SECONDS - t0))s)"
+  pg_start
+  log "up: Kafka $HOST:$KAFKA_PORT, MinIO $HOST:$MINIO_PORT, PostgreSQL $HOST:$PG_PORT ($((SECONDS - t0))s)"
   cmd_env
 }
 
@@ -537,8 +607,9 @@ cmd_down() {
   lock_state
   stop_service kafka
   stop_service minio
+  pg_stop
   if [[ -n $clean ]]; then
-    rm -rf "$KAFKA_STATE" "$MINIO_DATA" "$LOG_DIR" "$RUN_DIR"
+    rm -rf "$KAFKA_STATE" "$MINIO_DATA" "$PG_DATA" "$LOG_DIR" "$RUN_DIR"
     log "removed data and logs in $STATE_DIR"
   fi
 }
@@ -565,6 +636,12 @@ cmd_status() {
   local rc=0
   status_line kafka "$KAFKA_PORT" || rc=3
   status_line minio "$MINIO_PORT" || rc=3
+  if pg_healthy; then
+    printf '%-6s running  pid %-8s %s:%s\n' postgres "$(head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null || echo -)" "$HOST" "$PG_PORT"
+  else
+    printf '%-6s stopped  pid %-8s %s:%s\n' postgres - "$HOST" "$PG_PORT"
+    rc=3
+  fi
   return "$rc"
 }
 

@@ -28,6 +28,8 @@ scripts/browser.sh >/dev/null 2>"$logs/browser" &
 browser=$!
 scripts/pytest.sh --prepare >"$logs/venv" 2>&1 &
 venv=$!
+scripts/spark.sh --prepare >"$logs/spark" 2>&1 &
+spark=$!
 # verl's environment is ~2.6 GB to download on a fresh machine: fetched
 # while the Go tests run.
 scripts/verl-test.sh --prepare >"$logs/verl" 2>&1 &
@@ -46,6 +48,11 @@ fi
 if ! wait "$venv"; then
 	cat "$logs/venv" >&2
 	echo "make test: the Python tests' virtualenv could not be built (above)" >&2
+	exit 1
+fi
+if ! wait "$spark"; then
+	cat "$logs/spark" >&2
+	echo "make test: the Iceberg jars for Spark could not be fetched (above)" >&2
 	exit 1
 fi
 scripts/pytest.sh

@@ -9,12 +9,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/apache/iceberg-go"
 	"github.com/apache/iceberg-go/catalog"
 	"github.com/apache/iceberg-go/catalog/rest"
 	sqlcat "github.com/apache/iceberg-go/catalog/sql"
 	_ "github.com/apache/iceberg-go/io/gocloud" // s3:// warehouses and shards
+	_ "github.com/jackc/pgx/v5/stdlib"          // the SQL catalog on PostgreSQL
 	_ "modernc.org/sqlite"                      // the SQL catalog's embedded default
 )
 
@@ -43,6 +45,9 @@ const DefaultCatalogName = "rllm"
 //   - a SQLite file: sqlite:///abs/path.db, sqlite:rel/path.db, or a
 //     path ending in .db, .sqlite or .sqlite3 (created with its tables if
 //     absent: the embedded default, no service);
+//   - the SQL catalog on PostgreSQL: postgres://user@host:port/db (the
+//     password from PGPASSWORD in the environment, as libpq reads it;
+//     the catalog's tables are created if absent);
 //   - a REST catalog: http:// or https:// (a bearer token from
 //     ICEBERG_REST_TOKEN in the environment, when set).
 //
@@ -60,6 +65,8 @@ func OpenCatalog(ctx context.Context, uri, name string, props iceberg.Properties
 		return nil, fmt.Errorf("iceberg: catalog %q: %w", uri, err)
 	}
 	switch u.Scheme {
+	case "postgres", "postgresql":
+		return openPostgres(uri, u, name, props)
 	case "http", "https":
 		opts := []rest.Option{rest.WithAdditionalProps(props)}
 		if w := props["warehouse"]; w != "" {
@@ -74,7 +81,7 @@ func OpenCatalog(ctx context.Context, uri, name string, props iceberg.Properties
 		}
 		return &Catalog{Catalog: c}, nil
 	}
-	return nil, fmt.Errorf("iceberg: catalog %q: want a SQLite file (sqlite:///path.db or a path ending in .db) or a REST catalog (http:// or https://)", uri)
+	return nil, fmt.Errorf("iceberg: catalog %q: want a SQLite file (sqlite:///path.db or a path ending in .db), postgres://... or a REST catalog (http:// or https://)", u.Redacted())
 }
 
 // sqlitePath reads a SQLite catalog URI.
@@ -112,9 +119,40 @@ func openSQLite(driverName, path, name string, props iceberg.Properties) (*Catal
 	for k, v := range props {
 		p[k] = v
 	}
-	c, err := sqlcat.NewCatalog(name, db, sqlcat.SQLite, p)
+	c, err := newSQLCatalog(name, db, sqlcat.SQLite, p)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("iceberg: SQL catalog %s: %w", path, err), db.Close())
 	}
 	return &Catalog{Catalog: c, close: func() error { return errors.Join(c.Close(), db.Close()) }}, nil
+}
+
+// openPostgres opens the SQL catalog on PostgreSQL.
+func openPostgres(uri string, u *url.URL, name string, props iceberg.Properties) (*Catalog, error) {
+	db, err := sql.Open("pgx", uri)
+	if err != nil {
+		return nil, fmt.Errorf("iceberg: open %s: %w", u.Redacted(), err)
+	}
+	p := iceberg.Properties{"init_catalog_tables": "true"}
+	for k, v := range props {
+		p[k] = v
+	}
+	c, err := newSQLCatalog(name, db, sqlcat.Postgres, p)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("iceberg: SQL catalog %s: %w", u.Redacted(), err), db.Close())
+	}
+	return &Catalog{Catalog: c, close: func() error { return errors.Join(c.Close(), db.Close()) }}, nil
+}
+
+// newSQLCatalog opens the SQL catalog, creating its tables if absent.
+// Catalogs opened at once race to create them (PostgreSQL's CREATE TABLE
+// IF NOT EXISTS is not safe against a concurrent one): the loser tries
+// again, and finds them.
+func newSQLCatalog(name string, db *sql.DB, d sqlcat.SupportedDialect, props iceberg.Properties) (*sqlcat.Catalog, error) {
+	for attempt := 0; ; attempt++ {
+		c, err := sqlcat.NewCatalog(name, db, d, props)
+		if err == nil || attempt == 4 || !strings.Contains(err.Error(), "duplicate key") && !strings.Contains(err.Error(), "already exists") {
+			return c, err
+		}
+		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
+	}
 }

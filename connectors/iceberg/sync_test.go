@@ -2,8 +2,10 @@ package iceberg
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -72,12 +74,18 @@ func testCatalog(t *testing.T, dir, driverName string) *Catalog {
 
 func newSyncer(t *testing.T, cat *Catalog, root string, maxFiles int) *Syncer {
 	t.Helper()
+	return newSyncerIn(t, cat, root, maxFiles, "rllm")
+}
+
+// newSyncerIn is newSyncer into namespace ns.
+func newSyncerIn(t *testing.T, cat *Catalog, root string, maxFiles int, ns string) *Syncer {
+	t.Helper()
 	r, err := local.OpenReader(root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Close() })
-	s, err := NewSyncer(cat, r, Config{Base: "file://" + root + "/", MaxFilesPerCommit: maxFiles})
+	s, err := NewSyncer(cat, r, Config{Namespace: []string{ns}, Base: "file://" + root + "/", MaxFilesPerCommit: maxFiles})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +94,9 @@ func newSyncer(t *testing.T, cat *Catalog, root string, maxFiles int) *Syncer {
 
 // tableFiles reads the table back: each data file's path (under root)
 // and how many times the table lists it, and its rows in all.
-func tableFiles(t *testing.T, cat *Catalog, root string) (map[string]int, int64) {
+func tableFiles(t *testing.T, cat *Catalog, root, ns string) (map[string]int, int64) {
 	t.Helper()
-	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", StepsTable})
+	tbl, err := cat.LoadTable(context.Background(), []string{ns, StepsTable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +136,12 @@ func committed(t *testing.T, root string) []string {
 // committed shards, each once, and its position says n.
 func checkExactlyOnce(t *testing.T, cat *Catalog, root string, n int) {
 	t.Helper()
-	files, _ := tableFiles(t, cat, root)
+	checkExactlyOnceIn(t, cat, root, n, "rllm")
+}
+
+func checkExactlyOnceIn(t *testing.T, cat *Catalog, root string, n int, ns string) {
+	t.Helper()
+	files, _ := tableFiles(t, cat, root, ns)
 	want := committed(t, root)[:n]
 	for _, p := range want {
 		if files[p] != 1 {
@@ -140,7 +153,7 @@ func checkExactlyOnce(t *testing.T, cat *Catalog, root string, n int) {
 			t.Errorf("the table lists %s, not among the first %d committed shards", p, n)
 		}
 	}
-	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", StepsTable})
+	tbl, err := cat.LoadTable(context.Background(), []string{ns, StepsTable})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +201,31 @@ func TestSyncExactlyOnce(t *testing.T) {
 // commit: each shard lands once; the losers of each race recompute.
 func TestSyncersRace(t *testing.T) {
 	dir := t.TempDir()
+	syncersRace(t, dir, func() *Catalog { return testCatalog(t, dir, "sqlite") }, "rllm")
+}
+
+// TestIntegrationPostgresCatalog: the same race over the SQL catalog on
+// a real PostgreSQL (scripts/services.sh starts one; RLLM_PG_URL).
+func TestIntegrationPostgresCatalog(t *testing.T) {
+	uri := os.Getenv("RLLM_PG_URL")
+	if uri == "" {
+		t.Skip("RLLM_PG_URL not set: run `make test` (it starts PostgreSQL)")
+	}
+	dir := t.TempDir()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	ns := "test_" + hex.EncodeToString(b[:])
+	open := func() *Catalog {
+		c, err := OpenCatalog(context.Background(), uri, "", iceberg.Properties{"warehouse": "file://" + filepath.Join(dir, "warehouse")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	syncersRace(t, dir, open, ns)
+}
+
+func syncersRace(t *testing.T, dir string, open func() *Catalog, ns string) {
 	root := commitRuns(t, dir, 0, 4, 3)
 	n := len(committed(t, root))
 	var wg sync.WaitGroup
@@ -197,9 +235,9 @@ func TestSyncersRace(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cat := testCatalog(t, dir, "sqlite")
+			cat := open()
 			defer cat.Close()
-			results[i], errs[i] = newSyncer(t, cat, root, 1).Sync(context.Background())
+			results[i], errs[i] = newSyncerIn(t, cat, root, 1, ns).Sync(context.Background())
 		}()
 	}
 	wg.Wait()
@@ -211,9 +249,9 @@ func TestSyncersRace(t *testing.T) {
 		added += results[i].Shards
 		conflicts += results[i].Conflicts
 	}
-	cat := testCatalog(t, dir, "sqlite")
+	cat := open()
 	defer cat.Close()
-	checkExactlyOnce(t, cat, root, n)
+	checkExactlyOnceIn(t, cat, root, n, ns)
 	if added != n {
 		t.Errorf("the syncers added %d shards together, the root has %d", added, n)
 	}

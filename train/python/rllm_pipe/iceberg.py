@@ -12,12 +12,46 @@ messages back, as ``rllm-pipe sql``'s ``steps`` view does::
     table = SqlCatalog("rllm", uri="sqlite:///lake/catalog.db").load_table("rllm.steps")
     steps = read_steps(table, row_filter="group_version >= 3")
 
+Spark reads the table through Iceberg's JDBC catalog on the same SQLite
+file; ``SPARK_WHOLE_PROMPTS_SQL`` rebuilds the whole prompts there.
+
 A filter must keep whole trajectories (filter on group, trajectory or
 version columns, not on step columns), or a delta row loses the rows it
 extends.
 """
 
 from .shards import whole_prompts
+
+SPARK_WHOLE_PROMPTS_SQL = """\
+WITH numbered AS (
+  SELECT group_id, group_version, trajectory_id, step_index, prompt_prefix_len, prompt_ids, prompt_delta_ids,
+    sum(CASE WHEN coalesce(prompt_prefix_len, 0) = 0 THEN 1 ELSE 0 END) OVER (
+      PARTITION BY group_id, group_version, trajectory_id ORDER BY step_index
+      ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS segment,
+    lag(response_ids) OVER (
+      PARTITION BY group_id, group_version, trajectory_id ORDER BY step_index) AS prev_response_ids
+  FROM {table}
+), pieces AS (
+  SELECT *,
+    CASE WHEN coalesce(prompt_prefix_len, 0) = 0 THEN prompt_ids
+         ELSE concat(prev_response_ids, prompt_delta_ids) END AS piece
+  FROM numbered
+)
+SELECT group_id, group_version, trajectory_id, step_index,
+  flatten(collect_list(piece) OVER (
+    PARTITION BY group_id, group_version, trajectory_id, segment ORDER BY step_index
+    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)) AS prompt_ids
+FROM pieces"""
+"""Spark SQL (``.format(table="rllm.rllm.steps")``) giving every step its
+whole ``prompt_ids``, keyed by group_id, group_version, trajectory_id and
+step_index (join it back for the other columns), with window functions
+only: within a trajectory ordered by step, a segment starts at each whole
+row (``prompt_prefix_len`` 0 or null); a row's piece is its ``prompt_ids``
+if whole, else the previous step's ``response_ids`` then its
+``prompt_delta_ids``; its whole prompt is its segment's pieces up to and
+including its own, flattened (``collect_list`` over an ordered ROWS frame
+keeps their order). Filter the table on whole trajectories only, as for
+``read_steps``."""
 
 _ORDER = [("group_id", "ascending"), ("group_version", "ascending"), ("trajectory_id", "ascending"), ("step_index", "ascending")]
 
