@@ -140,6 +140,14 @@ MT_PYTHON ?= $(firstword $(wildcard $(HOME)/.cache/rllm-pipe/venv-*/bin/python))
 bench-multiturn: build
 	$(GO) run ./cmd/ingestbench --bin $(BIN) --size $(MT_SIZE) --pairs $(PAIRS) --reads $(PAIRS) --work $(BENCH_WORK) --shape agents,agents-100,agents-text $(if $(MT_PYTHON),--python $(MT_PYTHON)) $(BENCH_FLAGS)
 
+.PHONY: bench-iceberg
+# bench-iceberg: the Iceberg projection at 10k and 100k shards (fake: hard
+# links of one run's shards, so only the sync and the catalog are measured):
+# files added a second, commits a second, the table's open and scan-planning
+# time, three rounds each (~10 min).
+bench-iceberg:
+	$(GO) test -run '^$$' -bench Sync -benchtime 1x -count 3 -timeout 60m ./connectors/iceberg/
+
 # bench-scale: issue 19's scaling figures (scripts/bench-scale.sh, ~8-15 min):
 # the manifest's commit rate and consumer-group acknowledgements with 1, 4
 # and 16 writers/members (MinIO and local side by side), then 1 against 2

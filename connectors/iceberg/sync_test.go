@@ -29,7 +29,7 @@ import (
 // commitRuns adds runs more ingest runs to the root at dir/out, each of
 // groups new groups (two one-step trajectories each, at versions g%3):
 // every run commits at least one shard per version it holds.
-func commitRuns(t *testing.T, dir string, first, runs, groups int) string {
+func commitRuns(t testing.TB, dir string, first, runs, groups int) string {
 	t.Helper()
 	ctx := context.Background()
 	root := filepath.Join(dir, "out")
@@ -62,7 +62,7 @@ func commitRuns(t *testing.T, dir string, first, runs, groups int) string {
 
 // testCatalog is the catalog at dir/catalog.db through driverName (the
 // plain SQLite driver, or a wrapper of it that can crash the process).
-func testCatalog(t *testing.T, dir, driverName string) *Catalog {
+func testCatalog(t testing.TB, dir, driverName string) *Catalog {
 	t.Helper()
 	c, err := openSQLite(driverName, filepath.Join(dir, "catalog.db"), DefaultCatalogName,
 		iceberg.Properties{"warehouse": "file://" + filepath.Join(dir, "warehouse")})
@@ -72,13 +72,13 @@ func testCatalog(t *testing.T, dir, driverName string) *Catalog {
 	return c
 }
 
-func newSyncer(t *testing.T, cat *Catalog, root string, maxFiles int) *Syncer {
+func newSyncer(t testing.TB, cat *Catalog, root string, maxFiles int) *Syncer {
 	t.Helper()
 	return newSyncerIn(t, cat, root, maxFiles, "rllm")
 }
 
 // newSyncerIn is newSyncer into namespace ns.
-func newSyncerIn(t *testing.T, cat *Catalog, root string, maxFiles int, ns string) *Syncer {
+func newSyncerIn(t testing.TB, cat *Catalog, root string, maxFiles int, ns string) *Syncer {
 	t.Helper()
 	r, err := local.OpenReader(root)
 	if err != nil {
