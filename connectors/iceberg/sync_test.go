@@ -441,3 +441,58 @@ func TestSyncKilledAtEveryStep(t *testing.T) {
 	defer cat.Close()
 	checkExactlyOnce(t, cat, root, n)
 }
+
+// TestSchemaEvolves: a table made when the shards had fewer columns
+// gains the new ones at the next sync (Iceberg schema evolution, the
+// table kept), and reads the shards' values in them.
+func TestSchemaEvolves(t *testing.T) {
+	dir := t.TempDir()
+	root := commitRuns(t, dir, 0, 1, 3)
+	cat := testCatalog(t, dir, "sqlite")
+	defer cat.Close()
+	ctx := context.Background()
+	full, err := TableSchema()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The schema before prompt deltas (schema 3): no prompt_prefix_len,
+	// prompt_delta_ids or messages_delta.
+	var old []iceberg.NestedField
+	for _, f := range full.Fields() {
+		if f.Name != "prompt_prefix_len" && f.Name != "prompt_delta_ids" && f.Name != "messages_delta" {
+			old = append(old, f)
+		}
+	}
+	sc := iceberg.NewSchema(0, old...)
+	if err := cat.CreateNamespace(ctx, table.Identifier{"rllm"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	made, err := cat.CreateTable(ctx, table.Identifier{"rllm", StepsTable}, sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid := made.Metadata().TableUUID()
+	if _, err := newSyncer(t, cat, root, 100).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tbl, err := cat.LoadTable(ctx, table.Identifier{"rllm", StepsTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tbl.Metadata().TableUUID() != uuid {
+		t.Error("the table was replaced, not evolved")
+	}
+	for _, name := range []string{"prompt_prefix_len", "prompt_delta_ids", "messages_delta"} {
+		if _, ok := tbl.Schema().FindFieldByName(name); !ok {
+			t.Errorf("column %s not added", name)
+		}
+	}
+	arr, err := tbl.Scan(table.WithSelectedFields("step_id", "prompt_prefix_len")).ToArrowTable(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arr.Release()
+	if arr.NumRows() != 6 || arr.Column(1).NullN() != 0 {
+		t.Errorf("%d rows, %d null prompt_prefix_len: want 6 rows, their values read", arr.NumRows(), arr.Column(1).NullN())
+	}
+}
