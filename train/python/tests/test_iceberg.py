@@ -108,3 +108,71 @@ def test_time_travel_to_the_snapshot_that_first_held_a_version(lake):
     first = next(s for s in snaps if table.scan(snapshot_id=s.snapshot_id, row_filter="group_version = 4").to_arrow().num_rows)
     before = [s for s in snaps if s.sequence_number < first.sequence_number]
     assert all(table.scan(snapshot_id=s.snapshot_id, row_filter="group_version = 4").to_arrow().num_rows == 0 for s in before)
+
+
+def test_snapshot_isolation_while_ingest_runs(tmp_path):
+    """A reader scanning the table while ingest keeps committing and a
+    --follow syncer keeps adding: every snapshot it reads holds exactly
+    the rows of the manifest's first rllm-pipe.shards shards, never part
+    of a commit."""
+    import threading
+    import time
+
+    root, catalog = tmp_path / "data", tmp_path / "lake" / "catalog.db"
+    src = tmp_path / "t.jsonl"
+    run("gen", "--groups", "120", "--group-size", "2", "--turns", "1..3", "--policy-versions", "4", "--seed", "3", "--out", str(src))
+    lines = src.read_text().splitlines()
+    parts = [[], [], [], []]
+    for line in lines:
+        parts[int(json.loads(line)["task_id"].rsplit("-", 1)[1]) % 4].append(line)
+    first = tmp_path / "p0.jsonl"
+    first.write_text("\n".join(parts.pop(0)) + "\n")
+    run("ingest", "--from", str(first), "--to", str(root), "--group-size", "2", "--quiet")
+    follow = subprocess.Popen([BIN, "iceberg", "sync", "--from", str(root), "--catalog", str(catalog), "--follow", "--poll", "30ms", "--max-files-per-commit", "2", "--quiet"],
+                              stderr=subprocess.PIPE)
+    seen, errors, stop = {}, [], threading.Event()
+
+    def manifest_rows():
+        with open(root / "_manifest" / "shards.jsonl") as f:
+            return [e["rows"] for e in map(json.loads, f) if e.get("path")]
+
+    def reader():
+        cat = None
+        while not stop.is_set():
+            try:
+                if cat is None:
+                    cat = SqlCatalog("rllm", uri=f"sqlite:///{catalog}")
+                table = cat.load_table("rllm.steps")
+            except Exception:  # not made yet
+                time.sleep(0.02)
+                continue
+            snap = table.current_snapshot()
+            if snap is None:
+                continue
+            n = int(snap.summary["rllm-pipe.shards"])
+            rows = table.scan(snapshot_id=snap.snapshot_id).to_arrow().num_rows
+            want = sum(manifest_rows()[:n])
+            if rows != want:
+                errors.append((snap.snapshot_id, n, rows, want))
+            seen[snap.snapshot_id] = n
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    try:
+        for i, part in enumerate(parts):
+            p = tmp_path / f"p{i + 1}.jsonl"
+            p.write_text("\n".join(part) + "\n")
+            run("ingest", "--from", str(p), "--to", str(root), "--group-size", "2", "--quiet")
+            time.sleep(1.0)
+        deadline = time.time() + 30
+        while time.time() < deadline and (not seen or max(seen.values()) < len(manifest_rows())):
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        t.join(30)
+        follow.terminate()
+        follow.wait(30)
+    assert follow.returncode in (0, -15), follow.stderr.read().decode()
+    assert not errors, errors
+    assert seen and max(seen.values()) == len(manifest_rows())
+    assert len(seen) >= 3, f"the reader saw {len(seen)} snapshots: the test needs it to read while the table grows"
