@@ -167,7 +167,7 @@ func openIceberg(ctx context.Context, root connectors.Root, r store.Reader, t ic
 		return nil, nil, err
 	}
 	sy, err := icebergsync.NewSyncer(cat, r, icebergsync.Config{Namespace: ns, Base: base, MaxFilesPerCommit: t.maxFiles,
-		Location: strings.TrimSuffix(warehouse, "/") + "/" + strings.Join(ns, ".") + "/" + icebergsync.StepsTable})
+		Location: strings.TrimSuffix(warehouse, "/") + "/" + strings.Join(ns, ".")})
 	if err != nil {
 		return nil, nil, errors.Join(err, cat.Close())
 	}

@@ -8,11 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/apache/arrow-go/v18/arrow/array"
+	"github.com/apache/iceberg-go/table"
 	"github.com/rllm-pipe/rllm-pipe/connectors"
+
 	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
 	"github.com/rllm-pipe/rllm-pipe/connectors/local"
 	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
@@ -277,5 +281,105 @@ func TestIntegrationIcebergOnS3(t *testing.T) {
 	defer arr.Release()
 	if got := fmt.Sprint(arr.NumRows()); got != want {
 		t.Errorf("the table reads %s rows from S3, sql counts %s", got, want)
+	}
+}
+
+// TestIcebergDeadLetters: the dead letters of two ingest runs land in the
+// dead_letters table once each, as sql's dead_letters view has them;
+// another sync adds none.
+func TestIcebergDeadLetters(t *testing.T) {
+	bin := e2eBinary(t)
+	work := t.TempDir()
+	root, catalog := filepath.Join(work, "out"), filepath.Join(work, "c.db")
+	bad, err := filepath.Abs(filepath.Join("testdata", "bad.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	awkward, err := filepath.Abs(filepath.Join("testdata", "awkward.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A run whose commits mark its dead-letter file again and again:
+	// broken lines among generated groups, committed every millisecond.
+	gen := filepath.Join(work, "g.jsonl")
+	if r := e2eRun(t, bin, work, "gen", "--groups", "200", "--group-size", "2", "--out", gen); r.code != 0 {
+		t.Fatalf("gen: %s", r.stderr)
+	}
+	data, err := os.ReadFile(gen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mixed []string
+	for i, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		mixed = append(mixed, l)
+		if i%50 == 0 {
+			mixed = append(mixed, fmt.Sprintf(`{"type":"step","broken":%d`, i))
+		}
+	}
+	mix := filepath.Join(work, "mix.jsonl")
+	if err := os.WriteFile(mix, []byte(strings.Join(mixed, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var added int64
+	for _, in := range []string{bad, awkward, mix} {
+		if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", root, "--group-size", "2", "--flush-interval", "1ms", "--quiet"); r.code != 0 {
+			t.Fatalf("ingest: %s", r.stderr)
+		}
+		r := e2eRun(t, bin, work, "iceberg", "sync", "--from", root, "--catalog", catalog, "--json", "--quiet")
+		var res struct {
+			DeadLetters int64 `json:"dead_letters"`
+		}
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil {
+			t.Fatalf("sync: %s%s", r.stdout, r.stderr)
+		}
+		added += res.DeadLetters
+	}
+	r := e2eRun(t, bin, work, "iceberg", "sync", "--from", root, "--catalog", catalog, "--json", "--quiet")
+	if !strings.Contains(r.stdout, `"dead_letters":0`) {
+		t.Errorf("a third sync: %s", r.stdout)
+	}
+	q := e2eRun(t, bin, work, "sql", "--from", root, "--format", "jsonl", "SELECT reason, source_file AS file, source_line AS line, record FROM dead_letters")
+	if q.code != 0 {
+		t.Fatalf("sql: %s", q.stderr)
+	}
+	var want []string
+	for _, l := range strings.Split(strings.TrimSpace(q.stdout), "\n") {
+		var d struct {
+			Reason, File, Record string
+			Line                 int64
+		}
+		if err := json.Unmarshal([]byte(l), &d); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, fmt.Sprintf("%s|%s|%d|%s", d.Reason, d.File, d.Line, d.Record))
+	}
+	cat, err := icebergsync.OpenCatalog(context.Background(), catalog, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cat.Close()
+	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", icebergsync.DeadLettersTable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	arr, err := tbl.Scan(table.WithSelectedFields("reason", "source_file", "source_line", "record")).ToArrowTable(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer arr.Release()
+	var got []string
+	tr := array.NewTableReader(arr, 1024)
+	defer tr.Release()
+	for tr.Next() {
+		rec := tr.RecordBatch()
+		for i := range int(rec.NumRows()) {
+			got = append(got, fmt.Sprintf("%s|%s|%d|%s", rec.Column(0).ValueStr(i), rec.Column(1).ValueStr(i),
+				rec.Column(2).(*array.Int64).Value(i), rec.Column(3).(*array.String).Value(i)))
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if len(want) == 0 || int64(len(want)) != added || !slices.Equal(got, want) {
+		t.Errorf("dead_letters table (%d rows, %d added):\n%s\nsql's (%d):\n%s", len(got), added, strings.Join(got, "\n"), len(want), strings.Join(want, "\n"))
 	}
 }

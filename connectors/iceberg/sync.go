@@ -58,9 +58,9 @@ type Config struct {
 	// Base is the URL prefix of the root's files: file:///abs/root/ or
 	// s3://bucket/prefix/ (a shard's data file is Base + its path).
 	Base string
-	// Location is the steps table's location (its metadata, and the
-	// files of shards of several versions): default the catalog's
-	// warehouse's choice.
+	// Location is the folder of the tables' locations (each table's
+	// metadata, and the files the syncer writes, under Location/<table>):
+	// default the catalog's warehouse's choice.
 	Location string
 	// MaxFilesPerCommit bounds the shards one commit adds (a long
 	// backlog becomes several snapshots). Default 1000.
@@ -81,6 +81,9 @@ type Result struct {
 	Conflicts int   `json:"conflicts"` // commits that lost a race and were recomputed
 	Position  int   `json:"position"`  // committed shards the table holds now
 	Snapshot  int64 `json:"snapshot"`  // the table's current snapshot id (0: none yet)
+	// DeadLetters are the dead-letter lines added to the dead_letters
+	// table.
+	DeadLetters int64 `json:"dead_letters"`
 }
 
 // Syncer adds a root's committed shards to the steps table.
@@ -120,10 +123,20 @@ func step(name string) {
 	}
 }
 
-// Sync adds every committed shard the table does not hold yet, in
-// commits of at most MaxFilesPerCommit shards, and returns once the table
-// holds every shard committed when it looked last.
+// Sync adds every committed shard the steps table does not hold yet, in
+// commits of at most MaxFilesPerCommit shards, then the dead letters
+// committed since the dead_letters table's position, and returns once
+// both hold everything committed when they looked last.
 func (s *Syncer) Sync(ctx context.Context) (Result, error) {
+	res, err := s.syncSteps(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.DeadLetters, err = s.SyncDeadLetters(ctx)
+	return res, err
+}
+
+func (s *Syncer) syncSteps(ctx context.Context) (Result, error) {
 	var res Result
 	for {
 		step("load")
@@ -165,7 +178,7 @@ func (s *Syncer) Sync(ctx context.Context) (Result, error) {
 		}
 		next := Pos{Shards: pos.Shards + len(batch), LastShard: batch[len(batch)-1].Path}
 		step("commit")
-		committed, err := s.commit(ctx, tbl, files, next)
+		committed, err := s.commitFiles(ctx, s.id, tbl, files, iceberg.Properties{PropShards: strconv.Itoa(next.Shards), PropLastShard: next.LastShard})
 		if err != nil {
 			return res, err
 		}
@@ -185,15 +198,19 @@ func (s *Syncer) Sync(ctx context.Context) (Result, error) {
 	}
 }
 
-// commit adds files at position next in one commit that requires the
-// table to be where tbl is. It reports false when the commit lost to
+// commitFiles adds files to the table id in one commit, with props (a
+// position) and a fresh PropCommit in the snapshot's summary, requiring
+// the table to be where tbl is. It reports false when the commit lost to
 // another (the table moved: the caller reads the position again); an
 // error whose outcome is unknown is resolved by reading the table back.
-func (s *Syncer) commit(ctx context.Context, tbl *table.Table, files []iceberg.DataFile, next Pos) (bool, error) {
+func (s *Syncer) commitFiles(ctx context.Context, id table.Identifier, tbl *table.Table, files []iceberg.DataFile, props iceberg.Properties) (bool, error) {
 	txn := tbl.NewTransaction()
 	nonce := newNonce()
-	props := iceberg.Properties{PropShards: strconv.Itoa(next.Shards), PropLastShard: next.LastShard, PropCommit: nonce}
-	if err := txn.AddDataFiles(ctx, files, props); err != nil {
+	sum := iceberg.Properties{PropCommit: nonce}
+	for k, v := range props {
+		sum[k] = v
+	}
+	if err := txn.AddDataFiles(ctx, files, sum); err != nil {
 		return false, fmt.Errorf("iceberg: stage %d files: %w", len(files), err)
 	}
 	_, err := txn.Commit(ctx)
@@ -202,7 +219,7 @@ func (s *Syncer) commit(ctx context.Context, tbl *table.Table, files []iceberg.D
 	}
 	// Lost a race, or an outcome not known (a timeout after the catalog
 	// took it): the table says which.
-	back, lerr := s.cat.LoadTable(ctx, s.id)
+	back, lerr := s.cat.LoadTable(ctx, id)
 	if lerr != nil {
 		return false, fmt.Errorf("iceberg: commit: %w (and reading the table back: %v)", err, lerr)
 	}
@@ -218,7 +235,7 @@ func (s *Syncer) commit(ctx context.Context, tbl *table.Table, files []iceberg.D
 	if snapshotID(back) != snapshotID(tbl) {
 		return false, nil // another commit came first
 	}
-	return false, fmt.Errorf("iceberg: commit to %s: %w", s.id, err)
+	return false, fmt.Errorf("iceberg: commit to %s: %w", id, err)
 }
 
 // newNonce is a commit attempt's name.
@@ -293,19 +310,43 @@ type Pos struct {
 	LastShard string
 }
 
-// Position reads the position of the table's current snapshot: the
-// newest snapshot of its lineage that recorded one (snapshots others
-// committed, such as a rewrite, record none).
+// Position reads the steps table's position: that of the newest
+// snapshot of its lineage that recorded one (snapshots others committed,
+// such as a rewrite, record none).
 func Position(tbl *table.Table) (Pos, error) {
+	snap, err := positioned(tbl, PropShards)
+	if err != nil || snap == nil {
+		return Pos{}, err
+	}
+	n, err := strconv.Atoi(snap.Summary.Properties[PropShards])
+	if err != nil || n < 0 {
+		return Pos{}, fmt.Errorf("iceberg: snapshot %d: %s = %q is not a count", snap.SnapshotID, PropShards, snap.Summary.Properties[PropShards])
+	}
+	return Pos{Shards: n, LastShard: snap.Summary.Properties[PropLastShard]}, nil
+}
+
+// positionOf reads the count under key of the newest snapshot of tbl's
+// lineage that recorded one (0: none).
+func positionOf(tbl *table.Table, key string) (int, error) {
+	snap, err := positioned(tbl, key)
+	if err != nil || snap == nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(snap.Summary.Properties[key])
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("iceberg: snapshot %d: %s = %q is not a count", snap.SnapshotID, key, snap.Summary.Properties[key])
+	}
+	return n, nil
+}
+
+// positioned is the newest snapshot of tbl's lineage whose summary has
+// key (nil: none).
+func positioned(tbl *table.Table, key string) (*table.Snapshot, error) {
 	meta := tbl.Metadata()
 	for snap := tbl.CurrentSnapshot(); snap != nil; {
 		if snap.Summary != nil {
-			if v, ok := snap.Summary.Properties[PropShards]; ok {
-				n, err := strconv.Atoi(v)
-				if err != nil || n < 0 {
-					return Pos{}, fmt.Errorf("iceberg: snapshot %d: %s = %q is not a count", snap.SnapshotID, PropShards, v)
-				}
-				return Pos{Shards: n, LastShard: snap.Summary.Properties[PropLastShard]}, nil
+			if _, ok := snap.Summary.Properties[key]; ok {
+				return snap, nil
 			}
 		}
 		if snap.ParentSnapshotID == nil {
@@ -313,31 +354,37 @@ func Position(tbl *table.Table) (Pos, error) {
 		}
 		parent := meta.SnapshotByID(*snap.ParentSnapshotID)
 		if parent == nil {
-			return Pos{}, fmt.Errorf("iceberg: snapshot %d's parent %d has expired before any snapshot recorded the table's position: rebuild the table", snap.SnapshotID, *snap.ParentSnapshotID)
+			return nil, fmt.Errorf("iceberg: snapshot %d's parent %d has expired before any snapshot recorded the table's position: rebuild the table", snap.SnapshotID, *snap.ParentSnapshotID)
 		}
 		snap = parent
 	}
-	return Pos{}, nil
+	return nil, nil
 }
 
-// open loads the steps table, creating its namespace and itself when
-// absent, and brings it to what the syncer needs: our retry setting, the
-// root it projects, and every column of the current schema.
+// open loads the steps table (openTable).
 func (s *Syncer) open(ctx context.Context) (*table.Table, error) {
-	tbl, err := s.cat.LoadTable(ctx, s.id)
+	return s.openTable(ctx, s.id, schemas.StepSchema, []string{"group_version"})
+}
+
+// openTable loads the table id, creating its namespace and itself when
+// absent (partitioned by identity on the columns partition), and brings
+// it to what the syncer needs: our retry setting, the root it projects,
+// and every column of sc.
+func (s *Syncer) openTable(ctx context.Context, id table.Identifier, sc *arrow.Schema, partition []string) (*table.Table, error) {
+	want, err := tableSchema(sc)
+	if err != nil {
+		return nil, err
+	}
+	tbl, err := s.cat.LoadTable(ctx, id)
 	if errors.Is(err, catalog.ErrNoSuchTable) {
-		tbl, err = s.create(ctx)
+		tbl, err = s.create(ctx, id, want, partition)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("iceberg: table %s: %w", s.id, err)
+		return nil, fmt.Errorf("iceberg: table %s: %w", id, err)
 	}
 	props := tbl.Properties()
 	if src := props[PropSource]; src != "" && src != s.r.Name() {
-		return nil, fmt.Errorf("iceberg: table %s projects %s, not %s", s.id, src, s.r.Name())
-	}
-	want, err := TableSchema()
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("iceberg: table %s projects %s, not %s", id, src, s.r.Name())
 	}
 	missing := false
 	for _, f := range want.Fields() {
@@ -353,7 +400,7 @@ func (s *Syncer) open(ctx context.Context) (*table.Table, error) {
 	txn := tbl.NewTransaction()
 	if missing {
 		if err := txn.UpdateSchema(true, false).UnionByNameWith(want).Commit(); err != nil {
-			return nil, fmt.Errorf("iceberg: evolve %s's schema: %w", s.id, err)
+			return nil, fmt.Errorf("iceberg: evolve %s's schema: %w", id, err)
 		}
 	}
 	if err := txn.SetProperties(iceberg.Properties{propRetries: "0", PropSource: s.r.Name()}); err != nil {
@@ -361,24 +408,24 @@ func (s *Syncer) open(ctx context.Context) (*table.Table, error) {
 	}
 	if _, err := txn.Commit(ctx); err != nil {
 		// Another syncer may have done the same: read it back.
-		if back, lerr := s.cat.LoadTable(ctx, s.id); lerr == nil && back.Properties()[propRetries] == "0" {
+		if back, lerr := s.cat.LoadTable(ctx, id); lerr == nil && back.Properties()[propRetries] == "0" {
 			return back, nil
 		}
-		return nil, fmt.Errorf("iceberg: set up %s: %w", s.id, err)
+		return nil, fmt.Errorf("iceberg: set up %s: %w", id, err)
 	}
-	return s.cat.LoadTable(ctx, s.id)
+	return s.cat.LoadTable(ctx, id)
 }
 
-func (s *Syncer) create(ctx context.Context) (*table.Table, error) {
+func (s *Syncer) create(ctx context.Context, id table.Identifier, sc *iceberg.Schema, partition []string) (*table.Table, error) {
 	ns := table.Identifier(s.cfg.Namespace)
 	if err := s.cat.CreateNamespace(ctx, ns, nil); err != nil && !errors.Is(err, catalog.ErrNamespaceAlreadyExists) {
 		return nil, fmt.Errorf("create namespace %s: %w", strings.Join(ns, "."), err)
 	}
-	sc, err := TableSchema()
-	if err != nil {
-		return nil, err
+	var popts []iceberg.PartitionOption
+	for _, col := range partition {
+		popts = append(popts, iceberg.AddPartitionFieldByName(col, col, iceberg.IdentityTransform{}, sc, nil))
 	}
-	spec, err := iceberg.NewPartitionSpecOpts(iceberg.AddPartitionFieldByName("group_version", "group_version", iceberg.IdentityTransform{}, sc, nil))
+	spec, err := iceberg.NewPartitionSpecOpts(popts...)
 	if err != nil {
 		return nil, fmt.Errorf("partition spec: %w", err)
 	}
@@ -391,30 +438,32 @@ func (s *Syncer) create(ctx context.Context) (*table.Table, error) {
 	}
 	opts := []catalog.CreateTableOpt{catalog.WithPartitionSpec(&spec), catalog.WithProperties(props)}
 	if s.cfg.Location != "" {
-		opts = append(opts, catalog.WithLocation(strings.TrimSuffix(s.cfg.Location, "/")))
+		opts = append(opts, catalog.WithLocation(strings.TrimSuffix(s.cfg.Location, "/")+"/"+id[len(id)-1]))
 	}
 	step("create")
-	tbl, err := s.cat.CreateTable(ctx, s.id, sc, opts...)
+	tbl, err := s.cat.CreateTable(ctx, id, sc, opts...)
 	if errors.Is(err, catalog.ErrTableAlreadyExists) {
-		return s.cat.LoadTable(ctx, s.id)
+		return s.cat.LoadTable(ctx, id)
 	}
 	return tbl, err
 }
 
-// TableSchema is the steps table's schema: the shards' (schemas.StepSchema)
-// with every field optional, so that shards of earlier schema versions,
-// which lack later columns, read as nulls there.
-func TableSchema() (*iceberg.Schema, error) {
-	fields := make([]arrow.Field, len(schemas.StepSchema.Fields()))
-	for i, f := range schemas.StepSchema.Fields() {
+// TableSchema is the steps table's schema: the shards'
+// (schemas.StepSchema) with every field optional, so that shards of
+// earlier schema versions, which lack later columns, read as nulls there.
+func TableSchema() (*iceberg.Schema, error) { return tableSchema(schemas.StepSchema) }
+
+func tableSchema(sc *arrow.Schema) (*iceberg.Schema, error) {
+	fields := make([]arrow.Field, len(sc.Fields()))
+	for i, f := range sc.Fields() {
 		f.Nullable = true
 		fields[i] = f
 	}
-	sc, err := table.ArrowSchemaToIcebergWithFreshIDs(arrow.NewSchema(fields, nil), false)
+	out, err := table.ArrowSchemaToIcebergWithFreshIDs(arrow.NewSchema(fields, nil), false)
 	if err != nil {
-		return nil, fmt.Errorf("iceberg: the steps schema: %w", err)
+		return nil, fmt.Errorf("iceberg: table schema: %w", err)
 	}
-	return sc, nil
+	return out, nil
 }
 
 // splitName is where a version's rows of a shard of several versions go:
