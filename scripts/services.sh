@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# scripts/services.sh: local Kafka (single-node KRaft), MinIO and PostgreSQL for rllm-pipe, without
-# Docker.
+# scripts/services.sh: local Kafka (single-node KRaft), MinIO, PostgreSQL and an Iceberg REST catalog
+# for rllm-pipe, without Docker.
 #
 #   scripts/services.sh up              install (cached) + start all, wait until healthy, print env
 #   scripts/services.sh down [--clean]  stop all (SIGTERM, 20 s, then SIGKILL); --clean also deletes data
 #   scripts/services.sh env             print the export lines: eval "$(scripts/services.sh env)"
-#   scripts/services.sh status          one line per service; exit 0 only if both are running
+#   scripts/services.sh status          one line per service; exit 0 only if all are running
 #   scripts/services.sh kafka-stop | kafka-start | minio-stop | minio-start    (fault injection)
-#   scripts/services.sh logs kafka|minio [-f] [-n LINES]
+#   scripts/services.sh iceberg-rest-stop | iceberg-rest-start
+#   scripts/services.sh logs kafka|minio|iceberg-rest [-f] [-n LINES]
 #
 # Kafka's jars come from Maven (scripts/kafka/pom.xml) into the cache, MinIO is built once with
 # `go install`; PostgreSQL (the Iceberg SQL catalog's tests) is Debian's package, installed with
 # apt-get when absent, its cluster in the state folder, trusting loopback connections only.
+# The Iceberg REST catalog (the REST catalog's tests) is Apache Iceberg's REST catalog fixture
+# (org.apache.iceberg.rest.RESTCatalogServer, the server of the apache/iceberg-rest-fixture image),
+# its jars from Maven (scripts/iceberg-rest/pom.xml) into the cache, run by a small launcher that
+# binds it to loopback; its backend is the JDBC catalog on a SQLite file, its warehouse a folder
+# (file://), both in the state folder.
 # Everything is started in the background (setsid + nohup) and survives the caller.
 #
 # Environment:
@@ -20,10 +26,12 @@
 #   RLLM_KAFKA_PORT      Kafka broker port          (default 9092; controller listener = port+1)
 #   RLLM_MINIO_PORT      MinIO S3 API port          (default 9000; console = port+1)
 #   RLLM_PG_PORT         PostgreSQL port            (default 5433)
+#   RLLM_ICEBERG_REST_PORT  Iceberg REST catalog port (default 8181)
 #   RLLM_KAFKA_CONTROLLER_PORT, RLLM_MINIO_CONSOLE_PORT   override the "+1" ports
 #   RLLM_KAFKA_VERSION   Kafka version fetched from Maven (default 4.1.1)
 #   RLLM_SERVICES_TIMEOUT seconds to wait for a service to become healthy (default 60)
-#   JAVA_HOME            Java 17+ used for Kafka (default: java on PATH)
+#   JAVA_HOME            Java 17+ used for Kafka and the Iceberg REST catalog (default: java on
+#                        PATH; the REST catalog's launcher is compiled once, with javac: a JDK)
 set -euo pipefail
 
 SCRIPT_DIR=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)
@@ -32,6 +40,7 @@ REPO_DIR=$(cd -- "$SCRIPT_DIR/.." && pwd -P)
 abspath() { case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac; }
 
 KAFKA_VERSION=${RLLM_KAFKA_VERSION:-4.1.1}
+ICEBERG_REST_VERSION=1.12.0 # scripts/iceberg-rest/pom.xml's iceberg.version
 MINIO_MODULE=github.com/minio/minio
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
 
@@ -44,6 +53,7 @@ KAFKA_CONTROLLER_PORT=${RLLM_KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
 MINIO_PORT=${RLLM_MINIO_PORT:-9000}
 MINIO_CONSOLE_PORT=${RLLM_MINIO_CONSOLE_PORT:-$((MINIO_PORT + 1))}
 PG_PORT=${RLLM_PG_PORT:-5433}
+ICEBERG_REST_PORT=${RLLM_ICEBERG_REST_PORT:-8181}
 PG_DB=rllm_test
 MINIO_USER=rllmpipe
 MINIO_PASSWORD=rllmpipe-secret
@@ -54,6 +64,9 @@ KAFKA_POM=$REPO_DIR/scripts/kafka/pom.xml
 KAFKA_HOME=$CACHE_DIR/kafka-$KAFKA_VERSION
 KAFKA_LIBS=$KAFKA_HOME/libs
 MINIO_BIN=$CACHE_DIR/bin/minio
+ICEBERG_REST_POM=$REPO_DIR/scripts/iceberg-rest/pom.xml
+ICEBERG_REST_HOME=$CACHE_DIR/iceberg-rest-$ICEBERG_REST_VERSION
+ICEBERG_REST_LIBS=$ICEBERG_REST_HOME/libs
 
 RUN_DIR=$STATE_DIR/run
 LOG_DIR=$STATE_DIR/logs
@@ -61,8 +74,10 @@ KAFKA_STATE=$STATE_DIR/kafka
 KAFKA_DATA=$KAFKA_STATE/data
 MINIO_DATA=$STATE_DIR/minio-data
 PG_DATA=$STATE_DIR/postgres
+ICEBERG_REST_STATE=$STATE_DIR/iceberg-rest
 
 JAVA=${JAVA_HOME:+$JAVA_HOME/bin/}java
+JAVAC=${JAVA_HOME:+$JAVA_HOME/bin/}javac
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -147,6 +162,7 @@ pid_of() {
   case $1 in
     kafka) [[ $cmd == *kafka.Kafka* ]] || return 1 ;;
     minio) [[ $cmd == *minio*server* ]] || return 1 ;;
+    iceberg-rest) [[ $cmd == *RllmIcebergRest* ]] || return 1 ;;
   esac
   printf '%s\n' "$pid"
 }
@@ -573,6 +589,110 @@ pg_stop() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Iceberg REST catalog
+
+# The launcher: the fixture's RESTCatalogServer.start() (its backend catalog from the CATALOG_*
+# environment, the REST servlet, gzip), but on a connector bound to one address; the fixture's own
+# main() listens on all of them. Compiled once into the cache with the jars.
+iceberg_rest_launcher_source() { cat "$REPO_DIR/scripts/iceberg-rest/RllmIcebergRest.java"; }
+
+iceberg_rest_sum() { { cat "$ICEBERG_REST_POM"; iceberg_rest_launcher_source; } | cksum | awk '{print $1 "-" $2}'; }
+
+iceberg_rest_installed() {
+  [[ -f $ICEBERG_REST_HOME/.installed && -f $ICEBERG_REST_HOME/classes/RllmIcebergRest.class ]] &&
+    [[ $(<"$ICEBERG_REST_HOME/.installed") == "$(iceberg_rest_sum)" ]]
+}
+
+iceberg_rest_install() {
+  iceberg_rest_installed && return 0
+  lock_cache
+  if ! iceberg_rest_installed; then
+    have mvn || die "mvn not found (needed once to fetch the Iceberg REST catalog's jars)"
+    have "$JAVAC" || [[ -x $JAVAC ]] || die "javac not found (the Iceberg REST catalog's launcher is compiled once; install a JDK 17+ or set JAVA_HOME to one)"
+    log "fetching the Iceberg REST catalog's jars ($ICEBERG_REST_VERSION) with Maven into $ICEBERG_REST_HOME (one time) ..."
+    local t0=$SECONDS tmp=$ICEBERG_REST_HOME.tmp.$$ out
+    CLEANUP+=("$tmp")
+    rm -rf "$tmp"
+    mkdir -p "$tmp/src" "$tmp/classes"
+    if ! out=$(cd "$tmp" && mvn -q -B -f "$ICEBERG_REST_POM" -Diceberg.version="$ICEBERG_REST_VERSION" \
+      dependency:copy-dependencies -DoutputDirectory="$tmp/libs" 2>&1); then
+      printf '%s\n' "$out" | tail -n 30 >&2
+      die "could not fetch the Iceberg REST catalog's jars with Maven ($ICEBERG_REST_POM)"
+    fi
+    [[ -f $tmp/libs/iceberg-core-$ICEBERG_REST_VERSION.jar ]] || die "Maven did not produce iceberg-core-$ICEBERG_REST_VERSION.jar"
+    iceberg_rest_launcher_source >"$tmp/src/RllmIcebergRest.java"
+    if ! out=$("$JAVAC" -proc:none -nowarn -encoding UTF-8 -cp "$tmp/libs/*" -d "$tmp/classes" "$tmp/src/RllmIcebergRest.java" 2>&1); then
+      printf '%s\n' "$out" | tail -n 30 >&2
+      die "could not compile the Iceberg REST catalog's launcher"
+    fi
+    iceberg_rest_sum >"$tmp/.installed"
+    rm -rf "$ICEBERG_REST_HOME"
+    mv "$tmp" "$ICEBERG_REST_HOME"
+    log "Iceberg REST catalog jars ready ($((SECONDS - t0))s)"
+  fi
+  unlock_cache
+}
+
+iceberg_rest_healthy() { http_ok "http://$HOST:$ICEBERG_REST_PORT/v1/config"; }
+
+iceberg_rest_wait() {
+  local pid=$1 offset=$2 logf=$LOG_DIR/iceberg-rest.log deadline=$((SECONDS + HEALTH_TIMEOUT))
+  while :; do
+    is_alive "$pid" || fail_start iceberg-rest "$logf" "$offset" "the Iceberg REST catalog exited during startup"
+    iceberg_rest_healthy && return 0
+    ((SECONDS < deadline)) || fail_start iceberg-rest "$logf" "$offset" "the Iceberg REST catalog did not become healthy within ${HEALTH_TIMEOUT}s"
+    sleep 0.3
+  done
+}
+
+iceberg_rest_start() {
+  local pid
+  if pid=$(pid_of iceberg-rest); then
+    iceberg_rest_healthy && return 0
+    log "the Iceberg REST catalog (pid $pid) is running; waiting for it to become healthy ..."
+    iceberg_rest_wait "$pid" "$(file_size "$LOG_DIR/iceberg-rest.log")"
+    return 0
+  fi
+  rm -f "$RUN_DIR/iceberg-rest.pid"
+  if port_open "$ICEBERG_REST_PORT"; then
+    if iceberg_rest_healthy; then
+      log "$HOST:$ICEBERG_REST_PORT is already served by an Iceberg REST catalog not started by this script; using it"
+      return 0
+    fi
+    die "port $HOST:$ICEBERG_REST_PORT is in use by another process that is not a working Iceberg REST catalog"
+  fi
+
+  java_check
+  iceberg_rest_install
+  mkdir -p "$ICEBERG_REST_STATE/warehouse" "$LOG_DIR"
+  local logf=$LOG_DIR/iceberg-rest.log offset t0=$SECONDS
+  printf '\n===== %s services.sh: starting the Iceberg REST catalog %s on %s:%s =====\n' "$(date '+%F %T')" "$ICEBERG_REST_VERSION" "$HOST" "$ICEBERG_REST_PORT" >>"$logf"
+  offset=$(file_size "$logf")
+  log "starting the Iceberg REST catalog on $HOST:$ICEBERG_REST_PORT (log: $logf) ..."
+  # The fixture reads every CATALOG_* variable as a catalog property (CATALOG_IO__IMPL ->
+  # io-impl): none but ours.
+  local -a unset=()
+  local v
+  for v in $(compgen -e); do if [[ $v == CATALOG_* ]]; then unset+=(-u "$v"); fi; done
+  # The JDBC catalog on SQLite (WAL, waiting for locks: requests run concurrently), Hadoop's
+  # local file system writing the tables' metadata under the warehouse.
+  launch iceberg-rest "$logf" env ${unset[@]+"${unset[@]}"} \
+    CATALOG_CATALOG__IMPL=org.apache.iceberg.jdbc.JdbcCatalog \
+    CATALOG_URI="jdbc:sqlite:$ICEBERG_REST_STATE/catalog.db?journal_mode=WAL&busy_timeout=10000" \
+    CATALOG_JDBC_SCHEMA__VERSION=V1 \
+    CATALOG_WAREHOUSE="file://$ICEBERG_REST_STATE/warehouse" \
+    CATALOG_IO__IMPL=org.apache.iceberg.hadoop.HadoopFileIO \
+    CATALOG_REST_PORT="$ICEBERG_REST_PORT" \
+    "$JAVA" -Xms64m -Xmx512m -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
+    -Drllm.rest.host="$HOST" -Dorg.slf4j.simpleLogger.showDateTime=true \
+    -Dorg.slf4j.simpleLogger.dateTimeFormat='yyyy-MM-dd HH:mm:ss,SSS' \
+    -cp "$ICEBERG_REST_HOME/classes:$ICEBERG_REST_LIBS/*" RllmIcebergRest
+  pid=$(<"$RUN_DIR/iceberg-rest.pid")
+  iceberg_rest_wait "$pid" "$offset"
+  log "the Iceberg REST catalog is healthy (pid $pid, $((SECONDS - t0))s)"
+}
+
+# ---------------------------------------------------------------------------------------------
 # commands
 
 cmd_env() {
@@ -584,6 +704,7 @@ export AWS_ACCESS_KEY_ID=$MINIO_USER
 export AWS_SECRET_ACCESS_KEY=$MINIO_PASSWORD
 export AWS_REGION=us-east-1
 export RLLM_PG_URL=postgres://postgres@$HOST:$PG_PORT/$PG_DB?sslmode=disable
+export RLLM_ICEBERG_REST_URL=http://$HOST:$ICEBERG_REST_PORT
 EOF
 }
 
@@ -593,7 +714,8 @@ cmd_up() {
   kafka_start
   minio_start
   pg_start
-  log "up: Kafka $HOST:$KAFKA_PORT, MinIO $HOST:$MINIO_PORT, PostgreSQL $HOST:$PG_PORT ($((SECONDS - t0))s)"
+  iceberg_rest_start
+  log "up: Kafka $HOST:$KAFKA_PORT, MinIO $HOST:$MINIO_PORT, PostgreSQL $HOST:$PG_PORT, Iceberg REST $HOST:$ICEBERG_REST_PORT ($((SECONDS - t0))s)"
   cmd_env
 }
 
@@ -608,8 +730,9 @@ cmd_down() {
   stop_service kafka
   stop_service minio
   pg_stop
+  stop_service iceberg-rest
   if [[ -n $clean ]]; then
-    rm -rf "$KAFKA_STATE" "$MINIO_DATA" "$PG_DATA" "$LOG_DIR" "$RUN_DIR"
+    rm -rf "$KAFKA_STATE" "$MINIO_DATA" "$PG_DATA" "$ICEBERG_REST_STATE" "$LOG_DIR" "$RUN_DIR"
     log "removed data and logs in $STATE_DIR"
   fi
 }
@@ -618,16 +741,16 @@ status_line() {
   local name=$1 port=$2 pid
   if pid=$(pid_of "$name"); then
     if port_open "$port"; then
-      printf '%-6s running  pid %-8s %s:%s\n' "$name" "$pid" "$HOST" "$port"
+      printf '%-12s running  pid %-8s %s:%s\n' "$name" "$pid" "$HOST" "$port"
     else
-      printf '%-6s running  pid %-8s %s:%s (port not accepting connections yet)\n' "$name" "$pid" "$HOST" "$port"
+      printf '%-12s running  pid %-8s %s:%s (port not accepting connections yet)\n' "$name" "$pid" "$HOST" "$port"
     fi
     return 0
   elif port_open "$port"; then
-    printf '%-6s running  pid %-8s %s:%s (external: not started by services.sh)\n' "$name" "-" "$HOST" "$port"
+    printf '%-12s running  pid %-8s %s:%s (external: not started by services.sh)\n' "$name" "-" "$HOST" "$port"
     return 0
   else
-    printf '%-6s stopped  pid %-8s %s:%s\n' "$name" "-" "$HOST" "$port"
+    printf '%-12s stopped  pid %-8s %s:%s\n' "$name" "-" "$HOST" "$port"
     return 1
   fi
 }
@@ -637,11 +760,12 @@ cmd_status() {
   status_line kafka "$KAFKA_PORT" || rc=3
   status_line minio "$MINIO_PORT" || rc=3
   if pg_healthy; then
-    printf '%-6s running  pid %-8s %s:%s\n' postgres "$(head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null || echo -)" "$HOST" "$PG_PORT"
+    printf '%-12s running  pid %-8s %s:%s\n' postgres "$(head -n 1 "$PG_DATA/postmaster.pid" 2>/dev/null || echo -)" "$HOST" "$PG_PORT"
   else
-    printf '%-6s stopped  pid %-8s %s:%s\n' postgres - "$HOST" "$PG_PORT"
+    printf '%-12s stopped  pid %-8s %s:%s\n' postgres - "$HOST" "$PG_PORT"
     rc=3
   fi
+  status_line iceberg-rest "$ICEBERG_REST_PORT" || rc=3
   return "$rc"
 }
 
@@ -651,12 +775,12 @@ cmd_logs() {
     case $1 in
       -f | --follow) follow=1 ;;
       -n) shift; lines=${1:?-n needs a number} ;;
-      kafka | minio) svc=$1 ;;
-      *) die "usage: $0 logs kafka|minio [-f] [-n LINES]" ;;
+      kafka | minio | iceberg-rest) svc=$1 ;;
+      *) die "usage: $0 logs kafka|minio|iceberg-rest [-f] [-n LINES]" ;;
     esac
     shift
   done
-  [[ -n $svc ]] || die "usage: $0 logs kafka|minio [-f] [-n LINES]"
+  [[ -n $svc ]] || die "usage: $0 logs kafka|minio|iceberg-rest [-f] [-n LINES]"
   local logf=$LOG_DIR/$svc.log
   [[ -f $logf ]] || die "no log yet: $logf"
   if [[ -n $follow ]]; then exec tail -n "$lines" -F "$logf"; fi
@@ -679,6 +803,8 @@ main() {
     kafka-start) lock_state; kafka_start ;;
     minio-stop) lock_state; stop_service minio ;;
     minio-start) lock_state; minio_start ;;
+    iceberg-rest-stop) lock_state; stop_service iceberg-rest ;;
+    iceberg-rest-start) lock_state; iceberg_rest_start ;;
     logs) cmd_logs "$@" ;;
     -h | --help | help) usage ;;
     *) usage; exit 2 ;;

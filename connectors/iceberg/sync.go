@@ -419,7 +419,12 @@ func (s *Syncer) openTable(ctx context.Context, id table.Identifier, sc *arrow.S
 func (s *Syncer) create(ctx context.Context, id table.Identifier, sc *iceberg.Schema, partition []string) (*table.Table, error) {
 	ns := table.Identifier(s.cfg.Namespace)
 	if err := s.cat.CreateNamespace(ctx, ns, nil); err != nil && !errors.Is(err, catalog.ErrNamespaceAlreadyExists) {
-		return nil, fmt.Errorf("create namespace %s: %w", strings.Join(ns, "."), err)
+		// A catalog that checks, then inserts, may fail the loser of a
+		// race to create it otherwise (Iceberg's REST fixture answers
+		// 500): the namespace is there all the same.
+		if ok, cerr := s.cat.CheckNamespaceExists(ctx, ns); cerr != nil || !ok {
+			return nil, fmt.Errorf("create namespace %s: %w", strings.Join(ns, "."), err)
+		}
 	}
 	var popts []iceberg.PartitionOption
 	for _, col := range partition {
