@@ -43,7 +43,10 @@ type capture struct {
 	// fills it in).
 	versions [][2]int64
 	counted  int // tokens the runs cover
-	gw       func() int64
+	// stampedFirst: the engine stamped the first token's version (a
+	// chunk's weight_version, output_versions), which is then the step's.
+	stampedFirst bool
+	gw           func() int64
 
 	// streaming accumulation (choice 0)
 	role       string
@@ -177,6 +180,9 @@ func (c *capture) addVersions(n int, raw json.RawMessage) {
 	if c.versions == nil && v < 0 {
 		return
 	}
+	if c.counted == 0 && len(c.responseIDs) == n {
+		c.stampedFirst = ok
+	}
 	c.addRun(-1, len(c.responseIDs)-n-c.counted) // tokens that came with no version
 	c.addRun(v, n)
 }
@@ -205,7 +211,7 @@ func (c *capture) setOutputVersions(vs []int64) {
 			return
 		}
 	}
-	c.versions, c.counted = nil, 0
+	c.versions, c.counted, c.stampedFirst = nil, 0, true
 	for _, v := range vs {
 		c.addRun(v, 1)
 	}

@@ -231,8 +231,8 @@ func buildStep(cl *call, index int64, parent *prev, whole bool) (line []byte, tr
 	}
 	var runs [][2]int64
 	if c.versions != nil && c.counted == len(c.responseIDs) {
-		if first := c.versions[0][0]; first >= 0 {
-			version = first // the step is at its first token's version
+		if first := c.versions[0][0]; first >= 0 && c.stampedFirst {
+			version = first // the step is at its first token's version, as the engine stamped it
 		}
 		runs, meta.VersionChanges = tokenVersions(c.versions, version)
 	}
