@@ -30,6 +30,7 @@
 // A shard holds one policy version unless ingest had more versions open
 // than --max-partitions; such a shard cannot sit in one identity
 // partition, so its rows are written again, one file per version, under
-// the table's data folder (named after the shard, so a re-run writes the
-// same files), and those files are added instead.
+// the table's data folder (named after the shard and the attempt: a
+// syncer that lost a race leaves orphan files, never rewrites a listed
+// one), and those files are added instead.
 package iceberg

@@ -138,6 +138,7 @@ func (s *Syncer) Sync(ctx context.Context) (Result, error) {
 
 func (s *Syncer) syncSteps(ctx context.Context) (Result, error) {
 	var res Result
+	inARow := 0
 	for {
 		step("load")
 		tbl, err := s.open(ctx)
@@ -185,11 +186,12 @@ func (s *Syncer) syncSteps(ctx context.Context) (Result, error) {
 		step("committed")
 		if !committed {
 			res.Conflicts++
-			if res.Conflicts > maxConflicts {
-				return res, fmt.Errorf("iceberg: %d commits to %s lost a race in a row", res.Conflicts, s.id)
+			if inARow++; inARow > maxConflicts {
+				return res, fmt.Errorf("iceberg: %d commits to %s lost a race in a row", inARow, s.id)
 			}
 			continue
 		}
+		inARow = 0
 		res.Position = next.Shards
 		res.Shards += len(batch)
 		res.Rows += rows
@@ -209,6 +211,11 @@ func (s *Syncer) commitFiles(ctx context.Context, id table.Identifier, tbl *tabl
 	sum := iceberg.Properties{PropCommit: nonce}
 	for k, v := range props {
 		sum[k] = v
+	}
+	// The position in the table's properties too, in the same commit: it
+	// outlives the snapshot once expired (positionProps).
+	if err := txn.SetProperties(props); err != nil {
+		return false, fmt.Errorf("iceberg: stage the position: %w", err)
 	}
 	if err := txn.AddDataFiles(ctx, files, sum); err != nil {
 		return false, fmt.Errorf("iceberg: stage %d files: %w", len(files), err)
@@ -266,7 +273,7 @@ func (s *Syncer) dataFiles(ctx context.Context, tbl *table.Table, batch []schema
 	g.SetLimit(s.cfg.Concurrency)
 	for i, e := range batch {
 		g.Go(func() error {
-			if !store.CheckShardPath(e.Path) {
+			if !store.CheckShardPath(e.Path) || strings.ContainsAny(e.Path, "%#?") {
 				return fmt.Errorf("iceberg: shard path %q is not a clean relative path", e.Path)
 			}
 			p := s.cfg.Base + e.Path
@@ -310,51 +317,66 @@ type Pos struct {
 	LastShard string
 }
 
-// Position reads the steps table's position: that of the newest
-// snapshot of its lineage that recorded one (snapshots others committed,
-// such as a rewrite, record none).
+// Position reads the steps table's position (positionProps).
 func Position(tbl *table.Table) (Pos, error) {
-	snap, err := positioned(tbl, PropShards)
-	if err != nil || snap == nil {
+	props, err := positionProps(tbl, PropShards)
+	if err != nil || props == nil {
 		return Pos{}, err
 	}
-	n, err := strconv.Atoi(snap.Summary.Properties[PropShards])
-	if err != nil || n < 0 {
-		return Pos{}, fmt.Errorf("iceberg: snapshot %d: %s = %q is not a count", snap.SnapshotID, PropShards, snap.Summary.Properties[PropShards])
+	n, err := count(props, PropShards)
+	if err != nil {
+		return Pos{}, err
 	}
-	return Pos{Shards: n, LastShard: snap.Summary.Properties[PropLastShard]}, nil
+	return Pos{Shards: n, LastShard: props[PropLastShard]}, nil
 }
 
-// positionOf reads the count under key of the newest snapshot of tbl's
-// lineage that recorded one (0: none).
+// positionOf reads the count under key of tbl's position (0: none).
 func positionOf(tbl *table.Table, key string) (int, error) {
-	snap, err := positioned(tbl, key)
-	if err != nil || snap == nil {
+	props, err := positionProps(tbl, key)
+	if err != nil || props == nil {
 		return 0, err
 	}
-	n, err := strconv.Atoi(snap.Summary.Properties[key])
+	return count(props, key)
+}
+
+func count(props map[string]string, key string) (int, error) {
+	n, err := strconv.Atoi(props[key])
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("iceberg: snapshot %d: %s = %q is not a count", snap.SnapshotID, key, snap.Summary.Properties[key])
+		return 0, fmt.Errorf("iceberg: %s = %q is not a count", key, props[key])
 	}
 	return n, nil
 }
 
-// positioned is the newest snapshot of tbl's lineage whose summary has
-// key (nil: none).
-func positioned(tbl *table.Table, key string) (*table.Snapshot, error) {
+// positionProps returns where tbl's position under key is recorded: the
+// summary of the newest snapshot of its lineage that has key (snapshots
+// others committed, such as a rewrite, have none); where the lineage is
+// cut before one (the snapshots ours made have expired), the table's
+// properties, which each of our commits sets with its snapshot. nil: a
+// table no commit of ours reached. A lineage that ends, complete, at a
+// snapshot of another writer while the properties say ours committed was
+// replaced (CREATE OR REPLACE): refused, as syncing on would add shards
+// the replacement may hold.
+func positionProps(tbl *table.Table, key string) (map[string]string, error) {
 	meta := tbl.Metadata()
+	_, ours := tbl.Properties()[key]
 	for snap := tbl.CurrentSnapshot(); snap != nil; {
 		if snap.Summary != nil {
 			if _, ok := snap.Summary.Properties[key]; ok {
-				return snap, nil
+				return snap.Summary.Properties, nil
 			}
 		}
 		if snap.ParentSnapshotID == nil {
-			break
+			if ours {
+				return nil, fmt.Errorf("iceberg: table %s: its history was replaced by another writer after rllm-pipe synced it: drop it and sync again", tbl.Identifier())
+			}
+			return nil, nil
 		}
 		parent := meta.SnapshotByID(*snap.ParentSnapshotID)
 		if parent == nil {
-			return nil, fmt.Errorf("iceberg: snapshot %d's parent %d has expired before any snapshot recorded the table's position: rebuild the table", snap.SnapshotID, *snap.ParentSnapshotID)
+			if ours {
+				return tbl.Properties(), nil
+			}
+			return nil, fmt.Errorf("iceberg: table %s: snapshot %d's parent %d has expired before any snapshot recorded the position: drop it and sync again", tbl.Identifier(), snap.SnapshotID, *snap.ParentSnapshotID)
 		}
 		snap = parent
 	}

@@ -496,3 +496,64 @@ func TestSchemaEvolves(t *testing.T) {
 		t.Errorf("%d rows, %d null prompt_prefix_len: want 6 rows, their values read", arr.NumRows(), arr.Column(1).NullN())
 	}
 }
+
+// TestPositionOutlivesAForeignRewriteAndExpiry: another engine rewrites a
+// file (a snapshot without our position) and the snapshots ours made
+// expire; the next sync still knows where it was (the table's
+// properties) and adds exactly the shards committed since.
+func TestPositionOutlivesAForeignRewriteAndExpiry(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	root := commitRuns(t, dir, 0, 2, 3)
+	cat := testCatalog(t, dir, "sqlite")
+	defer cat.Close()
+	if _, err := newSyncer(t, cat, root, 1).Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	n := len(committed(t, root))
+	id := table.Identifier{"rllm", StepsTable}
+	tbl, err := cat.LoadTable(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rewrite: the first shard's file replaced by a copy of it.
+	first := committed(t, root)[0]
+	body, err := os.ReadFile(filepath.Join(root, first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := filepath.Join(dir, "rewritten.parquet")
+	if err := os.WriteFile(cp, body, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	txn := tbl.NewTransaction()
+	if err := txn.ReplaceDataFiles(ctx, []string{"file://" + root + "/" + first}, []string{"file://" + cp}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if tbl, err = txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	txn = tbl.NewTransaction()
+	if err := txn.ExpireSnapshots(table.WithRetainLast(1), table.WithOlderThan(0)); err != nil {
+		t.Fatal(err)
+	}
+	if tbl, err = txn.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(tbl.Metadata().Snapshots()) != 1 {
+		t.Fatalf("%d snapshots left; the test wants only the rewrite's", len(tbl.Metadata().Snapshots()))
+	}
+	if pos, err := Position(tbl); err != nil || pos.Shards != n {
+		t.Fatalf("position %+v, %v after the expiry; want %d shards", pos, err, n)
+	}
+	commitRuns(t, dir, 2, 1, 3)
+	m := len(committed(t, root))
+	res, err := newSyncer(t, cat, root, 100).Sync(ctx)
+	if err != nil || res.Shards != m-n {
+		t.Fatalf("sync after the expiry: %+v, %v; want the %d new shards", res, err, m-n)
+	}
+	files, _ := tableFiles(t, cat, root, "rllm")
+	if len(files) != m || files[first] != 0 {
+		t.Errorf("the table lists %d files (the first shard %d times); want %d, the first as its copy", len(files), files[first], m)
+	}
+}
