@@ -158,16 +158,25 @@ func openIceberg(ctx context.Context, root connectors.Root, r store.Reader, t ic
 	if err != nil {
 		return nil, nil, usageErrorf("%v", err)
 	}
-	catProps := iceberg.Properties{"warehouse": warehouse}
+	catProps := iceberg.Properties{}
 	for k, v := range props {
 		catProps[k] = v
 	}
+	location := ""
+	rest := strings.HasPrefix(t.catalog, "http://") || strings.HasPrefix(t.catalog, "https://")
+	if !rest || t.warehouse != "" {
+		// A REST catalog places tables in its own warehouse unless told.
+		catProps["warehouse"] = warehouse
+		location = strings.TrimSuffix(warehouse, "/") + "/" + strings.Join(ns, ".")
+	}
 	cat, err := icebergsync.OpenCatalog(ctx, t.catalog, t.name, catProps)
+	if errors.Is(err, icebergsync.ErrCatalogURI) {
+		return nil, nil, usageErrorf("%v", err)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
-	sy, err := icebergsync.NewSyncer(cat, r, icebergsync.Config{Namespace: ns, Base: base, MaxFilesPerCommit: t.maxFiles,
-		Location: strings.TrimSuffix(warehouse, "/") + "/" + strings.Join(ns, ".")})
+	sy, err := icebergsync.NewSyncer(cat, r, icebergsync.Config{Namespace: ns, Base: base, MaxFilesPerCommit: t.maxFiles, Location: location})
 	if err != nil {
 		return nil, nil, errors.Join(err, cat.Close())
 	}
@@ -227,9 +236,13 @@ type icebergFollower struct {
 	sy    *icebergsync.Syncer
 	stop  chan struct{}
 	done  chan struct{}
+	once  sync.Once
 	mu    sync.Mutex
 	total icebergsync.Result
 }
+
+// finishTimeout bounds ingest's last sync.
+const finishTimeout = 2 * time.Minute
 
 func followIceberg(ctx context.Context, sy *icebergsync.Syncer, every time.Duration, log *slog.Logger) *icebergFollower {
 	f := &icebergFollower{sy: sy, stop: make(chan struct{}), done: make(chan struct{})}
@@ -262,17 +275,26 @@ func (f *icebergFollower) sync(ctx context.Context) (icebergsync.Result, error) 
 	f.total.Split += res.Split
 	f.total.Commits += res.Commits
 	f.total.Conflicts += res.Conflicts
+	f.total.DeadLetters += res.DeadLetters
 	if err == nil {
 		f.total.Position, f.total.Snapshot = res.Position, res.Snapshot
 	}
 	return res, err
 }
 
-// finish stops the interval syncs and syncs once more, so that the table
-// holds every commit of the run.
-func (f *icebergFollower) finish(ctx context.Context) (icebergsync.Result, error) {
-	close(f.stop)
+// halt stops the interval syncs (once; a no-op after).
+func (f *icebergFollower) halt() {
+	f.once.Do(func() { close(f.stop) })
 	<-f.done
+}
+
+// finish stops the interval syncs and syncs once more, so that the table
+// holds every commit of the run; a catalog that does not answer within
+// finishTimeout is left behind (the next sync catches up).
+func (f *icebergFollower) finish(ctx context.Context) (icebergsync.Result, error) {
+	f.halt()
+	ctx, cancel := context.WithTimeout(ctx, finishTimeout)
+	defer cancel()
 	_, err := f.sync(ctx)
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -264,11 +264,20 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 		}
 		o.iceberg.name, o.iceberg.maxFiles = icebergsync.DefaultCatalogName, 1000
 		sy, closeCat, err := openIceberg(ctx, root, st, o.iceberg)
-		if err != nil {
+		var ue *exitError
+		switch {
+		case errors.As(err, &ue):
 			return err
+		case err != nil:
+			// The catalog is down: the run goes on, the table catches up
+			// at the next sync.
+			stats.IcebergError = err.Error()
+			p.cfg.Log.Warn("iceberg: the catalog cannot be opened; the run goes on without the table", "err", err)
+		default:
+			defer closeCat()
+			ice = followIceberg(ctx, sy, o.icebergEvery, p.cfg.Log)
+			defer ice.halt()
 		}
-		defer closeCat()
-		ice = followIceberg(ctx, sy, o.icebergEvery, p.cfg.Log)
 	}
 	pl := pipeline.New(p.cfg, st, dl)
 	var runErr error

@@ -34,6 +34,9 @@ func (c *Catalog) Close() error {
 	return c.close()
 }
 
+// ErrCatalogURI is a catalog URI of no kind OpenCatalog knows.
+var ErrCatalogURI = errors.New("iceberg: catalog URI")
+
 // DefaultCatalogName is the catalog's name where the catalog stores it
 // (the SQL catalog's catalog_name column): readers configure the same
 // name (pyiceberg's SqlCatalog("rllm", ...), Spark's
@@ -62,7 +65,7 @@ func OpenCatalog(ctx context.Context, uri, name string, props iceberg.Properties
 	}
 	u, err := url.Parse(uri)
 	if err != nil {
-		return nil, fmt.Errorf("iceberg: catalog %q: %w", uri, err)
+		return nil, fmt.Errorf("%w: %w", ErrCatalogURI, err)
 	}
 	switch u.Scheme {
 	case "postgres", "postgresql":
@@ -79,9 +82,9 @@ func OpenCatalog(ctx context.Context, uri, name string, props iceberg.Properties
 		if err != nil {
 			return nil, fmt.Errorf("iceberg: REST catalog %s: %w", u.Redacted(), err)
 		}
-		return &Catalog{Catalog: c}, nil
+		return &Catalog{Catalog: c, close: c.Close}, nil
 	}
-	return nil, fmt.Errorf("iceberg: catalog %q: want a SQLite file (sqlite:///path.db or a path ending in .db), postgres://... or a REST catalog (http:// or https://)", u.Redacted())
+	return nil, fmt.Errorf("%w: %q: want a SQLite file (sqlite:///path.db or a path ending in .db), postgres://... or a REST catalog (http:// or https://)", ErrCatalogURI, u.Redacted())
 }
 
 // sqlitePath reads a SQLite catalog URI.
@@ -145,14 +148,27 @@ func openPostgres(uri string, u *url.URL, name string, props iceberg.Properties)
 
 // newSQLCatalog opens the SQL catalog, creating its tables if absent.
 // Catalogs opened at once race to create them (PostgreSQL's CREATE TABLE
-// IF NOT EXISTS is not safe against a concurrent one): the loser tries
-// again, and finds them.
+// IF NOT EXISTS is not safe against a concurrent one; SQLite's switch to
+// WAL is refused while another connection holds the file): the loser
+// tries again, and finds them.
 func newSQLCatalog(name string, db *sql.DB, d sqlcat.SupportedDialect, props iceberg.Properties) (*sqlcat.Catalog, error) {
 	for attempt := 0; ; attempt++ {
 		c, err := sqlcat.NewCatalog(name, db, d, props)
-		if err == nil || attempt == 4 || !strings.Contains(err.Error(), "duplicate key") && !strings.Contains(err.Error(), "already exists") {
+		if err == nil || attempt == 7 || !racedCreate(err) {
 			return c, err
 		}
 		time.Sleep(time.Duration(attempt+1) * 50 * time.Millisecond)
 	}
+}
+
+// racedCreate reports whether err is a catalog's tables' creation lost
+// to a concurrent one.
+func racedCreate(err error) bool {
+	msg := err.Error()
+	for _, m := range []string{"duplicate key", "already exists", "database is locked", "SQLITE_BUSY"} {
+		if strings.Contains(msg, m) {
+			return true
+		}
+	}
+	return false
 }

@@ -103,32 +103,24 @@ func (s *Syncer) SyncDeadLetters(ctx context.Context) (int64, error) {
 // entry naming a dead-letter file, the lines between the file's previous
 // mark and its own. nil when there are none.
 func (s *Syncer) deadLetterRows(ctx context.Context, entries []schemas.ShardEntry, from int) (arrow.RecordBatch, error) {
-	prev := map[string]int64{}
+	prev := map[string]int64{} // per file, the largest mark read so far
 	for _, e := range entries[:from] {
 		if dl := e.DeadLetters; dl != nil && dl.File != "" {
-			prev[dl.File] = dl.Bytes
+			prev[dl.File] = max(prev[dl.File], dl.Bytes)
 		}
 	}
 	b := array.NewRecordBuilder(memory.NewGoAllocator(), deadLetterSchema)
 	defer b.Release()
-	files := map[string][]byte{}
 	for i := from; i < len(entries); i++ {
 		dl := entries[i].DeadLetters
 		if dl == nil || dl.File == "" || dl.Bytes <= prev[dl.File] {
 			continue
 		}
-		data, ok := files[dl.File]
-		if !ok {
-			var err error
-			if data, err = s.readDeadLetterFile(ctx, dl.File); err != nil {
-				return nil, err
-			}
-			files[dl.File] = data
+		data, err := s.readDeadLetters(ctx, dl.File, prev[dl.File], dl.Bytes)
+		if err != nil {
+			return nil, err
 		}
-		if dl.Bytes > int64(len(data)) {
-			return nil, fmt.Errorf("iceberg: dead-letter file %s: entry %d marks %d bytes, the file has %d", dl.File, i, dl.Bytes, len(data))
-		}
-		for _, line := range bytes.Split(data[prev[dl.File]:dl.Bytes], []byte("\n")) {
+		for _, line := range bytes.Split(data, []byte("\n")) {
 			if len(bytes.TrimSpace(line)) == 0 {
 				continue
 			}
@@ -180,23 +172,41 @@ func appendDeadLetter(b *array.RecordBuilder, l schemas.DeadLetterLine, file str
 	i64(12, entry, true)
 }
 
-// readDeadLetterFile reads a dead-letter file a manifest entry names: a
-// path under the root, or (a local root's --dlq elsewhere) an absolute
-// path.
-func (s *Syncer) readDeadLetterFile(ctx context.Context, rel string) ([]byte, error) {
-	if filepath.IsAbs(rel) && strings.HasPrefix(s.cfg.Base, "file://") {
-		data, err := os.ReadFile(rel)
-		if err != nil {
-			return nil, fmt.Errorf("iceberg: dead-letter file: %w", err)
-		}
-		return data, nil
-	}
-	if !store.CheckPath(rel) {
+// readDeadLetters reads bytes [from, to) of a dead-letter file a
+// manifest entry names: a path under the root, or (a local root's --dlq
+// elsewhere) an absolute path, which must be a regular file. Of a local
+// file only that range is read.
+func (s *Syncer) readDeadLetters(ctx context.Context, rel string, from, to int64) ([]byte, error) {
+	var path string
+	local := strings.HasPrefix(s.cfg.Base, "file://")
+	switch {
+	case filepath.IsAbs(rel) && local:
+		path = rel
+	case !store.CheckPath(rel):
 		return nil, fmt.Errorf("iceberg: dead-letter file %q is not a clean relative path", rel)
+	case local:
+		path = filepath.Join(strings.TrimPrefix(s.cfg.Base, "file://"), filepath.FromSlash(rel))
+	default:
+		data, err := s.r.Get(ctx, rel)
+		if err != nil {
+			return nil, fmt.Errorf("iceberg: dead-letter file %s: %w", rel, err)
+		}
+		if to > int64(len(data)) {
+			return nil, fmt.Errorf("iceberg: dead-letter file %s: marked at %d bytes, it has %d", rel, to, len(data))
+		}
+		return data[from:to], nil
 	}
-	data, err := s.r.Get(ctx, rel)
+	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("iceberg: dead-letter file %s: %w", rel, err)
+		return nil, fmt.Errorf("iceberg: dead-letter file: %w", err)
+	}
+	defer f.Close()
+	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() || info.Size() < to {
+		return nil, fmt.Errorf("iceberg: dead-letter file %s: not a regular file of at least %d bytes (%v)", path, to, err)
+	}
+	data := make([]byte, to-from)
+	if _, err := f.ReadAt(data, from); err != nil {
+		return nil, fmt.Errorf("iceberg: dead-letter file %s: %w", path, err)
 	}
 	return data, nil
 }
