@@ -1,3 +1,5 @@
+//go:build !noiceberg
+
 package main
 
 import (
@@ -138,13 +140,6 @@ func runIcebergSync(soft context.Context, cmd *cobra.Command, o icebergOpts) err
 	}
 }
 
-// icebergTarget is where a syncer projects a root: the flags of iceberg
-// sync and ingest's --iceberg-*.
-type icebergTarget struct {
-	catalog, name, namespace, warehouse string
-	maxFiles                            int
-}
-
 // openIceberg opens the catalog and a syncer of r's shards (root's) into
 // it; the function returned closes the catalog.
 func openIceberg(ctx context.Context, root connectors.Root, r store.Reader, t icebergTarget) (*icebergsync.Syncer, func() error, error) {
@@ -238,7 +233,7 @@ type icebergFollower struct {
 	done  chan struct{}
 	once  sync.Once
 	mu    sync.Mutex
-	total icebergsync.Result
+	total icebergTotals
 }
 
 // finishTimeout bounds ingest's last sync.
@@ -291,7 +286,7 @@ func (f *icebergFollower) halt() {
 // finish stops the interval syncs and syncs once more, so that the table
 // holds every commit of the run; a catalog that does not answer within
 // finishTimeout is left behind (the next sync catches up).
-func (f *icebergFollower) finish(ctx context.Context) (icebergsync.Result, error) {
+func (f *icebergFollower) finish(ctx context.Context) (icebergTotals, error) {
 	f.halt()
 	ctx, cancel := context.WithTimeout(ctx, finishTimeout)
 	defer cancel()
@@ -299,4 +294,33 @@ func (f *icebergFollower) finish(ctx context.Context) (icebergsync.Result, error
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.total, err
+}
+
+func init() {
+	startIcebergFunc = func(ctx context.Context, root connectors.Root, r store.Reader, t icebergTarget, every time.Duration, log *slog.Logger) (icebergRun, error) {
+		t.name, t.maxFiles = icebergsync.DefaultCatalogName, 1000
+		sy, closeCat, err := openIceberg(ctx, root, r, t)
+		if err != nil {
+			return nil, err
+		}
+		return &closingFollower{icebergFollower: followIceberg(ctx, sy, every, log), close: closeCat}, nil
+	}
+}
+
+// closingFollower closes the catalog once the follower has stopped.
+type closingFollower struct {
+	*icebergFollower
+	close func() error
+	done  sync.Once
+}
+
+func (c *closingFollower) halt() {
+	c.icebergFollower.halt()
+	c.done.Do(func() { _ = c.close() })
+}
+
+func (c *closingFollower) finish(ctx context.Context) (icebergTotals, error) {
+	res, err := c.icebergFollower.finish(ctx)
+	c.done.Do(func() { _ = c.close() })
+	return res, err
 }

@@ -1,3 +1,5 @@
+//go:build !noiceberg
+
 package main
 
 import (
@@ -27,7 +29,7 @@ import (
 // --follow syncer beside an ingest that keeps committing: in the end the
 // table lists every committed shard once, and the rows sql counts.
 func TestIcebergSyncKilledAndFollowing(t *testing.T) {
-	bin := e2eBinary(t)
+	bin := e2eIcebergBinary(t)
 	work := t.TempDir()
 	root := filepath.Join(work, "out")
 	ingestRun := func(seed, versions int) {
@@ -183,7 +185,7 @@ func checkIcebergPrefix(t *testing.T, root, catalog string) {
 // TestIngestKeepsAnIcebergTable: ingest --iceberg-catalog leaves the
 // table holding every shard it committed, and says so in its stats.
 func TestIngestKeepsAnIcebergTable(t *testing.T) {
-	bin := e2eBinary(t)
+	bin := e2eIcebergBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "t.jsonl")
 	if r := e2eRun(t, bin, work, "gen", "--groups", "30", "--group-size", "2", "--policy-versions", "3", "--out", in); r.code != 0 {
@@ -222,7 +224,7 @@ func TestIngestKeepsAnIcebergTable(t *testing.T) {
 // nothing the second time, and the table read back through the catalog
 // (its file IO on S3) holds the rows sql counts.
 func TestIntegrationIcebergOnS3(t *testing.T) {
-	bin := e2eBinary(t)
+	bin := e2eIcebergBinary(t)
 	tg := newS3Target(t, "iceberg")
 	work := t.TempDir()
 	in := filepath.Join(work, "t.jsonl")
@@ -288,7 +290,7 @@ func TestIntegrationIcebergOnS3(t *testing.T) {
 // dead_letters table once each, as sql's dead_letters view has them;
 // another sync adds none.
 func TestIcebergDeadLetters(t *testing.T) {
-	bin := e2eBinary(t)
+	bin := e2eIcebergBinary(t)
 	work := t.TempDir()
 	root, catalog := filepath.Join(work, "out"), filepath.Join(work, "c.db")
 	bad, err := filepath.Abs(filepath.Join("testdata", "bad.jsonl"))

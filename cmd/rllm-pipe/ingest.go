@@ -19,7 +19,6 @@ import (
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
 	"github.com/rllm-pipe/rllm-pipe/connectors"
-	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
@@ -253,17 +252,19 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	}
 
 	stats := ingestStats{RunID: p.runID, Output: st.Name(), Estimator: p.label, DeadLetters: map[string]int64{}, Stdin: o.from == "-"}
-	var ice *icebergFollower
+	var ice icebergRun
 	if o.iceberg.catalog != "" {
 		if o.icebergEvery <= 0 {
 			return usageErrorf("--iceberg-every %s: positive", o.icebergEvery)
+		}
+		if startIcebergFunc == nil {
+			return usageErrorf("--iceberg-catalog: this rllm-pipe was built without Iceberg (-tags noiceberg)")
 		}
 		root, err := connectors.ParseRoot(o.to, o.conn.options())
 		if err != nil {
 			return usageErrorf("--to: %v", err)
 		}
-		o.iceberg.name, o.iceberg.maxFiles = icebergsync.DefaultCatalogName, 1000
-		sy, closeCat, err := openIceberg(ctx, root, st, o.iceberg)
+		run, err := startIcebergFunc(ctx, root, st, o.iceberg, o.icebergEvery, p.cfg.Log)
 		var ue *exitError
 		switch {
 		case errors.As(err, &ue):
@@ -274,8 +275,7 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 			stats.IcebergError = err.Error()
 			p.cfg.Log.Warn("iceberg: the catalog cannot be opened; the run goes on without the table", "err", err)
 		default:
-			defer closeCat()
-			ice = followIceberg(ctx, sy, o.icebergEvery, p.cfg.Log)
+			ice = run
 			defer ice.halt()
 		}
 	}

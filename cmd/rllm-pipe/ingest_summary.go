@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 
-	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
 	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
 )
 
@@ -28,8 +27,8 @@ type ingestStats struct {
 	DeadLetters      map[string]int64 `json:"dead_letters"`
 	DeadLettersTotal int64            `json:"dead_letters_total"`
 	// Iceberg is what --iceberg-catalog's syncs did in all.
-	Iceberg      *icebergsync.Result `json:"iceberg,omitempty"`
-	IcebergError string              `json:"iceberg_error,omitempty"`
+	Iceberg      *icebergTotals `json:"iceberg,omitempty"`
+	IcebergError string         `json:"iceberg_error,omitempty"`
 }
 
 func writeStatsJSON(path string, st ingestStats) error {
