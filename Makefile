@@ -53,11 +53,14 @@ test:
 
 # test-long: the crash and outage scenarios at full length (10 kill -9 of
 # a Kafka->MinIO ingest, a 30 s MinIO outage); `make test` runs them
-# shorter. CI runs both.
+# shorter. Then Spark reading the Iceberg table (its start-up alone costs
+# ~20 s). CI runs both.
 test-long:
 	scripts/services.sh up >/dev/null
 	eval "$$(scripts/services.sh env)" && RLLM_TEST_LONG=1 GORACE=atexit_sleep_ms=0 $(GO) test -race -count=1 -timeout 30m \
 		-run 'TestIntegrationKafkaToS3CrashLoop|TestIntegrationOutages' ./cmd/rllm-pipe/
+	scripts/spark.sh --prepare
+	RLLM_TEST_LONG=1 scripts/pytest.sh -k iceberg_spark
 
 # test-python: only the Python client's tests.
 test-python:

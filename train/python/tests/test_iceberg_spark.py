@@ -22,6 +22,10 @@ import pytest
 from conftest import BIN, REPO
 
 pytest.importorskip("pyspark")
+# Spark's start-up and first query cost ~20 s: the longer tier (make
+# test-long, which CI runs after make test) runs these.
+if os.environ.get("RLLM_TEST_LONG") != "1":
+    pytest.skip("Spark's tests run in make test-long (RLLM_TEST_LONG=1)", allow_module_level=True)
 from pyspark.sql import SparkSession  # noqa: E402
 
 from rllm_pipe.iceberg import SPARK_WHOLE_PROMPTS_SQL  # noqa: E402
