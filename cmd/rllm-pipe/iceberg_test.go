@@ -126,17 +126,28 @@ func committedPaths(t *testing.T, root string) []string {
 	return out
 }
 
-// icebergPosition is how many shards the steps table holds (0 before it
-// exists).
-func icebergPosition(t *testing.T, catalog string) int {
+// loadIcebergTable loads the table rllm.name of the SQLite catalog at
+// catalog (nil when absent).
+func loadIcebergTable(t *testing.T, catalog, name string) *table.Table {
 	t.Helper()
 	cat, err := icebergsync.OpenCatalog(context.Background(), catalog, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cat.Close()
-	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", icebergsync.StepsTable})
+	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", name})
 	if err != nil {
+		return nil
+	}
+	return tbl
+}
+
+// icebergPosition is how many shards the steps table holds (0 before it
+// exists).
+func icebergPosition(t *testing.T, catalog string) int {
+	t.Helper()
+	tbl := loadIcebergTable(t, catalog, icebergsync.StepsTable)
+	if tbl == nil {
 		return 0
 	}
 	pos, err := icebergsync.Position(tbl)
@@ -150,13 +161,8 @@ func icebergPosition(t *testing.T, catalog string) int {
 // shards of the manifest its position says, each once.
 func checkIcebergPrefix(t *testing.T, root, catalog string) {
 	t.Helper()
-	cat, err := icebergsync.OpenCatalog(context.Background(), catalog, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cat.Close()
-	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", icebergsync.StepsTable})
-	if err != nil {
+	tbl := loadIcebergTable(t, catalog, icebergsync.StepsTable)
+	if tbl == nil {
 		return // killed before it made the table
 	}
 	pos, err := icebergsync.Position(tbl)
@@ -355,14 +361,9 @@ func TestIcebergDeadLetters(t *testing.T) {
 		}
 		want = append(want, fmt.Sprintf("%s|%s|%d|%s", d.Reason, d.File, d.Line, d.Record))
 	}
-	cat, err := icebergsync.OpenCatalog(context.Background(), catalog, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cat.Close()
-	tbl, err := cat.LoadTable(context.Background(), []string{"rllm", icebergsync.DeadLettersTable})
-	if err != nil {
-		t.Fatal(err)
+	tbl := loadIcebergTable(t, catalog, icebergsync.DeadLettersTable)
+	if tbl == nil {
+		t.Fatal("no dead_letters table")
 	}
 	arr, err := tbl.Scan(table.WithSelectedFields("reason", "source_file", "source_line", "record")).ToArrowTable(context.Background())
 	if err != nil {
