@@ -224,77 +224,8 @@ func icebergLocations(root connectors.Root, warehouse string) (base, wh string, 
 	return base, warehouse, props, nil
 }
 
-// icebergFollower keeps a table in step with a running ingest's commits:
-// a sync every interval (an error is logged, not fatal: the shards are
-// committed whatever the catalog does), and one at the end.
-type icebergFollower struct {
-	sy    *icebergsync.Syncer
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
-	mu    sync.Mutex
-	total icebergTotals
-}
-
 // finishTimeout bounds ingest's last sync.
 const finishTimeout = 2 * time.Minute
-
-func followIceberg(ctx context.Context, sy *icebergsync.Syncer, every time.Duration, log *slog.Logger) *icebergFollower {
-	f := &icebergFollower{sy: sy, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(f.done)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-f.stop:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			if _, err := f.sync(ctx); err != nil && ctx.Err() == nil {
-				log.Warn("iceberg: sync failed; retried at the next interval", "err", err)
-			}
-		}
-	}()
-	return f
-}
-
-func (f *icebergFollower) sync(ctx context.Context) (icebergsync.Result, error) {
-	res, err := f.sy.Sync(ctx)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.total.Shards += res.Shards
-	f.total.Rows += res.Rows
-	f.total.Split += res.Split
-	f.total.Commits += res.Commits
-	f.total.Conflicts += res.Conflicts
-	f.total.DeadLetters += res.DeadLetters
-	if err == nil {
-		f.total.Position, f.total.Snapshot = res.Position, res.Snapshot
-	}
-	return res, err
-}
-
-// halt stops the interval syncs (once; a no-op after).
-func (f *icebergFollower) halt() {
-	f.once.Do(func() { close(f.stop) })
-	<-f.done
-}
-
-// finish stops the interval syncs and syncs once more, so that the table
-// holds every commit of the run; a catalog that does not answer within
-// finishTimeout is left behind (the next sync catches up).
-func (f *icebergFollower) finish(ctx context.Context) (icebergTotals, error) {
-	f.halt()
-	ctx, cancel := context.WithTimeout(ctx, finishTimeout)
-	defer cancel()
-	_, err := f.sync(ctx)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.total, err
-}
 
 func init() {
 	startIcebergFunc = func(ctx context.Context, root connectors.Root, r store.Reader, t icebergTarget, every time.Duration, log *slog.Logger) (icebergRun, error) {
@@ -303,24 +234,28 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		return &closingFollower{icebergFollower: followIceberg(ctx, sy, every, log), close: closeCat}, nil
+		f := icebergsync.Follow(ctx, sy, every, func(err error) {
+			log.Warn("iceberg: sync failed; retried at the next interval", "err", err)
+		})
+		return &closingFollower{f: f, close: closeCat}, nil
 	}
 }
 
-// closingFollower closes the catalog once the follower has stopped.
+// closingFollower is an icebergRun: the follower, and the catalog closed
+// once it has stopped.
 type closingFollower struct {
-	*icebergFollower
+	f     *icebergsync.Follower
 	close func() error
 	done  sync.Once
 }
 
 func (c *closingFollower) halt() {
-	c.icebergFollower.halt()
+	c.f.Halt()
 	c.done.Do(func() { _ = c.close() })
 }
 
 func (c *closingFollower) finish(ctx context.Context) (icebergTotals, error) {
-	res, err := c.icebergFollower.finish(ctx)
+	res, err := c.f.Finish(ctx, finishTimeout)
 	c.done.Do(func() { _ = c.close() })
-	return res, err
+	return icebergTotals(res), err
 }

@@ -1,0 +1,88 @@
+package iceberg
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Add sums r into res: the counts of both syncs, and r's position and
+// snapshot (the later).
+func (res *Result) Add(r Result) {
+	res.Shards += r.Shards
+	res.Rows += r.Rows
+	res.Split += r.Split
+	res.Commits += r.Commits
+	res.Conflicts += r.Conflicts
+	res.DeadLetters += r.DeadLetters
+	if r.Position >= res.Position {
+		res.Position, res.Snapshot = r.Position, r.Snapshot
+	}
+}
+
+// Follower keeps the tables in step with a root that a running ingest
+// commits to: a sync every interval (a failed one is reported to onErr
+// and left for the next: the shards are committed whatever the catalog
+// does), and one more at Finish.
+type Follower struct {
+	s     *Syncer
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+	mu    sync.Mutex
+	total Result
+}
+
+// Follow starts syncing s every interval until Halt or Finish.
+func Follow(ctx context.Context, s *Syncer, every time.Duration, onErr func(error)) *Follower {
+	f := &Follower{s: s, stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-f.stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := f.sync(ctx); err != nil && ctx.Err() == nil && onErr != nil {
+				onErr(err)
+			}
+		}
+	}()
+	return f
+}
+
+func (f *Follower) sync(ctx context.Context) error {
+	res, err := f.s.Sync(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err != nil {
+		res.Position, res.Snapshot = 0, 0 // a failed sync does not say where the table is
+	}
+	f.total.Add(res)
+	return err
+}
+
+// Halt stops the interval syncs (once; a no-op after).
+func (f *Follower) Halt() {
+	f.once.Do(func() { close(f.stop) })
+	<-f.done
+}
+
+// Finish stops the interval syncs and syncs once more, so that the tables
+// hold every commit made before it; a catalog that does not answer within
+// timeout is left behind (the next sync catches up). It returns what
+// every sync did in all.
+func (f *Follower) Finish(ctx context.Context, timeout time.Duration) (Result, error) {
+	f.Halt()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := f.sync(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.total, err
+}
