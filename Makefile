@@ -13,7 +13,7 @@ GROUPS  ?= 2000
 all: lint test
 
 build:
-	$(GO) build -o $(BIN) ./cmd/rllm-pipe
+	$(GO) build -o bin/ ./cmd/rllm-pipe ./cmd/rllm-pipe-iceberg
 
 # run: the main job on the embedded default (local files, no services):
 # generate traces into ./.run, ingest them into ./data (the store: no other

@@ -32,7 +32,7 @@ if [ "${1:-}" = --python ] && [ $# = 1 ]; then
 fi
 
 cd "$REPO_DIR"
-go build -o bin/rllm-pipe ./cmd/rllm-pipe
+go build -o bin/ ./cmd/rllm-pipe ./cmd/rllm-pipe-iceberg
 cd train/python
 # The Spark test's jars, when scripts/spark.sh --prepare has fetched them.
 if [ -z "${RLLM_ICEBERG_JARS:-}" ] && jars=$("$REPO_DIR/scripts/spark.sh" --jars 2>/dev/null); then export RLLM_ICEBERG_JARS=$jars; fi

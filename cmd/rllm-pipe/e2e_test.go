@@ -66,67 +66,60 @@ func e2eModuleRoot(t *testing.T) string {
 // race detector, so does the binary: a data race in the process that does
 // the work fails the test (its exit code is 66). Tests run the binary,
 // never change it.
-//
-// It is built without Iceberg (-tags noiceberg): iceberg-go's packages
-// take ~0.4 s to initialise under the race detector, paid by each of the
-// hundreds of runs here; the iceberg tests take e2eIcebergBinary.
 func e2eBinary(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("RLLM_PIPE_E2E_BIN"); p != "" {
 		return p
 	}
 	root := e2eModuleRoot(t)
-	e2eBuild.once.Do(func() { e2eBuild.bin, e2eBuild.err = buildE2EBinary(root, e2eBuild.dir, "rllm-pipe", "noiceberg") })
+	e2eBuild.once.Do(func() { e2eBuild.bin, e2eBuild.err = buildE2EBinary(root, e2eBuild.dir, "rllm-pipe") })
 	if e2eBuild.err != nil {
 		t.Fatal(e2eBuild.err)
 	}
 	return e2eBuild.bin
 }
 
-// e2eIcebergBinary is e2eBinary with Iceberg: the binary as shipped.
+// e2eIcebergBinary is e2eBinary with rllm-pipe-iceberg built beside it
+// (RLLM_PIPE_E2E_BIN's must have it beside it or on PATH).
 func e2eIcebergBinary(t *testing.T) string {
 	t.Helper()
-	if p := os.Getenv("RLLM_PIPE_E2E_BIN"); p != "" {
-		return p
+	bin := e2eBinary(t)
+	if os.Getenv("RLLM_PIPE_E2E_BIN") != "" {
+		return bin
 	}
 	root := e2eModuleRoot(t)
-	e2eBuild.onceFull.Do(func() { e2eBuild.full, e2eBuild.fullErr = buildE2EBinary(root, e2eBuild.dir, "rllm-pipe-full", "") })
-	if e2eBuild.fullErr != nil {
-		t.Fatal(e2eBuild.fullErr)
+	e2eBuild.onceIceberg.Do(func() { _, e2eBuild.icebergErr = buildE2EBinary(root, e2eBuild.dir, icebergExe) })
+	if e2eBuild.icebergErr != nil {
+		t.Fatal(e2eBuild.icebergErr)
 	}
-	return e2eBuild.full
+	return bin
 }
 
 // e2eBuild is the binaries e2eBinary and e2eIcebergBinary built, in
 // e2eBuild.dir (made and removed by TestMain).
 var e2eBuild struct {
-	dir      string
-	once     sync.Once
-	bin      string
-	err      error
-	onceFull sync.Once
-	full     string
-	fullErr  error
+	dir         string
+	once        sync.Once
+	bin         string
+	err         error
+	onceIceberg sync.Once
+	icebergErr  error
 }
 
-// buildE2EBinary builds ./cmd/rllm-pipe of the module at root into
-// dir/name, with the build tags tags (none when empty).
-func buildE2EBinary(root, dir, name, tags string) (string, error) {
+// buildE2EBinary builds ./cmd/NAME of the module at root into dir/NAME.
+func buildE2EBinary(root, dir, name string) (string, error) {
 	if dir == "" {
 		return "", errors.New("e2eBinary: no build directory (TestMain makes it)")
 	}
 	bin := filepath.Join(dir, name)
 	args := []string{"build", "-o", bin}
-	if tags != "" {
-		args = append(args, "-tags", tags)
-	}
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	cmd := exec.Command("go", append(args, "./cmd/rllm-pipe")...)
+	cmd := exec.Command("go", append(args, "./cmd/"+name)...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building rllm-pipe failed: %v\n%s", err, out)
+		return "", fmt.Errorf("building %s failed: %v\n%s", name, err, out)
 	}
 	return bin, nil
 }

@@ -221,7 +221,7 @@ func checkOutputs(ctx context.Context, src train.Shards, paths ...string) error 
 	for _, p := range paths {
 		if err := export.CheckOutput(ctx, src, p); err != nil {
 			if errors.Is(err, export.ErrOutputInStore) {
-				return &exitError{code: exitUsage, err: err}
+				return &exitError{Code: exitUsage, Err: err}
 			}
 			return err
 		}

@@ -403,7 +403,7 @@ func (o *gatewayOpts) trainer(ctx context.Context, pacing bool) (*storeTrainer, 
 // openGatewayOutput opens --to; a shard root gets ingest's pipeline,
 // configured by ingest's flags.
 func openGatewayOutput(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, log *slog.Logger) (gatewayout.Output, error) {
-	opts := gatewayout.Options{Kafka: o.conn.kafka, KafkaPartitions: o.kafkaPartitions, RetryFor: o.conn.retryFor,
+	opts := gatewayout.Options{Kafka: o.conn.kafka, KafkaPartitions: o.kafkaPartitions, RetryFor: o.conn.RetryFor,
 		Stop: soft.Done(), Root: ing.conn.options(), WALDir: o.walDir}
 	maxRecord, err := bytesIn("max-record-bytes", ing.maxRecord, 1<<10, 1<<30)
 	if err != nil {

@@ -1,5 +1,3 @@
-//go:build !noiceberg
-
 package main
 
 import (
@@ -10,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -57,7 +56,7 @@ func TestIcebergSyncKilledAndFollowing(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(80+40*i) * time.Millisecond)
+		time.Sleep(time.Duration(500+200*i) * time.Millisecond)
 		_ = cmd.Process.Kill()
 		if err := cmd.Wait(); err != nil {
 			if ee, ok := err.(*exec.ExitError); !ok || !strings.Contains(ee.Error(), "killed") {
@@ -102,6 +101,9 @@ func TestIcebergSyncKilledAndFollowing(t *testing.T) {
 	t.Logf("%d of 6 syncs killed, holding %v shards after each; %d shards in the end", kills, positions, n)
 	if kills == 0 {
 		t.Error("no sync was killed: the test kills nothing")
+	}
+	if slices.Max(positions) == 0 {
+		t.Error("every kill came before the first commit: the test kills no sync mid-way")
 	}
 	if r := e2eRun(t, bin, work, "iceberg", "sync", "--from", root, "--catalog", catalog, "--max-files-per-commit", "0"); r.code != exitUsage {
 		t.Errorf("--max-files-per-commit 0: exit %d, want %d", r.code, exitUsage)
@@ -223,6 +225,115 @@ func TestIngestKeepsAnIcebergTable(t *testing.T) {
 	if !strings.Contains(r.stderr, "iceberg:") {
 		t.Errorf("the summary does not mention the table:\n%s", r.stderr)
 	}
+	// A catalog URI of no kind known is the command line's error; a
+	// catalog that does not answer leaves the run going without the table.
+	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", filepath.Join(work, "o2"), "--group-size", "2",
+		"--iceberg-catalog", "ftp://example/c"); r.code != exitUsage || !strings.Contains(r.stderr, "catalog") {
+		t.Errorf("--iceberg-catalog ftp://: exit %d, want %d naming the catalog\n%s", r.code, exitUsage, r.stderr)
+	}
+	r = e2eRun(t, bin, work, "ingest", "--from", in, "--to", filepath.Join(work, "o3"), "--group-size", "2",
+		"--iceberg-catalog", "http://127.0.0.1:1", "--stats-json", stats)
+	if r.code != 0 {
+		t.Fatalf("ingest with the catalog down: exit %d\n%s", r.code, r.stderr)
+	}
+	var down struct {
+		IcebergError string `json:"iceberg_error"`
+	}
+	if data, err := os.ReadFile(stats); err != nil || json.Unmarshal(data, &down) != nil || down.IcebergError == "" || len(committedPaths(t, filepath.Join(work, "o3"))) == 0 {
+		t.Errorf("with the catalog down: stats %s (%v), want the shards committed and iceberg_error", data, err)
+	}
+}
+
+// TestIcebergFollowerDiesWithIngest: an ingest killed with SIGKILL takes
+// its iceberg follower with it (no orphan syncing on).
+func TestIcebergFollowerDiesWithIngest(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the follower dies with its parent on Linux (Pdeathsig)")
+	}
+	bin := e2eIcebergBinary(t)
+	work := t.TempDir()
+	catalog := filepath.Join(work, "c.db")
+	cmd := exec.Command(bin, "ingest", "--from", "-", "--to", filepath.Join(work, "out"), "--group-size", "2",
+		"--iceberg-catalog", catalog, "--iceberg-every", "1h", "--quiet")
+	cmd.Env, cmd.Dir = e2eEnv(), work
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdin.Close()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child int
+	for deadline := time.Now().Add(30 * time.Second); child == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatal("no rllm-pipe-iceberg follower started")
+		}
+		child = childNamed(t, cmd.Process.Pid, icebergExe)
+	}
+	// Its first sync done (the table made, its result written), it
+	// waits an hour for the next: nothing but its parent's death ends it.
+	for deadline := time.Now().Add(60 * time.Second); loadIcebergTable(t, catalog, icebergsync.StepsTable) == nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Kill()
+			t.Fatal("the follower made no table in 60 s")
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child))
+		if err != nil || strings.Contains(string(data), ") Z ") {
+			return // gone (or a zombie waiting for init)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower (pid %d) outlived its killed ingest by 10 s", child)
+		}
+	}
+}
+
+// childNamed returns the pid of a child of parent whose command is name
+// (0: none).
+func childNamed(t *testing.T, parent int, name string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		s := string(data)
+		open, closing := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+		if open < 0 || closing < open {
+			continue
+		}
+		f := strings.Fields(s[closing+1:])
+		comm := s[open+1 : closing]
+		if len(f) > 1 && f[1] == fmt.Sprint(parent) && strings.HasPrefix(name, comm) {
+			var pid int
+			fmt.Sscan(s[:open], &pid)
+			return pid
+		}
+	}
+	return 0
+}
+
+// TestMainBinaryLeavesIcebergOut: rllm-pipe does not link iceberg-go
+// (rllm-pipe-iceberg does): its start-up would pay the library's package
+// initialisation, tens of megabytes, on every command.
+func TestMainBinaryLeavesIcebergOut(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.HasPrefix(p, "github.com/apache/iceberg-go") || strings.HasSuffix(p, "/connectors/iceberg") {
+			t.Errorf("rllm-pipe imports %s: Iceberg belongs to %s", p, icebergExe)
+		}
+	}
 }
 
 // TestIntegrationIcebergOnS3: a root on MinIO synced into a table whose
@@ -261,13 +372,13 @@ func TestIntegrationIcebergOnS3(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Endpoint = tg.endpoint
-	_, warehouse, props, err := icebergLocations(connectors.Root{S3: &cfg}, "")
+	loc, err := icebergsync.LocationsOf(connectors.Root{S3: &cfg}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	catProps := map[string]string{"warehouse": warehouse}
-	for k, v := range props {
+	catProps := map[string]string{"warehouse": loc.Warehouse}
+	for k, v := range loc.Props {
 		catProps[k] = v
 	}
 	cat, err := icebergsync.OpenCatalog(ctx, catalog, "", catProps)

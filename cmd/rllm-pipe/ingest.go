@@ -18,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
-	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
@@ -178,7 +177,7 @@ func newPlan(o ingestOpts) (*plan, error) {
 	c.Label = p.label
 	c.GroupSize, c.MinGroupSize = o.groupSize, o.minGroupSize
 	c.GroupTimeout, c.MaxOpenGroups, c.MaxPartitions = o.groupTimeout, o.maxOpenGroups, o.maxPartitions
-	c.RetryFor = o.conn.retryFor
+	c.RetryFor = o.conn.RetryFor
 	c.FlushInterval = o.flushInterval
 	c.Parquet = parquet.Options{ZstdLevel: o.zstdLevel, Compact: o.compact}
 	c.Decoders, c.Encoders = o.decoders, o.encoders
@@ -252,19 +251,12 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	}
 
 	stats := ingestStats{RunID: p.runID, Output: st.Name(), Estimator: p.label, DeadLetters: map[string]int64{}, Stdin: o.from == "-"}
-	var ice icebergRun
+	var ice *icebergFollower
 	if o.iceberg.catalog != "" {
 		if o.icebergEvery <= 0 {
 			return usageErrorf("--iceberg-every %s: positive", o.icebergEvery)
 		}
-		if startIcebergFunc == nil {
-			return usageErrorf("--iceberg-catalog: this rllm-pipe was built without Iceberg (-tags noiceberg)")
-		}
-		root, err := connectors.ParseRoot(o.to, o.conn.options())
-		if err != nil {
-			return usageErrorf("--to: %v", err)
-		}
-		run, err := startIcebergFunc(ctx, root, st, o.iceberg, o.icebergEvery, p.cfg.Log)
+		run, err := startIceberg(ctx, o.to, o.conn, o.iceberg, o.icebergEvery, p.cfg.Log)
 		var ue *exitError
 		switch {
 		case errors.As(err, &ue):
@@ -331,7 +323,7 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 		if stats.Stopped {
 			code = exitStopped
 		}
-		return &exitError{code: code, err: fmt.Errorf("ingest: %w\n%d records read from stdin were not written: they are saved in %s, as they were read; ingest that file (--from %s) to write them",
+		return &exitError{Code: code, Err: fmt.Errorf("ingest: %w\n%d records read from stdin were not written: they are saved in %s, as they were read; ingest that file (--from %s) to write them",
 			runErr, stats.Spilled, stats.SpillFile, stats.SpillFile)}
 	}
 	if runErr != nil {

@@ -86,7 +86,7 @@ func checkOutputFiles(ctx context.Context, roots []string, outputs ...string) er
 		for _, root := range candidates {
 			if err := export.CheckOutput(ctx, manifestRoot(root), path); err != nil {
 				if errors.Is(err, export.ErrOutputInStore) {
-					return &exitError{code: exitUsage, err: fmt.Errorf("--%s: %w", flag, err)}
+					return &exitError{Code: exitUsage, Err: fmt.Errorf("--%s: %w", flag, err)}
 				}
 				return fmt.Errorf("--%s: %w", flag, err)
 			}

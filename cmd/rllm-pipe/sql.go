@@ -190,10 +190,10 @@ func validFormat(f string) bool {
 // (exit 2).
 func sqlError(err error) error {
 	if errors.Is(err, duckdb.ErrRefused) {
-		return &exitError{code: exitUsage, err: fmt.Errorf("%w (sql is read only and reads only the committed data; --allow-host-files lifts this)", err)}
+		return &exitError{Code: exitUsage, Err: fmt.Errorf("%w (sql is read only and reads only the committed data; --allow-host-files lifts this)", err)}
 	}
 	if errors.Is(err, duckdb.ErrBadQuery) {
-		return &exitError{code: exitUsage, err: err}
+		return &exitError{Code: exitUsage, Err: err}
 	}
 	return err
 }

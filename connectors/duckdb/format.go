@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	duckdbdrv "github.com/duckdb/duckdb-go/v2"
+	"github.com/rllm-pipe/rllm-pipe/connectors/termtext"
 )
 
 // Output formats of WriteRows.
@@ -284,73 +285,17 @@ func needsJSONEscape(b []byte) bool {
 	return false
 }
 
-// printable escapes what a terminal would act on instead of showing:
-// newline, carriage return and tab as \n, \r, \t; other C0 and C1
-// controls and DEL as \xNN or \u00NN (ESC starts escape sequences that
-// recolour, move the cursor, set the window title or write the
-// clipboard); the Unicode bidirectional controls (U+061C, U+200E,
-// U+200F, U+202A-U+202E, U+2066-U+2069) and line and paragraph
-// separators (U+2028, U+2029) as \uNNNN; bytes that are not UTF-8 as
-// \xNN. Backslashes are kept as they are: the table is for reading, csv
-// and jsonl are exact.
-func printable(s string) string { return escapeControls(s, false) }
+// printable escapes what a terminal would act on instead of showing
+// (termtext.Escape). Backslashes are kept as they are: the table is for
+// reading, csv and jsonl are exact.
+func printable(s string) string { return termtext.Escape(s) }
 
 // TerminalSafe is printable for text meant to span lines, such as an
 // error message: newline and tab are kept as they are.
-func TerminalSafe(s string) string { return escapeControls(s, true) }
-
-func escapeControls(s string, keepLines bool) string {
-	clean := utf8.ValidString(s)
-	for _, r := range s {
-		if needsEscape(r) && !(keepLines && (r == '\n' || r == '\t')) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, n := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && n == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case keepLines && (r == '\n' || r == '\t'):
-			b.WriteRune(r)
-		case r == '\n':
-			b.WriteString(`\n`)
-		case r == '\r':
-			b.WriteString(`\r`)
-		case r == '\t':
-			b.WriteString(`\t`)
-		case r < 0x80 && needsEscape(r):
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case needsEscape(r):
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteString(s[i : i+n])
-		}
-		i += n
-	}
-	return b.String()
-}
-
-// needsEscape says whether printable escapes the character r.
-func needsEscape(r rune) bool {
-	return r < 0x20 || r >= 0x7f && r <= 0x9f || isLayoutControl(r)
-}
-
-// isLayoutControl says whether r is a Unicode bidirectional control
-// (U+061C, U+200E, U+200F, U+202A-U+202E, U+2066-U+2069) or a line or
-// paragraph separator (U+2028, U+2029): characters that reorder or break
-// the text around them instead of showing.
-func isLayoutControl(r rune) bool {
-	return r == 0x061c || r == 0x200e || r == 0x200f || r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069 || r == 0x2028 || r == 0x2029
-}
+func TerminalSafe(s string) string { return termtext.EscapeKeepLines(s) }
 
 // ShowLayoutControls writes the layout controls in s (see
-// isLayoutControl) as \uNNNN, as a table shows them, and keeps every
+// termtext.IsLayoutControl) as \uNNNN, as a table shows them, and keeps every
 // other character: for record text put in a web page, where a right-to-left
 // override would reverse what follows it (the trick that makes a file name
 // or a line of code read differently from what it is).
@@ -361,7 +306,7 @@ func ShowLayoutControls(s string) string {
 	var b strings.Builder
 	last := 0
 	for i, r := range s {
-		if isLayoutControl(r) {
+		if termtext.IsLayoutControl(r) {
 			b.WriteString(s[last:i])
 			fmt.Fprintf(&b, `\u%04x`, r)
 			last = i + utf8.RuneLen(r)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/termtext"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
 
@@ -301,7 +302,7 @@ func TestWriteRowsEscapesControls(t *testing.T) {
 	unsafe := func(s string) []rune {
 		var bad []rune
 		for _, r := range s {
-			if r != '\n' && needsEscape(r) {
+			if r != '\n' && termtext.NeedsEscape(r) {
 				bad = append(bad, r)
 			}
 		}

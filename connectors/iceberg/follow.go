@@ -21,35 +21,36 @@ func (res *Result) Add(r Result) {
 }
 
 // Follower keeps the tables in step with a root that a running ingest
-// commits to: a sync every interval (a failed one is reported to onErr
-// and left for the next: the shards are committed whatever the catalog
-// does), and one more at Finish.
+// commits to: a sync at once and then every interval (a failed one is
+// reported and left for the next: the shards are committed whatever the
+// catalog does), and one more at Finish.
 type Follower struct {
-	s     *Syncer
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
-	mu    sync.Mutex
-	total Result
+	s      *Syncer
+	report func(Result, error)
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	total  Result
 }
 
-// Follow starts syncing s every interval until Halt or Finish.
-func Follow(ctx context.Context, s *Syncer, every time.Duration, onErr func(error)) *Follower {
-	f := &Follower{s: s, stop: make(chan struct{}), done: make(chan struct{})}
+// Follow starts syncing s at once and then every interval until Halt or
+// Finish. report, if not nil, hears every sync's result (or error, but
+// not one that ctx's end caused).
+func Follow(ctx context.Context, s *Syncer, every time.Duration, report func(Result, error)) *Follower {
+	f := &Follower{s: s, report: report, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(f.done)
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
+			_ = f.sync(ctx)
 			select {
 			case <-f.stop:
 				return
 			case <-ctx.Done():
 				return
 			case <-t.C:
-			}
-			if err := f.sync(ctx); err != nil && ctx.Err() == nil && onErr != nil {
-				onErr(err)
 			}
 		}
 	}()
@@ -58,6 +59,9 @@ func Follow(ctx context.Context, s *Syncer, every time.Duration, onErr func(erro
 
 func (f *Follower) sync(ctx context.Context) error {
 	res, err := f.s.Sync(ctx)
+	if f.report != nil && (err == nil || ctx.Err() == nil) {
+		f.report(res, err)
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err != nil {

@@ -15,7 +15,11 @@ func TestFollowerHoldsEveryCommitAtFinish(t *testing.T) {
 	cat := testCatalog(t, dir, "sqlite")
 	defer cat.Close()
 	// The interval syncs catch up by themselves.
-	f := Follow(context.Background(), newSyncer(t, cat, root, 1), 5*time.Millisecond, func(err error) { t.Error(err) })
+	f := Follow(context.Background(), newSyncer(t, cat, root, 1), 5*time.Millisecond, func(_ Result, err error) {
+		if err != nil {
+			t.Error(err)
+		}
+	})
 	n1 := len(committed(t, root))
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		tbl, err := cat.LoadTable(context.Background(), []string{"rllm", StepsTable})
@@ -30,7 +34,11 @@ func TestFollowerHoldsEveryCommitAtFinish(t *testing.T) {
 	}
 	f.Halt()
 	// Commits after the last interval sync: Finish adds them.
-	f = Follow(context.Background(), newSyncer(t, cat, root, 1), time.Hour, func(err error) { t.Error(err) })
+	f = Follow(context.Background(), newSyncer(t, cat, root, 1), time.Hour, func(_ Result, err error) {
+		if err != nil {
+			t.Error(err)
+		}
+	})
 	commitRuns(t, dir, 1, 2, 3)
 	res, err := f.Finish(context.Background(), time.Minute)
 	if err != nil {

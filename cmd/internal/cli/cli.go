@@ -1,0 +1,182 @@
+// Package cli holds what the executables under cmd/ (rllm-pipe and
+// rllm-pipe-iceberg) share about running as a command: exit codes, the
+// two-signal stop, flags from the environment, and the S3 connection
+// flags.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors"
+	"github.com/rllm-pipe/rllm-pipe/connectors/s3"
+	"github.com/rllm-pipe/rllm-pipe/connectors/termtext"
+)
+
+// Exit codes: 0 also after a clean stop (the first signal: everything
+// read was committed, or is left to a rerun that reads it again).
+const (
+	ExitOK      = 0
+	ExitFailure = 1
+	ExitUsage   = 2
+	// ExitStopped: a signal stopped the command before it could finish
+	// cleanly (a second signal, or a first one while a store or broker was
+	// unreachable): what was committed is whole, a rerun resumes the rest.
+	ExitStopped = 3
+)
+
+// ExitError carries an exit code through cobra.
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// UsageErrorf is an error of the command line: exit code ExitUsage.
+func UsageErrorf(format string, args ...any) error {
+	return &ExitError{Code: ExitUsage, Err: fmt.Errorf(format, args...)}
+}
+
+// AbortGrace is how long a second signal waits for the command to end
+// before the process exits anyway (long enough for an aborted stdin run
+// to write its spill file).
+const AbortGrace = time.Minute
+
+// Run executes the command that newRoot builds with args and returns the
+// exit code. The first SIGINT or SIGTERM cancels soft (newRoot's
+// argument: stop reading, finish what is in hand); a second one cancels
+// the command's context at once. name prefixes what Run prints.
+func Run(ctx context.Context, name string, newRoot func(soft context.Context) *cobra.Command, args []string, stdout, stderr io.Writer) int {
+	hard, cancelHard := context.WithCancel(ctx)
+	defer cancelHard()
+	soft, cancelSoft := context.WithCancel(hard)
+	defer cancelSoft()
+	returned := make(chan struct{})
+	defer close(returned)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case <-sigs:
+		case <-hard.Done():
+			return
+		}
+		fmt.Fprintf(stderr, "%s: stopping cleanly: finishing what is in hand (signal again to abort)\n", name)
+		cancelSoft()
+		select {
+		case <-sigs:
+			fmt.Fprintf(stderr, "%s: aborting\n", name)
+			cancelHard()
+		case <-hard.Done():
+			return
+		}
+		// Every command ends soon after the abort; one that does not (a
+		// call blocked where nothing interrupts it) is not waited for:
+		// what was committed is whole wherever a run stops.
+		select {
+		case <-time.After(AbortGrace):
+			fmt.Fprintf(stderr, "%s: still running %s after the abort; exiting\n", name, AbortGrace)
+			os.Exit(ExitStopped)
+		case <-returned:
+		}
+	}()
+
+	root := newRoot(soft)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(hard)
+	if err == nil {
+		return ExitOK
+	}
+	// An error may quote data (a record id in a DuckDB error, a path):
+	// control characters are escaped, so none reaches the terminal.
+	fmt.Fprintf(stderr, "%s: %s\n", name, termtext.EscapeKeepLines(err.Error()))
+	var ee *ExitError
+	if errors.As(err, &ee) {
+		return ee.Code
+	}
+	if soft.Err() != nil {
+		fmt.Fprintf(stderr, "%s: stopped before finishing: what was committed is whole; run again to resume\n", name)
+		return ExitStopped
+	}
+	if strings.HasPrefix(err.Error(), "unknown command") || strings.HasPrefix(err.Error(), "unknown flag") ||
+		strings.Contains(err.Error(), "flag needs an argument") || strings.Contains(err.Error(), "invalid argument") ||
+		strings.Contains(err.Error(), "required flag") {
+		return ExitUsage
+	}
+	return ExitFailure
+}
+
+// ApplyEnv sets every flag not given on the command line from its RLLM_*
+// variable (--group-size from RLLM_GROUP_SIZE): flag beats env beats
+// default.
+func ApplyEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if err != nil || f.Changed {
+			return
+		}
+		name := "RLLM_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok {
+			if serr := fs.Set(f.Name, v); serr != nil {
+				err = UsageErrorf("%s: %v", name, serr)
+			}
+		}
+	})
+	return err
+}
+
+// S3Flags are the S3 connection settings that may come from flags; keys
+// come only from the environment (a flag would show in the process list).
+type S3Flags struct {
+	Endpoint string
+	Region   string
+	RetryFor time.Duration
+}
+
+// Register adds --s3-endpoint, --s3-region and --retry-for to f.
+func (c *S3Flags) Register(f *pflag.FlagSet) {
+	f.StringVar(&c.Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS_ENDPOINT_URL; keys from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
+	f.StringVar(&c.Region, "s3-region", "", "S3 region (default AWS_REGION, else us-east-1)")
+	f.DurationVar(&c.RetryFor, "retry-for", s3.DefaultRetryFor, "how long an unreachable S3 or Kafka is retried before the command fails (a first signal stops retrying at once)")
+}
+
+// Check validates the settings.
+func (c *S3Flags) Check() error {
+	if c.RetryFor <= 0 {
+		return UsageErrorf("--retry-for: must be positive, not %s", c.RetryFor)
+	}
+	return nil
+}
+
+// Options are the settings as connectors take them.
+func (c *S3Flags) Options() connectors.Options {
+	return connectors.Options{S3Endpoint: c.Endpoint, S3Region: c.Region, RetryFor: c.RetryFor}
+}
+
+// Args are the flags that give these settings to another rllm-pipe
+// executable.
+func (c *S3Flags) Args() []string {
+	a := []string{"--retry-for", c.RetryFor.String()}
+	if c.Endpoint != "" {
+		a = append(a, "--s3-endpoint", c.Endpoint)
+	}
+	if c.Region != "" {
+		a = append(a, "--s3-region", c.Region)
+	}
+	return a
+}
