@@ -21,11 +21,11 @@ import (
 
 	"github.com/apache/iceberg-go"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	icebergsync "github.com/rllm-pipe/rllm-pipe/connectors/iceberg"
-	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 )
 
 func main() {
@@ -35,19 +35,42 @@ func main() {
 // finishTimeout bounds the last sync of --follow after a stop.
 const finishTimeout = 2 * time.Minute
 
-type syncOpts struct {
+// tableOpts say which root projects into which tables.
+type tableOpts struct {
 	from        string
 	catalog     string
 	catalogName string
 	namespace   string
 	warehouse   string
-	maxFiles    int
-	follow      bool
-	poll        time.Duration
-	json        bool
-	quiet       bool
-	ready       string
 	s3          cli.S3Flags
+}
+
+func (o *tableOpts) register(f *pflag.FlagSet) {
+	f.StringVar(&o.from, "from", "", "shard root: file:///path, a path, or s3://bucket/prefix")
+	f.StringVar(&o.catalog, "catalog", "", "Iceberg catalog: a SQLite file (sqlite:///path.db, path.db), postgres://... or a REST catalog (http(s)://...)")
+	f.StringVar(&o.catalogName, "catalog-name", icebergsync.DefaultCatalogName, "the catalog's name, as readers configure it")
+	f.StringVar(&o.namespace, "namespace", "rllm", "namespace of the tables (dots separate levels)")
+	f.StringVar(&o.warehouse, "warehouse", "", "where new tables keep their metadata (default: the root's _iceberg folder)")
+	o.s3.Register(f)
+}
+
+type syncOpts struct {
+	table    tableOpts
+	maxFiles int
+	follow   bool
+	poll     time.Duration
+	json     bool
+	quiet    bool
+	ready    string
+}
+
+type compactOpts struct {
+	table    tableOpts
+	target   string
+	minFiles int
+	maxFiles int
+	json     bool
+	quiet    bool
 }
 
 func newRoot(soft context.Context) *cobra.Command {
@@ -90,50 +113,60 @@ Example:
 		},
 	}
 	f := syncCmd.Flags()
-	f.StringVar(&o.from, "from", "", "shard root: file:///path, a path, or s3://bucket/prefix")
-	f.StringVar(&o.catalog, "catalog", "", "Iceberg catalog: a SQLite file (sqlite:///path.db, path.db), postgres://... or a REST catalog (http(s)://...)")
-	f.StringVar(&o.catalogName, "catalog-name", icebergsync.DefaultCatalogName, "the catalog's name, as readers configure it")
-	f.StringVar(&o.namespace, "namespace", "rllm", "namespace of the tables (dots separate levels)")
-	f.StringVar(&o.warehouse, "warehouse", "", "where new tables keep their metadata (default: the root's _iceberg folder)")
+	o.table.register(f)
 	f.IntVar(&o.maxFiles, "max-files-per-commit", 1000, "most shards one snapshot adds")
 	f.BoolVar(&o.follow, "follow", false, "keep syncing new commits until stopped")
 	f.DurationVar(&o.poll, "poll", 2*time.Second, "with --follow, how often to look for new commits")
 	f.BoolVar(&o.json, "json", false, "print each sync's result as a JSON line on stdout")
 	f.BoolVar(&o.quiet, "quiet", false, "no summary on stderr")
 	f.StringVar(&o.ready, "ready-file", "", "write the table's name to this file once the catalog is open")
-	o.s3.Register(f)
 	root.AddCommand(syncCmd)
+
+	var c compactOpts
+	compactCmd := &cobra.Command{
+		Use:   "compact --from URL --catalog URI",
+		Short: "Merge the steps table's small files, version by version, in one snapshot (the shards stay)",
+		Long: `compact merges the small files the steps table lists (a long run's
+thousands of shards) into files of about --target-size, partition by
+partition (one policy version each), and replaces them in one snapshot:
+readers see the same rows, in the same order within a trajectory, and query
+planning opens far fewer files. The table's position is unchanged; a sync
+that commits meanwhile makes the compaction start again, so nothing is lost
+or doubled. The shards stay in the root (the manifest lists them); the merged
+files live under the table's data folder. The snapshots before it still list
+the shards: expire them as you would any table's (docs/iceberg.md).
+
+Example:
+  rllm-pipe iceberg compact --from ./data --catalog ./lake/catalog.db`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runCompact(cmd, c)
+		},
+	}
+	f = compactCmd.Flags()
+	c.table.register(f)
+	f.StringVar(&c.target, "target-size", "128MiB", "size of a merged file; files of a quarter of it or more are left alone")
+	f.IntVar(&c.minFiles, "min-files", 8, "fewest small files of a version worth merging")
+	f.IntVar(&c.maxFiles, "max-files", 10000, "most files one compaction replaces")
+	f.BoolVar(&c.json, "json", false, "print the result as a JSON line on stdout")
+	f.BoolVar(&c.quiet, "quiet", false, "no summary on stderr")
+	root.AddCommand(compactCmd)
 	return root
 }
 
 func runSync(soft context.Context, cmd *cobra.Command, o syncOpts) error {
-	if o.catalog == "" {
-		return cli.UsageErrorf("--catalog is required")
-	}
 	if o.maxFiles < 1 || o.maxFiles > 100000 {
 		return cli.UsageErrorf("--max-files-per-commit %d: 1 to 100000", o.maxFiles)
 	}
 	if o.poll <= 0 {
 		return cli.UsageErrorf("--poll %s: positive", o.poll)
 	}
-	if err := o.s3.Check(); err != nil {
-		return err
-	}
-	root, err := connectors.ParseRoot(o.from, o.s3.Options())
-	if err != nil {
-		return cli.UsageErrorf("--from: %v", err)
-	}
 	ctx := cmd.Context()
-	r, err := connectors.OpenReader(ctx, root, "iceberg-"+time.Now().UTC().Format("20060102T150405.000000000Z"))
+	sy, closeAll, err := o.table.open(ctx, o.maxFiles)
 	if err != nil {
 		return err
 	}
-	defer r.Close()
-	sy, closeCat, err := openSyncer(ctx, root, r, o)
-	if err != nil {
-		return err
-	}
-	defer closeCat()
+	defer closeAll()
 	if o.ready != "" {
 		if err := writeReady(o.ready, strings.Join(sy.Table(), ".")); err != nil {
 			return fmt.Errorf("--ready-file: %w", err)
@@ -172,9 +205,19 @@ func runSync(soft context.Context, cmd *cobra.Command, o syncOpts) error {
 	return err
 }
 
-// openSyncer opens the catalog and a syncer of r's shards (root's) into
-// it; the function returned closes the catalog.
-func openSyncer(ctx context.Context, root connectors.Root, r store.Reader, o syncOpts) (*icebergsync.Syncer, func() error, error) {
+// open opens the root and the catalog, and a syncer of the one into the
+// other; the function returned closes both.
+func (o tableOpts) open(ctx context.Context, maxFiles int) (*icebergsync.Syncer, func(), error) {
+	if o.catalog == "" {
+		return nil, nil, cli.UsageErrorf("--catalog is required")
+	}
+	if err := o.s3.Check(); err != nil {
+		return nil, nil, err
+	}
+	root, err := connectors.ParseRoot(o.from, o.s3.Options())
+	if err != nil {
+		return nil, nil, cli.UsageErrorf("--from: %v", err)
+	}
 	ns := strings.Split(o.namespace, ".")
 	for _, part := range ns {
 		if part == "" {
@@ -203,11 +246,55 @@ func openSyncer(ctx context.Context, root connectors.Root, r store.Reader, o syn
 	if err != nil {
 		return nil, nil, err
 	}
-	sy, err := icebergsync.NewSyncer(cat, r, icebergsync.Config{Namespace: ns, Base: loc.Base, MaxFilesPerCommit: o.maxFiles, Location: location})
+	r, err := connectors.OpenReader(ctx, root, "iceberg-"+time.Now().UTC().Format("20060102T150405.000000000Z"))
 	if err != nil {
-		return nil, nil, errors.Join(err, cat.Close())
+		_ = cat.Close()
+		return nil, nil, err
 	}
-	return sy, cat.Close, nil
+	closeAll := func() {
+		_ = cat.Close()
+		_ = r.Close()
+	}
+	sy, err := icebergsync.NewSyncer(cat, r, icebergsync.Config{Namespace: ns, Base: loc.Base, MaxFilesPerCommit: maxFiles, Location: location})
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return sy, closeAll, nil
+}
+
+func runCompact(cmd *cobra.Command, o compactOpts) error {
+	target, err := cli.ParseBytes(o.target)
+	if err != nil || target < 1<<20 || target > 4<<30 {
+		return cli.UsageErrorf("--target-size %q: 1MiB to 4GiB", o.target)
+	}
+	if o.minFiles < 2 || o.maxFiles < 2 {
+		return cli.UsageErrorf("--min-files and --max-files: 2 or more")
+	}
+	ctx := cmd.Context()
+	sy, closeAll, err := o.table.open(ctx, 1000)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	start := time.Now()
+	res, err := sy.Compact(ctx, icebergsync.CompactConfig{TargetSize: target, MinFiles: o.minFiles, MaxFiles: o.maxFiles})
+	if err != nil {
+		return err
+	}
+	if o.json {
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(cmd.OutOrStdout(), string(b))
+	}
+	if !o.quiet {
+		fmt.Fprintf(cmd.ErrOrStderr(), "iceberg: %d files of %d versions merged into %d (%d rows, %d to %d bytes) in %.1fs",
+			res.FilesRemoved, res.Partitions, res.FilesAdded, res.Rows, res.BytesRemoved, res.BytesAdded, time.Since(start).Seconds())
+		if res.Conflicts > 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "; %d lost a race to a sync and were redone", res.Conflicts)
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "; snapshot %d\n", res.Snapshot)
+	}
+	return nil
 }
 
 func printSync(w io.Writer, sy *icebergsync.Syncer, res icebergsync.Result, took time.Duration) {
@@ -219,8 +306,14 @@ func printSync(w io.Writer, sy *icebergsync.Syncer, res icebergsync.Result, took
 	if res.Conflicts > 0 {
 		fmt.Fprintf(w, "; %d commits lost a race and were recomputed", res.Conflicts)
 	}
+	if res.Trajectories > 0 {
+		fmt.Fprintf(w, "; %d trajectories added", res.Trajectories)
+	}
 	if res.DeadLetters > 0 {
 		fmt.Fprintf(w, "; %d dead letters added", res.DeadLetters)
+	}
+	if res.DeadLetterBytesMissing > 0 {
+		fmt.Fprintf(w, "; %d committed bytes of dead-letter files are gone (left out)", res.DeadLetterBytesMissing)
 	}
 	fmt.Fprintf(w, "; the table holds %d shards, snapshot %d\n", res.Position, res.Snapshot)
 }

@@ -61,20 +61,21 @@ func icebergPath() (string, error) {
 
 // icebergTarget is where ingest's --iceberg-* project the output root.
 type icebergTarget struct {
-	catalog, namespace, warehouse string
+	catalog, name, namespace, warehouse string
 }
 
 // icebergTotals is what a run's syncs did in all (the JSON lines of
 // rllm-pipe-iceberg sync --json, summed), for ingest's summary.
 type icebergTotals struct {
-	Shards      int   `json:"shards"`
-	Rows        int64 `json:"rows"`
-	Split       int   `json:"split"`
-	Commits     int   `json:"commits"`
-	Conflicts   int   `json:"conflicts"`
-	Position    int   `json:"position"`
-	Snapshot    int64 `json:"snapshot"`
-	DeadLetters int64 `json:"dead_letters"`
+	Shards       int   `json:"shards"`
+	Rows         int64 `json:"rows"`
+	Split        int   `json:"split"`
+	Commits      int   `json:"commits"`
+	Conflicts    int   `json:"conflicts"`
+	Position     int   `json:"position"`
+	Snapshot     int64 `json:"snapshot"`
+	Trajectories int64 `json:"trajectories"`
+	DeadLetters  int64 `json:"dead_letters"`
 }
 
 // add sums one sync's result into t: the counts, and the later position.
@@ -84,6 +85,7 @@ func (t *icebergTotals) add(r icebergTotals) {
 	t.Split += r.Split
 	t.Commits += r.Commits
 	t.Conflicts += r.Conflicts
+	t.Trajectories += r.Trajectories
 	t.DeadLetters += r.DeadLetters
 	if r.Position >= t.Position {
 		t.Position, t.Snapshot = r.Position, r.Snapshot
@@ -124,7 +126,7 @@ func startIceberg(ctx context.Context, root string, conn connFlags, t icebergTar
 	}
 	defer os.RemoveAll(dir)
 	ready := filepath.Join(dir, "ready")
-	args := []string{"sync", "--from", root, "--catalog", t.catalog, "--namespace", t.namespace, "--follow",
+	args := []string{"sync", "--from", root, "--catalog", t.catalog, "--catalog-name", t.name, "--namespace", t.namespace, "--follow",
 		"--poll", every.String(), "--json", "--quiet", "--ready-file", ready}
 	if t.warehouse != "" {
 		args = append(args, "--warehouse", t.warehouse)

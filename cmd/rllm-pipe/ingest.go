@@ -77,6 +77,7 @@ input skips groups already committed.`,
 	f.StringVar(&o.dlq, "dlq", "", "dead-letter output: a file, or kafka://host:port/topic (default <to>/_dlq/)")
 	f.StringVar(&o.statsJSON, "stats-json", "", "also write the run's summary as JSON to this file")
 	f.StringVar(&o.iceberg.catalog, "iceberg-catalog", "", "also keep an Iceberg steps table in step with the commits (as iceberg sync --follow does): a SQLite catalog file or a REST catalog URL")
+	f.StringVar(&o.iceberg.name, "iceberg-catalog-name", "rllm", "with --iceberg-catalog, the catalog's name, as readers configure it")
 	f.StringVar(&o.iceberg.namespace, "iceberg-namespace", "rllm", "with --iceberg-catalog, the tables' namespace")
 	f.StringVar(&o.iceberg.warehouse, "iceberg-warehouse", "", "with --iceberg-catalog, where new tables keep their metadata (default: the output root's _iceberg folder)")
 	f.DurationVar(&o.icebergEvery, "iceberg-every", 10*time.Second, "with --iceberg-catalog, how often the table catches up with the commits (and once more at the end)")

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow/memory"
@@ -18,6 +16,8 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 	"github.com/rllm-pipe/rllm-pipe/train/export"
+
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 )
 
 // localPath resolves a --from/--to/--dlq URL of the embedded default:
@@ -36,29 +36,7 @@ func localPath(flag, raw string) (string, error) {
 	return p, nil
 }
 
-// parseBytes reads sizes such as 256MiB, 64MB, 1GiB or 1048576.
-func parseBytes(s string) (int64, error) {
-	s = strings.TrimSpace(s)
-	units := []struct {
-		suffix string
-		mult   int64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}}
-	mult := int64(1)
-	for _, u := range units {
-		if strings.HasSuffix(s, u.suffix) {
-			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
-			break
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("size %q: want a positive whole number with an optional unit (KiB, MiB, GiB)", s)
-	}
-	if n > math.MaxInt64/mult {
-		return 0, fmt.Errorf("size %q: too large", s)
-	}
-	return n * mult, nil
-}
+var parseBytes = cli.ParseBytes
 
 // checkOutputFiles refuses, as a usage error (exit 2), file outputs that
 // would write into a store: outputs holds flag name, path pairs (an empty

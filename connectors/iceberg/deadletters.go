@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,10 +16,8 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/array"
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/apache/iceberg-go"
-	icebergio "github.com/apache/iceberg-go/io"
 	"github.com/apache/iceberg-go/table"
 
-	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -52,49 +51,50 @@ var deadLetterSchema = arrow.NewSchema([]arrow.Field{
 // SyncDeadLetters adds the dead letters the manifest committed since the
 // table's position (PropEntries) to NAMESPACE.dead_letters, in one file
 // and one snapshot, by the protocol of the steps table. It returns the
-// lines added.
-func (s *Syncer) SyncDeadLetters(ctx context.Context) (int64, error) {
+// lines added, and the committed bytes of dead-letter files that are
+// gone or shorter than their marks (left out, as sql leaves them).
+func (s *Syncer) SyncDeadLetters(ctx context.Context) (added, missing int64, err error) {
 	id := append(append(table.Identifier{}, s.cfg.Namespace...), DeadLettersTable)
-	var added int64
 	for conflicts := 0; ; conflicts++ {
 		if conflicts > maxConflicts {
-			return added, fmt.Errorf("iceberg: %d commits to %s lost a race in a row", conflicts, id)
+			return 0, missing, fmt.Errorf("iceberg: %d commits to %s lost a race in a row", conflicts, id)
 		}
 		tbl, err := s.openTable(ctx, id, deadLetterSchema, nil)
 		if err != nil {
-			return added, err
+			return 0, 0, err
 		}
 		pos, err := positionOf(tbl, PropEntries)
 		if err != nil {
-			return added, err
+			return 0, 0, err
 		}
 		entries, err := s.r.Entries(ctx)
 		if err != nil {
-			return added, fmt.Errorf("iceberg: read the manifest: %w", err)
+			return 0, 0, fmt.Errorf("iceberg: read the manifest: %w", err)
 		}
 		if pos > len(entries) {
-			return added, fmt.Errorf("iceberg: table %s holds the dead letters of %d manifest entries; the manifest of %s has %d", id, pos, s.r.Name(), len(entries))
+			return 0, 0, fmt.Errorf("iceberg: table %s holds the dead letters of %d manifest entries; the manifest of %s has %d", id, pos, s.r.Name(), len(entries))
 		}
-		rec, err := s.deadLetterRows(ctx, entries, pos)
+		rec, gone, err := s.deadLetterRows(ctx, entries, pos)
 		if err != nil {
-			return added, err
+			return 0, 0, err
 		}
+		missing = gone
 		if rec == nil {
-			return added, nil
+			return 0, missing, nil
 		}
 		n := rec.NumRows()
 		step("dead letters")
-		file, err := writeRecord(ctx, tbl, rec, fmt.Sprintf("dead-letters-%d-%d-%s.parquet", pos, len(entries), newNonce()))
+		file, err := writeRecord(ctx, tbl, rec, fmt.Sprintf("dead-letters-%d-%d-%s.parquet", pos, len(entries), newNonce()), nil)
 		rec.Release()
 		if err != nil {
-			return added, err
+			return 0, missing, err
 		}
 		ok, err := s.commitFiles(ctx, id, tbl, []iceberg.DataFile{file}, iceberg.Properties{PropEntries: strconv.Itoa(len(entries))})
 		if err != nil {
-			return added, err
+			return 0, missing, err
 		}
 		if ok {
-			return added + n, nil
+			return n, missing, nil
 		}
 	}
 }
@@ -102,7 +102,7 @@ func (s *Syncer) SyncDeadLetters(ctx context.Context) (int64, error) {
 // deadLetterRows reads the lines entries[from:] committed: for each
 // entry naming a dead-letter file, the lines between the file's previous
 // mark and its own. nil when there are none.
-func (s *Syncer) deadLetterRows(ctx context.Context, entries []schemas.ShardEntry, from int) (arrow.RecordBatch, error) {
+func (s *Syncer) deadLetterRows(ctx context.Context, entries []schemas.ShardEntry, from int) (rec arrow.RecordBatch, missing int64, err error) {
 	prev := map[string]int64{} // per file, the largest mark read so far
 	for _, e := range entries[:from] {
 		if dl := e.DeadLetters; dl != nil && dl.File != "" {
@@ -116,9 +116,18 @@ func (s *Syncer) deadLetterRows(ctx context.Context, entries []schemas.ShardEntr
 		if dl == nil || dl.File == "" || dl.Bytes <= prev[dl.File] {
 			continue
 		}
-		data, err := s.readDeadLetters(ctx, dl.File, prev[dl.File], dl.Bytes)
+		data, gone, err := s.readDeadLetters(ctx, dl.File, prev[dl.File], dl.Bytes)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
+		}
+		missing += gone
+		if gone > 0 {
+			// A line cut short at the file's end is not whole: left out.
+			if i := bytes.LastIndexByte(data, '\n'); i >= 0 {
+				data = data[:i+1]
+			} else {
+				data = nil
+			}
 		}
 		for _, line := range bytes.Split(data, []byte("\n")) {
 			if len(bytes.TrimSpace(line)) == 0 {
@@ -126,16 +135,16 @@ func (s *Syncer) deadLetterRows(ctx context.Context, entries []schemas.ShardEntr
 			}
 			var l schemas.DeadLetterLine
 			if err := json.Unmarshal(line, &l); err != nil {
-				return nil, fmt.Errorf("iceberg: dead-letter file %s: %w", dl.File, err)
+				return nil, 0, fmt.Errorf("iceberg: dead-letter file %s: %w", dl.File, err)
 			}
 			appendDeadLetter(b, l, dl.File, int64(i))
 		}
 		prev[dl.File] = dl.Bytes
 	}
 	if b.Field(0).Len() == 0 {
-		return nil, nil
+		return nil, missing, nil
 	}
-	return b.NewRecordBatch(), nil
+	return b.NewRecordBatch(), missing, nil
 }
 
 func appendDeadLetter(b *array.RecordBuilder, l schemas.DeadLetterLine, file string, entry int64) {
@@ -175,70 +184,52 @@ func appendDeadLetter(b *array.RecordBuilder, l schemas.DeadLetterLine, file str
 // readDeadLetters reads bytes [from, to) of a dead-letter file a
 // manifest entry names: a path under the root, or (a local root's --dlq
 // elsewhere) an absolute path, which must be a regular file. Of a local
-// file only that range is read.
-func (s *Syncer) readDeadLetters(ctx context.Context, rel string, from, to int64) ([]byte, error) {
+// file only that range is read. As sql's view, it reads what is there: a
+// missing file (an outside --dlq file removed) gives nothing, a shorter
+// one its bytes up to its end; missing counts the bytes not read.
+func (s *Syncer) readDeadLetters(ctx context.Context, rel string, from, to int64) (data []byte, missing int64, err error) {
 	var path string
 	local := strings.HasPrefix(s.cfg.Base, "file://")
 	switch {
 	case filepath.IsAbs(rel) && local:
 		path = rel
 	case !store.CheckPath(rel):
-		return nil, fmt.Errorf("iceberg: dead-letter file %q is not a clean relative path", rel)
+		return nil, 0, fmt.Errorf("iceberg: dead-letter file %q is not a clean relative path", rel)
 	case local:
 		path = filepath.Join(strings.TrimPrefix(s.cfg.Base, "file://"), filepath.FromSlash(rel))
 	default:
 		data, err := s.r.Get(ctx, rel)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, to - from, nil
+		}
 		if err != nil {
-			return nil, fmt.Errorf("iceberg: dead-letter file %s: %w", rel, err)
+			return nil, 0, fmt.Errorf("iceberg: dead-letter file %s: %w", rel, err)
 		}
-		if to > int64(len(data)) {
-			return nil, fmt.Errorf("iceberg: dead-letter file %s: marked at %d bytes, it has %d", rel, to, len(data))
+		end := min(to, int64(len(data)))
+		if from >= end {
+			return nil, to - from, nil
 		}
-		return data[from:to], nil
+		return data[from:end], to - end, nil
 	}
 	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, to - from, nil
+	}
 	if err != nil {
-		return nil, fmt.Errorf("iceberg: dead-letter file: %w", err)
+		return nil, 0, fmt.Errorf("iceberg: dead-letter file: %w", err)
 	}
 	defer f.Close()
-	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() || info.Size() < to {
-		return nil, fmt.Errorf("iceberg: dead-letter file %s: not a regular file of at least %d bytes (%v)", path, to, err)
+	info, err := f.Stat()
+	if err != nil || !info.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("iceberg: dead-letter file %s: not a regular file (%v)", path, err)
 	}
-	data := make([]byte, to-from)
+	end := min(to, info.Size())
+	if from >= end {
+		return nil, to - from, nil
+	}
+	data = make([]byte, end-from)
 	if _, err := f.ReadAt(data, from); err != nil {
-		return nil, fmt.Errorf("iceberg: dead-letter file %s: %w", path, err)
+		return nil, 0, fmt.Errorf("iceberg: dead-letter file %s: %w", path, err)
 	}
-	return data, nil
-}
-
-// writeRecord writes rec as a Parquet file named name under tbl's data
-// folder and returns its entry.
-func writeRecord(ctx context.Context, tbl *table.Table, rec arrow.RecordBatch, name string) (iceberg.DataFile, error) {
-	fsys, err := tbl.FS(ctx)
-	if err != nil {
-		return nil, err
-	}
-	wfs, ok := fsys.(icebergio.WriteFileIO)
-	if !ok {
-		return nil, errors.New("iceberg: the table's file IO cannot write")
-	}
-	path := strings.TrimSuffix(tbl.Location(), "/") + "/data/" + name
-	f, err := wfs.Create(path)
-	if err != nil {
-		return nil, fmt.Errorf("iceberg: create %s: %w", path, err)
-	}
-	w, err := parquet.NewWriter(f, rec.Schema(), parquet.Options{}, nil)
-	if err == nil {
-		err = w.Write(rec)
-		if cerr := w.Close(); err == nil {
-			err = cerr
-		}
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, fmt.Errorf("iceberg: write %s: %w", path, err)
-	}
-	return table.FileToDataFile(ctx, fsys, path, tbl.Schema(), tbl.Spec(), 0, tbl.Properties())
+	return data, to - end, nil
 }

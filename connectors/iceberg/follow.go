@@ -14,7 +14,9 @@ func (res *Result) Add(r Result) {
 	res.Split += r.Split
 	res.Commits += r.Commits
 	res.Conflicts += r.Conflicts
+	res.Trajectories += r.Trajectories
 	res.DeadLetters += r.DeadLetters
+	res.DeadLetterBytesMissing = r.DeadLetterBytesMissing
 	if r.Position >= res.Position {
 		res.Position, res.Snapshot = r.Position, r.Snapshot
 	}

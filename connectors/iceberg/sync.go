@@ -17,11 +17,9 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/memory"
 	"github.com/apache/iceberg-go"
 	"github.com/apache/iceberg-go/catalog"
-	icebergio "github.com/apache/iceberg-go/io"
 	"github.com/apache/iceberg-go/table"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -81,9 +79,15 @@ type Result struct {
 	Conflicts int   `json:"conflicts"` // commits that lost a race and were recomputed
 	Position  int   `json:"position"`  // committed shards the table holds now
 	Snapshot  int64 `json:"snapshot"`  // the table's current snapshot id (0: none yet)
+	// Trajectories are the rows added to the trajectories table.
+	Trajectories int64 `json:"trajectories"`
 	// DeadLetters are the dead-letter lines added to the dead_letters
 	// table.
 	DeadLetters int64 `json:"dead_letters"`
+	// DeadLetterBytesMissing are committed bytes of dead-letter files
+	// that are gone or cut short (an outside --dlq file removed): left
+	// out, as sql leaves them.
+	DeadLetterBytesMissing int64 `json:"dead_letter_bytes_missing,omitempty"`
 }
 
 // Syncer adds a root's committed shards to the steps table.
@@ -132,7 +136,10 @@ func (s *Syncer) Sync(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	res.DeadLetters, err = s.SyncDeadLetters(ctx)
+	if res.Trajectories, err = s.SyncTrajectories(ctx); err != nil {
+		return res, err
+	}
+	res.DeadLetters, res.DeadLetterBytesMissing, err = s.SyncDeadLetters(ctx)
 	return res, err
 }
 
@@ -200,12 +207,18 @@ func (s *Syncer) syncSteps(ctx context.Context) (Result, error) {
 	}
 }
 
-// commitFiles adds files to the table id in one commit, with props (a
-// position) and a fresh PropCommit in the snapshot's summary, requiring
-// the table to be where tbl is. It reports false when the commit lost to
-// another (the table moved: the caller reads the position again); an
-// error whose outcome is unknown is resolved by reading the table back.
+// commitFiles adds files to the table id in one commit (commit).
 func (s *Syncer) commitFiles(ctx context.Context, id table.Identifier, tbl *table.Table, files []iceberg.DataFile, props iceberg.Properties) (bool, error) {
+	return s.commit(ctx, id, tbl, nil, files, props)
+}
+
+// commit adds files to the table id and removes the files remove, in one
+// commit, with props (a position) and a fresh PropCommit in the
+// snapshot's summary, requiring the table to be where tbl is. It reports
+// false when the commit lost to another (the table moved: the caller
+// reads the position again); an error whose outcome is unknown is
+// resolved by reading the table back.
+func (s *Syncer) commit(ctx context.Context, id table.Identifier, tbl *table.Table, remove, files []iceberg.DataFile, props iceberg.Properties) (bool, error) {
 	txn := tbl.NewTransaction()
 	nonce := newNonce()
 	sum := iceberg.Properties{PropCommit: nonce}
@@ -217,7 +230,11 @@ func (s *Syncer) commitFiles(ctx context.Context, id table.Identifier, tbl *tabl
 	if err := txn.SetProperties(props); err != nil {
 		return false, fmt.Errorf("iceberg: stage the position: %w", err)
 	}
-	if err := txn.AddDataFiles(ctx, files, sum); err != nil {
+	if len(remove) > 0 {
+		if err := txn.ReplaceDataFilesWithDataFiles(ctx, remove, files, sum); err != nil {
+			return false, fmt.Errorf("iceberg: stage %d files replacing %d: %w", len(files), len(remove), err)
+		}
+	} else if err := txn.AddDataFiles(ctx, files, sum); err != nil {
 		return false, fmt.Errorf("iceberg: stage %d files: %w", len(files), err)
 	}
 	_, err := txn.Commit(ctx)
@@ -493,29 +510,18 @@ func tableSchema(sc *arrow.Schema) (*iceberg.Schema, error) {
 	return out, nil
 }
 
-// splitName is where a version's rows of a shard of several versions go:
-// under the table's data folder, named after the shard and the attempt.
-func splitName(location, shard string, version int64, attempt string) string {
+// splitName is where a version's rows of a shard of several versions go,
+// under the table's data folder: named after the shard and the attempt.
+func splitName(shard string, version int64, attempt string) string {
 	base := strings.TrimSuffix(path.Base(shard), ".parquet")
-	return fmt.Sprintf("%s/data/group_version=%d/%s-v%d-%s.parquet", strings.TrimSuffix(location, "/"), version, base, version, attempt)
+	return fmt.Sprintf("group_version=%d/%s-v%d-%s.parquet", version, base, version, attempt)
 }
 
 // splitShard writes the rows of a shard of several versions again, one
 // file per version under the table's data folder, in their order (a
 // trajectory's rows keep their prompt deltas: a trajectory has one
-// version), and returns their entries. Each attempt names its files
-// anew, so that a syncer that lost a race never rewrites a file a
-// committed snapshot lists; a loser's files are orphans, as Iceberg's
-// orphan-file removal knows them.
+// version), and returns their entries.
 func (s *Syncer) splitShard(ctx context.Context, tbl *table.Table, e schemas.ShardEntry) ([]iceberg.DataFile, error) {
-	fsys, err := tbl.FS(ctx)
-	if err != nil {
-		return nil, err
-	}
-	wfs, ok := fsys.(icebergio.WriteFileIO)
-	if !ok {
-		return nil, fmt.Errorf("the table's file IO cannot write")
-	}
 	mem := memory.NewGoAllocator()
 	rd, err := s.r.ReadShard(ctx, e, nil, mem)
 	if err != nil {
@@ -524,19 +530,11 @@ func (s *Syncer) splitShard(ctx context.Context, tbl *table.Table, e schemas.Sha
 	defer rd.Close()
 	rd.KeepDeltas()
 	attempt := strconv.FormatInt(time.Now().UnixNano(), 36)
-	type out struct {
-		name string
-		f    icebergio.FileWriter
-		w    *parquet.Writer
-	}
-	outs := map[int64]*out{}
+	outs := map[int64]*tableFile{}
 	var order []int64
-	closeAll := func() {
+	abortAll := func() {
 		for _, o := range outs {
-			if o.w != nil {
-				_ = o.w.Close()
-			}
-			_ = o.f.Close()
+			o.abort()
 		}
 	}
 	err = rd.Each(func(rec arrow.RecordBatch) error {
@@ -556,49 +554,34 @@ func (s *Syncer) splitShard(ctx context.Context, tbl *table.Table, e schemas.Sha
 			}
 			o := outs[v]
 			if o == nil {
-				name := splitName(tbl.Location(), e.Path, v, attempt)
-				f, err := wfs.Create(name)
-				if err != nil {
-					return fmt.Errorf("create %s: %w", name, err)
-				}
-				o = &out{name: name, f: f}
-				outs[v] = o
-				order = append(order, v)
-				if o.w, err = parquet.NewWriter(f, rec.Schema(), parquet.Options{Allocator: mem},
-					map[string]string{schemas.FooterSchemaKey: e.SchemaVersion}); err != nil {
+				var err error
+				if o, err = createFile(ctx, tbl, splitName(e.Path, v, attempt), rec.Schema(),
+					map[string]string{schemas.FooterSchemaKey: e.SchemaVersion}, mem); err != nil {
 					return err
 				}
+				outs[v] = o
+				order = append(order, v)
 			}
 			part := rec.NewSlice(int64(lo), int64(hi))
-			err := o.w.Write(part)
+			err := o.write(part)
 			part.Release()
 			if err != nil {
-				return fmt.Errorf("write %s: %w", o.name, err)
+				return err
 			}
 			lo = hi
 		}
 		return nil
 	})
 	if err != nil {
-		closeAll()
+		abortAll()
 		return nil, err
 	}
 	var files []iceberg.DataFile
 	for _, v := range order {
-		o := outs[v]
-		err := o.w.Close()
-		o.w = nil
-		if cerr := o.f.Close(); err == nil {
-			err = cerr
-		}
+		df, err := outs[v].finish(ctx)
 		if err != nil {
-			closeAll()
-			return nil, fmt.Errorf("close %s: %w", o.name, err)
-		}
-		df, err := table.FileToDataFile(ctx, fsys, o.name, tbl.Schema(), tbl.Spec(), 0, tbl.Properties())
-		if err != nil {
-			closeAll()
-			return nil, fmt.Errorf("%s: %w", o.name, err)
+			abortAll()
+			return nil, err
 		}
 		files = append(files, df)
 	}

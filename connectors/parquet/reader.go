@@ -184,6 +184,19 @@ func (r *Reader) Next() (arrow.RecordBatch, error) {
 	return nil, io.EOF
 }
 
+// FooterValue is the value of key in the file's footer metadata.
+func (r *Reader) FooterValue(key string) (string, bool) {
+	kv := r.pf.MetaData().KeyValueMetadata()
+	if kv == nil {
+		return "", false
+	}
+	v := kv.FindValue(key)
+	if v == nil {
+		return "", false
+	}
+	return *v, true
+}
+
 // Close releases the reader and closes the file.
 func (r *Reader) Close() error {
 	if r.cur != nil {

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -179,4 +181,28 @@ func (c *S3Flags) Args() []string {
 		a = append(a, "--s3-region", c.Region)
 	}
 	return a
+}
+
+// ParseBytes reads sizes such as 256MiB, 64MB, 1GiB or 1048576.
+func ParseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}}
+	mult := int64(1)
+	for _, u := range units {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSpace(strings.TrimSuffix(s, u.suffix)), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want a positive whole number with an optional unit (KiB, MiB, GiB)", s)
+	}
+	if n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q: too large", s)
+	}
+	return n * mult, nil
 }
