@@ -92,7 +92,10 @@ func splitLines(data []byte) [][]byte {
 // BenchmarkSync: a root of 10k and 100k shards synced into the SQLite
 // catalog, 1000 files a commit (files added a second, commits a second),
 // then the table opened and its scan planned, whole and for one version
-// (what a reader pays at that size). `make bench-iceberg` runs it.
+// (what a reader pays at that size); then the table compacted (its small
+// files merged per version) and planned again. At 10k, the trajectories
+// table's sync too (it reads every shard's rows, where the steps table
+// reads footers). `make bench-iceberg` runs it.
 func BenchmarkSync(b *testing.B) {
 	for _, n := range []int{10_000, 100_000} {
 		b.Run(fmt.Sprintf("files=%d", n), func(b *testing.B) {
@@ -103,39 +106,70 @@ func BenchmarkSync(b *testing.B) {
 				cat := testCatalog(b, dir, "sqlite")
 				r := newSyncer(b, cat, root, 1000)
 				b.StartTimer()
+				ctx := context.Background()
 				start := time.Now()
-				res, err := r.Sync(context.Background())
+				res, err := r.syncSteps(ctx)
 				took := time.Since(start)
 				if err != nil || res.Shards != n {
 					b.Fatalf("sync: %+v, %v", res, err)
 				}
 				b.ReportMetric(float64(n)/took.Seconds(), "files/s")
 				b.ReportMetric(float64(res.Commits)/took.Seconds(), "commits/s")
-				ctx := context.Background()
-				start = time.Now()
-				tbl, err := cat.LoadTable(ctx, r.Table())
-				if err != nil {
-					b.Fatal(err)
-				}
-				open := time.Since(start)
-				start = time.Now()
-				tasks, err := tbl.Scan().PlanFiles(ctx)
-				if err != nil || len(tasks) != n {
-					b.Fatalf("plan: %d files, %v", len(tasks), err)
-				}
-				all := time.Since(start)
-				start = time.Now()
-				pruned, err := tbl.Scan(table.WithRowFilter(iceberg.EqualTo(iceberg.Reference("group_version"), int64(1)))).PlanFiles(ctx)
-				if err != nil || len(pruned) == 0 || len(pruned) > n/2 {
-					b.Fatalf("plan of one version: %d of %d files, %v", len(pruned), n, err)
-				}
-				one := time.Since(start)
+				open, all, one := planTimes(b, cat, r, n)
 				b.ReportMetric(float64(open.Microseconds())/1e3, "open-ms")
 				b.ReportMetric(float64(all.Microseconds())/1e3, "plan-all-ms")
 				b.ReportMetric(float64(one.Microseconds())/1e3, "plan-version-ms")
+
+				start = time.Now()
+				cres, err := r.Compact(ctx, CompactConfig{MaxFiles: n})
+				took = time.Since(start)
+				if err != nil || cres.FilesRemoved != n {
+					b.Fatalf("compact: %+v, %v", cres, err)
+				}
+				b.ReportMetric(took.Seconds(), "compact-s")
+				b.ReportMetric(float64(cres.FilesAdded), "files-after")
+				_, all, one = planTimes(b, cat, r, cres.FilesAdded)
+				b.ReportMetric(float64(all.Microseconds())/1e3, "compacted-plan-all-ms")
+				b.ReportMetric(float64(one.Microseconds())/1e3, "compacted-plan-version-ms")
+
+				if n <= 10_000 {
+					start = time.Now()
+					rows, err := r.SyncTrajectories(ctx)
+					took = time.Since(start)
+					if err != nil || rows == 0 {
+						b.Fatalf("trajectories: %d rows, %v", rows, err)
+					}
+					b.ReportMetric(float64(n)/took.Seconds(), "trajectory-shards/s")
+				}
 				b.StopTimer()
 				cat.Close()
 			}
 		})
 	}
+}
+
+// planTimes opens r's steps table and plans its scan, whole (files
+// files) and for one version of three.
+func planTimes(b *testing.B, cat *Catalog, r *Syncer, files int) (open, all, one time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	start := time.Now()
+	tbl, err := cat.LoadTable(ctx, r.Table())
+	if err != nil {
+		b.Fatal(err)
+	}
+	open = time.Since(start)
+	start = time.Now()
+	tasks, err := tbl.Scan().PlanFiles(ctx)
+	if err != nil || len(tasks) != files {
+		b.Fatalf("plan: %d files, want %d, %v", len(tasks), files, err)
+	}
+	all = time.Since(start)
+	start = time.Now()
+	pruned, err := tbl.Scan(table.WithRowFilter(iceberg.EqualTo(iceberg.Reference("group_version"), int64(1)))).PlanFiles(ctx)
+	if err != nil || len(pruned) == 0 || len(pruned) > max(files/2, 1) {
+		b.Fatalf("plan of one version: %d of %d files, %v", len(pruned), files, err)
+	}
+	one = time.Since(start)
+	return open, all, one
 }
