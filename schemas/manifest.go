@@ -7,7 +7,9 @@ import "time"
 // checkpoint without a shard (Path empty) that settles dead-lettered and
 // dropped records. Paths are relative to the root, with forward slashes.
 type ShardEntry struct {
-	// Seq is the entry's place in an object-store manifest log.
+	// Seq is the place in an object-store manifest log of the record
+	// that committed the entry (a group commit's record holds several
+	// entries, in order).
 	Seq int64 `json:"seq,omitempty"`
 	// Writer is the run that appended the entry; Nonce tells a retried
 	// append that its first attempt landed.

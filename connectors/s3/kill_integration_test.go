@@ -38,6 +38,7 @@ type killChild struct {
 	Shards                   int
 	At                       int64
 	After                    bool
+	Staged                   bool // every entry group committed (Config.AlwaysStage)
 }
 
 // killer is the child's HTTP transport: it counts the manifest's
@@ -75,7 +76,7 @@ func runKillChild(spec string) error {
 	}
 	k := &killer{base: base, at: c.At, after: c.After}
 	cfg := Config{Endpoint: c.Endpoint, Bucket: c.Bucket, Prefix: c.Prefix, AccessKey: os.Getenv("AWS_ACCESS_KEY_ID"), SecretKey: os.Getenv("AWS_SECRET_ACCESS_KEY"),
-		Region: "us-east-1", SnapshotEvery: 4, SegmentSize: 4, RetryFor: 20 * time.Second, Transport: k}
+		Region: "us-east-1", SnapshotEvery: 4, SegmentSize: 4, RetryFor: 20 * time.Second, Transport: k, AlwaysStage: c.Staged}
 	ctx := context.Background()
 	s, err := Open(ctx, cfg, "w1")
 	if err != nil {
@@ -119,11 +120,18 @@ func TestIntegrationManifestKilledAtEveryStep(t *testing.T) {
 		}
 		return
 	}
+	t.Run("direct", func(t *testing.T) { manifestKilledAtEveryStep(t, 12, false) })
+	// Group commit: each entry staged, sealed and its staged object
+	// deleted (three more steps a shard); the next writer's claim seals
+	// what the dead one staged.
+	t.Run("staged", func(t *testing.T) { manifestKilledAtEveryStep(t, 6, true) })
+}
+
+func manifestKilledAtEveryStep(t *testing.T, shards int, staged bool) {
 	base := testConfig(t)
-	const shards = 12
 	run := func(at int64, after bool, prefix string) (acked []int, steps int64, killed bool) {
 		t.Helper()
-		spec, _ := json.Marshal(killChild{Endpoint: base.Endpoint, Bucket: base.Bucket, Prefix: prefix, Shards: shards, At: at, After: after})
+		spec, _ := json.Marshal(killChild{Endpoint: base.Endpoint, Bucket: base.Bucket, Prefix: prefix, Shards: shards, At: at, After: after, Staged: staged})
 		lines, killed := storetest.Reenter(t, "TestIntegrationManifestKilledAtEveryStep", killChildEnv, string(spec))
 		for _, line := range lines {
 			if v, ok := strings.CutPrefix(line, "steps "); ok {
@@ -135,7 +143,7 @@ func TestIntegrationManifestKilledAtEveryStep(t *testing.T) {
 	whole := base
 	whole.Prefix += "/whole"
 	acked, steps, killed := run(0, false, whole.Prefix)
-	if killed || len(acked) != shards || steps < 3*shards/2 {
+	if killed || len(acked) != shards || steps < int64(3*shards/2) {
 		t.Fatalf("the run without a kill: acked %d of %d shards in %d manifest steps (killed %v)", len(acked), shards, steps, killed)
 	}
 	t.Logf("a writer of %d shards makes %d manifest requests; killing it before and after each", shards, steps)
@@ -181,7 +189,20 @@ func checkAfterKill(t *testing.T, cfg Config, step string, acked []int, shards i
 		}
 		return out
 	}
+	before := listed()
+	// The next writer claims: its claim seals what the dead one staged
+	// (group commit), which is then listed too.
+	w, err := Open(ctx, cfg, "w2")
+	if err != nil {
+		t.Fatalf("%s: open the next writer: %v", step, err)
+	}
+	if err := w.Claim(ctx, []string{"f"}, 0); err != nil {
+		t.Fatalf("%s: claim: %v", step, err)
+	}
 	got := listed()
+	if len(got) < len(before) || !slices.Equal(got[:len(before)], before) {
+		t.Fatalf("%s: the manifest listed %v, and after a claim %v", step, before, got)
+	}
 	// In commit order, each once, every acknowledged one, and nothing
 	// past the shard being committed when the writer died.
 	for j := 1; j < len(got); j++ {
@@ -195,13 +216,6 @@ func checkAfterKill(t *testing.T, cfg Config, step string, acked []int, shards i
 	// The next writer resumes: the settled positions are exactly the
 	// listed shards, and it commits the rest, then more (at least one
 	// snapshot of its own).
-	w, err := Open(ctx, cfg, "w2")
-	if err != nil {
-		t.Fatalf("%s: open the next writer: %v", step, err)
-	}
-	if err := w.Claim(ctx, []string{"f"}, 0); err != nil {
-		t.Fatalf("%s: claim: %v", step, err)
-	}
 	settled := w.Settled()["f"]
 	const more = 8
 	for i := 1; i <= shards+more; i++ {

@@ -112,6 +112,10 @@ type Config struct {
 	// RetryFor bounds how long one operation is retried through an
 	// outage before it fails (0: DefaultRetryFor).
 	RetryFor time.Duration
+	// AlwaysStage group commits every shard entry (group.go), as after a
+	// lost race, instead of appending it first: for tests of the staged
+	// path and its benchmarks.
+	AlwaysStage bool
 	// Transport carries the client's HTTP requests (nil: minio-go's
 	// default), e.g. through a proxy; a test can stop the process at a
 	// chosen request with it.
@@ -215,6 +219,15 @@ type Store struct {
 	touched map[string]bool
 	dlqSeq  atomic.Int64 // numbers this writer's dead-letter objects
 	dl      *DeadLetters
+
+	// Group commit (group.go): the staged entries' folder, the staged
+	// entries read (by name), this writer's staged entries a record
+	// rejected (by path), and how many more appends stage at once after
+	// one lost its race.
+	staged      *Objects
+	stagedCache map[string]schemas.ShardEntry
+	rejected    map[string]rejectedEntry
+	contended   int
 }
 
 var _ store.Store = (*Store)(nil)
@@ -266,6 +279,8 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 		s.segSize = SegmentSize
 	}
 	s.manifest = &Objects{s: s, dir: store.ManifestDir}
+	s.staged = &Objects{s: s, dir: stagedDir}
+	s.stagedCache, s.rejected = map[string]schemas.ShardEntry{}, map[string]rejectedEntry{}
 	s.journal = store.NewJournal(s.manifest)
 	var ok bool
 	if err := cfg.retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
@@ -316,13 +331,11 @@ func (s *Store) refresh(ctx context.Context) error {
 		if data == nil {
 			return nil
 		}
-		var e schemas.ShardEntry
-		if err := json.Unmarshal(data, &e); err != nil {
+		entries, rejected, err := decodeRecord(data)
+		if err != nil {
 			return fmt.Errorf("s3: manifest entry %d: %w", s.next, err)
 		}
-		e.Seq = s.next
-		s.log.Apply(e)
-		s.next++
+		s.applyRecord(entries, rejected)
 	}
 }
 
@@ -529,6 +542,13 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: %s", ErrFenced, st)
 		}
+		if stageable(e) && (s.contended > 0 || s.cfg.AlwaysStage) {
+			// Appends of this store lost their races lately: stage at
+			// once rather than lose another.
+			s.contended = max(s.contended-1, 0)
+			s.mu.Unlock()
+			return s.appendStaged(ctx, e)
+		}
 		e.Seq = s.next
 		data, err := json.Marshal(e)
 		s.mu.Unlock()
@@ -539,26 +559,11 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 		switch {
 		case err == nil:
 			s.mu.Lock()
-			var (
-				snap    []byte
-				segs    []store.Segment
-				snapped *store.Log
-			)
 			if e.Seq == s.next {
-				s.log.Apply(e)
-				s.next++
-				if e.Seq > 0 && e.Seq%s.snapEvery == 0 {
-					snapped = s.log
-					snap, segs, err = s.log.Snapshot(s.next, s.segSize)
-				}
+				s.applyRecord([]schemas.ShardEntry{e}, nil)
 			}
 			s.mu.Unlock()
-			if err == nil && snap != nil {
-				err = s.snapshot(ctx, e.Seq, snap, segs, snapped)
-			}
-			if err != nil {
-				slog.Warn("s3: manifest snapshot", "err", err) // costs readers time only
-			}
+			s.maybeSnapshot(ctx, e.Seq)
 			return nil
 		case errors.Is(err, store.ErrStale):
 			// Behind a compaction: reload. A shard or dead-letter entry
@@ -579,6 +584,13 @@ func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 			}
 			if s.isOurs(ctx, e.Seq, e.Nonce) {
 				return nil // an earlier attempt landed; its answer was lost
+			}
+			if stageable(e) {
+				// Lost a race: other writers are appending; group commit.
+				s.mu.Lock()
+				s.contended = stageAfterLoss
+				s.mu.Unlock()
+				return s.appendStaged(ctx, e)
 			}
 		default:
 			return err
@@ -607,16 +619,21 @@ func (s *Store) snapshot(ctx context.Context, seq int64, snap []byte, segs []sto
 	return nil
 }
 
-// isOurs reports whether log entry seq carries nonce, loading the log's
-// sealed segments (bounded by ctx) if the entry is in none it holds.
+// stageAfterLoss is how many appends stage at once after one lost its
+// race (then one tries the log directly again).
+const stageAfterLoss = 16
+
+// isOurs reports whether log record seq holds an entry carrying nonce,
+// loading the log's sealed segments (bounded by ctx) if the record is in
+// none it holds.
 func (s *Store) isOurs(ctx context.Context, seq int64, nonce string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.log.Last(seq)
+	ok := s.log.HasNonce(seq, nonce)
 	if !ok && !s.log.Loaded() && s.loaded(ctx) == nil {
-		e, ok = s.log.Last(seq)
+		ok = s.log.HasNonce(seq, nonce)
 	}
-	return ok && e.Nonce == nonce
+	return ok
 }
 
 // Claim appends a claim of streams for this writer in a Kafka generation
@@ -636,6 +653,9 @@ func (s *Store) isOurs(ctx context.Context, seq int64, nonce string) bool {
 func (s *Store) Claim(ctx context.Context, streams []string, generation int64) error {
 	if len(streams) == 0 {
 		streams = []string{store.WriterStream(s.writer)}
+	}
+	if err := s.sealStaged(ctx); err != nil {
+		return err
 	}
 	if err := s.Append(ctx, schemas.ShardEntry{Claims: streams, Generation: generation, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}); err != nil {
 		return err
@@ -780,6 +800,10 @@ func (s *Store) removeUnlisted(ctx context.Context, prefixes []string, doomed fu
 	if err != nil {
 		return nil, fmt.Errorf("s3: list: %w", err)
 	}
+	staged, err := s.stagedPaths(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if err := s.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -794,8 +818,8 @@ func (s *Store) removeUnlisted(ctx context.Context, prefixes []string, doomed fu
 			w = dlqWriter(rel)
 		}
 		// Only what the store created: named after a writer the log knows.
-		if w == "" || !s.log.Known(w) || !doomed(w, live) {
-			continue
+		if w == "" || !s.log.Known(w) || !doomed(w, live) || staged[rel] {
+			continue // not the store's, or live, or staged (group.go)
 		}
 		if !s.log.Listed(rel) {
 			// A candidate: whether an old entry lists it is in the

@@ -159,6 +159,45 @@ func (l *Log) Last(seq int64) (schemas.ShardEntry, bool) {
 	return schemas.ShardEntry{}, false
 }
 
+// SettledAll reports whether every position s names is settled (false
+// for none).
+func (l *Log) SettledAll(s schemas.Settled) bool {
+	if len(s) == 0 {
+		return false
+	}
+	for stream, rs := range s {
+		for _, r := range rs {
+			if !l.settled[stream].ContainsRange(r[0], r[1]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// SettledAny reports whether a position s names is settled.
+func (l *Log) SettledAny(s schemas.Settled) bool {
+	for stream, rs := range s {
+		for _, r := range rs {
+			if l.settled[stream].Overlaps(r[0], r[1]) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// HasNonce reports whether an entry of record seq carries nonce (a
+// group commit's record holds several entries).
+func (l *Log) HasNonce(seq int64, nonce string) bool {
+	for i := len(l.entries) - 1; i >= 0 && l.entries[i].Seq >= seq; i-- {
+		if l.entries[i].Seq == seq && l.entries[i].Nonce == nonce {
+			return true
+		}
+	}
+	return false
+}
+
 // Settled returns the union of the positions settled by every entry (a
 // copy).
 func (l *Log) Settled() schemas.Settled { return CloneSettled(l.settled) }

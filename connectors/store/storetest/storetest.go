@@ -287,7 +287,7 @@ func testWritersAppendTogether(t *testing.T, b Backend) {
 			t.Fatalf("%s listed twice", e.Path)
 		}
 		paths[e.Path] = true
-		if i > 0 && e.Seq <= es[i-1].Seq {
+		if i > 0 && e.Seq < es[i-1].Seq { // a group commit's record holds several
 			t.Fatalf("entries out of order: seq %d after %d", e.Seq, es[i-1].Seq)
 		}
 	}
@@ -391,7 +391,7 @@ func testEntriesFrom(t *testing.T, b Backend) {
 		if e.Path != entries[i].Path || e.Rows != entries[i].Rows {
 			t.Fatalf("EntriesFrom(0)[%d] = %s, Entries has %s", i, e.Path, entries[i].Path)
 		}
-		if i > 0 && e.Seq <= all[i-1].Seq {
+		if i > 0 && e.Seq < all[i-1].Seq { // a group commit's record holds several
 			t.Fatalf("entry %d has seq %d after %d: not the manifest's places", i, e.Seq, all[i-1].Seq)
 		}
 		if e.Path != "" {
@@ -490,7 +490,7 @@ func testAppendsAreLinear(t *testing.T, b Backend) {
 		t.Fatalf("writer's Settled has %d positions, want %d", got, n)
 	}
 	for i := 1; i < len(es); i++ {
-		if es[i].Seq <= es[i-1].Seq {
+		if es[i].Seq < es[i-1].Seq { // a group commit's record holds several
 			t.Fatalf("entries out of order: seq %d after %d", es[i].Seq, es[i-1].Seq)
 		}
 	}
