@@ -1,9 +1,7 @@
 package s3
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -23,32 +21,36 @@ func commitShard(ctx context.Context, s *Store, rel, stream string, pos int64) e
 	return p.Commit(ctx, schemas.ShardEntry{Rows: 1, Settled: schemas.Settled{stream: {{pos, pos}}}})
 }
 
-// TestIntegrationGroupCommit: writers that stage every entry at once
-// commit each shard exactly once, in records that hold several entries
-// (the group commit happened), and leave no staged object behind.
+// TestIntegrationGroupCommit: stores whose lanes commit at once (four
+// stores of eight lanes, racing each other too) commit each shard
+// exactly once, in records that hold several entries.
 func TestIntegrationGroupCommit(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.AlwaysStage = true
 	ctx := context.Background()
-	const writers, each = 8, 10
+	const stores, lanes, each = 4, 8, 6
 	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := range writers {
+	errs := make(chan error, stores*lanes)
+	for w := range stores {
 		s := open(t, cfg, fmt.Sprintf("w%d", w))
-		stream := fmt.Sprintf("s/%d", w)
-		if err := s.Claim(ctx, []string{stream}, 0); err != nil {
+		var streams []string
+		for l := range lanes {
+			streams = append(streams, fmt.Sprintf("s/%d/%d", w, l))
+		}
+		if err := s.Claim(ctx, streams, 0); err != nil {
 			t.Fatal(err)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range each {
-				if err := commitShard(ctx, s, fmt.Sprintf("policy=0/part-w%d-%06d.parquet", w, i), stream, int64(i)); err != nil {
-					errs <- err
-					return
+		for l, stream := range streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range each {
+					if err := commitShard(ctx, s, fmt.Sprintf("policy=0/part-w%d-%03d%03d.parquet", w, l, i), stream, int64(i)); err != nil {
+						errs <- err
+						return
+					}
 				}
-			}
-		}()
+			}()
+		}
 	}
 	wg.Wait()
 	close(errs)
@@ -72,67 +74,60 @@ func TestIntegrationGroupCommit(t *testing.T) {
 	for _, n := range perRecord {
 		most = max(most, n)
 	}
-	if len(seen) != writers*each || most < 2 {
-		t.Fatalf("%d shards listed (want %d), at most %d in one record (want a group commit)", len(seen), writers*each, most)
+	if len(seen) != stores*lanes*each || most < 2 {
+		t.Fatalf("%d shards listed (want %d), at most %d in one record (want a group commit)", len(seen), stores*lanes*each, most)
 	}
-	if left, err := r.staged.List(ctx, ""); err != nil || len(left) != 0 {
-		t.Fatalf("staged objects left: %v (%v)", left, err)
-	}
-	t.Logf("%d shards in %d records", len(es), len(perRecord))
+	t.Logf("%d shards in %d records (at most %d in one)", len(es), len(perRecord), most)
 }
 
-// TestIntegrationStagedEntryIsFenced: a zombie whose stream was claimed
-// by another writer stages an entry: the sealer rejects it, the zombie's
-// commit fails with ErrFenced, and the manifest never lists its shard.
-// An entry its owner staged before losing the stream is sealed by the
-// new owner's claim, before the claim.
-func TestIntegrationStagedEntryIsFenced(t *testing.T) {
+// TestIntegrationGroupCommitFencesOneEntry: of the appends queued
+// together, one settling a stream another writer has claimed fails with
+// ErrFenced; the others land.
+func TestIntegrationGroupCommitFencesOneEntry(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.AlwaysStage = true
 	ctx := context.Background()
 	a := open(t, cfg, "a")
-	if err := a.Claim(ctx, []string{"s"}, 1); err != nil {
+	if err := a.Claim(ctx, []string{"mine", "lost"}, 1); err != nil {
 		t.Fatal(err)
-	}
-	// a stages an entry and dies before sealing it.
-	early := schemas.ShardEntry{Path: "policy=0/part-a-000001.parquet", Writer: "a", Nonce: "n1", Rows: 1, Settled: schemas.Settled{"s": {{1, 1}}}}
-	if err := a.putIfAbsent(ctx, a.key(early.Path), bytes.NewReader([]byte("x")), 1, ""); err != nil {
-		t.Fatal(err)
-	}
-	data, _ := json.Marshal(early)
-	if err := a.staged.Create(ctx, stagedName(early.Path), data); err != nil {
-		t.Fatal(err)
-	}
-	// Its own sweep leaves the staged shard alone.
-	a.touched["policy=0"] = true
-	if removed, err := a.RemoveOwnOrphans(ctx); err != nil || len(removed) != 0 {
-		t.Fatalf("a's sweep removed %v (%v): a staged shard is not an orphan", removed, err)
 	}
 	b := open(t, cfg, "b")
-	if err := b.Claim(ctx, []string{"s"}, 2); err != nil {
+	if err := b.Claim(ctx, []string{"lost"}, 2); err != nil {
 		t.Fatal(err)
 	}
-	if !b.Settled()["s"].Contains(1) {
-		t.Fatal("b's claim did not seal the entry a staged before it")
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
 	}
-	// a, not knowing it lost the stream, commits again: fenced.
-	err := commitShard(ctx, a, "policy=0/part-a-000002.parquet", "s", 2)
-	if !errors.Is(err, ErrFenced) {
-		t.Fatalf("the zombie's staged commit: %v, want ErrFenced", err)
+	// Queue several appends at once; one of them settles "lost".
+	var wg sync.WaitGroup
+	results := make([]error, 6)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			stream := "mine"
+			if i == 3 {
+				stream = "lost"
+			}
+			results[i] = commitShard(ctx, a, fmt.Sprintf("policy=0/part-a-%06d.parquet", i), stream, int64(i))
+		}()
+	}
+	wg.Wait()
+	for i, err := range results {
+		if (i == 3) != errors.Is(err, ErrFenced) || (i != 3 && err != nil) {
+			t.Errorf("append %d: %v", i, err)
+		}
 	}
 	es, err := b.Committed(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	listed := map[string]bool{}
 	for _, e := range es {
-		if e.Path == "policy=0/part-a-000002.parquet" {
-			t.Fatal("the manifest lists the fenced shard")
+		listed[e.Path] = true
+	}
+	for i := range results {
+		if listed[fmt.Sprintf("policy=0/part-a-%06d.parquet", i)] != (i != 3) {
+			t.Errorf("shard %d listed %v", i, !(i != 3))
 		}
-	}
-	if err := b.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if b.Settled()["s"].Contains(2) {
-		t.Fatal("the fenced entry's position is settled")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store/storetest"
@@ -38,7 +39,7 @@ type killChild struct {
 	Shards                   int
 	At                       int64
 	After                    bool
-	Staged                   bool // every entry group committed (Config.AlwaysStage)
+	Pairs                    bool // shards committed two at once (group commit)
 }
 
 // killer is the child's HTTP transport: it counts the manifest's
@@ -65,6 +66,14 @@ func (k *killer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// linger makes the two shards of a pair share a record.
+func linger(pairs bool) time.Duration {
+	if pairs {
+		return 100 * time.Millisecond
+	}
+	return 0
+}
+
 func runKillChild(spec string) error {
 	var c killChild
 	if err := json.Unmarshal([]byte(spec), &c); err != nil {
@@ -76,7 +85,7 @@ func runKillChild(spec string) error {
 	}
 	k := &killer{base: base, at: c.At, after: c.After}
 	cfg := Config{Endpoint: c.Endpoint, Bucket: c.Bucket, Prefix: c.Prefix, AccessKey: os.Getenv("AWS_ACCESS_KEY_ID"), SecretKey: os.Getenv("AWS_SECRET_ACCESS_KEY"),
-		Region: "us-east-1", SnapshotEvery: 4, SegmentSize: 4, RetryFor: 20 * time.Second, Transport: k, AlwaysStage: c.Staged}
+		Region: "us-east-1", SnapshotEvery: 4, SegmentSize: 4, RetryFor: 20 * time.Second, Transport: k, Linger: linger(c.Pairs)}
 	ctx := context.Background()
 	s, err := Open(ctx, cfg, "w1")
 	if err != nil {
@@ -86,17 +95,30 @@ func runKillChild(spec string) error {
 		return err
 	}
 	out := bufio.NewWriter(os.Stdout)
-	for i := 1; i <= c.Shards; i++ {
+	commit := func(i int) error {
 		rel := fmt.Sprintf("policy=0/part-w1-%06d.parquet", i)
 		p, err := s.Create(ctx, rel)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(p, "shard %d", i)
-		if err := p.Commit(ctx, schemas.ShardEntry{Rows: 1, Settled: schemas.Settled{"f": {{int64(i), int64(i)}}}}); err != nil {
+		return p.Commit(ctx, schemas.ShardEntry{Rows: 1, Settled: schemas.Settled{"f": {{int64(i), int64(i)}}}})
+	}
+	step := 1
+	if c.Pairs {
+		step = 2
+	}
+	for i := 1; i <= c.Shards; i += step {
+		var g errgroup.Group
+		for j := i; j < i+step && j <= c.Shards; j++ {
+			g.Go(func() error { return commit(j) })
+		}
+		if err := g.Wait(); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "acked %d\n", i) // only after Commit returned
+		for j := i; j < i+step && j <= c.Shards; j++ {
+			fmt.Fprintf(out, "acked %d\n", j) // only after Commit returned
+		}
 		out.Flush()
 	}
 	fmt.Fprintf(out, "steps %d\n", k.n.Load())
@@ -121,17 +143,15 @@ func TestIntegrationManifestKilledAtEveryStep(t *testing.T) {
 		return
 	}
 	t.Run("direct", func(t *testing.T) { manifestKilledAtEveryStep(t, 12, false) })
-	// Group commit: each entry staged, sealed and its staged object
-	// deleted (three more steps a shard); the next writer's claim seals
-	// what the dead one staged.
-	t.Run("staged", func(t *testing.T) { manifestKilledAtEveryStep(t, 6, true) })
+	// Group commit: two shards committed at once share a record.
+	t.Run("pairs", func(t *testing.T) { manifestKilledAtEveryStep(t, 12, true) })
 }
 
-func manifestKilledAtEveryStep(t *testing.T, shards int, staged bool) {
+func manifestKilledAtEveryStep(t *testing.T, shards int, pairs bool) {
 	base := testConfig(t)
 	run := func(at int64, after bool, prefix string) (acked []int, steps int64, killed bool) {
 		t.Helper()
-		spec, _ := json.Marshal(killChild{Endpoint: base.Endpoint, Bucket: base.Bucket, Prefix: prefix, Shards: shards, At: at, After: after, Staged: staged})
+		spec, _ := json.Marshal(killChild{Endpoint: base.Endpoint, Bucket: base.Bucket, Prefix: prefix, Shards: shards, At: at, After: after, Pairs: pairs})
 		lines, killed := storetest.Reenter(t, "TestIntegrationManifestKilledAtEveryStep", killChildEnv, string(spec))
 		for _, line := range lines {
 			if v, ok := strings.CutPrefix(line, "steps "); ok {
@@ -143,7 +163,11 @@ func manifestKilledAtEveryStep(t *testing.T, shards int, staged bool) {
 	whole := base
 	whole.Prefix += "/whole"
 	acked, steps, killed := run(0, false, whole.Prefix)
-	if killed || len(acked) != shards || steps < int64(3*shards/2) {
+	least := int64(3 * shards / 2) // a record and, every 4, a segment and a snapshot
+	if pairs {
+		least = int64(shards / 2) // a record a pair
+	}
+	if killed || len(acked) != shards || steps < least {
 		t.Fatalf("the run without a kill: acked %d of %d shards in %d manifest steps (killed %v)", len(acked), shards, steps, killed)
 	}
 	t.Logf("a writer of %d shards makes %d manifest requests; killing it before and after each", shards, steps)
@@ -155,14 +179,18 @@ func manifestKilledAtEveryStep(t *testing.T, shards int, staged bool) {
 			if !killed {
 				t.Fatalf("step %d (after %v): the writer was not killed", at, after)
 			}
-			checkAfterKill(t, cfg, fmt.Sprintf("step %d (after %v)", at, after), acked, shards)
+			inFlight := 1
+			if pairs {
+				inFlight = 2
+			}
+			checkAfterKill(t, cfg, fmt.Sprintf("step %d (after %v)", at, after), acked, shards, inFlight)
 		}
 	}
 }
 
 // checkAfterKill checks the manifest a killed writer left, resumes it
 // with a second writer, and checks the result.
-func checkAfterKill(t *testing.T, cfg Config, step string, acked []int, shards int) {
+func checkAfterKill(t *testing.T, cfg Config, step string, acked []int, shards, inFlight int) {
 	t.Helper()
 	ctx := context.Background()
 	cfg.SnapshotEvery, cfg.SegmentSize = 4, 4
@@ -189,9 +217,26 @@ func checkAfterKill(t *testing.T, cfg Config, step string, acked []int, shards i
 		}
 		return out
 	}
-	before := listed()
-	// The next writer claims: its claim seals what the dead one staged
-	// (group commit), which is then listed too.
+	got := listed()
+	// Each once, in commit order (shards committed at once in either
+	// order), every acknowledged one, and nothing past the shards being
+	// committed when the writer died.
+	inOrder := slices.Clone(got)
+	for j := 0; j+inFlight <= len(inOrder); j += inFlight {
+		slices.Sort(inOrder[j : j+inFlight])
+	}
+	for j := 1; j < len(inOrder); j++ {
+		if inOrder[j] <= inOrder[j-1] {
+			t.Fatalf("%s: the manifest lists %v: not each shard once in commit order", step, got)
+		}
+	}
+	sorted := slices.Sorted(slices.Values(got))
+	if len(got) < len(acked) || len(got) > len(acked)+inFlight || !slices.Equal(sorted[:len(acked)], acked) {
+		t.Fatalf("%s: acknowledged %v, the manifest lists %v", step, acked, got)
+	}
+	// The next writer resumes: the settled positions are exactly the
+	// listed shards, and it commits the rest, then more (at least one
+	// snapshot of its own).
 	w, err := Open(ctx, cfg, "w2")
 	if err != nil {
 		t.Fatalf("%s: open the next writer: %v", step, err)
@@ -199,23 +244,6 @@ func checkAfterKill(t *testing.T, cfg Config, step string, acked []int, shards i
 	if err := w.Claim(ctx, []string{"f"}, 0); err != nil {
 		t.Fatalf("%s: claim: %v", step, err)
 	}
-	got := listed()
-	if len(got) < len(before) || !slices.Equal(got[:len(before)], before) {
-		t.Fatalf("%s: the manifest listed %v, and after a claim %v", step, before, got)
-	}
-	// In commit order, each once, every acknowledged one, and nothing
-	// past the shard being committed when the writer died.
-	for j := 1; j < len(got); j++ {
-		if got[j] <= got[j-1] {
-			t.Fatalf("%s: the manifest lists %v: not each shard once in commit order", step, got)
-		}
-	}
-	if len(got) < len(acked) || len(got) > len(acked)+1 || !slices.Equal(got[:len(acked)], acked) {
-		t.Fatalf("%s: acknowledged %v, the manifest lists %v", step, acked, got)
-	}
-	// The next writer resumes: the settled positions are exactly the
-	// listed shards, and it commits the rest, then more (at least one
-	// snapshot of its own).
 	settled := w.Settled()["f"]
 	const more = 8
 	for i := 1; i <= shards+more; i++ {

@@ -21,9 +21,7 @@ type listings struct {
 }
 
 func (l *listings) RoundTrip(r *http.Request) (*http.Response, error) {
-	// The staged entries' folder holds only the entries in flight (group
-	// commit): a claim lists it to seal them, whatever the run's length.
-	if q := r.URL.Query(); r.Method == http.MethodGet && q.Has("list-type") && !strings.HasSuffix(q.Get("prefix"), stagedDir+"/") {
+	if q := r.URL.Query(); r.Method == http.MethodGet && q.Has("list-type") {
 		l.mu.Lock()
 		l.prefixes = append(l.prefixes, q.Get("prefix"))
 		l.mu.Unlock()

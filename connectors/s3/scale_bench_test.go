@@ -51,11 +51,34 @@ func scaleFor() time.Duration {
 // Run with -benchtime 1x -count 3: each run commits for scaleFor per case,
 // and the cases alternate between backends and writer counts.
 func BenchmarkIntegrationManifestCommits(b *testing.B) {
-	for _, writers := range []int{1, 4, 16} {
-		for _, backend := range []string{"local", "s3"} {
+	for _, writers := range []int{1, 4, 16, 64} {
+		for _, backend := range []string{"local", "s3", "s3-lanes", "raw"} {
 			b.Run(fmt.Sprintf("%s/writers=%d", backend, writers), func(b *testing.B) {
+				if backend == "raw" {
+					// MinIO's own ceiling in the same run: N uploaders of
+					// 64 KiB create-only PUTs of fresh keys, no manifest.
+					s, err := Open(context.Background(), testConfig(b), "raw")
+					if err != nil {
+						b.Fatal(err)
+					}
+					for b.Loop() {
+						n, elapsed := putFor(b, s, writers, scaleFor())
+						b.ReportMetric(float64(n)/elapsed.Seconds(), "puts/s")
+					}
+					return
+				}
 				var stores []store.Store
-				if backend == "s3" {
+				if backend == "s3-lanes" {
+					// N lanes of one ingest worker: one Store, its
+					// appends made at once share records (group commit).
+					s, err := Open(context.Background(), testConfig(b), "w00")
+					if err != nil {
+						b.Fatal(err)
+					}
+					for range writers {
+						stores = append(stores, s)
+					}
+				} else if backend == "s3" {
 					cfg := testConfig(b)
 					for w := range writers {
 						s, err := Open(context.Background(), cfg, fmt.Sprintf("w%02d", w))
@@ -144,6 +167,45 @@ func commitFor(b *testing.B, stores []store.Store, d time.Duration) ([]time.Dura
 		}
 	}
 	return lat, elapsed
+}
+
+// putFor has n goroutines upload 64 KiB objects under fresh keys
+// through s for d, and returns the uploads made and the time taken.
+func putFor(b *testing.B, s *Store, n int, d time.Duration) (int64, time.Duration) {
+	b.Helper()
+	ctx := context.Background()
+	body := bytes.Repeat([]byte("PAR1"), 16<<10)
+	var total int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	begin := time.Now()
+	deadline := begin.Add(d)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine int64
+			for i := 0; time.Now().Before(deadline); i++ {
+				key := s.key(fmt.Sprintf("raw/%s-%d-%d", scaleID(), w, i))
+				if err := s.putIfAbsent(ctx, key, bytes.NewReader(body), int64(len(body)), ""); err != nil {
+					errs[w] = err
+					return
+				}
+				mine++
+			}
+			mu.Lock()
+			total += mine
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	return total, time.Since(begin)
 }
 
 // checkManifest checks that every commit landed once: each writer's

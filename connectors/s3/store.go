@@ -61,7 +61,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -112,10 +111,10 @@ type Config struct {
 	// RetryFor bounds how long one operation is retried through an
 	// outage before it fails (0: DefaultRetryFor).
 	RetryFor time.Duration
-	// AlwaysStage group commits every shard entry (group.go), as after a
-	// lost race, instead of appending it first: for tests of the staged
-	// path and its benchmarks.
-	AlwaysStage bool
+	// Linger is how long the append that makes a record waits for more
+	// appends through the same Store to join it (group commit; 0: none,
+	// a record takes what is queued when it starts).
+	Linger time.Duration
 	// Transport carries the client's HTTP requests (nil: minio-go's
 	// default), e.g. through a proxy; a test can stop the process at a
 	// chosen request with it.
@@ -220,14 +219,11 @@ type Store struct {
 	dlqSeq  atomic.Int64 // numbers this writer's dead-letter objects
 	dl      *DeadLetters
 
-	// Group commit (group.go): the staged entries' folder, the staged
-	// entries read (by name), this writer's staged entries a record
-	// rejected (by path), and how many more appends stage at once after
-	// one lost its race.
-	staged      *Objects
-	stagedCache map[string]schemas.ShardEntry
-	rejected    map[string]rejectedEntry
-	contended   int
+	// queue holds the appends waiting for a record (group.go), and
+	// appending says that one of them is making it.
+	qmu       sync.Mutex
+	queue     []*appendReq
+	appending bool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -279,8 +275,6 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 		s.segSize = SegmentSize
 	}
 	s.manifest = &Objects{s: s, dir: store.ManifestDir}
-	s.staged = &Objects{s: s, dir: stagedDir}
-	s.stagedCache, s.rejected = map[string]schemas.ShardEntry{}, map[string]rejectedEntry{}
 	s.journal = store.NewJournal(s.manifest)
 	var ok bool
 	if err := cfg.retry(ctx, func(int) (err error) { ok, err = cli.BucketExists(ctx, cfg.Bucket); return err }); err != nil {
@@ -331,11 +325,11 @@ func (s *Store) refresh(ctx context.Context) error {
 		if data == nil {
 			return nil
 		}
-		entries, rejected, err := decodeRecord(data)
+		entries, err := decodeRecord(data)
 		if err != nil {
 			return fmt.Errorf("s3: manifest entry %d: %w", s.next, err)
 		}
-		s.applyRecord(entries, rejected)
+		s.applyRecord(entries)
 	}
 }
 
@@ -528,74 +522,14 @@ var errMaybeOurs = fmt.Errorf("%w (after a retry)", errExists)
 // Append adds e to the log (a create-only PUT of the next number, retried
 // after re-reading the log when another writer got there first). It fails
 // with ErrFenced if a stream e settles was claimed by another writer.
+// Appends made at once through one Store share a record (group commit,
+// group.go).
 func (s *Store) Append(ctx context.Context, e schemas.ShardEntry) error {
 	e.Writer = s.writer
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	e.Nonce = hex.EncodeToString(nb[:])
-	for attempt := 0; ; attempt++ {
-		if attempt > 1000 {
-			return fmt.Errorf("s3: manifest append: too much contention")
-		}
-		s.mu.Lock()
-		if st := s.log.Fenced(&e, s.writer); st != "" {
-			s.mu.Unlock()
-			return fmt.Errorf("%w: %s", ErrFenced, st)
-		}
-		if stageable(e) && (s.contended > 0 || s.cfg.AlwaysStage) {
-			// Appends of this store lost their races lately: stage at
-			// once rather than lose another.
-			s.contended = max(s.contended-1, 0)
-			s.mu.Unlock()
-			return s.appendStaged(ctx, e)
-		}
-		e.Seq = s.next
-		data, err := json.Marshal(e)
-		s.mu.Unlock()
-		if err != nil {
-			return fmt.Errorf("s3: encode manifest entry: %w", err)
-		}
-		err = s.journal.Append(ctx, e.Seq, data)
-		switch {
-		case err == nil:
-			s.mu.Lock()
-			if e.Seq == s.next {
-				s.applyRecord([]schemas.ShardEntry{e}, nil)
-			}
-			s.mu.Unlock()
-			s.maybeSnapshot(ctx, e.Seq)
-			return nil
-		case errors.Is(err, store.ErrStale):
-			// Behind a compaction: reload. A shard or dead-letter entry
-			// that landed in time is in the snapshot.
-			s.mu.Lock()
-			err := s.reload(ctx)
-			if err == nil {
-				err = s.loaded(ctx) // the entry may have been sealed since
-			}
-			landed := (e.Path != "" && s.log.Listed(e.Path)) || (e.DeadLetters != nil && s.log.Listed(e.DeadLetters.File))
-			s.mu.Unlock()
-			if err != nil || landed {
-				return err
-			}
-		case errors.Is(err, fs.ErrExist):
-			if err := s.refresh(ctx); err != nil {
-				return err
-			}
-			if s.isOurs(ctx, e.Seq, e.Nonce) {
-				return nil // an earlier attempt landed; its answer was lost
-			}
-			if stageable(e) {
-				// Lost a race: other writers are appending; group commit.
-				s.mu.Lock()
-				s.contended = stageAfterLoss
-				s.mu.Unlock()
-				return s.appendStaged(ctx, e)
-			}
-		default:
-			return err
-		}
-	}
+	return s.enqueue(ctx, e)
 }
 
 // snapshot stores the snapshot after entry seq of log l: the segments it
@@ -618,10 +552,6 @@ func (s *Store) snapshot(ctx context.Context, seq int64, snap []byte, segs []sto
 	s.mu.Unlock()
 	return nil
 }
-
-// stageAfterLoss is how many appends stage at once after one lost its
-// race (then one tries the log directly again).
-const stageAfterLoss = 16
 
 // isOurs reports whether log record seq holds an entry carrying nonce,
 // loading the log's sealed segments (bounded by ctx) if the record is in
@@ -653,9 +583,6 @@ func (s *Store) isOurs(ctx context.Context, seq int64, nonce string) bool {
 func (s *Store) Claim(ctx context.Context, streams []string, generation int64) error {
 	if len(streams) == 0 {
 		streams = []string{store.WriterStream(s.writer)}
-	}
-	if err := s.sealStaged(ctx); err != nil {
-		return err
 	}
 	if err := s.Append(ctx, schemas.ShardEntry{Claims: streams, Generation: generation, SchemaVersion: schemas.SchemaVersion, CommittedAt: time.Now().UTC()}); err != nil {
 		return err
@@ -800,10 +727,6 @@ func (s *Store) removeUnlisted(ctx context.Context, prefixes []string, doomed fu
 	if err != nil {
 		return nil, fmt.Errorf("s3: list: %w", err)
 	}
-	staged, err := s.stagedPaths(ctx)
-	if err != nil {
-		return nil, err
-	}
 	if err := s.refresh(ctx); err != nil {
 		return nil, err
 	}
@@ -818,8 +741,8 @@ func (s *Store) removeUnlisted(ctx context.Context, prefixes []string, doomed fu
 			w = dlqWriter(rel)
 		}
 		// Only what the store created: named after a writer the log knows.
-		if w == "" || !s.log.Known(w) || !doomed(w, live) || staged[rel] {
-			continue // not the store's, or live, or staged (group.go)
+		if w == "" || !s.log.Known(w) || !doomed(w, live) {
+			continue
 		}
 		if !s.log.Listed(rel) {
 			// A candidate: whether an old entry lists it is in the
