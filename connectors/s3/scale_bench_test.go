@@ -6,8 +6,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	mrand "math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -98,7 +100,7 @@ func BenchmarkIntegrationManifestCommits(b *testing.B) {
 					}
 				}
 				for b.Loop() {
-					lat, elapsed := commitFor(b, stores, scaleFor())
+					lat, elapsed := commitFor(b, stores, scaleFor(), 0)
 					slices.Sort(lat)
 					b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "commits/s")
 					b.ReportMetric(msAt(lat, 0.50), "p50-ms")
@@ -111,9 +113,10 @@ func BenchmarkIntegrationManifestCommits(b *testing.B) {
 }
 
 // commitFor has writer i commit shards through stores[i] for d, each
-// settling the next position of its own stream, and returns the latency of
-// every commit made and the time until the last one returned.
-func commitFor(b *testing.B, stores []store.Store, d time.Duration) ([]time.Duration, time.Duration) {
+// settling the next position of its own stream (one every every, from a
+// random start, when every is not 0), and returns the latency of every
+// commit made and the time until the last one returned.
+func commitFor(b *testing.B, stores []store.Store, d, every time.Duration) ([]time.Duration, time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	shard := bytes.Repeat([]byte("PAR1"), 16<<10)
@@ -137,7 +140,9 @@ func commitFor(b *testing.B, stores []store.Store, d time.Duration) ([]time.Dura
 				next = r[len(r)-1][1] + 1
 			}
 			var mine []time.Duration
+			tick := pacer(every)
 			for time.Now().Before(deadline) {
+				tick()
 				start := time.Now()
 				p, err := s.Create(ctx, fmt.Sprintf("policy=0/part-%s-%d", s.Writer(), int64(w)<<32|next)+".parquet")
 				if err == nil {
@@ -234,6 +239,19 @@ func checkManifest(b *testing.B, s store.Store, writers int) {
 	}
 }
 
+// pacer returns a function that waits for the next tick of a clock of
+// period every, started at a random phase (no wait when every is 0).
+func pacer(every time.Duration) func() {
+	if every <= 0 {
+		return func() {}
+	}
+	next := time.Now().Add(time.Duration(mrand.Int64N(int64(every))))
+	return func() {
+		time.Sleep(time.Until(next))
+		next = next.Add(every)
+	}
+}
+
 // msAt is the q-quantile of sorted latencies in milliseconds.
 func msAt(sorted []time.Duration, q float64) float64 {
 	if len(sorted) == 0 {
@@ -260,14 +278,14 @@ const scaleGroups = 6000
 func BenchmarkIntegrationGroupAcks(b *testing.B) {
 	dir := b.TempDir()
 	readers := map[string]func(b *testing.B, member int) store.Reader{}
-	for _, members := range []int{1, 4, 16} {
+	for _, members := range []int{1, 4, 16, 64} {
 		for _, backend := range []string{"local", "s3"} {
 			b.Run(fmt.Sprintf("%s/members=%d", backend, members), func(b *testing.B) {
 				if readers[backend] == nil {
 					readers[backend] = scaleRoot(b, backend, dir)
 				}
 				for b.Loop() {
-					acks, leases, lat, elapsed := consumeFor(b, readers[backend], members, scaleFor())
+					acks, leases, lat, elapsed := consumeFor(b, readers[backend], members, scaleFor(), 0)
 					slices.Sort(lat)
 					b.ReportMetric(float64(acks)/elapsed.Seconds(), "acks/s")
 					b.ReportMetric(float64(leases)/elapsed.Seconds(), "leases/s")
@@ -383,8 +401,14 @@ func writeScaleShards(b *testing.B, st store.Store) {
 // taking one-group batches and acknowledging each at once, and returns
 // the acknowledgements, the shards leased, every acknowledgement's
 // latency and the time taken. It fails if a group was acknowledged twice.
-func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members int, d time.Duration) (int, int64, []time.Duration, time.Duration) {
+func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members int, d, every time.Duration) (int, int64, []time.Duration, time.Duration) {
 	b.Helper()
+	// Unpaced members poll often (the benchmark measures how fast the
+	// log goes); paced ones as trainers do by default (serve's --poll).
+	poll := 20 * time.Millisecond
+	if every > 0 {
+		poll = time.Second
+	}
 	group := "scale-" + scaleID()
 	var mu sync.Mutex
 	var lat []time.Duration
@@ -401,7 +425,7 @@ func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members i
 		}
 		c, err := train.NewConsumer(context.Background(), r, obj, train.ConsumerConfig{
 			Config: train.Config{MaxStaleness: -1, IncludeFiltered: true}, Name: fmt.Sprintf("m%d", m),
-			LeaseTimeout: time.Minute, Poll: 20 * time.Millisecond})
+			LeaseTimeout: time.Minute, Poll: poll})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -424,7 +448,9 @@ func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members i
 				}
 				mu.Unlock()
 			}()
+			tick := pacer(every)
 			for {
+				tick()
 				dl, err := c.Next(ctx)
 				if err != nil {
 					if ctx.Err() == nil {
@@ -465,4 +491,62 @@ func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members i
 		b.Fatalf("%d groups acknowledged: the run must stop inside the data (raise scaleGroups)", len(acked))
 	}
 	return len(lat), leases, lat, elapsed
+}
+
+// BenchmarkIntegrationTenX simulates the coordination of the capacity
+// plan at 10x (10,000 rollout workers, 200k steps/s): 64 ingest workers
+// (a Store each) committing RLLM_TENX_COMMITS shards a second in all
+// (default 26: 64 workers x 2 open versions / a 5 s flush; 64 KiB fake
+// shards, so that only coordination is measured), and at the same time
+// 64 trainer members (a reader each) of one consumer group acknowledging
+// RLLM_TENX_ACKS batches a second in all (default 110: 200k steps/s x
+// 8.85k tokens / 16M-token batches), on MinIO, for 6 x scaleFor. It
+// reports what was reached against the targets and the latencies.
+func BenchmarkIntegrationTenX(b *testing.B) {
+	rate := func(name string, def float64) float64 {
+		if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil && v > 0 {
+			return v
+		}
+		return def
+	}
+	const workers, members = 64, 64
+	commits, acks := rate("RLLM_TENX_COMMITS", 26), rate("RLLM_TENX_ACKS", 110)
+	d := 6 * scaleFor()
+	readers := scaleRoot(b, "s3", b.TempDir())
+	cfg := testConfig(b)
+	var stores []store.Store
+	for w := range workers {
+		s, err := Open(context.Background(), cfg, fmt.Sprintf("w%02d", w))
+		if err != nil {
+			b.Fatal(err)
+		}
+		stores = append(stores, s)
+	}
+	for b.Loop() {
+		var wg sync.WaitGroup
+		var clat, alat []time.Duration
+		var celapsed, aelapsed time.Duration
+		var nacks int
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			clat, celapsed = commitFor(b, stores, d, time.Duration(float64(workers)/commits*float64(time.Second)))
+		}()
+		go func() {
+			defer wg.Done()
+			nacks, _, alat, aelapsed = consumeFor(b, readers, members, d, time.Duration(float64(members)/acks*float64(time.Second)))
+		}()
+		wg.Wait()
+		slices.Sort(clat)
+		slices.Sort(alat)
+		b.ReportMetric(float64(len(clat))/celapsed.Seconds(), "commits/s")
+		b.ReportMetric(commits, "commits/s-target")
+		b.ReportMetric(msAt(clat, 0.50), "commit-p50-ms")
+		b.ReportMetric(msAt(clat, 0.99), "commit-p99-ms")
+		b.ReportMetric(float64(nacks)/aelapsed.Seconds(), "acks/s")
+		b.ReportMetric(acks, "acks/s-target")
+		b.ReportMetric(msAt(alat, 0.50), "ack-p50-ms")
+		b.ReportMetric(msAt(alat, 0.99), "ack-p99-ms")
+	}
+	checkManifest(b, stores[0], workers)
 }
