@@ -151,11 +151,13 @@ bench-multiturn: build
 bench-iceberg:
 	$(GO) test -run '^$$' -bench Sync -benchtime 1x -count 3 -timeout 60m ./connectors/iceberg/
 
-# bench-scale: issue 19's scaling figures (scripts/bench-scale.sh, ~8-15 min):
-# the manifest's commit rate and consumer-group acknowledgements with 1, 4
-# and 16 writers/members (MinIO and local side by side), then 1 against 2
-# Kafka ingest workers pinned one core each (cmd/scalebench); each figure
-# the median (min-max) of ROUNDS alternating runs. Starts Kafka and MinIO.
+# bench-scale: the scaling figures (scripts/bench-scale.sh, ~15-20 min):
+# the manifest's commit rate and consumer-group acknowledgements with 1, 4,
+# 16 and 64 writers/members (MinIO, one Store's lanes, local and MinIO's raw
+# PUT rate side by side), the 10x simulation (docs/capacity.md), then 1
+# against 2 Kafka ingest workers pinned one core each (cmd/scalebench); each
+# figure the median (min-max) of ROUNDS alternating runs. Starts Kafka and
+# MinIO.
 .PHONY: bench-scale
 bench-scale:
 	ROUNDS=$(ROUNDS) scripts/bench-scale.sh
