@@ -12,13 +12,16 @@ GROUPS  ?= 2000
 
 all: lint test
 
+# build: rllm-pipe and, beside it, rllm-pipe-iceberg (which `rllm-pipe
+# iceberg` and ingest's --iceberg-catalog run).
 build:
-	$(GO) build -o bin/ ./cmd/rllm-pipe ./cmd/rllm-pipe-iceberg
+	$(GO) build -o $(dir $(BIN)) ./cmd/rllm-pipe ./cmd/rllm-pipe-iceberg
 
 # run: the main job on the embedded default (local files, no services):
 # generate traces into ./.run, ingest them into ./data (the store: no other
 # file goes there), print a summary.
-run: build
+run:
+	$(GO) build -o $(BIN) ./cmd/rllm-pipe
 	rm -rf $(DATA) $(WORK)
 	$(BIN) gen --groups $(GROUPS) --group-size 8 --duplicates 0.01 --out $(WORK)/traces.jsonl
 	$(BIN) ingest --from $(WORK)/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(WORK)/ingest-stats.json

@@ -159,7 +159,13 @@ func sqlRun(t *testing.T, bin, dir string, env []string, args ...string) e2eRunR
 // The independent computation
 
 // sqlShard is a committed shard: its manifest path and a local copy.
-type sqlShard struct{ path, file string }
+// sqlShard is a shard of the manifest: record is its record's place in
+// an object-store manifest (the shards of one group commit share it),
+// and its own place in a local one.
+type sqlShard struct {
+	path, file string
+	record     int64
+}
 
 type sqlTraj struct {
 	group, task, id, role, estimator, shard, filter, termination string
@@ -182,6 +188,7 @@ func (tr *sqlTraj) pass() bool {
 type sqlRef struct {
 	trajs           map[string]*sqlTraj // group|version|trajectory
 	order           []string            // shard paths in manifest order
+	records         []int64             // their records (sqlShard.record)
 	shardOf         map[string]string   // group|version → shard path
 	promptLens      []float64           // per step
 	responseLens    []float64
@@ -201,6 +208,7 @@ func sqlReadShards(t *testing.T, shards []sqlShard) *sqlRef {
 		"is_correct", "filter_reason", "estimator"}
 	for _, s := range shards {
 		ref.order = append(ref.order, s.path)
+		ref.records = append(ref.records, s.record)
 		err := pqread.ReadFile(context.Background(), s.file, cols, memory.DefaultAllocator, func(rec arrow.RecordBatch) error {
 			col := func(name string) arrow.Array {
 				idx := rec.Schema().FieldIndices(name)
@@ -309,7 +317,7 @@ func sqlLocalRef(t *testing.T, out string) *sqlRef {
 			t.Fatal(err)
 		}
 		if m.Path != "" {
-			shards = append(shards, sqlShard{m.Path, filepath.Join(out, filepath.FromSlash(m.Path))})
+			shards = append(shards, sqlShard{m.Path, filepath.Join(out, filepath.FromSlash(m.Path)), int64(len(shards))})
 		}
 		if m.DeadLetters != nil {
 			if _, ok := committed[m.DeadLetters.File]; !ok {
@@ -645,13 +653,21 @@ func sqlCheckReports(t *testing.T, bin, work string, env []string, from []string
 				shardMax[shard] = v
 			}
 		}
+		// The shards of one record (a group commit) landed at once.
 		newest := map[string]int64{}
 		running, seen := int64(0), false
-		for _, p := range ref.order {
-			if m, ok := shardMax[p]; ok && (!seen || m > running) {
-				running, seen = m, true
+		for i := 0; i < len(ref.order); {
+			j := i
+			for j < len(ref.order) && ref.records[j] == ref.records[i] {
+				if m, ok := shardMax[ref.order[j]]; ok && (!seen || m > running) {
+					running, seen = m, true
+				}
+				j++
 			}
-			newest[p] = running
+			for _, p := range ref.order[i:j] {
+				newest[p] = running
+			}
+			i = j
 		}
 		dist := map[int64]int64{}
 		for gk, g := range groups {
@@ -1195,7 +1211,7 @@ func TestIntegrationSQLS3(t *testing.T) {
 		if err := cli.FGetObject(ctx, bucket, st.Key(e.Path), p, minio.GetObjectOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		shards = append(shards, sqlShard{e.Path, p})
+		shards = append(shards, sqlShard{e.Path, p, e.Seq})
 	}
 	ref := sqlReadShards(t, shards)
 	seen := map[string]bool{}

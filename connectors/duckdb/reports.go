@@ -228,7 +228,9 @@ ORDER BY part, task_id`
 // GroupStalenessSQL is every group's staleness (group_id,
 // group_version, staleness): a shard's newest version is the running
 // maximum of group_version over the shards committed up to it (manifest
-// order); a group's staleness is that, at its shard, minus its own
+// order; the shards of one record of an object-store manifest, a group
+// commit, landed at once and count together); a group's staleness is
+// that, at its shard, minus its own
 // group_version: how many versions behind the newest policy it was when
 // it landed. The staleness report counts its rows.
 var GroupStalenessSQL = GroupStalenessOver("groups")
@@ -243,7 +245,7 @@ func GroupStalenessOver(groups string) string {
   FROM shards s LEFT JOIN ` + groups + ` g ON g.shard = s.path
   GROUP BY s.seq, s.path
 ), newest AS (
-  SELECT path, max(version) OVER (ORDER BY seq ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS newest
+  SELECT path, max(version) OVER (ORDER BY seq RANGE BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS newest
   FROM shard_version
 )
 SELECT g.group_id, g.group_version, n.newest - g.group_version AS staleness
