@@ -29,6 +29,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -517,11 +518,26 @@ func summarizeBench(in io.Reader, out io.Writer) error {
 	by := map[string]*series{}
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	// A log line the benchmark printed while it ran lands after its
+	// name, on the same line; its result then comes on a line of its
+	// own: pending is that name.
+	pending := ""
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && strings.HasPrefix(f[0], "Benchmark") {
+			if _, err := strconv.Atoi(f[1]); err != nil {
+				pending = f[0]
+				continue
+			}
+		} else if len(f) >= 3 && pending != "" && slices.Contains(f, "ns/op") {
+			if _, err := strconv.Atoi(f[0]); err == nil {
+				f = append([]string{pending}, f...)
+			}
+		}
 		if len(f) < 4 || !strings.HasPrefix(f[0], "Benchmark") {
 			continue
 		}
+		pending = ""
 		name := f[0]
 		if i := strings.LastIndexByte(name, '-'); i > 0 {
 			if _, err := strconv.Atoi(name[i+1:]); err == nil {
