@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/iceberg/syncresult"
 )
 
 // icebergExe is the executable that syncs Iceberg tables
@@ -66,31 +68,7 @@ type icebergTarget struct {
 
 // icebergTotals is what a run's syncs did in all (the JSON lines of
 // rllm-pipe-iceberg sync --json, summed), for ingest's summary.
-type icebergTotals struct {
-	Shards       int   `json:"shards"`
-	Rows         int64 `json:"rows"`
-	Split        int   `json:"split"`
-	Commits      int   `json:"commits"`
-	Conflicts    int   `json:"conflicts"`
-	Position     int   `json:"position"`
-	Snapshot     int64 `json:"snapshot"`
-	Trajectories int64 `json:"trajectories"`
-	DeadLetters  int64 `json:"dead_letters"`
-}
-
-// add sums one sync's result into t: the counts, and the later position.
-func (t *icebergTotals) add(r icebergTotals) {
-	t.Shards += r.Shards
-	t.Rows += r.Rows
-	t.Split += r.Split
-	t.Commits += r.Commits
-	t.Conflicts += r.Conflicts
-	t.Trajectories += r.Trajectories
-	t.DeadLetters += r.DeadLetters
-	if r.Position >= t.Position {
-		t.Position, t.Snapshot = r.Position, r.Snapshot
-	}
-}
+type icebergTotals = syncresult.Result
 
 // icebergFollower is `rllm-pipe-iceberg sync --follow` keeping a table in
 // step with a running ingest, as a child process.
@@ -156,7 +134,7 @@ func startIceberg(ctx context.Context, root string, conn connFlags, t icebergTar
 				continue
 			}
 			f.mu.Lock()
-			f.totals.add(r)
+			f.totals.Add(r)
 			f.mu.Unlock()
 		}
 	}()

@@ -6,22 +6,6 @@ import (
 	"time"
 )
 
-// Add sums r into res: the counts of both syncs, and r's position and
-// snapshot (the later).
-func (res *Result) Add(r Result) {
-	res.Shards += r.Shards
-	res.Rows += r.Rows
-	res.Split += r.Split
-	res.Commits += r.Commits
-	res.Conflicts += r.Conflicts
-	res.Trajectories += r.Trajectories
-	res.DeadLetters += r.DeadLetters
-	res.DeadLetterBytesMissing = r.DeadLetterBytesMissing
-	if r.Position >= res.Position {
-		res.Position, res.Snapshot = r.Position, r.Snapshot
-	}
-}
-
 // Follower keeps the tables in step with a root that a running ingest
 // commits to: a sync at once and then every interval (a failed one is
 // reported and left for the next: the shards are committed whatever the

@@ -20,6 +20,7 @@ import (
 	"github.com/apache/iceberg-go/table"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/rllm-pipe/rllm-pipe/connectors/iceberg/syncresult"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
 )
@@ -70,25 +71,9 @@ type Config struct {
 	Properties iceberg.Properties
 }
 
-// Result is what a sync did.
-type Result struct {
-	Shards    int   `json:"shards"`    // shards added
-	Rows      int64 `json:"rows"`      // rows they hold
-	Split     int   `json:"split"`     // shards of several versions written as one file per version
-	Commits   int   `json:"commits"`   // snapshots committed
-	Conflicts int   `json:"conflicts"` // commits that lost a race and were recomputed
-	Position  int   `json:"position"`  // committed shards the table holds now
-	Snapshot  int64 `json:"snapshot"`  // the table's current snapshot id (0: none yet)
-	// Trajectories are the rows added to the trajectories table.
-	Trajectories int64 `json:"trajectories"`
-	// DeadLetters are the dead-letter lines added to the dead_letters
-	// table.
-	DeadLetters int64 `json:"dead_letters"`
-	// DeadLetterBytesMissing are committed bytes of dead-letter files
-	// that are gone or cut short (an outside --dlq file removed): left
-	// out, as sql leaves them.
-	DeadLetterBytesMissing int64 `json:"dead_letter_bytes_missing,omitempty"`
-}
+// Result is what a sync did (syncresult.Result: the executables that
+// run a syncer read it without importing iceberg-go).
+type Result = syncresult.Result
 
 // Syncer adds a root's committed shards to the steps table.
 type Syncer struct {
