@@ -15,18 +15,6 @@ func (r Ranges) Contains(x int64) bool {
 	return i < len(r) && r[i][0] <= x
 }
 
-// ContainsRange reports whether every position of [lo, hi] is in the set.
-func (r Ranges) ContainsRange(lo, hi int64) bool {
-	i := sort.Search(len(r), func(i int) bool { return r[i][1] >= lo })
-	return i < len(r) && r[i][0] <= lo && r[i][1] >= hi
-}
-
-// Overlaps reports whether any position of [lo, hi] is in the set.
-func (r Ranges) Overlaps(lo, hi int64) bool {
-	i := sort.Search(len(r), func(i int) bool { return r[i][1] >= lo })
-	return i < len(r) && r[i][0] <= hi
-}
-
 // Add inserts [lo, hi], merging overlapping and adjacent intervals.
 func (r *Ranges) Add(lo, hi int64) {
 	s := *r

@@ -54,7 +54,8 @@
 //     expected_group_size, shard.
 //   - shards: the manifest entries that list a shard, in manifest order:
 //     seq (the entry's place in the manifest: its line number, from 0, in a
-//     local _manifest/shards.jsonl, its log number on S3), path, rows,
+//     local _manifest/shards.jsonl, its record's number on S3, which the
+//     entries of one group commit share), path, rows,
 //     bytes, groups, policy_version, committed_at, run_id, writer,
 //     recovered, schema_version, file (the local file read: a compacted
 //     file, connectors/compact, when one holds the shard's rows). After a

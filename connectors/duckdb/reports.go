@@ -302,7 +302,7 @@ const deadLettersOverTimeSQL = `WITH per_commit AS (
 ), filled AS (
   SELECT c.seq, c.committed_at, r.reason, coalesce(p.dead_letters, 0)::BIGINT AS dead_letters
   FROM commits c CROSS JOIN reasons r
-  LEFT JOIN per_commit p ON p.seq = c.seq AND p.reason IS NOT DISTINCT FROM r.reason
+  LEFT JOIN per_commit p ON p.seq = c.seq AND p.committed_at IS NOT DISTINCT FROM c.committed_at AND p.reason IS NOT DISTINCT FROM r.reason
 )
 SELECT seq, committed_at, reason, dead_letters,
   sum(dead_letters) OVER (PARTITION BY reason ORDER BY committed_at, seq ROWS UNBOUNDED PRECEDING)::BIGINT AS cumulative_dead_letters

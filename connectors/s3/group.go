@@ -18,11 +18,15 @@ import (
 // ingest) share one record of the log instead of racing for one each.
 // The first caller makes the record of every append queued when it
 // starts; the others wait, and the next one queued leads the next record.
-// A record of several entries is {"batch": [...]}; one of one entry is
-// the entry itself, as before group commit, so that roots written by
-// either read the same. Each entry is checked against the log before the
-// record (ErrFenced fails that entry only); a claim has a record of its
-// own, so that the entries after it are checked against it.
+// A record of one entry is the entry itself, as before group commit. A
+// record of several is {"batch": [...], "seq": "batch"}: the string
+// where a reader older than group commit expects the entry's number
+// makes that reader fail on the record, instead of reading it as an
+// empty entry and missing its shards (upgrade every reader and writer of
+// a root before writing it with this version). Each entry is checked
+// against the log before the record (ErrFenced fails that entry only); a
+// claim has a record of its own, so that the entries after it are
+// checked against it. A record lands whole or not at all.
 
 // appendReq is an append waiting for its record: its outcome comes on
 // done; lead tells it to make the next record.
@@ -35,6 +39,9 @@ type appendReq struct {
 // batchRecord is a manifest record that commits several entries.
 type batchRecord struct {
 	Batch []schemas.ShardEntry `json:"batch"`
+	// Gate is "batch", a string under the key where an entry has its
+	// number: see above.
+	Gate string `json:"seq"`
 }
 
 // decodeRecord returns the entries of a manifest record: one entry, or a
@@ -105,7 +112,14 @@ func (s *Store) leadRecord(ctx context.Context) {
 	s.queue = s.queue[n:]
 	s.qmu.Unlock()
 
-	s.appendRecord(ctx, batch)
+	// A record of others' appends too is not given up because this
+	// caller's context ended (theirs may not have): the soft stop and
+	// the retry bound still end it.
+	rctx := ctx
+	if len(batch) > 1 {
+		rctx = context.WithoutCancel(ctx)
+	}
+	seq, ok := s.appendRecord(rctx, batch)
 
 	s.qmu.Lock()
 	if len(s.queue) > 0 {
@@ -114,18 +128,21 @@ func (s *Store) leadRecord(ctx context.Context) {
 		s.appending = false
 	}
 	s.qmu.Unlock()
+	if ok {
+		s.maybeSnapshot(rctx, seq) // after the hand-off: the next record need not wait
+	}
 }
 
 // appendRecord appends the entries of reqs as one record and sends each
-// its outcome.
-func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) {
+// its outcome; it returns the record's number when this call made it.
+func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) (int64, bool) {
 	finish := func(r *appendReq, err error) { r.done <- err }
 	for attempt := 0; len(reqs) > 0; attempt++ {
 		if attempt > 1000 {
 			for _, r := range reqs {
 				finish(r, fmt.Errorf("s3: manifest append: too much contention"))
 			}
-			return
+			return 0, false
 		}
 		s.mu.Lock()
 		live := reqs[:0:0]
@@ -140,7 +157,7 @@ func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) {
 		reqs = live
 		if len(reqs) == 0 {
 			s.mu.Unlock()
-			return
+			return 0, false
 		}
 		seq := s.next
 		entries := make([]schemas.ShardEntry, len(reqs))
@@ -153,13 +170,13 @@ func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) {
 		if len(entries) == 1 {
 			data, err = json.Marshal(entries[0])
 		} else {
-			data, err = json.Marshal(batchRecord{Batch: entries})
+			data, err = json.Marshal(batchRecord{Batch: entries, Gate: "batch"})
 		}
 		if err != nil {
 			for _, r := range reqs {
 				finish(r, fmt.Errorf("s3: encode manifest entry: %w", err))
 			}
-			return
+			return 0, false
 		}
 		err = s.journal.Append(ctx, seq, data)
 		switch {
@@ -169,54 +186,63 @@ func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) {
 				s.applyRecord(entries)
 			}
 			s.mu.Unlock()
-			s.maybeSnapshot(ctx, seq)
 			for _, r := range reqs {
 				finish(r, nil)
 			}
-			return
+			return seq, true
 		case errors.Is(err, store.ErrStale):
-			// Behind a compaction: reload. Entries that landed in time
-			// are in the snapshot.
+			// Behind a compaction: reload. A record that landed in time
+			// is in the snapshot, whole.
 			s.mu.Lock()
 			err := s.reload(ctx)
 			if err == nil {
 				err = s.loaded(ctx) // the entries may have been sealed since
 			}
-			live := reqs[:0:0]
-			for _, r := range reqs {
-				e := r.e
-				landed := (e.Path != "" && s.log.Listed(e.Path)) || (e.DeadLetters != nil && s.log.Listed(e.DeadLetters.File))
-				switch {
-				case err != nil:
-					finish(r, err)
-				case landed:
-					finish(r, nil)
-				default:
-					live = append(live, r)
-				}
-			}
-			reqs = live
+			landed := err == nil && s.recordLanded(seq, entries)
 			s.mu.Unlock()
+			if err != nil || landed {
+				for _, r := range reqs {
+					finish(r, err)
+				}
+				return 0, false
+			}
 		case errors.Is(err, fs.ErrExist):
 			if err := s.refresh(ctx); err != nil {
 				for _, r := range reqs {
 					finish(r, err)
 				}
-				return
+				return 0, false
 			}
-			if s.isOurs(ctx, seq, entries[0].Nonce) {
+			if s.isOurs(ctx, seq, entries) {
 				for _, r := range reqs {
 					finish(r, nil) // an earlier attempt landed; its answer was lost
 				}
-				return
+				return 0, false
 			}
 		default:
 			for _, r := range reqs {
 				finish(r, err)
 			}
-			return
+			return 0, false
 		}
 	}
+	return 0, false
+}
+
+// recordLanded reports whether the record of entries, appended at seq,
+// is in the log: one of its entries carries its nonce there, or lists a
+// shard (a record lands whole, and a snapshot keeps the entries that list
+// a shard or dead letters, not the others); a record of dead-letter
+// marks alone is judged by its first file being listed, as before group
+// commit. Callers hold mu.
+func (s *Store) recordLanded(seq int64, entries []schemas.ShardEntry) bool {
+	for _, e := range entries {
+		if s.log.HasNonce(seq, e.Nonce) || (e.Path != "" && s.log.Listed(e.Path)) {
+			return true
+		}
+	}
+	e := entries[0]
+	return e.DeadLetters != nil && s.log.Listed(e.DeadLetters.File) && len(entries) == 1
 }
 
 // applyRecord applies a record's entries, the next record's. Callers

@@ -5,7 +5,8 @@
 //
 // The object store is the source of truth. The manifest is a log of
 // numbered objects, <prefix>/_manifest/<seq>.json, each one
-// schemas.ShardEntry. An entry is appended by a create-only PUT
+// schemas.ShardEntry, or several appended at once through one Store
+// (group commit, group.go). An entry is appended by a create-only PUT
 // (If-None-Match: *) of the next number: of two writers racing for a
 // number exactly one wins; the other re-reads the log and tries the next.
 // The log is therefore linear, and every writer that appends has first
@@ -43,7 +44,7 @@
 //   - dead letters are uploaded as an object referenced by the entry that
 //     settles their records, so they too are committed exactly once.
 //
-// The log is a store.Journal: every SnapshotEvery entries a snapshot of
+// The log is a store.Journal: every SnapshotEvery records a snapshot of
 // the replayed log (snap-<seq>.json) is written, readers and writers open
 // from the newest one, and the entries before the second newest are
 // deleted; a writer that slept through that sees it and reloads. A
@@ -102,8 +103,8 @@ type Config struct {
 	Region    string
 	Bucket    string
 	Prefix    string // no leading or trailing slash
-	// SnapshotEvery is how many manifest entries separate two snapshots
-	// (0: SnapshotEvery).
+	// SnapshotEvery is how many manifest records separate two snapshots
+	// (0: SnapshotEvery; a group commit's record holds several entries).
 	SnapshotEvery int
 	// SegmentSize is how many shard and dead-letter entries a sealed
 	// segment of the snapshots holds (0: SegmentSize).
@@ -553,15 +554,24 @@ func (s *Store) snapshot(ctx context.Context, seq int64, snap []byte, segs []sto
 	return nil
 }
 
-// isOurs reports whether log record seq holds an entry carrying nonce,
-// loading the log's sealed segments (bounded by ctx) if the record is in
-// none it holds.
-func (s *Store) isOurs(ctx context.Context, seq int64, nonce string) bool {
+// isOurs reports whether log record seq holds one of entries (by its
+// nonce: a snapshot keeps only some entries of a record), loading the
+// log's sealed segments (bounded by ctx) if the record is in none it
+// holds.
+func (s *Store) isOurs(ctx context.Context, seq int64, entries []schemas.ShardEntry) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ok := s.log.HasNonce(seq, nonce)
+	has := func() bool {
+		for _, e := range entries {
+			if s.log.HasNonce(seq, e.Nonce) {
+				return true
+			}
+		}
+		return false
+	}
+	ok := has()
 	if !ok && !s.log.Loaded() && s.loaded(ctx) == nil {
-		ok = s.log.HasNonce(seq, nonce)
+		ok = has()
 	}
 	return ok
 }

@@ -149,44 +149,6 @@ func (l *Log) unloadedShards() (int, bool) {
 	return total, true
 }
 
-// Last returns the latest entry with sequence number seq, if any.
-func (l *Log) Last(seq int64) (schemas.ShardEntry, bool) {
-	for i := len(l.entries) - 1; i >= 0; i-- {
-		if l.entries[i].Seq == seq {
-			return l.entries[i], true
-		}
-	}
-	return schemas.ShardEntry{}, false
-}
-
-// SettledAll reports whether every position s names is settled (false
-// for none).
-func (l *Log) SettledAll(s schemas.Settled) bool {
-	if len(s) == 0 {
-		return false
-	}
-	for stream, rs := range s {
-		for _, r := range rs {
-			if !l.settled[stream].ContainsRange(r[0], r[1]) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-// SettledAny reports whether a position s names is settled.
-func (l *Log) SettledAny(s schemas.Settled) bool {
-	for stream, rs := range s {
-		for _, r := range rs {
-			if l.settled[stream].Overlaps(r[0], r[1]) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // HasNonce reports whether an entry of record seq carries nonce (a
 // group commit's record holds several entries).
 func (l *Log) HasNonce(seq int64, nonce string) bool {
