@@ -260,7 +260,7 @@ func (f *trajectoryFold) append(b *array.RecordBuilder, shard string) {
 		"group_id": f.groupID, "group_version": f.version, "trajectory_id": f.trajectoryID, "steps": f.steps,
 		"prompt_tokens": deref(f.promptTokens), "response_tokens": deref(f.responseTokens),
 		"min_policy_version": deref(f.minPolicy), "max_policy_version": deref(f.maxPolicy),
-		"partial": derefBool(f.partial), "shard": shard,
+		"partial": deref(f.partial), "shard": shard,
 	}
 	for name, fv := range f.first {
 		fields[name] = fv.value
@@ -375,14 +375,8 @@ func addTo(sum *int64, n int64) *int64 {
 	return sum
 }
 
-func deref(p *int64) any {
-	if p == nil {
-		return nil
-	}
-	return *p
-}
-
-func derefBool(p *bool) any {
+// deref is *p, or nil (a null) for a nil p.
+func deref[T any](p *T) any {
 	if p == nil {
 		return nil
 	}
