@@ -148,22 +148,10 @@ func (s *Syncer) syncSteps(ctx context.Context) (Result, error) {
 		if snap := tbl.CurrentSnapshot(); snap != nil {
 			res.Snapshot = snap.SnapshotID
 		}
-		from := max(pos.Shards-1, 0)
-		entries, err := s.r.CommittedFrom(ctx, from)
-		if err != nil {
-			return res, fmt.Errorf("iceberg: read the manifest: %w", err)
+		batch, err := s.nextShards(ctx, s.id, pos)
+		if err != nil || len(batch) == 0 {
+			return res, err
 		}
-		if pos.Shards > 0 {
-			if len(entries) == 0 || entries[0].Path != pos.LastShard {
-				return res, fmt.Errorf("iceberg: table %s holds %d shards up to %q, which the manifest of %s does not list there: it projects another root (drop the table to rebuild it)",
-					s.id, pos.Shards, pos.LastShard, s.r.Name())
-			}
-			entries = entries[1:]
-		}
-		if len(entries) == 0 {
-			return res, nil
-		}
-		batch := entries[:min(len(entries), s.cfg.MaxFilesPerCommit)]
 		step("files")
 		files, rows, split, err := s.dataFiles(ctx, tbl, batch)
 		if err != nil {
@@ -190,6 +178,25 @@ func (s *Syncer) syncSteps(ctx context.Context) (Result, error) {
 		res.Split += split
 		res.Commits++
 	}
+}
+
+// nextShards returns the committed shards after pos, the position of the
+// table id, at most MaxFilesPerCommit of them: what its next commit adds.
+// The manifest must list pos.LastShard where pos says, or the table
+// projects another root.
+func (s *Syncer) nextShards(ctx context.Context, id table.Identifier, pos Pos) ([]schemas.ShardEntry, error) {
+	entries, err := s.r.CommittedFrom(ctx, max(pos.Shards-1, 0))
+	if err != nil {
+		return nil, fmt.Errorf("iceberg: read the manifest: %w", err)
+	}
+	if pos.Shards > 0 {
+		if len(entries) == 0 || entries[0].Path != pos.LastShard {
+			return nil, fmt.Errorf("iceberg: table %s holds %d shards up to %q, which the manifest of %s does not list there: it projects another root (drop the table to rebuild it)",
+				id, pos.Shards, pos.LastShard, s.r.Name())
+		}
+		entries = entries[1:]
+	}
+	return entries[:min(len(entries), s.cfg.MaxFilesPerCommit)], nil
 }
 
 // commitFiles adds files to the table id in one commit (commit).

@@ -70,21 +70,10 @@ func (s *Syncer) SyncTrajectories(ctx context.Context) (int64, error) {
 		if err != nil {
 			return added, err
 		}
-		entries, err := s.r.CommittedFrom(ctx, max(pos.Shards-1, 0))
-		if err != nil {
-			return added, fmt.Errorf("iceberg: read the manifest: %w", err)
+		batch, err := s.nextShards(ctx, id, pos)
+		if err != nil || len(batch) == 0 {
+			return added, err
 		}
-		if pos.Shards > 0 {
-			if len(entries) == 0 || entries[0].Path != pos.LastShard {
-				return added, fmt.Errorf("iceberg: table %s holds %d shards up to %q, which the manifest of %s does not list there: it projects another root (drop the table to rebuild it)",
-					id, pos.Shards, pos.LastShard, s.r.Name())
-			}
-			entries = entries[1:]
-		}
-		if len(entries) == 0 {
-			return added, nil
-		}
-		batch := entries[:min(len(entries), s.cfg.MaxFilesPerCommit)]
 		step("trajectories")
 		recs, err := s.trajectoryRows(ctx, batch)
 		if err != nil {
@@ -182,76 +171,87 @@ func (s *Syncer) foldShard(ctx context.Context, e schemas.ShardEntry, mem memory
 	}
 	defer rd.Close()
 	rd.KeepDeltas() // prompt_tokens counts a delta's prompt without rebuilding it
-	type key struct {
-		group, traj string
-		version     int64
-	}
-	byKey := map[key]*trajectoryFold{}
-	var order []*trajectoryFold
-	err = rd.Each(func(rec arrow.RecordBatch) error {
-		col := func(name string) arrow.Array {
-			if idx := rec.Schema().FieldIndices(name); len(idx) > 0 {
-				return rec.Column(idx[0])
-			}
-			return nil
-		}
-		stepIdx := col("step_index")
-		promptIDs, deltaIDs, prefixLen, responseIDs := col("prompt_ids"), col("prompt_delta_ids"), col("prompt_prefix_len"), col("response_ids")
-		policy, partial := col("policy_version"), col("partial")
-		firsts := make([]arrow.Array, len(firstStepColumns))
-		for i, name := range firstStepColumns {
-			firsts[i] = col(name)
-		}
-		groupCol, versionCol, trajCol := col("group_id"), col("group_version"), col("trajectory_id")
-		for i := 0; i < int(rec.NumRows()); i++ {
-			k := key{str(groupCol, i), str(trajCol, i), i64(versionCol, i)}
-			f := byKey[k]
-			if f == nil {
-				f = &trajectoryFold{groupID: k.group, trajectoryID: k.traj, version: k.version, first: map[string]firstValue{}}
-				byKey[k] = f
-				order = append(order, f)
-			}
-			f.steps++
-			si := int32(i64(stepIdx, i))
-			for c, name := range firstStepColumns {
-				v, ok := value(firsts[c], i)
-				if !ok {
-					continue
-				}
-				if cur, seen := f.first[name]; !seen || si < cur.step {
-					f.first[name] = firstValue{si, v}
-				}
-			}
-			if n, ok := promptLen(promptIDs, deltaIDs, prefixLen, i); ok {
-				f.promptTokens = addTo(f.promptTokens, n)
-			}
-			if n, ok := listLen(responseIDs, i); ok {
-				f.responseTokens = addTo(f.responseTokens, n)
-			}
-			if v, ok := value(policy, i); ok {
-				p := v.(int64)
-				if f.minPolicy == nil || p < *f.minPolicy {
-					f.minPolicy = &p
-				}
-				if f.maxPolicy == nil || p > *f.maxPolicy {
-					f.maxPolicy = &p
-				}
-			}
-			if v, ok := value(partial, i); ok {
-				b := v.(bool)
-				if f.partial == nil {
-					f.partial = &b
-				} else if b {
-					*f.partial = true
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	var f folder
+	if err := rd.Each(func(rec arrow.RecordBatch) error { f.add(rec); return nil }); err != nil {
 		return nil, fmt.Errorf("iceberg: shard %s: %w", e.Path, err)
 	}
-	return order, nil
+	return f.order, nil
+}
+
+// folder folds step rows by (group_id, group_version, trajectory_id), in
+// the order of each trajectory's first row.
+type folder struct {
+	byKey map[foldKey]*trajectoryFold
+	order []*trajectoryFold
+}
+
+type foldKey struct {
+	group, traj string
+	version     int64
+}
+
+// add folds the rows of rec (a shard's rows as stored: prompt deltas kept).
+func (fo *folder) add(rec arrow.RecordBatch) {
+	if fo.byKey == nil {
+		fo.byKey = map[foldKey]*trajectoryFold{}
+	}
+	col := func(name string) arrow.Array {
+		if idx := rec.Schema().FieldIndices(name); len(idx) > 0 {
+			return rec.Column(idx[0])
+		}
+		return nil
+	}
+	stepIdx := col("step_index")
+	promptIDs, deltaIDs, prefixLen, responseIDs := col("prompt_ids"), col("prompt_delta_ids"), col("prompt_prefix_len"), col("response_ids")
+	policy, partial := col("policy_version"), col("partial")
+	firsts := make([]arrow.Array, len(firstStepColumns))
+	for i, name := range firstStepColumns {
+		firsts[i] = col(name)
+	}
+	groupCol, versionCol, trajCol := col("group_id"), col("group_version"), col("trajectory_id")
+	for i := 0; i < int(rec.NumRows()); i++ {
+		k := foldKey{str(groupCol, i), str(trajCol, i), i64(versionCol, i)}
+		f := fo.byKey[k]
+		if f == nil {
+			f = &trajectoryFold{groupID: k.group, trajectoryID: k.traj, version: k.version, first: map[string]firstValue{}}
+			fo.byKey[k] = f
+			fo.order = append(fo.order, f)
+		}
+		f.steps++
+		si := int32(i64(stepIdx, i))
+		for c, name := range firstStepColumns {
+			v, ok := value(firsts[c], i)
+			if !ok {
+				continue
+			}
+			if cur, seen := f.first[name]; !seen || si < cur.step {
+				f.first[name] = firstValue{si, v}
+			}
+		}
+		if n, ok := promptLen(promptIDs, deltaIDs, prefixLen, i); ok {
+			f.promptTokens = addTo(f.promptTokens, n)
+		}
+		if n, ok := listLen(responseIDs, i); ok {
+			f.responseTokens = addTo(f.responseTokens, n)
+		}
+		if v, ok := value(policy, i); ok {
+			p := v.(int64)
+			if f.minPolicy == nil || p < *f.minPolicy {
+				f.minPolicy = &p
+			}
+			if f.maxPolicy == nil || p > *f.maxPolicy {
+				f.maxPolicy = &p
+			}
+		}
+		if v, ok := value(partial, i); ok {
+			b := v.(bool)
+			if f.partial == nil {
+				f.partial = &b
+			} else if b {
+				*f.partial = true
+			}
+		}
+	}
 }
 
 // append writes the fold as a row of trajectorySchema to b.
