@@ -104,10 +104,11 @@ func startIceberg(ctx context.Context, root string, conn connFlags, t icebergTar
 	}
 	defer os.RemoveAll(dir)
 	ready := filepath.Join(dir, "ready")
-	args := []string{"sync", "--from", root, "--catalog", t.catalog, "--catalog-name", t.name, "--namespace", t.namespace, "--follow",
-		"--poll", every.String(), "--json", "--quiet", "--ready-file", ready}
-	if t.warehouse != "" {
-		args = append(args, "--warehouse", t.warehouse)
+	args := []string{"sync", "--from", root, "--catalog", t.catalog, "--follow", "--poll", every.String(), "--json", "--quiet", "--ready-file", ready}
+	for _, a := range [][2]string{{"--catalog-name", t.name}, {"--namespace", t.namespace}, {"--warehouse", t.warehouse}} {
+		if a[1] != "" { // unset: rllm-pipe-iceberg's default
+			args = append(args, a[0], a[1])
+		}
 	}
 	args = append(args, conn.Args()...)
 	f := &icebergFollower{cmd: exec.Command(exe, args...), done: make(chan struct{})}
