@@ -7,23 +7,27 @@ BIN     := bin/rllm-pipe
 DATA    ?= data
 WORK    ?= .run
 GROUPS  ?= 2000
+# The commit `rllm-pipe version` reports (the build info's VCS stamp is off
+# where GOFLAGS has -buildvcs=false, and absent outside a checkout).
+COMMIT  ?= $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +dirty)
+LDFLAGS := -X github.com/rllm-pipe/rllm-pipe/cmd/internal/cli.commit=$(COMMIT)
 
-.PHONY: all build run loop bench-loop test test-long test-python test-short bench fuzz lint fmt clean services-up services-down
+.PHONY: all build run loop bench-loop test test-long test-python test-short bench fuzz lint docs fmt clean services-up services-down
 
 all: lint test
 
 # build: rllm-pipe and, beside it, rllm-pipe-iceberg (which `rllm-pipe
 # iceberg` and ingest's --iceberg-catalog run).
 build:
-	$(GO) build -o $(dir $(BIN)) ./cmd/rllm-pipe ./cmd/rllm-pipe-iceberg
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(dir $(BIN)) ./cmd/rllm-pipe ./cmd/rllm-pipe-iceberg
 
 # run: the main job on the embedded default (local files, no services):
 # generate traces into ./.run, ingest them into ./data (the store: no other
 # file goes there), print a summary.
 run:
-	$(GO) build -o $(BIN) ./cmd/rllm-pipe
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rllm-pipe
 	rm -rf $(DATA) $(WORK)
-	$(BIN) gen --groups $(GROUPS) --group-size 8 --duplicates 0.01 --out $(WORK)/traces.jsonl
+	$(BIN) gen --groups $(GROUPS) --group-size 8 --duplicates 0.01 --to $(WORK)/traces.jsonl
 	$(BIN) ingest --from $(WORK)/traces.jsonl --to $(DATA) --group-size 8 --stats-json $(WORK)/ingest-stats.json
 	$(BIN) summary --from $(DATA)
 
@@ -44,7 +48,7 @@ bench-loop: build
 # test: the whole suite, race detector on, nothing cached (scripts/test.sh).
 # It first installs (once, cached) and starts a real Kafka broker and MinIO
 # server (scripts/services.sh: Java 17 and Maven fetch the broker's jars) for
-# the TestIntegration* tier, which reads RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT,
+# the TestIntegration* tier, which reads RLLM_PIPE_KAFKA_BROKERS / RLLM_PIPE_S3_ENDPOINT,
 # while Debian's chromium (scripts/browser.sh) and the Python tests'
 # virtualenv install in the background. Then the Python client's tests
 # against a real `rllm-pipe serve` (scripts/pytest.sh: a cached virtualenv
@@ -176,8 +180,15 @@ fuzz:
 		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
 
+# docs: the command reference (docs/cli.md, docs/cli-iceberg.md) from the
+# commands' own help; lint fails when it is not current.
+REFERENCE_TESTS := ./cmd/rllm-pipe ./cmd/rllm-pipe-iceberg
+docs:
+	$(GO) test -count=1 -run '^TestCLIReference$$' $(REFERENCE_TESTS) -args -update-docs
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) test -count=1 -run '^TestCLIReference$$' $(REFERENCE_TESTS)
 	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	GO=$(GO) scripts/layers.sh

@@ -5,8 +5,8 @@
 # the first two run in the background while the CPU vets the tree and
 # brings the services up, so a fresh machine pays for the longest of them,
 # not their sum. Then the Go tests, race detector on, against the real
-# Kafka and MinIO (the TestIntegration* tier reads RLLM_KAFKA_BROKERS and
-# RLLM_S3_ENDPOINT), and last the Python client's tests.
+# Kafka and MinIO (the TestIntegration* tier reads RLLM_PIPE_KAFKA_BROKERS and
+# RLLM_PIPE_S3_ENDPOINT), and last the Python client's tests.
 #
 # Environment: GO (default go); those of scripts/services.sh,
 # scripts/browser.sh and scripts/pytest.sh.

@@ -37,6 +37,10 @@ type ConsumerConfig struct {
 	// same name takes its own unfinished shards back at once, another name
 	// waits for their leases to expire.
 	Name string
+	// CountedIDs numbers the batches 1, 2, ... instead of from a random
+	// start: for a member alone in a private group (a peek, whose output
+	// is the same at every run); members of a shared group must not.
+	CountedIDs bool
 	// LeaseTimeout is how long a shard stays with a member that stopped
 	// renewing (crashed), as watched by the member taking it over;
 	// renewals happen every third of it. Default 30s.
@@ -284,6 +288,9 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 		// Batch ids start at random, so that an acknowledgement meant for an
 		// earlier run under the same name can never settle a batch of this one.
 		nextID: randomID(),
+	}
+	if cfg.CountedIDs {
+		c.nextID = 0
 	}
 	c.stats.Member = member
 	c.policy.Store(cfg.PolicyVersion)

@@ -17,9 +17,9 @@ import (
 // and a member joining afterwards reads the manifest from the watermark,
 // fetching only its last segments.
 func TestIntegrationLowWatermarkOnS3(t *testing.T) {
-	ep := os.Getenv("RLLM_S3_ENDPOINT")
+	ep := os.Getenv("RLLM_PIPE_S3_ENDPOINT")
 	if ep == "" {
-		t.Skip("RLLM_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
+		t.Skip("RLLM_PIPE_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
 	}
 	var b [4]byte
 	rand.Read(b[:])

@@ -463,7 +463,7 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 
 	// Calibrate: bytes per group of this shape and seed.
 	base := append(slices.Clone(sh.args), "--seed", strconv.FormatUint(c.seed, 10))
-	cal := exec.CommandContext(ctx, c.bin, append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(sh.calibration), "--quiet", "--out", "-")...)
+	cal := exec.CommandContext(ctx, c.bin, append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(sh.calibration), "--quiet", "--to", "-")...)
 	var cw countWriter
 	cal.Stdout = &cw
 	var calErr bytes.Buffer
@@ -492,7 +492,7 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 // metaPath, for the next run to reuse.
 func runGen(ctx context.Context, bin string, genArgs []string, path, metaPath string) (inputInfo, error) {
 	tmp := path + ".tmp"
-	gen := exec.CommandContext(ctx, bin, append(slices.Clone(genArgs), "--out", tmp)...)
+	gen := exec.CommandContext(ctx, bin, append(slices.Clone(genArgs), "--to", tmp)...)
 	var genErr bytes.Buffer
 	gen.Stderr = &genErr
 	if err := gen.Run(); err != nil {

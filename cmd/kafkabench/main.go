@@ -119,8 +119,8 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&sizeText, "size", "1GB", "size of the generated input (B, KB, MB, GB)")
 	fs.IntVar(&c.rounds, "rounds", 3, "measured rounds (after one warm-up round)")
 	fs.IntVar(&c.partitions, "partitions", 4, "partitions of the topic")
-	fs.StringVar(&c.brokers, "brokers", os.Getenv("RLLM_KAFKA_BROKERS"), "Kafka brokers (default $RLLM_KAFKA_BROKERS)")
-	fs.StringVar(&c.endpoint, "endpoint", os.Getenv("RLLM_S3_ENDPOINT"), "S3 endpoint (default $RLLM_S3_ENDPOINT)")
+	fs.StringVar(&c.brokers, "brokers", os.Getenv("RLLM_PIPE_KAFKA_BROKERS"), "Kafka brokers (default $RLLM_PIPE_KAFKA_BROKERS)")
+	fs.StringVar(&c.endpoint, "endpoint", os.Getenv("RLLM_PIPE_S3_ENDPOINT"), "S3 endpoint (default $RLLM_PIPE_S3_ENDPOINT)")
 	fs.StringVar(&c.bucket, "bucket", "rllm-pipe-bench", "bucket of the Kafka ingest's output")
 	fs.StringVar(&c.drain, "drain", "batch", "how the drain reads: batch (Conn.ReadBatch per partition) or reader (a Reader per partition)")
 	fs.StringVar(&c.kafkaArgs, "kafka-args", "", "extra flags for the Kafka ingest (space separated)")
@@ -133,7 +133,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	if c.brokers == "" || c.endpoint == "" {
-		return errors.New("no Kafka or S3: set RLLM_KAFKA_BROKERS and RLLM_S3_ENDPOINT (eval \"$(scripts/services.sh env)\")")
+		return errors.New("no Kafka or S3: set RLLM_PIPE_KAFKA_BROKERS and RLLM_PIPE_S3_ENDPOINT (eval \"$(scripts/services.sh env)\")")
 	}
 	var err error
 	if c.size, err = benchkit.ParseSize(sizeText); err != nil {
@@ -158,7 +158,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		topic = "kafkabench-" + randomID()
 		fmt.Fprintf(stdout, "producing %d records (%s) to %s (%d partitions)\n", records, human(in.Bytes), topic, c.partitions)
 		start := time.Now()
-		if err := runQuiet(ctx, c.bin, nil, "produce", "--to", "kafka://"+c.brokers+"/"+topic, "--partitions", strconv.Itoa(c.partitions), "--quiet", in.Path); err != nil {
+		if err := runQuiet(ctx, c.bin, nil, "produce", "--to", "kafka://"+c.brokers+"/"+topic, "--kafka-partitions", strconv.Itoa(c.partitions), "--quiet", in.Path); err != nil {
 			return fmt.Errorf("produce: %w", err)
 		}
 		fmt.Fprintf(stdout, "produced in %.1f s\n", time.Since(start).Seconds())
@@ -827,14 +827,14 @@ func prepareInput(ctx context.Context, c config, stdout io.Writer) (inputInfo, e
 	base := append(slices.Clone(genArgs), "--seed", "1")
 	const calibration = 256
 	var cw bytes.Buffer
-	if err := runQuiet(ctx, c.bin, &cw, append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(calibration), "--quiet", "--out", "-")...); err != nil {
+	if err := runQuiet(ctx, c.bin, &cw, append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(calibration), "--quiet", "--to", "-")...); err != nil {
 		return inputInfo{}, fmt.Errorf("gen (calibration): %w", err)
 	}
 	groups := max(1, int(math.Round(float64(c.size)*calibration/float64(cw.Len()))))
 	args := append(append([]string{"gen"}, base...), "--groups", strconv.Itoa(groups))
 	fmt.Fprintf(stdout, "generating %s: rllm-pipe %s\n", human(c.size), strings.Join(args, " "))
 	tmp := path + ".tmp"
-	if err := runQuiet(ctx, c.bin, nil, append(slices.Clone(args), "--quiet", "--out", tmp)...); err != nil {
+	if err := runQuiet(ctx, c.bin, nil, append(slices.Clone(args), "--quiet", "--to", tmp)...); err != nil {
 		return inputInfo{}, fmt.Errorf("gen: %w", err)
 	}
 	st, err := os.Stat(tmp)

@@ -29,7 +29,22 @@ import (
 )
 
 func main() {
-	os.Exit(cli.Run(context.Background(), "rllm-pipe iceberg", newRoot, os.Args[1:], os.Stdout, os.Stderr))
+	args := append([]string{"iceberg"}, os.Args[1:]...)
+	os.Exit(cli.Run(context.Background(), "rllm-pipe iceberg", newRoot, args, os.Stdout, os.Stderr))
+}
+
+// newRoot is "rllm-pipe" holding the one command "iceberg", and the
+// arguments go to "iceberg": help and errors then name the commands as
+// users type them through rllm-pipe (rllm-pipe iceberg sync ...).
+func newRoot(soft context.Context) *cobra.Command {
+	top := &cobra.Command{Use: "rllm-pipe", SilenceUsage: true, SilenceErrors: true}
+	var globals cli.Globals
+	cli.Setup(top, &globals)
+	ice := newIceberg(soft)
+	cli.AddVersion(ice, "rllm-pipe-iceberg")
+	top.AddCommand(ice)
+	cli.RejectUnknownSubcommands(top)
+	return top
 }
 
 // finishTimeout bounds the last sync of --follow after a stop.
@@ -73,15 +88,12 @@ type compactOpts struct {
 	quiet    bool
 }
 
-func newRoot(soft context.Context) *cobra.Command {
+func newIceberg(soft context.Context) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "rllm-pipe iceberg",
-		Short:         "Project committed shards into Apache Iceberg tables (Spark, Trino, pyiceberg read them)",
+		Use:           "iceberg",
+		Short:         "Project committed shards into Apache Iceberg tables (Spark, Trino, pyiceberg)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return cli.ApplyEnv(cmd.Flags())
-		},
 	}
 	var o syncOpts
 	syncCmd := &cobra.Command{

@@ -19,9 +19,9 @@ import (
 
 // benchEnv is integrationEnv for benchmarks.
 func benchEnv(b *testing.B) (string, string) {
-	brokers, endpoint := os.Getenv("RLLM_KAFKA_BROKERS"), os.Getenv("RLLM_S3_ENDPOINT")
+	brokers, endpoint := os.Getenv("RLLM_PIPE_KAFKA_BROKERS"), os.Getenv("RLLM_PIPE_S3_ENDPOINT")
 	if brokers == "" || endpoint == "" {
-		b.Skip("RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT not set: run `make bench` (it starts Kafka and MinIO)")
+		b.Skip("RLLM_PIPE_KAFKA_BROKERS / RLLM_PIPE_S3_ENDPOINT not set: run `make bench` (it starts Kafka and MinIO)")
 	}
 	return brokers, endpoint
 }

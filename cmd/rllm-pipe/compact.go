@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/connectors"
 	"github.com/rllm-pipe/rllm-pipe/connectors/compact"
 )
@@ -25,8 +26,8 @@ type compactOpts struct {
 func newCompactCmd(soft context.Context) *cobra.Command {
 	var o compactOpts
 	cmd := &cobra.Command{
-		Use:   "compact --to URL",
-		Short: "Merge runs of small committed shards into larger files for sql, report and ui (the shards and the manifest stay)",
+		Use:   "compact --from URL",
+		Short: "Merge small committed shards into larger files for sql, report and ui",
 		Long: `compact merges runs of small committed shards into files of about
 --target-size, which sql, report and ui then read instead of the shards: a
 long run's thousands of commits become a few files to open. The manifest and
@@ -42,7 +43,8 @@ which is how a long run keeps its views quick to open.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.to, "to", "", "output root: file:///path, a path, or s3://bucket/prefix (env RLLM_TO)")
+	f.StringVar(&o.to, "from", "", "the shard root to compact: a path, file:///path or s3://bucket/prefix")
+	cli.Rename(f, "to", "from")
 	f.StringVar(&o.target, "target-size", "64MiB", "size of a merged file; shards of a quarter of it or more are left alone")
 	f.IntVar(&o.minShards, "min-shards", 16, "fewest shards merged into one file")
 	f.IntVar(&o.maxShards, "max-shards", 1024, "most shards merged into one file")
@@ -71,7 +73,7 @@ func runCompact(soft context.Context, cmd *cobra.Command, o compactOpts) error {
 	}
 	root, err := connectors.ParseRoot(o.to, o.conn.options())
 	if err != nil {
-		return usageErrorf("--to: %v", err)
+		return usageErrorf("--from: %v", err)
 	}
 	ctx := cmd.Context()
 	writer := "compact-" + newRunID()

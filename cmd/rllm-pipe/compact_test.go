@@ -66,7 +66,7 @@ func compactFiles(t *testing.T, bin, work, from string, extra ...string) (files,
 func compactInputs(t *testing.T, bin, work string, groups int, seed string) []string {
 	t.Helper()
 	all := filepath.Join(work, "all-"+seed+".jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--turns", "2..5", "--groups", fmt.Sprint(groups), "--group-size", "2", "--seed", seed, "--out", all); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--turns", "2..5", "--groups", fmt.Sprint(groups), "--group-size", "2", "--seed", seed, "--to", all); r.code != 0 {
 		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)
 	}
 	data, err := os.ReadFile(all)
@@ -118,7 +118,7 @@ func testCompact(t *testing.T, bin, work, to string, objs func() compactObjects,
 	}
 	compactRun := func(args ...string) e2eRunResult {
 		t.Helper()
-		r := e2eRun(t, bin, work, append(append([]string{"compact", "--to", to, "--min-shards", "2", "--max-shards", "4"}, args...), extra...)...)
+		r := e2eRun(t, bin, work, append(append([]string{"compact", "--from", to, "--min-shards", "2", "--max-shards", "4"}, args...), extra...)...)
 		if r.code != 0 {
 			t.Fatalf("compact: exit %d\n%s", r.code, e2eClip(r.stderr, 4000))
 		}
@@ -221,7 +221,7 @@ func testCompact(t *testing.T, bin, work, to string, objs func() compactObjects,
 	done := make(chan e2eRunResult, 2)
 	for range 2 {
 		go func() {
-			done <- e2eRun(t, bin, work, append([]string{"compact", "--to", to, "--min-shards", "2", "--max-shards", "4"}, extra...)...)
+			done <- e2eRun(t, bin, work, append([]string{"compact", "--from", to, "--min-shards", "2", "--max-shards", "4"}, extra...)...)
 		}()
 	}
 	for range 2 {
@@ -391,7 +391,7 @@ func TestCompactEvery(t *testing.T) {
 		}
 	}
 	ingest(files[:4])
-	cmd := exec.Command(bin, "compact", "--to", out, "--min-shards", "2", "--max-shards", "2", "--every", "100ms")
+	cmd := exec.Command(bin, "compact", "--from", out, "--min-shards", "2", "--max-shards", "2", "--every", "100ms")
 	cmd.Env = e2eEnv()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -17,11 +17,16 @@ type connFlags struct {
 	cli.S3Flags
 }
 
-func (c *connFlags) register(f *pflag.FlagSet) {
+// register adds the store's flags (S3 and --retry-for): every command
+// that reads or writes a shard root takes them.
+func (c *connFlags) register(f *pflag.FlagSet) { c.S3Flags.Register(f) }
+
+// registerKafka adds Kafka's TLS and SASL flags: only the commands that
+// reach Kafka (ingest, gateway, produce) take them.
+func (c *connFlags) registerKafka(f *pflag.FlagSet) {
 	f.BoolVar(&c.kafkaTLS, "kafka-tls", false, "connect to Kafka over TLS")
-	f.StringVar(&c.kafkaSASL, "kafka-sasl-mechanism", "", "Kafka SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (password from RLLM_KAFKA_SASL_PASSWORD)")
+	f.StringVar(&c.kafkaSASL, "kafka-sasl-mechanism", "", "Kafka SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (password from RLLM_PIPE_KAFKA_SASL_PASSWORD)")
 	f.StringVar(&c.kafkaUser, "kafka-sasl-username", "", "Kafka SASL user name")
-	c.S3Flags.Register(f)
 }
 
 // check validates the settings.

@@ -15,6 +15,7 @@ import (
 	"github.com/apache/arrow-go/v18/arrow/ipc"
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/train"
 	"github.com/rllm-pipe/rllm-pipe/train/merge"
@@ -46,11 +47,23 @@ func newConsumeCmd(soft context.Context) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "consume --from URL",
-		Short: "Print a consumer group's batches (JSON lines or an Arrow IPC stream) and acknowledge them",
-		Long: `consume is one member of --consumer-group for shell use: it prints each
-batch (--format jsonl: one summary line per batch; --format arrow: the
-batches as an Arrow IPC stream) and acknowledges it once written. Without
---follow it stops when every committed shard is done.`,
+		Short: "Print token-budget batches; with --consumer-group, acknowledge them",
+		Long: `consume prints the batches a trainer would get (--format jsonl: one
+summary line per batch; --format arrow: the batches as an Arrow IPC
+stream). Without --consumer-group it peeks: the batches of a private group
+kept in memory, so nothing is acknowledged or written to the store and
+every run prints the same. With --consumer-group NAME it is one member of
+that group for shell use, and acknowledges each batch once written (as
+serve's trainers do). Without --follow it stops when every committed shard
+is done.`,
+		Example: `  # the first two batches of at most 32k tokens, read only
+  rllm-pipe consume --from data --max-tokens 32000 --max-batches 2
+
+  # consume as member "a" of the group "sft-run", acknowledging
+  rllm-pipe consume --from data --consumer-group sft-run --name a --max-tokens 32000
+
+  # batches as an Arrow IPC stream, for pyarrow.ipc.open_stream
+  rllm-pipe consume --from data --format arrow --to batches.arrow`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) (err error) {
 			if format != "jsonl" && format != "arrow" {
@@ -62,7 +75,7 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 			if _, err := o.config("x"); err != nil {
 				return err
 			}
-			if noAck {
+			if noAck && !o.peek() {
 				// Peeking: nothing is acknowledged, so every batch stays in
 				// flight; the member must be allowed them all.
 				if maxBatches <= 0 {
@@ -71,7 +84,7 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 				o.maxInflight = max(o.maxInflight, maxBatches)
 			}
 			// Before anything is opened: --out is truncated when created.
-			if err := checkOutputFiles(cmd.Context(), []string{o.from}, "out", out, "stats-json", statsJSON, "cpuprofile", o.cpuProfile); err != nil {
+			if err := checkOutputFiles(cmd.Context(), []string{o.from}, "to", out, "stats-json", statsJSON, "cpuprofile", o.cpuProfile); err != nil {
 				return err
 			}
 			if o.name == "" {
@@ -103,15 +116,21 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 				defer f.Close()
 				w = f
 			}
-			runErr := consumeLoop(soft, c, w, format, maxBatches, !noAck)
+			runErr := consumeLoop(soft, c, w, format, maxBatches, !noAck || o.peek())
 			// Leaving releases the member's shards: retried while the store
 			// is out, but not past a signal.
 			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			closeErr := c.Close(store.WithRetryStop(cctx, soft.Done()))
 			stats := c.Stats()
-			fmt.Fprintf(cmd.ErrOrStderr(), "consume: %d batches, %d groups acknowledged, %d lost, %d stale and %d empty skipped, %d filtered rows, %d oversized, %d shards taken over\n",
-				stats.Batches, stats.GroupsAcked, stats.GroupsLost, stats.SkippedStale, stats.SkippedEmpty, stats.SkippedFiltered, stats.Oversized, stats.Takeovers)
+			verb := "acknowledged"
+			if o.peek() {
+				verb = "peeked (no --consumer-group: nothing kept)"
+			}
+			if !globals.Quiet {
+				fmt.Fprintf(cmd.ErrOrStderr(), "consume: %d batches, %d groups %s, %d lost, %d stale and %d empty skipped, %d filtered rows, %d oversized, %d shards taken over\n",
+					stats.Batches, stats.GroupsAcked, verb, stats.GroupsLost, stats.SkippedStale, stats.SkippedEmpty, stats.SkippedFiltered, stats.Oversized, stats.Takeovers)
+			}
 			if statsJSON != "" {
 				data, _ := json.MarshalIndent(stats, "", "  ")
 				if err := os.WriteFile(statsJSON, append(data, '\n'), 0o644); err != nil {
@@ -125,10 +144,11 @@ batches as an Arrow IPC stream) and acknowledges it once written. Without
 		},
 	}
 	f := cmd.Flags()
-	o.register(f, false)
+	o.register(f, false, "")
 	f.StringVar(&o.name, "name", "", "this member's stable name in the group (default host-pid); a restart under the same name resumes its shards at once")
 	f.StringVar(&format, "format", "jsonl", "output: jsonl (a line per batch) or arrow (Arrow IPC stream)")
-	f.StringVar(&out, "out", "-", "write to this file instead of stdout")
+	f.StringVar(&out, "to", "-", "write to this file instead of stdout")
+	cli.Rename(f, "out", "to")
 	f.IntVar(&maxBatches, "max-batches", 0, "stop after this many batches (0: no limit)")
 	f.BoolVar(&noAck, "no-ack", false, "do not acknowledge (peek; with --max-batches)")
 	f.StringVar(&statsJSON, "stats-json", "", "write the member's tallies as JSON to this file at the end")

@@ -76,7 +76,7 @@ type consLine struct {
 func consGenChunks(t *testing.T, bin, work string, n int, genArgs ...string) []string {
 	t.Helper()
 	in := filepath.Join(work, "gen.jsonl")
-	args := append([]string{"gen", "--out", in, "--group-size", "4", "--prompt-len", "80", "--response-len", "40",
+	args := append([]string{"gen", "--to", in, "--group-size", "4", "--prompt-len", "80", "--response-len", "40",
 		"--max-steps", "6", "--messages=false", "--quiet"}, genArgs...)
 	if r := e2eRun(t, bin, work, args...); r.code != 0 {
 		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)
@@ -238,7 +238,7 @@ type consProc struct {
 // work/<name>.jsonl and its tallies to work/<name>-stats.json.
 func consStart(t *testing.T, bin, work, name string, args ...string) *consProc {
 	t.Helper()
-	p, _ := consLaunch(t, bin, work, name, false, append([]string{"--format", "jsonl", "--out", filepath.Join(work, name+".jsonl")}, args...)...)
+	p, _ := consLaunch(t, bin, work, name, false, append([]string{"--format", "jsonl", "--to", filepath.Join(work, name+".jsonl")}, args...)...)
 	return p
 }
 
@@ -800,7 +800,7 @@ func TestConsumeSlowMemberKeepsItsShards(t *testing.T) {
 	args := []string{"--from", out, "--consumer-group", "slow", "--max-tokens", strconv.Itoa(consMaxTokens),
 		"--lease-timeout", lease.String(), "--poll", "50ms"}
 	deadline := time.Now().Add(40 * time.Second)
-	slow, stdout := consLaunch(t, bin, work, "slow", true, append([]string{"--format", "arrow", "--out", "-"}, args...)...)
+	slow, stdout := consLaunch(t, bin, work, "slow", true, append([]string{"--format", "arrow", "--to", "-"}, args...)...)
 	fast := consStart(t, bin, work, "fast", args...)
 
 	type result struct {
@@ -1053,16 +1053,16 @@ func TestOutputFlagsRefusedInStore(t *testing.T) {
 		{"stats-json", []string{"ingest", "--from", in, "--to", st, "--stats-json", filepath.Join(st, "_manifest", "stats.json")}},
 		{"cpuprofile", []string{"ingest", "--from", in, "--to", other, "--cpuprofile", manifest}},
 		{"dlq", []string{"ingest", "--from", in, "--to", other, "--dlq", manifest}},
-		{"out", []string{"consume", "--from", st, "--out", manifest}},
-		{"out", []string{"consume", "--from", st, "--out", filepath.Join(dir, "link", "shards.jsonl")}},
-		{"out", []string{"consume", "--from", st, "--out", st}},
+		{"to", []string{"consume", "--from", st, "--to", manifest}},
+		{"to", []string{"consume", "--from", st, "--to", filepath.Join(dir, "link", "shards.jsonl")}},
+		{"to", []string{"consume", "--from", st, "--to", st}},
 		{"stats-json", []string{"consume", "--from", st, "--stats-json", manifest}},
 		{"cpuprofile", []string{"consume", "--from", other, "--cpuprofile", manifest}},
 		{"ready-file", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--ready-file", manifest}},
 		{"download-dir", []string{"sql", "--from", st, "--download-dir", filepath.Join(st, "_manifest"), "SELECT 1"}},
-		{"out", []string{"report", "--from", st, "--out", manifest}},
-		{"out", []string{"report", "--from", other, "--out", filepath.Join(dir, "link", "shards.jsonl")}},
-		{"download-dir", []string{"report", "--from", st, "--download-dir", filepath.Join(st, "_dlq"), "--out", filepath.Join(dir, "r.html")}},
+		{"to", []string{"report", "--from", st, "--to", manifest}},
+		{"to", []string{"report", "--from", other, "--to", filepath.Join(dir, "link", "shards.jsonl")}},
+		{"download-dir", []string{"report", "--from", st, "--download-dir", filepath.Join(st, "_dlq"), "--to", filepath.Join(dir, "r.html")}},
 	} {
 		var stderr bytes.Buffer
 		code := run(context.Background(), c.args, io.Discard, &stderr)
@@ -1075,7 +1075,7 @@ func TestOutputFlagsRefusedInStore(t *testing.T) {
 	}
 	// Outputs beside the store, or in its root but outside the reserved
 	// folders, are fine.
-	if code := run(context.Background(), []string{"consume", "--from", st, "--out", filepath.Join(dir, "batches.jsonl"), "--stats-json", filepath.Join(st, "stats.json")}, io.Discard, io.Discard); code != 0 {
+	if code := run(context.Background(), []string{"consume", "--from", st, "--to", filepath.Join(dir, "batches.jsonl"), "--stats-json", filepath.Join(st, "stats.json")}, io.Discard, io.Discard); code != 0 {
 		t.Fatalf("consume to a file beside the store: exit %d", code)
 	}
 }

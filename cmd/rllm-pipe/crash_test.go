@@ -30,7 +30,7 @@ func TestCrashRestartExactlyOnce(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	gen := filepath.Join(work, "gen.jsonl")
-	r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "500", "--group-size", "4", "--duplicates", "0.02",
+	r := e2eRun(t, bin, work, "gen", "--to", gen, "--groups", "500", "--group-size", "4", "--duplicates", "0.02",
 		"--prompt-len", "48", "--response-len", "24", "--seed", "11", "--quiet")
 	if r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)

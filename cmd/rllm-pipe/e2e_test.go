@@ -1734,7 +1734,7 @@ func e2eGeneratedCase(t *testing.T, bin string, groups, groupSize, roles int, ex
 	work := t.TempDir()
 	in := filepath.Join(work, "gen.jsonl")
 	genArgs := func(out string) []string {
-		return append([]string{"gen", "--out", out, "--groups", strconv.Itoa(groups), "--group-size", strconv.Itoa(groupSize)}, extra...)
+		return append([]string{"gen", "--to", out, "--groups", strconv.Itoa(groups), "--group-size", strconv.Itoa(groupSize)}, extra...)
 	}
 	if r := e2eRun(t, bin, work, genArgs(in)...); r.code != 0 {
 		t.Fatalf("rllm-pipe gen: exit %d\n%s", r.code, e2eClip(r.stderr, 4000))
@@ -2052,7 +2052,7 @@ func TestSecondWriterRefused(t *testing.T) {
 	work := t.TempDir()
 	out := filepath.Join(work, "out")
 	gen := filepath.Join(work, "gen.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "40", "--group-size", "4", "--seed", "3", "--quiet"); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--to", gen, "--groups", "40", "--group-size", "4", "--seed", "3", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	first := exec.Command(bin, "ingest", "--from", "-", "--to", out, "--group-size", "4", "--quiet")

@@ -726,7 +726,7 @@ func TestEndToEndEstimators(t *testing.T) {
 	work := t.TempDir()
 	const groupSize = 6
 	gen := filepath.Join(work, "gen.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "60", "--group-size", strconv.Itoa(groupSize),
+	if r := e2eRun(t, bin, work, "gen", "--to", gen, "--groups", "60", "--group-size", strconv.Itoa(groupSize),
 		"--teacher", "--seed", "424242", "--prompt-len", "32", "--response-len", "24", "--quiet"); r.code != 0 {
 		t.Fatalf("rllm-pipe gen: exit %d\n%s", r.code, e2eClip(r.stderr, 4000))
 	}

@@ -142,16 +142,23 @@ func newExportDistillCmd(soft context.Context) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "distill --from URL --to FILE.parquet",
-		Short: "On-policy distillation data: student tokens and logprobs, teacher logprobs, per-token advantages",
+		Short: "On-policy distillation rows: student and teacher logprobs, token advantages",
 		Long: `export distill writes one Parquet row per step with teacher logprobs: ids,
 prompt_ids, response_ids (the student's tokens), response_logprobs (the
 student's), teacher_logprobs, advantage and token_advantages (as ingest
 computed them with --kl-coef; recomputed as advantage + clip(coef·D) with
 this command's --kl-* flags when a step has none or when --kl-coef is given).
-Groups holding steps without teacher logprobs go to --requests as wire-format
-JSON lines (trajectory records and every step; the steps to score lack
-teacher_logprobs): a teacher server fills teacher_logprobs, one per response
-token, and the file goes back through ingest into a new output.`,
+With --requests FILE, the groups holding steps without teacher logprobs go
+there as wire-format JSON lines (trajectory records and every step; the
+steps to score lack teacher_logprobs): a teacher server fills
+teacher_logprobs, one per response token, and the file goes back through
+ingest into a new output.`,
+		Example: `  # the scored steps, token advantages as ingest computed them
+  rllm-pipe export distill --from data --to distill.parquet
+
+  # recompute with λ = 0.5 clipped to ±1, and list what the teacher must score
+  rllm-pipe export distill --from data --to distill.parquet --kl-coef 0.5 --kl-clip 1 \
+    --requests to-score.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The ranges of ingest's --kl-* flags: a NaN or infinite λ
@@ -164,10 +171,7 @@ token, and the file goes back through ingest into a new output.`,
 				return usageErrorf("--to %q: name a .parquet file", o.to)
 			}
 			cfg.Recompute = cmd.Flags().Changed("kl-coef")
-			if !noRequests && requests == "" {
-				requests = strings.TrimSuffix(o.to, filepath.Ext(o.to)) + ".requests.jsonl"
-			}
-			if noRequests {
+			if noRequests { // deprecated: no requests file is the default
 				requests = ""
 			}
 			src, err := openShardStore(store.WithRetryStop(cmd.Context(), soft.Done()), o.from, o.conn)
@@ -198,17 +202,23 @@ token, and the file goes back through ingest into a new output.`,
 				fmt.Fprintf(cmd.ErrOrStderr(), "export distill: %d of %d steps exported (%d token advantages recomputed); %d steps without teacher logprobs", st.Scored, st.Steps, st.Recomputed, st.Unscored)
 				if requests != "" {
 					fmt.Fprintf(cmd.ErrOrStderr(), "; %d groups (%d steps) to score in %s", st.RequestGroups, st.RequestSteps, requests)
+				} else if st.Unscored > 0 {
+					fmt.Fprint(cmd.ErrOrStderr(), " (--requests FILE lists them for a teacher)")
 				}
 				fmt.Fprintln(cmd.ErrOrStderr())
+				if !cfg.Recompute && st.Recomputed > 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "export distill: %d steps had no token advantages (ingest ran without --kl-coef): exported with the advantage alone; give --kl-coef to add the teacher's term\n", st.Recomputed)
+				}
 			}
 			return writeJSONFile(o.statsJSON, st)
 		},
 	}
 	o.register(cmd)
 	f := cmd.Flags()
-	f.StringVar(&requests, "requests", "", "scoring requests file (default: next to --to, .requests.jsonl)")
-	f.BoolVar(&noRequests, "no-requests", false, "write no scoring requests")
-	f.Float64Var(&cfg.Distill.Coef, "kl-coef", 1, "λ of token_advantages = advantage + clip(λ·D) when recomputed")
+	f.StringVar(&requests, "requests", "", "write the groups with steps to score by a teacher to this file (wire-format JSON lines; default: none)")
+	f.BoolVar(&noRequests, "no-requests", false, "deprecated: no requests file is written without --requests")
+	_ = f.MarkDeprecated("no-requests", "no requests file is written without --requests")
+	f.Float64Var(&cfg.Distill.Coef, "kl-coef", 0, "λ of token_advantages = advantage + clip(λ·D), recomputing every step's (as ingest's --kl-coef; not given: as ingest computed them, advantage alone where it computed none)")
 	f.Float64Var(&cfg.Distill.Clip, "kl-clip", 0, "clip the distillation term to [-c, c] (0: no clipping)")
 	f.Float64Var(&cfg.Distill.Discount, "kl-discount", 0, "discount γ of D_t = Σ γ^(k-t) d_k (0: D_t = d_t)")
 	return cmd

@@ -159,7 +159,7 @@ func TestExportSFTChoosesLikeAnIndependentComputation(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in, out := filepath.Join(work, "in.jsonl"), filepath.Join(work, "out")
-	if r := e2eRun(t, bin, work, "gen", "--groups", "60", "--group-size", "4", "--seed", "11", "--out", in); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--groups", "60", "--group-size", "4", "--seed", "11", "--to", in); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", out, "--group-size", "4", "--filter", "truncated", "--quiet"); r.code != 0 {
@@ -320,7 +320,7 @@ func TestExportDistillRoundTrip(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--groups", "30", "--group-size", "4", "--teacher", "--seed", "5", "--out", in); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--groups", "30", "--group-size", "4", "--teacher", "--seed", "5", "--to", in); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	// Strip the teacher from the steps of every third task.
@@ -364,7 +364,8 @@ func TestExportDistillRoundTrip(t *testing.T) {
 	}
 
 	dest := filepath.Join(work, "distill.parquet")
-	if r := e2eRun(t, bin, work, "export", "distill", "--from", out, "--to", dest, "--kl-coef", "0.5", "--kl-clip", "1"); r.code != 0 {
+	if r := e2eRun(t, bin, work, "export", "distill", "--from", out, "--to", dest, "--kl-coef", "0.5", "--kl-clip", "1",
+		"--requests", strings.TrimSuffix(dest, ".parquet")+".requests.jsonl"); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	byStep := map[string]shardRow{}
@@ -467,7 +468,7 @@ func TestExportRefusesStoreOutputs(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in, out := filepath.Join(work, "in.jsonl"), filepath.Join(work, "out")
-	if r := e2eRun(t, bin, work, "gen", "--groups", "8", "--group-size", "4", "--teacher", "--seed", "3", "--out", in); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--groups", "8", "--group-size", "4", "--teacher", "--seed", "3", "--to", in); r.code != 0 {
 		t.Fatal(r.stderr)
 	}
 	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", out, "--group-size", "4", "--quiet"); r.code != 0 {
@@ -532,7 +533,7 @@ func TestExportNumericFlagsRefused(t *testing.T) {
 	work := t.TempDir()
 	gen := filepath.Join(work, "gen.jsonl")
 	out := filepath.Join(work, "out")
-	if r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "4", "--group-size", "2", "--seed", "1", "--quiet"); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--to", gen, "--groups", "4", "--group-size", "2", "--seed", "1", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	if r := e2eRun(t, bin, work, "ingest", "--from", gen, "--to", out, "--group-size", "2", "--quiet"); r.code != 0 {

@@ -24,7 +24,7 @@ func TestPromptForksView(t *testing.T) {
 	work := t.TempDir()
 	in := filepath.Join(work, "t.jsonl")
 	if r := e2eRun(t, bin, work, "gen", "--groups", "12", "--group-size", "2", "--turns", "2..6", "--resets", "0.3",
-		"--prompt-len", "8", "--response-len", "4", "--observation-len", "3", "--seed", "5", "--out", in); r.code != 0 {
+		"--prompt-len", "8", "--response-len", "4", "--observation-len", "3", "--seed", "5", "--to", in); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	out := filepath.Join(work, "out")
@@ -146,7 +146,7 @@ func TestStepVersionsView(t *testing.T) {
 	work := t.TempDir()
 	in := filepath.Join(work, "t.jsonl")
 	if r := e2eRun(t, bin, work, "gen", "--groups", "20", "--group-size", "2", "--turns", "1..4", "--token-versions", "--policy-versions", "4",
-		"--prompt-len", "8", "--response-len", "6", "--seed", "3", "--out", in); r.code != 0 {
+		"--prompt-len", "8", "--response-len", "6", "--seed", "3", "--to", in); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	out := filepath.Join(work, "out")
@@ -220,7 +220,7 @@ func TestUITrajectoryMarksForksAndVersions(t *testing.T) {
 	work := t.TempDir()
 	in := filepath.Join(work, "t.jsonl")
 	if r := e2eRun(t, bin, work, "gen", "--groups", "12", "--group-size", "2", "--turns", "2..6", "--resets", "0.4", "--token-versions",
-		"--policy-versions", "3", "--prompt-len", "8", "--response-len", "6", "--observation-len", "3", "--seed", "9", "--out", in); r.code != 0 {
+		"--policy-versions", "3", "--prompt-len", "8", "--response-len", "6", "--observation-len", "3", "--seed", "9", "--to", in); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	out := filepath.Join(work, "out")

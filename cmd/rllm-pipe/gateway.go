@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/connectors/gatewayout"
 	"github.com/rllm-pipe/rllm-pipe/connectors/recordlog"
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
@@ -38,7 +39,8 @@ type gatewayOpts struct {
 	walDir, walFileBytes        string
 	kafkaPartitions             int
 	shutdownTimeout             time.Duration
-	wholePrompts                bool
+	wireDeltas                  bool
+	wholePrompts                bool // deprecated: !wireDeltas
 	forward                     []string
 	conn                        connFlags
 	// The trainer's side of the loop: published versions and pacing.
@@ -73,7 +75,7 @@ func newGatewayCmd(soft context.Context) *cobra.Command {
 	ingestFlags := newIngestCmd(soft).Flags()
 	cmd := &cobra.Command{
 		Use:   "gateway --upstream URL[,URL...] --to URL",
-		Short: "Capture gateway: an OpenAI-compatible proxy in front of inference workers that records every call as Step records",
+		Short: "OpenAI-compatible proxy that records every agent call as a Step",
 		Long: `gateway speaks rLLM's model-gateway API: agents use
 http://ADDR/sessions/{session_id}/v1 as their OpenAI base URL, and every call
 is forwarded to an --upstream worker (vLLM, SGLang) and recorded as a Step
@@ -103,9 +105,9 @@ groups-per-step, then gets 429 with Retry-After (--pace-wait); sessions
 of admitted groups are never held.
 
 Security: beyond loopback the gateway refuses to start without both tokens
-(--agent-token-file / RLLM_GATEWAY_AGENT_TOKEN for the agent routes and
+(--agent-token-file / RLLM_PIPE_GATEWAY_AGENT_TOKEN for the agent routes and
 POST /records, which take the admin token too, --admin-token-file /
-RLLM_GATEWAY_ADMIN_TOKEN for management and /metrics), sent as
+RLLM_PIPE_GATEWAY_ADMIN_TOKEN for management and /metrics), sent as
 "Authorization: Bearer" or "x-api-key". Workers started with an API key get it from
 --upstream-key-env NAME (an environment variable, never a flag value). The first signal stops taking calls, finishes those in flight,
 flushes the output and stops the pipeline (groups still open stay in the
@@ -121,15 +123,17 @@ write-ahead log and resume on the next start); a second aborts.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.listen, "listen", "127.0.0.1:9090", "address to serve on (host:port; port 0 picks one); beyond loopback only with both tokens")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8816", "address to serve on (host:port; port 0 picks one); beyond loopback only with both tokens")
 	f.StringVar(&o.upstream, "upstream", "", "inference workers' base URLs, comma-separated (http://host:port)")
 	f.StringVar(&o.to, "to", "", "where records go: kafka://host:port/topic, a record log PATH.jsonl, or a shard root (a path or s3://bucket/prefix)")
 	f.StringVar(&o.ready, "ready-file", "", "write the bound address to this file once listening")
-	f.BoolVar(&o.wholePrompts, "whole-prompts", false, "write every step's whole prompt_ids, never parent_step_id + prompt_delta_ids (for readers of the records other than rllm-pipe ingest)")
+	f.BoolVar(&o.wireDeltas, "wire-deltas", true, "write a step that extends the one before as parent_step_id + prompt_delta_ids (false: every step's whole prompt_ids, for readers of the records other than rllm-pipe ingest)")
+	f.BoolVar(&o.wholePrompts, "whole-prompts", false, "deprecated: use --wire-deltas=false")
+	_ = f.MarkDeprecated("whole-prompts", "use --wire-deltas=false")
 	f.StringArrayVar(&o.forward, "forward", nil, "a route besides the recorded endpoints forwarded to the workers, \"[METHOD ]/v1/path\" (a trailing /* for every path below; \"*\" for all); repeatable; default: GET /v1/models, GET /v1/models/*, POST /v1/embeddings. Any other call is answered 404: a worker's admin routes (vLLM's /v1/load_lora_adapter) are not the agents'")
 	f.Int64Var(&o.weightVersion, "weight-version", 0, "initial weight (policy) version stamped on calls (POST /admin/weight_version changes it)")
-	f.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding the bearer token of the agent routes (default: $RLLM_GATEWAY_AGENT_TOKEN; none: loopback only)")
-	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_GATEWAY_ADMIN_TOKEN; none: loopback only)")
+	f.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding the bearer token of the agent routes (default: $RLLM_PIPE_GATEWAY_AGENT_TOKEN; none: loopback only)")
+	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_PIPE_GATEWAY_ADMIN_TOKEN; none: loopback only)")
 	f.StringVar(&o.upstreamKeyEnv, "upstream-key-env", "", "name of an environment variable holding the workers' API key (vLLM's --api-key), sent upstream as \"Authorization: Bearer\"; the agents' tokens are never forwarded")
 	f.StringVar(&o.maxRequest, "max-request-bytes", "32MiB", "largest request body taken")
 	f.StringVar(&o.maxRequestBodies, "max-request-bodies-bytes", "256MiB", "request bodies held at once, of all requests together (at least --max-request-bytes); beyond it a request gets 503 and Retry-After")
@@ -138,7 +142,8 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.StringVar(&o.walDir, "wal-dir", "", "write-ahead log folder of an s3:// --to (default: under the user cache folder, named after the --to)")
 	f.StringVar(&o.walFileBytes, "wal-file-bytes", "64MiB", "rotate the write-ahead log's files at about this size (settled files are removed)")
 	f.IntVar(&o.kafkaPartitions, "kafka-partitions", 8, "partitions of a kafka:// --to topic when the gateway creates it")
-	f.DurationVar(&o.shutdownTimeout, "shutdown-timeout", time.Minute, "on the first signal, give calls in flight and the output this long to finish")
+	f.DurationVar(&o.shutdownTimeout, "shutdown-grace", time.Minute, "on the first signal, give calls in flight and the output this long to finish")
+	cli.Rename(f, "shutdown-timeout", "shutdown-grace")
 	f.BoolVar(&o.follow, "follow-trainer", true, "follow the trainer through its store: stamp calls with the newest policy version it published (never lowered) and read its progress for pacing")
 	f.StringVar(&o.followStore, "trainer-store", "", "the shard root the trainer consumes and publishes its versions in (default: --to when it is a shard root; needed with a kafka:// or record-log --to)")
 	f.StringVar(&o.group, "consumer-group", "default", "the trainer's consumer group (as serve's --consumer-group)")
@@ -147,6 +152,7 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.Int64Var(&o.maxStaleness, "max-staleness", -1, "pacing: how many versions behind the trainer a group may be trained (as serve's --max-staleness; needed with --groups-per-step)")
 	f.DurationVar(&o.paceWait, "pace-wait", 30*time.Second, "pacing: how long a new group's first call waits for room before 429 and Retry-After")
 	o.conn.register(f)
+	o.conn.registerKafka(f)
 	for _, name := range pipelineFlags {
 		f.AddFlag(ingestFlags.Lookup(name))
 	}
@@ -204,10 +210,10 @@ func runGateway(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, groupS
 	addr := ln.Addr().String()
 	if !loopbackAddr(addr) && (cfg.AgentToken == "" || cfg.AdminToken == "") {
 		ln.Close()
-		return usageErrorf("--listen %s is beyond loopback: the gateway refuses it without both tokens (--agent-token-file or RLLM_GATEWAY_AGENT_TOKEN, --admin-token-file or RLLM_GATEWAY_ADMIN_TOKEN), or listen on 127.0.0.1", o.listen)
+		return usageErrorf("--listen %s is beyond loopback: the gateway refuses it without both tokens (--agent-token-file or RLLM_PIPE_GATEWAY_AGENT_TOKEN, --admin-token-file or RLLM_PIPE_GATEWAY_ADMIN_TOKEN), or listen on 127.0.0.1", o.listen)
 	}
 	if !loopbackAddr(addr) {
-		if err := shortToken(o.listen, tokenFlag{"agent-token-file", "RLLM_GATEWAY_AGENT_TOKEN", cfg.AgentToken}, tokenFlag{"admin-token-file", "RLLM_GATEWAY_ADMIN_TOKEN", cfg.AdminToken}); err != nil {
+		if err := shortToken(o.listen, tokenFlag{"agent-token-file", "RLLM_PIPE_GATEWAY_AGENT_TOKEN", cfg.AgentToken}, tokenFlag{"admin-token-file", "RLLM_PIPE_GATEWAY_ADMIN_TOKEN", cfg.AdminToken}); err != nil {
 			ln.Close()
 			return err
 		}
@@ -310,7 +316,7 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 		return c, err
 	}
 	c.WeightVersion = o.weightVersion
-	c.WholePrompts = o.wholePrompts
+	c.WholePrompts = o.wholePrompts || !o.wireDeltas
 	if err := firstErr(durationIn("trainer-poll", o.trainerPoll, time.Millisecond, time.Hour), durationIn("pace-wait", o.paceWait, 0, time.Hour),
 		int64In("groups-per-step", o.groupsPerStep, 0, 1<<30)); err != nil {
 		return c, err
@@ -335,10 +341,10 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 	if groupSizeSet {
 		c.GroupSize = ing.groupSize
 	}
-	if c.AgentToken, err = token("agent-token-file", o.agentTokenFile, "RLLM_GATEWAY_AGENT_TOKEN"); err != nil {
+	if c.AgentToken, err = token("agent-token-file", o.agentTokenFile, "RLLM_PIPE_GATEWAY_AGENT_TOKEN"); err != nil {
 		return c, err
 	}
-	if c.AdminToken, err = token("admin-token-file", o.adminFile, "RLLM_GATEWAY_ADMIN_TOKEN"); err != nil {
+	if c.AdminToken, err = token("admin-token-file", o.adminFile, "RLLM_PIPE_GATEWAY_ADMIN_TOKEN"); err != nil {
 		return c, err
 	}
 	if o.upstreamKeyEnv != "" {
@@ -351,8 +357,11 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 }
 
 // writeReady writes the bound address whole (temp file, rename), so that
-// a reader never sees half of it.
+// a reader never sees half of it; nothing without a path.
 func writeReady(path, addr string) error {
+	if path == "" {
+		return nil
+	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(addr+"\n"), 0o644); err != nil {
 		return err

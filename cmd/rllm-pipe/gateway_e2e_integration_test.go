@@ -176,7 +176,7 @@ func TestIntegrationGatewayKafkaS3Consume(t *testing.T) {
 	// consume: every committed group once, as Arrow.
 	arrowOut := filepath.Join(work, "batches.arrow")
 	cons := exec.Command(bin, "consume", "--from", "s3://rllm-pipe-test/"+prefix, "--consumer-group", "c-"+id,
-		"--format", "arrow", "--out", arrowOut)
+		"--format", "arrow", "--to", arrowOut)
 	cons.Env = serviceEnv()
 	var consOut bytes.Buffer
 	cons.Stdout, cons.Stderr = &consOut, &consOut

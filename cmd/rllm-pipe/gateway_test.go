@@ -63,23 +63,23 @@ func TestGatewayUsageErrors(t *testing.T) {
 		"beyond loopback, no tokens": {args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "a.jsonl")}},
 		"beyond loopback, agent token only": {
 			args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "b.jsonl")},
-			env:  map[string]string{"RLLM_GATEWAY_AGENT_TOKEN": "secret-agent"},
+			env:  map[string]string{"RLLM_PIPE_GATEWAY_AGENT_TOKEN": "secret-agent"},
 		},
 		"beyond loopback, short tokens": {
 			args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "c.jsonl")},
-			env:  map[string]string{"RLLM_GATEWAY_AGENT_TOKEN": "secret-agent", "RLLM_GATEWAY_ADMIN_TOKEN": "secret-admin-token-0123456789"},
+			env:  map[string]string{"RLLM_PIPE_GATEWAY_AGENT_TOKEN": "secret-agent", "RLLM_PIPE_GATEWAY_ADMIN_TOKEN": "secret-admin-token-0123456789"},
 		},
 		"beyond loopback, one token for both": {
 			args: []string{"--listen", "0.0.0.0:0", "--upstream", "http://127.0.0.1:1", "--to", filepath.Join(dir, "d.jsonl")},
-			env:  map[string]string{"RLLM_GATEWAY_AGENT_TOKEN": "secret-agent-0123456789", "RLLM_GATEWAY_ADMIN_TOKEN": "secret-agent-0123456789"},
+			env:  map[string]string{"RLLM_PIPE_GATEWAY_AGENT_TOKEN": "secret-agent-0123456789", "RLLM_PIPE_GATEWAY_ADMIN_TOKEN": "secret-agent-0123456789"},
 		},
 		"bad size":           {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--max-buffered-bytes", "lots"}},
 		"missing token file": {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--agent-token-file", filepath.Join(dir, "none")}},
 		"upstream key unset": {args: []string{"--upstream", "http://127.0.0.1:1", "--to", dir, "--upstream-key-env", "RLLM_TEST_UPSTREAM_KEY_UNSET"}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			t.Setenv("RLLM_GATEWAY_AGENT_TOKEN", "")
-			t.Setenv("RLLM_GATEWAY_ADMIN_TOKEN", "")
+			t.Setenv("RLLM_PIPE_GATEWAY_AGENT_TOKEN", "")
+			t.Setenv("RLLM_PIPE_GATEWAY_ADMIN_TOKEN", "")
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}

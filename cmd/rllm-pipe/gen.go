@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/ingest/synth"
 )
 
@@ -37,7 +38,7 @@ func newGenCmd() *cobra.Command {
 			var w io.Writer = cmd.OutOrStdout()
 			var f *os.File
 			if out != "" && out != "-" {
-				path, err := localPath("out", out)
+				path, err := localPath("to", out)
 				if err != nil {
 					return err
 				}
@@ -74,7 +75,8 @@ func newGenCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&out, "out", "-", "output file (- for stdout)")
+	f.StringVar(&out, "to", "-", "output file (- for stdout)")
+	cli.Rename(f, "out", "to")
 	f.IntVar(&cfg.Groups, "groups", 100, "number of groups (tasks)")
 	f.IntVar(&cfg.GroupSize, "group-size", 8, "trajectories per group")
 	f.IntVar(&cfg.MinSteps, "min-steps", 1, "fewest steps per trajectory")

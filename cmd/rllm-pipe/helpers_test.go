@@ -20,7 +20,7 @@ import (
 // Helpers shared by the subprocess tests of consume, sql and export.
 
 // s3Target is a fresh prefix in the test bucket of the MinIO that `make
-// test` starts (the test is skipped without RLLM_S3_ENDPOINT).
+// test` starts (the test is skipped without RLLM_PIPE_S3_ENDPOINT).
 type s3Target struct {
 	endpoint string
 	url      string // s3://rllm-pipe-test/<name>-<random>
@@ -29,9 +29,9 @@ type s3Target struct {
 
 func newS3Target(t *testing.T, name string) s3Target {
 	t.Helper()
-	endpoint := os.Getenv("RLLM_S3_ENDPOINT")
+	endpoint := os.Getenv("RLLM_PIPE_S3_ENDPOINT")
 	if endpoint == "" {
-		t.Skip("RLLM_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
+		t.Skip("RLLM_PIPE_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
 	}
 	var rb [4]byte
 	_, _ = rand.Read(rb[:])

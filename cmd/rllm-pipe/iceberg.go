@@ -30,7 +30,7 @@ const icebergExe = "rllm-pipe-iceberg"
 func newIcebergCmd(context.Context) *cobra.Command {
 	return &cobra.Command{
 		Use:                "iceberg",
-		Short:              "Project committed shards into Apache Iceberg tables (Spark, Trino, pyiceberg read them)",
+		Short:              "Project committed shards into Apache Iceberg tables (Spark, Trino, pyiceberg)",
 		Long:               "iceberg runs " + icebergExe + " (installed beside rllm-pipe): rllm-pipe iceberg sync --help says more.",
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {

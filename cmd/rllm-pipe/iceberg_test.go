@@ -34,7 +34,7 @@ func TestIcebergSyncKilledAndFollowing(t *testing.T) {
 	ingestRun := func(seed, versions int) {
 		in := filepath.Join(work, fmt.Sprintf("t%d.jsonl", seed))
 		if r := e2eRun(t, bin, work, "gen", "--groups", "40", "--group-size", "2", "--turns", "1..3", "--policy-versions", fmt.Sprint(versions),
-			"--seed", fmt.Sprint(seed), "--out", in); r.code != 0 {
+			"--seed", fmt.Sprint(seed), "--to", in); r.code != 0 {
 			t.Fatalf("gen: %s", r.stderr)
 		}
 		if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", root, "--group-size", "2", "--quiet"); r.code != 0 {
@@ -196,7 +196,7 @@ func TestIngestKeepsAnIcebergTable(t *testing.T) {
 	bin := e2eIcebergBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "t.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--groups", "30", "--group-size", "2", "--policy-versions", "3", "--out", in); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--groups", "30", "--group-size", "2", "--policy-versions", "3", "--to", in); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	root, catalog, stats := filepath.Join(work, "out"), filepath.Join(work, "c.db"), filepath.Join(work, "s.json")
@@ -345,7 +345,7 @@ func TestIntegrationIcebergOnS3(t *testing.T) {
 	tg := newS3Target(t, "iceberg")
 	work := t.TempDir()
 	in := filepath.Join(work, "t.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--groups", "40", "--group-size", "2", "--turns", "1..3", "--policy-versions", "3", "--out", in); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--groups", "40", "--group-size", "2", "--turns", "1..3", "--policy-versions", "3", "--to", in); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", tg.url, "--s3-endpoint", tg.endpoint, "--group-size", "2", "--quiet"); r.code != 0 {
@@ -421,7 +421,7 @@ func TestIcebergDeadLetters(t *testing.T) {
 	// A run whose commits mark its dead-letter file again and again:
 	// broken lines among generated groups, committed every millisecond.
 	gen := filepath.Join(work, "g.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--groups", "200", "--group-size", "2", "--out", gen); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--groups", "200", "--group-size", "2", "--to", gen); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	data, err := os.ReadFile(gen)

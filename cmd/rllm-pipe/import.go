@@ -41,11 +41,12 @@ func newImportRLLMCmd() *cobra.Command {
 	var o importOpts
 	cmd := &cobra.Command{
 		Use:   "rllm --from PATH --to FILE|-",
-		Short: "rLLM data (the model gateway's SQLite trace store, or rllm eval episode files) as wire-format JSON lines",
+		Short: "rLLM's gateway trace store or eval episodes as wire-format JSON lines",
 		Long: `Reads what rLLM leaves on disk and writes wire-format JSON lines that
 ` + "`rllm-pipe ingest --from`" + ` reads:
 
-  rllm-pipe import rllm --from ~/.rllm/gateway_traces.db --rewards rewards.jsonl --to - | rllm-pipe ingest --from - --to ./data
+  rllm-pipe import rllm --from ~/.rllm/gateway_traces.db --rewards rewards.jsonl --to - |
+    rllm-pipe ingest --from - --to ./data
 
 PATH is the model gateway's SQLite trace store (one step per captured
 call; sessions {task_id}:{rollout_idx} are trajectories, scored by

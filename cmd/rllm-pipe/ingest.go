@@ -60,7 +60,7 @@ func newIngestCmd(soft context.Context) *cobra.Command {
 	var o ingestOpts
 	cmd := &cobra.Command{
 		Use:   "ingest --from URL --to URL",
-		Short: "Assemble groups from Step/Trajectory records, compute advantages, commit Parquet shards",
+		Short: "Assemble groups, compute advantages, commit Parquet shards exactly once",
 		Long: `ingest reads wire-format JSON lines (file:///path, a plain path, or - for
 stdin), assembles complete groups, computes advantages and commits zstd
 Parquet shards under --to, with a manifest. Bad records go to the dead-letter
@@ -107,6 +107,7 @@ input skips groups already committed.`,
 	f.StringVar(&o.metricsTokenFile, "metrics-token-file", "", "file holding the bearer token /metrics requires (default: $RLLM_PIPE_METRICS_TOKEN; none: loopback only)")
 	f.StringVar(&o.logFormat, "log-format", "text", "structured log format on stderr: text or json")
 	o.conn.register(f)
+	o.conn.registerKafka(f)
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof)")
 	f.StringVar(&o.memoryLimit, "memory-limit", "380MiB", "soft memory limit of the Go heap (the GC works harder near it; GOMEMLIMIT wins; off to disable); the binary and the mapped input add about 60 MiB of RSS")
 	return cmd

@@ -23,9 +23,9 @@ import (
 // integrationEnv returns the services `make test` started, or skips.
 func integrationEnv(t *testing.T) (brokers, s3Endpoint string) {
 	t.Helper()
-	brokers, s3Endpoint = os.Getenv("RLLM_KAFKA_BROKERS"), os.Getenv("RLLM_S3_ENDPOINT")
+	brokers, s3Endpoint = os.Getenv("RLLM_PIPE_KAFKA_BROKERS"), os.Getenv("RLLM_PIPE_S3_ENDPOINT")
 	if brokers == "" || s3Endpoint == "" {
-		t.Skip("RLLM_KAFKA_BROKERS / RLLM_S3_ENDPOINT not set: run `make test` (it starts Kafka and MinIO)")
+		t.Skip("RLLM_PIPE_KAFKA_BROKERS / RLLM_PIPE_S3_ENDPOINT not set: run `make test` (it starts Kafka and MinIO)")
 	}
 	return brokers, s3Endpoint
 }

@@ -39,16 +39,29 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return cli.Run(ctx, "rllm-pipe", newRoot, args, stdout, stderr)
 }
 
+// globals are the flags every command takes (--quiet, --log-format).
+var globals cli.Globals
+
 func newRoot(soft context.Context) *cobra.Command {
 	root := &cobra.Command{
-		Use:           "rllm-pipe",
-		Short:         "Data backbone between RL rollout workers and trainers",
+		Use:   "rllm-pipe",
+		Short: "Data backbone between RL rollout workers and trainers",
+		Long: `rllm-pipe records agents' LLM calls (gateway), assembles complete groups of
+trajectories with their advantages (ingest), commits them exactly once as
+Parquet shards to a folder or S3, and serves them to trainers in
+token-budget batches (serve, consume), to SQL (sql, report, ui), to
+datasets (export) and to Iceberg tables (iceberg).
+
+Every flag can also be set in the environment as RLLM_PIPE_<FLAG>
+(RLLM_PIPE_GROUP_SIZE for --group-size); a flag given wins.`,
+		Example: `  rllm-pipe gen --groups 200 --to traces.jsonl
+  rllm-pipe ingest --from traces.jsonl --to data
+  rllm-pipe consume --from data --max-tokens 32000 --max-batches 2
+  rllm-pipe sql --from data --report reward-by-version`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
-			return cli.ApplyEnv(cmd.Flags())
-		},
 	}
+	cli.Setup(root, &globals)
 	root.AddCommand(newIngestCmd(soft), newGenCmd(), newSummaryCmd(), newProduceCmd(), newServeCmd(soft), newConsumeCmd(soft), newExportCmd(soft), newSQLCmd(soft))
 	root.AddCommand(newImportCmd())
 	root.AddCommand(newGatewayCmd(soft))
@@ -58,5 +71,7 @@ func newRoot(soft context.Context) *cobra.Command {
 	root.AddCommand(newCompactCmd(soft))
 	root.AddCommand(newIcebergCmd(soft))
 	root.AddCommand(newPublishVersionCmd(soft))
+	addExamples(root)
+	cli.RejectUnknownSubcommands(root)
 	return root
 }

@@ -19,7 +19,7 @@ func TestMultiTurnDeadLettersExact(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "agents.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "6", "--group-size", "3", "--turns", "8..14",
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "6", "--group-size", "3", "--turns", "8..14",
 		"--prompt-len", "400", "--observation-len", "150", "--resets", "0.05", "--seed", "11"); r.code != 0 {
 		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)
 	}

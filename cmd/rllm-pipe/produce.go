@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 )
 
@@ -24,10 +25,10 @@ func newProduceCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "produce --to kafka://host:port/topic [FILE|-]",
-		Short: "Send wire-format lines to a Kafka topic, keyed by group so a group never straddles partitions",
+		Short: "Send wire-format records to a Kafka topic, keyed by group",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := firstErr(intIn("batch", batch, 1, 1<<20), intIn("partitions", partitions, 1, 1<<14)); err != nil {
+			if err := firstErr(intIn("batch", batch, 1, 1<<20), intIn("kafka-partitions", partitions, 1, 1<<14)); err != nil {
 				return err
 			}
 			if !strings.HasPrefix(to, "kafka://") {
@@ -115,8 +116,10 @@ func newProduceCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&to, "to", "", "kafka://host:port[,host:port]/topic")
 	f.IntVar(&batch, "batch", 1000, "records per send")
-	f.IntVar(&partitions, "partitions", 8, "partitions of the topic when produce creates it")
+	f.IntVar(&partitions, "kafka-partitions", 8, "partitions of the topic when produce creates it")
+	cli.Rename(f, "partitions", "kafka-partitions")
 	f.BoolVar(&quiet, "quiet", false, "no summary on stderr")
-	conn.register(f)
+	conn.registerKafka(f)
+	conn.RegisterRetry(f)
 	return cmd
 }

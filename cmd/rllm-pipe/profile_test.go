@@ -38,7 +38,7 @@ func TestTrainCommandsCPUProfile(t *testing.T) {
 	}
 	isProfile("serve", srv)
 	in := filepath.Join(dir, "in.jsonl")
-	if r := e2eRun(t, bin, dir, "gen", "--out", in, "--groups", "20", "--group-size", "4", "--quiet"); r.code != 0 {
+	if r := e2eRun(t, bin, dir, "gen", "--to", in, "--groups", "20", "--group-size", "4", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	ing := filepath.Join(dir, "ingest.pprof")

@@ -22,7 +22,7 @@ func newPublishVersionCmd(soft context.Context) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "publish-version --from URL --policy-version N",
-		Short: "Say that the inference workers now serve a policy version: the capture gateway follows it",
+		Short: "Say which policy version the inference workers serve (the gateway follows)",
 		Long: `publish-version records, in the store at --from, that the inference
 workers now serve --policy-version for --consumer-group (what the Python
 client's publish_version and serve's publish_policy_version action do). A

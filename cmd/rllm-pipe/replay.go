@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/train"
 )
 
@@ -36,8 +37,8 @@ type replaySummary struct {
 func newReplayCmd(soft context.Context) *cobra.Command {
 	var o replayOpts
 	cmd := &cobra.Command{
-		Use:   "replay --from URL --consumer-group G --as NEW",
-		Short: "Create a consumer group that receives exactly the batches another group acknowledged",
+		Use:   "replay --from URL --consumer-group G --to NEW",
+		Short: "Create a consumer group that receives exactly another group's batches",
 		Long: `replay reads what consumer group G acknowledged (its audit: every batch, in
 the order of acknowledgement, with its groups in batch order; the same rows
 as the "consumed" view of sql) and creates consumer group NEW as a replay
@@ -68,7 +69,8 @@ exist otherwise. It prints one JSON line: the batches and groups planned.`,
 	f := cmd.Flags()
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
 	f.StringVar(&o.group, "consumer-group", "", "the consumer group to replay")
-	f.StringVar(&o.as, "as", "", "the new consumer group")
+	f.StringVar(&o.as, "to", "", "the new consumer group")
+	cli.Rename(f, "as", "to")
 	f.StringVar(&o.layout, "layout", "", "rows of the replay: steps or trajectories (default: the original's)")
 	f.BoolVar(&o.includeFiltered, "include-filtered", false, "deliver rows a filter marked (default: as the original)")
 	o.conn.register(f)
@@ -104,16 +106,16 @@ func replayRows(o replayOpts, cmd *cobra.Command, original []train.RowSettings) 
 
 func runReplay(ctx context.Context, o replayOpts, cmd *cobra.Command) error {
 	if o.from == "" || o.group == "" || o.as == "" {
-		return usageErrorf("--from, --consumer-group and --as are required")
+		return usageErrorf("--from, --consumer-group and --to are required")
 	}
 	if err := train.CheckName("--consumer-group", o.group); err != nil {
 		return usageErrorf("%v", err)
 	}
-	if err := train.CheckName("--as", o.as); err != nil {
+	if err := train.CheckName("--to", o.as); err != nil {
 		return usageErrorf("%v", err)
 	}
 	if o.group == o.as {
-		return usageErrorf("--as must name another consumer group than --consumer-group")
+		return usageErrorf("--to must name another consumer group than --consumer-group")
 	}
 	st, err := openShardStore(ctx, o.from, o.conn)
 	if err != nil {

@@ -93,7 +93,7 @@ func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 
 	consume := func(group, out string, extra ...string) {
 		t.Helper()
-		args := append([]string{"consume", "--from", root, "--consumer-group", group, "--name", "m", "--format", "arrow", "--out", out, "--poll", "20ms"}, append(extra, ep...)...)
+		args := append([]string{"consume", "--from", root, "--consumer-group", group, "--name", "m", "--format", "arrow", "--to", out, "--poll", "20ms"}, append(extra, ep...)...)
 		if r := e2eRun(t, bin, work, args...); r.code != 0 {
 			t.Fatalf("consume %s: exit %d\n%s", group, r.code, r.stderr)
 		}
@@ -165,7 +165,7 @@ func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 	}
 
 	replayArgs := func(group, as string) []string {
-		return append([]string{"replay", "--from", root, "--consumer-group", group, "--as", as}, ep...)
+		return append([]string{"replay", "--from", root, "--consumer-group", group, "--to", as}, ep...)
 	}
 	r := e2eRun(t, bin, work, replayArgs("orig", "again")...)
 	var sum replaySummary
@@ -188,7 +188,7 @@ func replayScenario(t *testing.T, bin, work, root string, ep []string) {
 	}
 	// A member of the replay with other rows is refused before any batch.
 	for _, rows := range [][]string{nil, {"--layout", "steps"}, {"--layout", "trajectories", "--include-filtered"}} {
-		args := append([]string{"consume", "--from", root, "--consumer-group", "again", "--name", "m", "--format", "arrow", "--out", filepath.Join(work, "refused.arrow"), "--poll", "20ms"}, append(rows, ep...)...)
+		args := append([]string{"consume", "--from", root, "--consumer-group", "again", "--name", "m", "--format", "arrow", "--to", filepath.Join(work, "refused.arrow"), "--poll", "20ms"}, append(rows, ep...)...)
 		r := e2eRun(t, bin, work, args...)
 		if r.code == 0 || !strings.Contains(r.stderr, "the group replays orig with --layout trajectories --include-filtered=false") {
 			t.Fatalf("consume the replay with %v: exit %d\n%s", rows, r.code, r.stderr)

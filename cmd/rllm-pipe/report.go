@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb"
 	"github.com/rllm-pipe/rllm-pipe/connectors/duckdb/report"
 )
@@ -24,8 +25,8 @@ type reportOpts struct {
 func newReportCmd(soft context.Context) *cobra.Command {
 	var o reportOpts
 	cmd := &cobra.Command{
-		Use:   "report --from URL --out report.html",
-		Short: "Write one self-contained HTML file with charts of the committed data (the queries of sql --report)",
+		Use:   "report --from URL --to report.html",
+		Short: "Write one self-contained HTML file of charts of the committed data",
 		Long: `report opens the committed data of an ingest output (a path, file:///path or
 s3://bucket/prefix) as sql does (read only, the same views) and writes one
 HTML file with charts: mean reward, pass rate and pass@k by policy version;
@@ -46,7 +47,8 @@ the system's.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
-	f.StringVar(&o.out, "out", "report.html", "the HTML file to write (- for stdout)")
+	f.StringVar(&o.out, "to", "report.html", "the HTML file to write (- for stdout)")
+	cli.Rename(f, "out", "to")
 	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of pass@k")
 	f.StringVar(&o.downloadDir, "download-dir", "", "keep the local copies of S3 shards here (default: a temporary folder removed on exit)")
 	o.conn.register(f)
@@ -60,7 +62,7 @@ func runReport(ctx context.Context, o reportOpts, cmd *cobra.Command) (err error
 	if o.out == "" {
 		return usageErrorf("--out is required")
 	}
-	if err := checkOutputFiles(ctx, []string{o.from}, "out", o.out, "download-dir", o.downloadDir); err != nil {
+	if err := checkOutputFiles(ctx, []string{o.from}, "to", o.out, "download-dir", o.downloadDir); err != nil {
 		return err
 	}
 	db, err := openSQL(ctx, sqlOpts{from: o.from, downloadDir: o.downloadDir, conn: o.conn, progress: cmd.ErrOrStderr()})

@@ -38,7 +38,7 @@ import (
 func reportFixture(t *testing.T, bin, work string) string {
 	t.Helper()
 	in := filepath.Join(work, "in.jsonl")
-	r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "60", "--group-size", "4", "--policy-versions", "5",
+	r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "60", "--group-size", "4", "--policy-versions", "5",
 		"--roles", "solver,verifier", "--seed", "7", "--prompt-len", "60", "--response-len", "30", "--quiet")
 	if r.code != 0 {
 		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)
@@ -170,7 +170,7 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 	work := t.TempDir()
 	from := reportFixture(t, bin, work)
 	out := filepath.Join(work, "report.html")
-	if r := e2eRun(t, bin, work, "report", "--from", from, "--out", out); r.code != 0 {
+	if r := e2eRun(t, bin, work, "report", "--from", from, "--to", out); r.code != 0 {
 		t.Fatalf("report: exit %d\n%s", r.code, r.stderr)
 	}
 	data, err := os.ReadFile(out)
@@ -309,7 +309,7 @@ func TestReportFiguresEqualSQLReports(t *testing.T) {
 func filteredFixture(t *testing.T, bin, work string) (in, from string) {
 	t.Helper()
 	in = filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "200", "--group-size", "4", "--policy-versions", "4",
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "200", "--group-size", "4", "--policy-versions", "4",
 		"--seed", "5", "--prompt-len", "40", "--response-len", "20", "--teacher", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
@@ -430,7 +430,7 @@ func TestReportFilteredEqualSQLReports(t *testing.T) {
 		t.Errorf("filtered-by-version (version|reason: groups)\n%v\ncounted over the input:\n%v", byVersion, indep)
 	}
 	out := filepath.Join(work, "report.html")
-	if r := e2eRun(t, bin, work, "report", "--from", from, "--out", out); r.code != 0 {
+	if r := e2eRun(t, bin, work, "report", "--from", from, "--to", out); r.code != 0 {
 		t.Fatalf("report: %s", r.stderr)
 	}
 	data, err := os.ReadFile(out)

@@ -28,7 +28,7 @@ func TestPromptTokensOfDeltaRows(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "40", "--group-size", "4", "--turns", "2..6",
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "40", "--group-size", "4", "--turns", "2..6",
 		"--seed", "3", "--prompt-len", "40", "--response-len", "20", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
@@ -100,7 +100,7 @@ func TestReportDeadLettersOverTime(t *testing.T) {
 	from := filepath.Join(work, "out")
 	for run, seed := range []string{"9", "10"} {
 		clean := filepath.Join(work, "clean"+seed+".jsonl")
-		if r := e2eRun(t, bin, work, "gen", "--out", clean, "--groups", "60", "--group-size", "4", "--policy-versions", "3",
+		if r := e2eRun(t, bin, work, "gen", "--to", clean, "--groups", "60", "--group-size", "4", "--policy-versions", "3",
 			"--seed", seed, "--prompt-len", "40", "--response-len", "20", "--quiet"); r.code != 0 {
 			t.Fatalf("gen: %s", r.stderr)
 		}
@@ -111,7 +111,7 @@ func TestReportDeadLettersOverTime(t *testing.T) {
 		}
 	}
 	out := filepath.Join(work, "report.html")
-	if r := e2eRun(t, bin, work, "report", "--from", from, "--out", out); r.code != 0 {
+	if r := e2eRun(t, bin, work, "report", "--from", from, "--to", out); r.code != 0 {
 		t.Fatalf("report: %s", r.stderr)
 	}
 	data, err := os.ReadFile(out)

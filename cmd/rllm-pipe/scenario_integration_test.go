@@ -39,7 +39,7 @@ func newScenario(t *testing.T, name string, genArgs ...string) *scenario {
 	s := &scenario{t: t, bin: e2eBinary(t), work: t.TempDir(), brokers: brokers,
 		topic: name + "-" + id, group: "g-" + id, prefix: name + "-" + id}
 	s.in = filepath.Join(s.work, "in.jsonl")
-	args := append([]string{"gen", "--out", s.in, "--group-size", "4", "--prompt-len", "24", "--response-len", "12",
+	args := append([]string{"gen", "--to", s.in, "--group-size", "4", "--prompt-len", "24", "--response-len", "12",
 		"--messages=false", "--quiet"}, genArgs...)
 	if r := e2eRun(t, s.bin, s.work, args...); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
@@ -88,7 +88,7 @@ func (s *scenario) produce(part [][]byte, name string, partitions int) error {
 	// its goroutines into the error.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.bin, "produce", "--to", "kafka://"+s.brokers+"/"+s.topic, "--partitions", fmt.Sprint(partitions), "--quiet", p)
+	cmd := exec.CommandContext(ctx, s.bin, "produce", "--to", "kafka://"+s.brokers+"/"+s.topic, "--kafka-partitions", fmt.Sprint(partitions), "--quiet", p)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGQUIT) }
 	cmd.WaitDelay = 30 * time.Second
 	cmd.Env = serviceEnv()

@@ -226,7 +226,7 @@ func newServeCmd(soft context.Context) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --from URL",
-		Short: "Stream token-budget batches of a consumer group to trainers over Arrow Flight, taking acknowledgements",
+		Short: "Serve token-budget batches to trainers over Arrow Flight (a consumer group)",
 		Long: `serve is the trainer-facing endpoint: every DoGet stream is a member of
 --consumer-group, receiving whole groups in batches of at most --max-tokens,
 skipping groups staler than --max-staleness; trainers acknowledge batches
@@ -297,7 +297,7 @@ open after --shutdown-grace; a second closes them at once.`,
 		},
 	}
 	f := cmd.Flags()
-	o.register(f, true)
+	o.register(f, true, "default")
 	so.register(f)
 	return cmd
 }

@@ -32,7 +32,7 @@ func serveShards(t *testing.T, bin string, groups int, extra ...string) string {
 	t.Helper()
 	dir := t.TempDir()
 	in, out := filepath.Join(dir, "in.jsonl"), filepath.Join(dir, "out")
-	if r := e2eRun(t, bin, dir, append([]string{"gen", "--groups", strconv.Itoa(groups), "--group-size", "4", "--out", in}, extra...)...); r.code != 0 {
+	if r := e2eRun(t, bin, dir, append([]string{"gen", "--groups", strconv.Itoa(groups), "--group-size", "4", "--to", in}, extra...)...); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	if r := e2eRun(t, bin, dir, "ingest", "--from", in, "--to", out, "--group-size", "4", "--shard-size", "256KiB", "--quiet"); r.code != 0 {

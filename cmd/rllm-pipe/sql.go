@@ -33,7 +33,7 @@ func newSQLCmd(soft context.Context) *cobra.Command {
 	var o sqlOpts
 	cmd := &cobra.Command{
 		Use:   "sql --from URL [QUERY | --report NAME]",
-		Short: "Query committed shards with DuckDB: views steps, trajectories, groups, shards, dead_letters, and named reports",
+		Short: "Query committed shards with DuckDB (views, named reports)",
 		Long: `sql opens an in-memory DuckDB over the committed data of an ingest output
 (a path, file:///path or s3://bucket/prefix) and runs QUERY (- reads it from
 stdin), or a named --report; with neither it lists the views, their columns

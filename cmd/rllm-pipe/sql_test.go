@@ -52,7 +52,7 @@ import (
 func sqlInputs(t *testing.T, bin, work string) []string {
 	t.Helper()
 	gen := filepath.Join(work, "gen.jsonl")
-	r := e2eRun(t, bin, work, "gen", "--out", gen, "--groups", "56", "--group-size", "4", "--policy-versions", "6",
+	r := e2eRun(t, bin, work, "gen", "--to", gen, "--groups", "56", "--group-size", "4", "--policy-versions", "6",
 		"--seed", "5", "--messages=false", "--prompt-len", "50", "--response-len", "25", "--max-steps", "4", "--quiet")
 	if r.code != 0 {
 		t.Fatalf("gen: exit %d\n%s", r.code, r.stderr)

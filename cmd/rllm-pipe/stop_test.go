@@ -295,7 +295,7 @@ func TestGenFlagsRefused(t *testing.T) {
 		{"--groups", "0"}, {"--group-size", "-1"}, {"--max-steps", "0"}, {"--duplicates", "Inf"}, {"--vocab", "3"}, {"--tokens", "zipf"},
 	} {
 		var stderr bytes.Buffer
-		code := run(context.Background(), append([]string{"gen", "--quiet", "--out", filepath.Join(t.TempDir(), "x.jsonl")}, args...), io.Discard, &stderr)
+		code := run(context.Background(), append([]string{"gen", "--quiet", "--to", filepath.Join(t.TempDir(), "x.jsonl")}, args...), io.Discard, &stderr)
 		if code != exitUsage || !strings.Contains(stderr.String(), strings.TrimPrefix(args[0], "--")) {
 			t.Errorf("gen %v: exit %d, want %d naming the flag; stderr: %s", args, code, exitUsage, e2eClip(stderr.String(), 300))
 		}
@@ -552,7 +552,7 @@ func TestReadersStopDuringS3Outage(t *testing.T) {
 	for name, args := range map[string][]string{
 		"export sft":     {"export", "sft", "--from", "s3://bucket/run", "--to", filepath.Join(dir, "sft.jsonl")},
 		"export distill": {"export", "distill", "--from", "s3://bucket/run", "--to", filepath.Join(dir, "d.parquet")},
-		"consume":        {"consume", "--from", "s3://bucket/run", "--out", filepath.Join(dir, "c.jsonl")},
+		"consume":        {"consume", "--from", "s3://bucket/run", "--to", filepath.Join(dir, "c.jsonl")},
 		"serve":          {"serve", "--from", "s3://bucket/run", "--listen", "127.0.0.1:0"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -592,7 +592,7 @@ func TestMoreNumericFlagsRefused(t *testing.T) {
 		{"poll", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--poll", "-1s"}},
 		{"max-streams-per-host", []string{"serve", "--from", st, "--listen", "127.0.0.1:0", "--max-streams-per-host", "0"}},
 		{"batch", []string{"produce", "--to", "kafka://127.0.0.1:1/t", "--batch", "0", in}},
-		{"partitions", []string{"produce", "--to", "kafka://127.0.0.1:1/t", "--partitions", "-4", in}},
+		{"partitions", []string{"produce", "--to", "kafka://127.0.0.1:1/t", "--kafka-partitions", "-4", in}},
 		{"memory-limit", []string{"ingest", "--from", in, "--to", st, "--memory-limit", "1B"}},
 		{"memory-limit", []string{"ingest", "--from", in, "--to", st, "--memory-limit", "9999999999GiB"}},
 		{"poll", []string{"ui", "--from", st, "--listen", "127.0.0.1:0", "--poll", "0s"}},

@@ -23,7 +23,7 @@ func newSummaryCmd() *cobra.Command {
 	var from string
 	cmd := &cobra.Command{
 		Use:   "summary --from DIR",
-		Short: "Print groups, steps, tokens, reward and advantage by policy version of committed shards",
+		Short: "Print groups, steps, tokens, reward and advantage by policy version",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			root, err := localPath("from", from)

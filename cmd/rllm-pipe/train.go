@@ -41,9 +41,15 @@ type trainOpts struct {
 	conn             connFlags
 }
 
-func (o *trainOpts) register(f *pflag.FlagSet, follow bool) {
+// register adds the trainer's flags; group is --consumer-group's default
+// ("" for a peek).
+func (o *trainOpts) register(f *pflag.FlagSet, follow bool, group string) {
 	f.StringVar(&o.from, "from", "", "committed shards: an ingest output root (path, file:///path) or s3://bucket/prefix")
-	f.StringVar(&o.group, "consumer-group", "default", "consumer group: members share the shards, each group is delivered and acknowledged once per group")
+	usage := "consumer group: members share the shards, each group is delivered and acknowledged once per group"
+	if group == "" {
+		usage += " (none: peek, acknowledging nothing and writing nothing to the store)"
+	}
+	f.StringVar(&o.group, "consumer-group", group, usage)
 	f.Int64Var(&o.policyVersion, "policy-version", 0, "the trainer's current policy version (updatable through the API)")
 	f.Int64Var(&o.maxStaleness, "max-staleness", -1, "skip groups more than this many versions behind --policy-version (-1: no bound)")
 	f.Int64Var(&o.maxVersionLead, "max-version-lead", train.DefaultMaxVersionLead, "staleness is judged against the member's policy version capped at the newest committed group version plus this lead, so that a member far ahead (or lying) cannot pass the group's data over as stale (-1: no cap)")
@@ -126,8 +132,8 @@ func (o *trainOpts) config(name string) (train.ConsumerConfig, error) {
 
 // openShards opens --from for reading.
 func (o *trainOpts) openShards(ctx context.Context) (store.Reader, error) {
-	if err := train.CheckName("--consumer-group", o.group); err != nil {
-		return nil, usageErrorf("%v", err)
+	if err := o.checkGroup(); err != nil {
+		return nil, err
 	}
 	return openShardStore(ctx, o.from, o.conn)
 }
@@ -180,11 +186,32 @@ func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, ask 
 			cfg.VersionsPerBatch = train.NoVersionAdvance
 		}
 	}
+	if o.peek() {
+		// A private group in memory: the store is only read, and the
+		// batches are numbered from 1 so that every peek prints the same.
+		cfg.CountedIDs = true
+		return train.NewConsumer(ctx, st, store.NewMemObjects(), cfg)
+	}
 	obj, err := st.Objects(train.GroupDir(o.group))
 	if err != nil {
 		return nil, err
 	}
 	return train.NewConsumer(ctx, st, obj, cfg)
+}
+
+// peek: no consumer group was named (consume only): the member's group
+// log lives in memory, so a run acknowledges nothing in the store and
+// every run delivers the same batches.
+func (o *trainOpts) peek() bool { return o.group == "" }
+
+func (o *trainOpts) checkGroup() error {
+	if o.peek() {
+		return nil
+	}
+	if err := train.CheckName("--consumer-group", o.group); err != nil {
+		return usageErrorf("%v", err)
+	}
+	return nil
 }
 
 func defaultMemberName() string {

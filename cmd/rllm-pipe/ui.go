@@ -22,6 +22,7 @@ import (
 // uiOpts are the flags of `rllm-pipe ui`.
 type uiOpts struct {
 	from, listen, tokenFile string
+	ready                   string
 	ingestMetrics           string
 	poll                    time.Duration
 	k                       []int
@@ -32,7 +33,7 @@ func newUICmd(soft context.Context) *cobra.Command {
 	var o uiOpts
 	cmd := &cobra.Command{
 		Use:   "ui --from URL [--listen ADDR]",
-		Short: "Serve the report's charts live, the pipeline's health and a trajectory browser over HTTP (read only)",
+		Short: "Serve live charts, pipeline health and a trajectory browser over HTTP",
 		Long: `ui serves, over HTTP, the charts of "rllm-pipe report" following the
 manifest of --from (a path, file:///path or s3://bucket/prefix) as shards
 commit; the pipeline's health (shards, rows, commits per minute, consumer
@@ -54,11 +55,16 @@ million steps and 100 s at ten million on two loaded cores). Pages are
 served from the previous build meanwhile; the health panel says how many
 manifest entries are waiting and when the next rebuild comes.
 
+It listens at once: until the first build ends, every page answers 503 with
+a page that says what is being built and reloads itself.
+
 Read only: GET and HEAD only, over the sandboxed views of "sql". It listens
 on loopback by default; anywhere else it needs a bearer token (from
 --token-file or $RLLM_PIPE_UI_TOKEN, never a flag value), sent as
 "Authorization: Bearer TOKEN" or, from a browser, as the password of the
 basic-authentication prompt.`,
+		Example: `  rllm-pipe ui --from data                  # then open http://127.0.0.1:8817/
+  rllm-pipe ui --from s3://bucket/run --ready-file ui.addr --poll 10s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runUI(soft, o, cmd)
@@ -71,6 +77,7 @@ basic-authentication prompt.`,
 	f.StringVar(&o.ingestMetrics, "ingest-metrics", "", "metrics endpoint of an ingest process (http://host:port/metrics, from its --metrics-addr): chart its open-group backlog and commits per minute, scraped every --poll (with $RLLM_PIPE_METRICS_TOKEN as the bearer token, when set)")
 	f.DurationVar(&o.poll, "poll", 2*time.Second, "how often to re-read the manifest (charts are rebuilt when it grew, at most every max(poll, 4x the last rebuild's duration))")
 	f.IntSliceVar(&o.k, "k", []int{1, 2, 4, 8}, "the k of pass@k")
+	f.StringVar(&o.ready, "ready-file", "", "write the bound address to this file once listening (before the first build ends: pages say \"building\" until then)")
 	o.conn.register(f)
 	return cmd
 }
@@ -147,12 +154,15 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 	defer r.Close()
 	srv := live.New(r, live.Options{Token: tok, Poll: o.poll, K: o.k, Progress: groupProgress, ConsumerGroups: train.ConsumerLogs{}, IngestMetrics: o.ingestMetrics,
 		IngestMetricsToken: strings.TrimSpace(os.Getenv("RLLM_PIPE_METRICS_TOKEN"))})
-	if err := srv.Refresh(ctx); err != nil {
-		return err
-	}
+	// It answers at once: a "building" page until the first build ends
+	// (minutes at ten million steps), which Run starts.
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("ui: %w", err)
+	}
+	if err := writeReady(o.ready, ln.Addr().String()); err != nil {
+		ln.Close()
+		return err
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout, MaxHeaderBytes: 16 << 10}
 	runCtx, cancel := context.WithCancel(ctx)

@@ -178,7 +178,7 @@ func uiBenchStore(b *testing.B) string {
 	work := b.TempDir()
 	in, out := filepath.Join(work, "in.jsonl"), filepath.Join(work, "out")
 	for _, args := range [][]string{
-		{"gen", "--out", in, "--groups", strconv.Itoa(groups), "--group-size", "8", "--prompt-len", "32", "--response-len", "24",
+		{"gen", "--to", in, "--groups", strconv.Itoa(groups), "--group-size", "8", "--prompt-len", "32", "--response-len", "24",
 			"--policy-versions", "50", "--seed", "1", "--quiet"},
 		{"ingest", "--from", in, "--to", out, "--group-size", "8", "--quiet"},
 	} {

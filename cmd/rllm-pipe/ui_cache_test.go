@@ -47,7 +47,7 @@ func TestOpenRemoteKeepsDownloadedShards(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "30", "--group-size", "4", "--policy-versions", "3",
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "30", "--group-size", "4", "--policy-versions", "3",
 		"--seed", "4", "--prompt-len", "30", "--response-len", "10", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}

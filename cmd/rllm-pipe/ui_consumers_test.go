@@ -22,7 +22,7 @@ func TestUIConsumerPanel(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "40", "--group-size", "4", "--policy-versions", "4",
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "40", "--group-size", "4", "--policy-versions", "4",
 		"--seed", "4", "--prompt-len", "30", "--response-len", "10", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}

@@ -50,7 +50,7 @@ func TestUIListenCLI(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "8", "--group-size", "4", "--seed", "2", "--prompt-len", "20", "--response-len", "10", "--quiet"); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "8", "--group-size", "4", "--seed", "2", "--prompt-len", "20", "--response-len", "10", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	from := filepath.Join(work, "out")

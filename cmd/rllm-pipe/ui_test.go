@@ -74,7 +74,7 @@ func TestUILiveAndBrowser(t *testing.T) {
 	}
 	// A second ingest run commits more shards: the page follows.
 	in2 := filepath.Join(work, "in2.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in2, "--groups", "20", "--group-size", "4", "--policy-versions", "2", "--seed", "9", "--quiet"); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--to", in2, "--groups", "20", "--group-size", "4", "--policy-versions", "2", "--seed", "9", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	if r := e2eRun(t, bin, work, "ingest", "--from", in2, "--to", from, "--group-size", "4"); r.code != 0 {
@@ -149,7 +149,7 @@ func TestUIIngestMetrics(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "40", "--group-size", "4", "--seed", "3", "--quiet"); r.code != 0 {
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "40", "--group-size", "4", "--seed", "3", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
 	data, err := os.ReadFile(in)
@@ -411,7 +411,7 @@ func TestIntegrationReportAndUIFromS3(t *testing.T) {
 	ingestRun := func(name, seed string) {
 		t.Helper()
 		in := filepath.Join(work, name+".jsonl")
-		if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "30", "--group-size", "4", "--policy-versions", "3", "--seed", seed,
+		if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "30", "--group-size", "4", "--policy-versions", "3", "--seed", seed,
 			"--prompt-len", "40", "--response-len", "20", "--quiet"); r.code != 0 {
 			t.Fatalf("gen: %s", r.stderr)
 		}
@@ -423,7 +423,7 @@ func TestIntegrationReportAndUIFromS3(t *testing.T) {
 	ingestRun("a", "1")
 
 	out := filepath.Join(work, "report.html")
-	if r := e2eRun(t, bin, work, append([]string{"report", "--from", target.url, "--out", out}, target.flags()...)...); r.code != 0 {
+	if r := e2eRun(t, bin, work, append([]string{"report", "--from", target.url, "--to", out}, target.flags()...)...); r.code != 0 {
 		t.Fatalf("report: %s", r.stderr)
 	}
 	data, err := os.ReadFile(out)
@@ -497,7 +497,7 @@ func TestIntegrationReportAndUIFromS3(t *testing.T) {
 	// A compaction merges the shards the ui downloaded; once it follows
 	// a third ingest, its download cache holds the copies of the shards
 	// not merged and one snapshot, not the merged shards' copies.
-	if r := e2eRun(t, bin, work, append([]string{"compact", "--to", target.url, "--min-shards", "2", "--max-shards", "3", "--quiet"}, target.flags()...)...); r.code != 0 {
+	if r := e2eRun(t, bin, work, append([]string{"compact", "--from", target.url, "--min-shards", "2", "--max-shards", "3", "--quiet"}, target.flags()...)...); r.code != 0 {
 		t.Fatalf("compact: %s", r.stderr)
 	}
 	ingestRun("c", "3")

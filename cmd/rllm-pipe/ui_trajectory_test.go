@@ -224,7 +224,7 @@ func TestUITrajectoryAgainstInput(t *testing.T) {
 	bin := e2eBinary(t)
 	work := t.TempDir()
 	in := filepath.Join(work, "in.jsonl")
-	if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "60", "--group-size", "4", "--policy-versions", "3",
+	if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "60", "--group-size", "4", "--policy-versions", "3",
 		"--seed", "11", "--prompt-len", "40", "--response-len", "20", "--teacher", "--quiet"); r.code != 0 {
 		t.Fatalf("gen: %s", r.stderr)
 	}
@@ -443,7 +443,7 @@ func TestUITrajectoryOfOverlappingRuns(t *testing.T) {
 	from := filepath.Join(work, "out")
 	for _, seed := range []string{"1", "2"} {
 		in := filepath.Join(work, "in"+seed+".jsonl")
-		if r := e2eRun(t, bin, work, "gen", "--out", in, "--groups", "6", "--group-size", "4", "--seed", seed, "--quiet"); r.code != 0 {
+		if r := e2eRun(t, bin, work, "gen", "--to", in, "--groups", "6", "--group-size", "4", "--seed", seed, "--quiet"); r.code != 0 {
 			t.Fatalf("gen: %s", r.stderr)
 		}
 		if r := e2eRun(t, bin, work, "ingest", "--from", in, "--to", from, "--group-size", "4", "--quiet"); r.code != 0 {

@@ -57,8 +57,8 @@ func main() {
 	summarize := flag.Bool("summarize", false, "read `go test -bench` output on stdin and print median and min–max per benchmark and metric")
 	flag.StringVar(&o.bin, "bin", "bin/rllm-pipe", "the rllm-pipe binary to measure")
 	flag.StringVar(&o.work, "work", filepath.Join(os.TempDir(), "rllm-scalebench"), "folder for the generated input and local outputs")
-	flag.StringVar(&o.brokers, "brokers", os.Getenv("RLLM_KAFKA_BROKERS"), "Kafka brokers (host:port,...)")
-	flag.StringVar(&o.endpoint, "s3-endpoint", os.Getenv("RLLM_S3_ENDPOINT"), "MinIO endpoint (credentials from AWS_* variables)")
+	flag.StringVar(&o.brokers, "brokers", os.Getenv("RLLM_PIPE_KAFKA_BROKERS"), "Kafka brokers (host:port,...)")
+	flag.StringVar(&o.endpoint, "s3-endpoint", os.Getenv("RLLM_PIPE_S3_ENDPOINT"), "MinIO endpoint (credentials from AWS_* variables)")
 	flag.StringVar(&o.bucket, "bucket", "rllm-pipe-bench", "MinIO bucket for the outputs")
 	flag.IntVar(&o.groups, "groups", 6000, "groups of 8 generated (6000: ~675 MB, 178k records)")
 	flag.IntVar(&o.rounds, "rounds", 3, "rounds; each runs every case once, 1 and 2 workers alternating which goes first")
@@ -98,7 +98,7 @@ type trial struct {
 
 func run(ctx context.Context, o options, out io.Writer) error {
 	if o.brokers == "" {
-		return errors.New("no Kafka brokers: set RLLM_KAFKA_BROKERS (eval \"$(scripts/services.sh env)\")")
+		return errors.New("no Kafka brokers: set RLLM_PIPE_KAFKA_BROKERS (eval \"$(scripts/services.sh env)\")")
 	}
 	if o.kafkaPid == 0 || o.minioPid == 0 {
 		k, m := servicePids()
@@ -111,7 +111,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	id := newID()
 	in := filepath.Join(o.work, fmt.Sprintf("scale-%d.jsonl", o.groups))
 	if _, err := os.Stat(in); err != nil {
-		if out, err := exec.Command(o.bin, "gen", "--out", in, "--groups", strconv.Itoa(o.groups), "--group-size", "8",
+		if out, err := exec.Command(o.bin, "gen", "--to", in, "--groups", strconv.Itoa(o.groups), "--group-size", "8",
 			"--prompt-len", "256", "--response-len", "128", "--messages=false", "--seed", "19", "--quiet").CombinedOutput(); err != nil {
 			return fmt.Errorf("gen: %v\n%s", err, out)
 		}
@@ -125,7 +125,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	topic := "scale-" + id
-	if out, err := exec.Command(o.bin, "produce", "--to", "kafka://"+o.brokers+"/"+topic, "--partitions", strconv.Itoa(o.partitions), "--quiet", in).CombinedOutput(); err != nil {
+	if out, err := exec.Command(o.bin, "produce", "--to", "kafka://"+o.brokers+"/"+topic, "--kafka-partitions", strconv.Itoa(o.partitions), "--quiet", in).CombinedOutput(); err != nil {
 		return fmt.Errorf("produce: %v\n%s", err, out)
 	}
 	mib := float64(info.Size()) / (1 << 20)
@@ -187,7 +187,7 @@ func runTrial(ctx context.Context, o options, topic, output string, workers int,
 	switch output {
 	case "s3":
 		if o.endpoint == "" {
-			return t, errors.New("no MinIO endpoint: set RLLM_S3_ENDPOINT")
+			return t, errors.New("no MinIO endpoint: set RLLM_PIPE_S3_ENDPOINT")
 		}
 		var err error
 		if s3cfg, err = s3.ParseURL("s3://" + o.bucket + "/scale-" + id); err != nil {

@@ -45,9 +45,9 @@ func (m memShards) ReadShard(ctx context.Context, e schemas.ShardEntry, columns 
 // directly, as BenchmarkIntegrationOpenManifest in connectors/s3 does), all
 // but the last 100 merged by a compaction; the last 100 are real objects.
 func BenchmarkIntegrationOpenViewsS3(b *testing.B) {
-	ep := os.Getenv("RLLM_S3_ENDPOINT")
+	ep := os.Getenv("RLLM_PIPE_S3_ENDPOINT")
 	if ep == "" {
-		b.Skip("RLLM_S3_ENDPOINT not set: start MinIO (scripts/services.sh up) and eval scripts/services.sh env")
+		b.Skip("RLLM_PIPE_S3_ENDPOINT not set: start MinIO (scripts/services.sh up) and eval scripts/services.sh env")
 	}
 	src := filepath.Join(b.TempDir(), "one.parquet")
 	writeStepFile(b, src, []string{"s1", "s2"})

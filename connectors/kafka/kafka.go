@@ -30,8 +30,8 @@ import (
 )
 
 // Config locates a topic. TLS and SASL come from flags or the environment
-// (RLLM_KAFKA_TLS=1, RLLM_KAFKA_SASL_MECHANISM=PLAIN|SCRAM-SHA-256|SCRAM-SHA-512,
-// RLLM_KAFKA_SASL_USERNAME, RLLM_KAFKA_SASL_PASSWORD); secrets are never
+// (RLLM_PIPE_KAFKA_TLS=1, RLLM_PIPE_KAFKA_SASL_MECHANISM=PLAIN|SCRAM-SHA-256|SCRAM-SHA-512,
+// RLLM_PIPE_KAFKA_SASL_USERNAME, RLLM_PIPE_KAFKA_SASL_PASSWORD); secrets are never
 // logged.
 type Config struct {
 	Brokers []string
@@ -62,10 +62,10 @@ func ParseURL(raw string) (Config, error) {
 		Brokers: strings.Split(u.Host, ","),
 		Topic:   topic,
 		Group:   u.Query().Get("group"),
-		TLS:     os.Getenv("RLLM_KAFKA_TLS") == "1" || u.Query().Get("tls") == "1",
-		SASL:    os.Getenv("RLLM_KAFKA_SASL_MECHANISM"),
-		User:    os.Getenv("RLLM_KAFKA_SASL_USERNAME"),
-		Pass:    os.Getenv("RLLM_KAFKA_SASL_PASSWORD"),
+		TLS:     os.Getenv("RLLM_PIPE_KAFKA_TLS") == "1" || u.Query().Get("tls") == "1",
+		SASL:    os.Getenv("RLLM_PIPE_KAFKA_SASL_MECHANISM"),
+		User:    os.Getenv("RLLM_PIPE_KAFKA_SASL_USERNAME"),
+		Pass:    os.Getenv("RLLM_PIPE_KAFKA_SASL_PASSWORD"),
 	}
 	return c, nil
 }

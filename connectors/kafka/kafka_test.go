@@ -18,7 +18,7 @@ func TestParseURL(t *testing.T) {
 			t.Errorf("ParseURL(%q) accepted", bad)
 		}
 	}
-	t.Setenv("RLLM_KAFKA_SASL_PASSWORD", "hunter2")
+	t.Setenv("RLLM_PIPE_KAFKA_SASL_PASSWORD", "hunter2")
 	c, _ = ParseURL("kafka://a:1/t")
 	if s := c.String(); s != "kafka://a:1/t?group=" {
 		t.Fatalf("String() = %q (must never show secrets)", s)

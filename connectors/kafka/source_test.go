@@ -24,9 +24,9 @@ import (
 // that arrive later. Records produced before and after an idle spell
 // arrive in order with no reconnection.
 func TestIntegrationSourceIdlePartitions(t *testing.T) {
-	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	brokers := os.Getenv("RLLM_PIPE_KAFKA_BROKERS")
 	if brokers == "" {
-		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+		t.Skip("RLLM_PIPE_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -264,9 +264,9 @@ func TestIntegrationFetchCompressed(t *testing.T) {
 // ends.
 func largeValuesTopic(ctx context.Context, t *testing.T, name string, codec kgo.Compression, n int, value func(int) []byte) Config {
 	t.Helper()
-	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	brokers := os.Getenv("RLLM_PIPE_KAFKA_BROKERS")
 	if brokers == "" {
-		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+		t.Skip("RLLM_PIPE_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
 	}
 	cfg := Config{Brokers: strings.Split(brokers, ","), Topic: fmt.Sprintf("%s-%d", name, time.Now().UnixNano())}
 	// The broker takes values of up to 1 MiB by default: this topic, 16.

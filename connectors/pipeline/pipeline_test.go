@@ -303,9 +303,9 @@ func TestRunKafkaGivesUp(t *testing.T) {
 // does not wait alone in a group of its own for the group timeout. The
 // earlier run is the manifest entry it would have left.
 func TestIntegrationKafkaRetryAfterRestart(t *testing.T) {
-	brokers := os.Getenv("RLLM_KAFKA_BROKERS")
+	brokers := os.Getenv("RLLM_PIPE_KAFKA_BROKERS")
 	if brokers == "" {
-		t.Skip("RLLM_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
+		t.Skip("RLLM_PIPE_KAFKA_BROKERS not set: run `make test` (it starts Kafka)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -268,7 +268,7 @@ const scaleGroups = 6000
 // a consumer group takes with 1, 4 and 16 members consuming at once, one
 // group per batch, over many small shards (about 20 groups each), and
 // the p99 latency of an acknowledgement; on a local folder and on MinIO
-// (skipped without RLLM_S3_ENDPOINT), alternating. Every member is a
+// (skipped without RLLM_PIPE_S3_ENDPOINT), alternating. Every member is a
 // reader of its own, as trainers on separate machines are; every
 // acknowledgement and every lease is an append to the group's one log,
 // which the members race for. Each run is a new consumer group over the
@@ -316,9 +316,9 @@ func scaleRoot(b *testing.B, backend, dir string) func(b *testing.B, member int)
 			return r
 		}
 	}
-	ep := os.Getenv("RLLM_S3_ENDPOINT")
+	ep := os.Getenv("RLLM_PIPE_S3_ENDPOINT")
 	if ep == "" {
-		b.Skip("RLLM_S3_ENDPOINT not set: run `make bench-scale` (it starts MinIO)")
+		b.Skip("RLLM_PIPE_S3_ENDPOINT not set: run `make bench-scale` (it starts MinIO)")
 	}
 	cfg, err := ParseURL("s3://rllm-pipe-test/scale-acks-" + scaleID())
 	if err != nil {

@@ -159,7 +159,7 @@ func shownURL(u string) string {
 }
 
 // ParseURL reads s3://bucket/prefix and fills the rest from the
-// environment: AWS_ENDPOINT_URL (or RLLM_S3_ENDPOINT), AWS_ACCESS_KEY_ID,
+// environment: AWS_ENDPOINT_URL (or RLLM_PIPE_S3_ENDPOINT), AWS_ACCESS_KEY_ID,
 // AWS_SECRET_ACCESS_KEY, AWS_REGION (default us-east-1).
 func ParseURL(raw string) (Config, error) {
 	u, err := url.Parse(raw)
@@ -172,7 +172,7 @@ func ParseURL(raw string) (Config, error) {
 	c := Config{
 		Bucket:    u.Host,
 		Prefix:    strings.Trim(u.Path, "/"),
-		Endpoint:  firstEnv("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "RLLM_S3_ENDPOINT"),
+		Endpoint:  firstEnv("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "RLLM_PIPE_S3_ENDPOINT"),
 		AccessKey: os.Getenv("AWS_ACCESS_KEY_ID"),
 		SecretKey: os.Getenv("AWS_SECRET_ACCESS_KEY"),
 		Region:    firstEnv("AWS_REGION", "AWS_DEFAULT_REGION"),

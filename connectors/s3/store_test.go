@@ -28,9 +28,9 @@ import (
 // and runs in CI.
 func testConfig(t testing.TB) Config {
 	t.Helper()
-	ep := os.Getenv("RLLM_S3_ENDPOINT")
+	ep := os.Getenv("RLLM_PIPE_S3_ENDPOINT")
 	if ep == "" {
-		t.Skip("RLLM_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
+		t.Skip("RLLM_PIPE_S3_ENDPOINT not set: run `make test` (it starts MinIO)")
 	}
 	var b [4]byte
 	rand.Read(b[:])

@@ -24,7 +24,8 @@ import (
 type DistillConfig struct {
 	// Distill recomputes token_advantages = advantage + clip(λ·Dₜ) for
 	// every exported step when Recompute is set, and for steps whose
-	// shard has none (ingest ran without --kl-coef) in any case.
+	// shard has none (ingest ran without --kl-coef) in any case (with
+	// λ = 0: the advantage alone).
 	Distill   advantage.Distill
 	Recompute bool
 	Progress  func(done, total int64)

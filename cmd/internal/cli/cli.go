@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"os/signal"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -96,10 +98,12 @@ func Run(ctx context.Context, name string, newRoot func(soft context.Context) *c
 		}
 	}()
 
+	MigrateEnv(stderr, name)
 	root := newRoot(soft)
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	flagsTo(root, stderr)
 	err := root.ExecuteContext(hard)
 	if err == nil {
 		return ExitOK
@@ -123,17 +127,69 @@ func Run(ctx context.Context, name string, newRoot func(soft context.Context) *c
 	return ExitFailure
 }
 
-// ApplyEnv sets every flag not given on the command line from its RLLM_*
-// variable (--group-size from RLLM_GROUP_SIZE): flag beats env beats
-// default.
-func ApplyEnv(fs *pflag.FlagSet) error {
+// EnvPrefix prefixes every environment variable the executables read:
+// RLLM_PIPE_<FLAG> sets --<flag> (RLLM_PIPE_GROUP_SIZE sets --group-size).
+const EnvPrefix = "RLLM_PIPE_"
+
+// oldPrefix is the prefix of flags' variables before EnvPrefix; they are
+// still read, with a warning, for one release.
+const oldPrefix = "RLLM_"
+
+// renamedEnv are the variables other than flags' that were renamed, old
+// name to new: MigrateEnv moves them.
+var renamedEnv = map[string]string{
+	"RLLM_GATEWAY_AGENT_TOKEN":  "RLLM_PIPE_GATEWAY_AGENT_TOKEN",
+	"RLLM_GATEWAY_ADMIN_TOKEN":  "RLLM_PIPE_GATEWAY_ADMIN_TOKEN",
+	"RLLM_KAFKA_TLS":            "RLLM_PIPE_KAFKA_TLS",
+	"RLLM_KAFKA_SASL_MECHANISM": "RLLM_PIPE_KAFKA_SASL_MECHANISM",
+	"RLLM_KAFKA_SASL_USERNAME":  "RLLM_PIPE_KAFKA_SASL_USERNAME",
+	"RLLM_KAFKA_SASL_PASSWORD":  "RLLM_PIPE_KAFKA_SASL_PASSWORD",
+}
+
+// MigrateEnv gives every renamed variable that is set under its old name
+// only its new name too, warning on w once per variable; the process
+// then reads only the new names (and its children inherit them).
+func MigrateEnv(w io.Writer, name string) {
+	olds := make([]string, 0, len(renamedEnv))
+	for o := range renamedEnv {
+		olds = append(olds, o)
+	}
+	sort.Strings(olds)
+	for _, o := range olds {
+		v, ok := os.LookupEnv(o)
+		if !ok {
+			continue
+		}
+		n := renamedEnv[o]
+		if _, set := os.LookupEnv(n); !set {
+			_ = os.Setenv(n, v)
+		}
+		fmt.Fprintf(w, "%s: warning: %s is deprecated, use %s\n", name, o, n)
+	}
+}
+
+// ApplyEnv sets every flag of cmd not given on the command line from its
+// RLLM_PIPE_* variable (--group-size from RLLM_PIPE_GROUP_SIZE): flag
+// beats environment beats default. The RLLM_* name of earlier versions is
+// still read when the new one is not set, with a warning.
+func ApplyEnv(cmd *cobra.Command) error {
+	fs := cmd.Flags()
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if err != nil || f.Changed {
+		if err != nil || f.Changed || f.Name == "help" || f.Name == "version" {
 			return
 		}
-		name := "RLLM_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(name); ok {
+		suffix := strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		name := EnvPrefix + suffix
+		v, ok := os.LookupEnv(name)
+		if !ok {
+			old := oldPrefix + suffix
+			if v, ok = os.LookupEnv(old); ok {
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s: warning: %s is deprecated, use %s\n", cmd.Root().Name(), old, name)
+				name = old
+			}
+		}
+		if ok {
 			if serr := fs.Set(f.Name, v); serr != nil {
 				err = UsageErrorf("%s: %v", name, serr)
 			}
@@ -154,6 +210,12 @@ type S3Flags struct {
 func (c *S3Flags) Register(f *pflag.FlagSet) {
 	f.StringVar(&c.Endpoint, "s3-endpoint", "", "S3 endpoint URL (default AWS_ENDPOINT_URL; keys from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")
 	f.StringVar(&c.Region, "s3-region", "", "S3 region (default AWS_REGION, else us-east-1)")
+	c.RegisterRetry(f)
+}
+
+// RegisterRetry adds --retry-for alone (a command that reaches no store
+// but Kafka).
+func (c *S3Flags) RegisterRetry(f *pflag.FlagSet) {
 	f.DurationVar(&c.RetryFor, "retry-for", s3.DefaultRetryFor, "how long an unreachable S3 or Kafka is retried before the command fails (a first signal stops retrying at once)")
 }
 
@@ -205,4 +267,88 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q: too large", s)
 	}
 	return n * mult, nil
+}
+
+// Globals are the flags every command takes.
+type Globals struct {
+	Quiet     bool
+	LogFormat string
+}
+
+// Register adds --quiet and --log-format to root's persistent flags. A
+// command that defines its own --quiet or --log-format (to say what its
+// quiet leaves out) shadows the global one; Prepare reads whichever the
+// command has.
+func (g *Globals) Register(root *cobra.Command) {
+	f := root.PersistentFlags()
+	f.BoolVar(&g.Quiet, "quiet", false, "print only warnings and errors on stderr (no progress or summary)")
+	f.StringVar(&g.LogFormat, "log-format", "text", "log format on stderr: text or json")
+}
+
+// Prepare runs before every command: flags from the environment, then the
+// default logger from --log-format and --quiet.
+func Prepare(cmd *cobra.Command) error {
+	if err := ApplyEnv(cmd); err != nil {
+		return err
+	}
+	format, quiet := "text", false
+	if f := cmd.Flags().Lookup("log-format"); f != nil {
+		format = f.Value.String()
+	}
+	if f := cmd.Flags().Lookup("quiet"); f != nil {
+		quiet = f.Value.String() == "true"
+	}
+	level := slog.LevelInfo
+	if quiet {
+		level = slog.LevelWarn
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch format {
+	case "text":
+		slog.SetDefault(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), opts)))
+	case "json":
+		slog.SetDefault(slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), opts)))
+	default:
+		return UsageErrorf("--log-format: want text or json, not %q", format)
+	}
+	return nil
+}
+
+// Rename keeps old working as a hidden, deprecated alias of the flag now
+// called name (one release): it sets the same value, and using it prints
+// a warning that names the new flag. Changed reports a value given
+// through old too.
+func Rename(f *pflag.FlagSet, old, name string) {
+	nf := f.Lookup(name)
+	if nf == nil {
+		panic("cli.Rename: no flag --" + name)
+	}
+	f.AddFlag(&pflag.Flag{Name: old, Usage: "deprecated: use --" + name, Value: nf.Value, DefValue: nf.DefValue, NoOptDefVal: nf.NoOptDefVal})
+	_ = f.MarkDeprecated(old, "use --"+name)
+}
+
+// Changed reports whether the flag name was given, under its name or an
+// old one (Rename).
+func Changed(f *pflag.FlagSet, name string) bool {
+	nf := f.Lookup(name)
+	if nf == nil {
+		return false
+	}
+	changed := nf.Changed
+	f.VisitAll(func(g *pflag.Flag) {
+		if g.Changed && g.Value == nf.Value {
+			changed = true
+		}
+	})
+	return changed
+}
+
+// flagsTo sends what the flag parser prints (a deprecated flag's
+// warning) to w, for c and every command under it.
+func flagsTo(c *cobra.Command, w io.Writer) {
+	c.Flags().SetOutput(w)
+	c.PersistentFlags().SetOutput(w)
+	for _, sub := range c.Commands() {
+		flagsTo(sub, w)
+	}
 }

@@ -497,13 +497,21 @@ func testAppendsAreLinear(t *testing.T, b Backend) {
 }
 
 func testCreateOnlyObjects(t *testing.T, b Backend) {
-	ctx := context.Background()
 	root := b.NewRoot(t)
 	r := reader(t, b, root)
 	obj, err := r.Objects("_consumers/g")
 	if err != nil {
 		t.Fatal(err)
 	}
+	RunObjects(t, obj)
+}
+
+// RunObjects is the conformance suite of store.Objects, on an empty obj:
+// create-only (of racing creators exactly one wins), sorted listing by
+// prefix, idempotent delete, names of one path element only.
+func RunObjects(t *testing.T, obj store.Objects) {
+	t.Helper()
+	ctx := context.Background()
 	const n = 8
 	var wg sync.WaitGroup
 	wins := make(chan int, n)

@@ -119,6 +119,11 @@ type Server struct {
 	lastBuild time.Duration
 	builtAt   time.Time
 	pending   int
+	// firstBuild is when the first build started (zero before), and
+	// firstEntries the manifest entries it reads: the building page says
+	// so until it ends.
+	firstBuild   time.Time
+	firstEntries int
 }
 
 // New returns a server over r; Run follows the manifest.
@@ -258,6 +263,11 @@ func (s *Server) refresh(ctx context.Context, spaced bool) error {
 		return nil
 	}
 	start := time.Now()
+	s.mu.Lock()
+	if s.data == nil {
+		s.firstBuild, s.firstEntries = start, len(entries)
+	}
+	s.mu.Unlock()
 	db, err := s.open(ctx)
 	if err != nil {
 		s.mu.Lock()
@@ -362,7 +372,7 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 	}
 	d, _, gen, err := s.snapshot()
 	if d == nil {
-		http.Error(w, fmt.Sprintf("not ready: %v", err), http.StatusServiceUnavailable)
+		s.building(w, err)
 		return
 	}
 	body := template.HTML(`<p class="meta"><a href="/trajectories">trajectories</a></p><h2>Health</h2><div id="health"></div>`)
@@ -371,6 +381,28 @@ func (s *Server) index(w http.ResponseWriter, r *http.Request) {
 	}
 	body += `<h2>Committed data</h2><div id="charts">` + report.ChartsHTML(d, link) + `</div>`
 	render(w, "rllm-pipe ui", gen, body)
+}
+
+// building answers while the first build runs (or failed): 503 with
+// Retry-After, and a page that reloads itself until the views are there.
+func (s *Server) building(w http.ResponseWriter, err error) {
+	s.mu.RLock()
+	started, entries := s.firstBuild, s.firstEntries
+	s.mu.RUnlock()
+	msg := "Reading the manifest of " + s.r.Name() + "…"
+	if !started.IsZero() {
+		msg = fmt.Sprintf("Building the views of %s: %d manifest entries, started %s ago. This page reloads itself when they are ready.",
+			s.r.Name(), entries, time.Since(started).Round(time.Second))
+	}
+	body := `<p id="building">` + template.HTMLEscapeString(msg) + `</p>`
+	if err != nil {
+		body += `<p class="meta" id="build-error">The last attempt failed (retried every poll): ` + template.HTMLEscapeString(err.Error()) + `</p>`
+	}
+	w.Header().Set("Retry-After", "2")
+	w.Header().Set("Refresh", "2")
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	shell.Execute(w, map[string]any{"Title": "rllm-pipe ui: building", "Gen": 0, "CSS": template.CSS(report.CSS + uiCSS), "Body": template.HTML(body)})
 }
 
 // ingestSection is the ingest metrics' part of the health panel.
