@@ -11,4 +11,4 @@ PYTHON=${PYTHON:-python3}
 "$REPO_DIR/scripts/pytest.sh" --collect-only -q >/dev/null
 # The virtualenv scripts/pytest.sh made (the same key).
 key=$( (cat "$REPO_DIR/train/python/requirements-test.txt"; "$PYTHON" --version) | sha256sum | cut -c1-12)
-exec "$CACHE_DIR/venv-$key/bin/python" "$REPO_DIR/train/python/examples/bench_padded.py" --bin "$REPO_DIR/bin/rllm-pipe" "$@"
+PYTHONPATH="$REPO_DIR/train/python${PYTHONPATH:+:$PYTHONPATH}" exec "$CACHE_DIR/venv-$key/bin/python" "$REPO_DIR/train/python/examples/bench_padded.py" --bin "$REPO_DIR/bin/rllm-pipe" "$@"

@@ -2,6 +2,7 @@
 trajectories + Batch.to_padded) next to the same work done in Python from step
 rows (serve --layout steps), in the same run on the same data.
 
+    pip install ./train/python    # or PYTHONPATH=train/python (examples/bench.sh sets it)
     python train/python/examples/bench_padded.py [--groups 64] [--rounds 3] [--bin PATH] [--baseline-bin PATH]
     python train/python/examples/bench_padded.py --trajectory-tokens 8192 --batch-trajectories 512 --groups 96
 
@@ -51,12 +52,10 @@ import time
 import numpy as np
 import pyarrow as pa
 
-HERE = pathlib.Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))
-sys.path.insert(0, str(HERE.parent))
+from rllm_pipe import Client
+from train_tiny import find_bin  # beside this script, on sys.path when it runs
 
-from rllm_pipe import Client  # noqa: E402
-from train_tiny import find_bin  # noqa: E402
+HERE = pathlib.Path(__file__).resolve()
 
 PAD = 151643  # Qwen's <|endoftext|>, outside the generated vocabulary
 STEP_COLUMNS = ["group_id", "trajectory_id", "step_index", "prompt_ids", "response_ids", "response_logprobs",

@@ -2,6 +2,9 @@
 
     python loop.py --bin ../../../bin/rllm-pipe --work /tmp/loop   (make loop)
 
+with rllm_pipe installed (``pip install ./train/python``) or on PYTHONPATH
+(``make loop`` sets ``PYTHONPATH=train/python``).
+
 Five parts, each a real process talking over the public surfaces:
 
 * a policy server (``loop.py policy``): a tiny numpy policy served

@@ -1,5 +1,6 @@
 """Train a tiny model for a few steps from a gateway-free generated run.
 
+    pip install ./train/python    # or PYTHONPATH=train/python
     python train/python/examples/train_tiny.py [--steps 6] [--bin PATH]
 
 It generates multi-turn traces with context resets over 12 policy versions
@@ -30,10 +31,9 @@ import time
 
 import numpy as np
 
-HERE = pathlib.Path(__file__).resolve()
-sys.path.insert(0, str(HERE.parents[1]))  # rllm_pipe without installing it
+from rllm_pipe.dataset import PaddedBatches
 
-from rllm_pipe.dataset import PaddedBatches  # noqa: E402
+HERE = pathlib.Path(__file__).resolve()
 
 VOCAB = 512
 PAD = VOCAB  # outside the vocabulary: attention covers every real token

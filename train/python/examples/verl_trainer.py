@@ -10,7 +10,8 @@ GRPO advantages from ingest with ``--compat verl``, the rollout's log-probs as
 with the version the update made, and the version published for the
 capture gateway (``PaddedBatches.publish_version``).
 
-    python examples/verl_trainer.py --serve grpc://127.0.0.1:8815 --tiny-model --cpu --steps 3
+    pip install './train/python[verl]'
+    python train/python/examples/verl_trainer.py --serve grpc://127.0.0.1:8815 --tiny-model --cpu --steps 3
 
 ``--tiny-model`` trains a randomly initialised two-layer Qwen3 (no download);
 ``--model PATH`` a Hugging Face checkpoint. ``--cpu`` registers a CPU

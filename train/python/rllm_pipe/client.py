@@ -15,10 +15,16 @@ import json
 import os
 import secrets
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as flight
+
+from .padded import Padded
+
+if TYPE_CHECKING:  # pragma: no cover - torch is optional
+    import torch
 
 
 # pyarrow's complaint about a stream that ended cleanly before its first
@@ -42,13 +48,15 @@ class TokenColumn:
     """A list<int32|float32> column as two flat numpy arrays sharing the Arrow
     buffers: row ``i`` is ``values[offsets[i]:offsets[i + 1]]``."""
 
-    values: Any  # numpy.ndarray, read-only view of the Arrow buffer
-    offsets: Any  # numpy.ndarray of int32, len(rows) + 1
+    values: np.ndarray  # read-only view of the Arrow buffer
+    offsets: np.ndarray  # int32, len(rows) + 1
 
-    def row(self, i: int):
+    def row(self, i: int) -> np.ndarray:
+        """Row i's items (a view, no copy)."""
         return self.values[self.offsets[i] : self.offsets[i + 1]]
 
-    def lengths(self):
+    def lengths(self) -> np.ndarray:
+        """Each row's number of items."""
         return self.offsets[1:] - self.offsets[:-1]
 
 
@@ -86,7 +94,7 @@ class Batch:
         offsets = arr.offsets.to_numpy(zero_copy_only=True)
         return TokenColumn(values=values, offsets=offsets)
 
-    def tensors(self, name: str = "response_ids"):
+    def tensors(self, name: str = "response_ids") -> Tuple[torch.Tensor, torch.Tensor]:
         """Like tokens, as torch tensors sharing the memory (torch must be
         installed; the tensors must not be written to)."""
         import warnings
@@ -128,8 +136,8 @@ class Batch:
         max_prompt_length: int,
         max_response_length: int,
         pad_rows_to_multiple: int = 1,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> Padded:
         """The batch as padded tensors in verl's layout (numpy; ``.torch()``
         for torch tensors sharing the memory): see rllm_pipe.padded."""
         from .padded import to_padded
@@ -176,11 +184,11 @@ class Client:
         consumer: Optional[str] = None,
         policy_version: Optional[int] = None,
         token: Optional[str] = None,
-        tls_root_certs: Optional[Union[bytes, str, os.PathLike]] = None,
+        tls_root_certs: Optional[Union[bytes, str, os.PathLike[str]]] = None,
         batch_groups: Optional[int] = None,
         versions_per_step: Optional[int] = None,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         if token is None:
             token = os.environ.get("RLLM_PIPE_TOKEN") or None
         if tls_root_certs is None and os.environ.get("RLLM_PIPE_CA"):
@@ -199,7 +207,7 @@ class Client:
         self.policy_version = policy_version
         self.batch_groups = batch_groups
         self.versions_per_step = versions_per_step
-        self._reader = None
+        self._reader: Any = None  # the stream's FlightStreamReader
         self._key: Optional[str] = None  # the current (or last) stream's secret
 
     def __repr__(self) -> str:  # never shows the token or the stream's key
@@ -208,7 +216,7 @@ class Client:
     def __enter__(self) -> "Client":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def batches(self) -> Iterator[Batch]:
@@ -264,7 +272,7 @@ class Client:
         results = list(self._flight.do_action(flight.Action(kind, json.dumps(body).encode()), self._options))
         return json.loads(results[0].body.to_pybytes()) if results else None
 
-    def ack(self, batch_ids: List[int], policy_version: Optional[int] = None, member: Optional[str] = None) -> Dict[str, int]:
+    def ack(self, batch_ids: Iterable[int], policy_version: Optional[int] = None, member: Optional[str] = None) -> Dict[str, int]:
         """Acknowledge delivered batches by id (reporting policy_version first,
         if given). member, the stream the batches came from (Batch.meta), makes
         the server refuse the ack if that stream has ended."""
@@ -304,5 +312,6 @@ class Client:
         return self._action("stats", {"consumer": consumer} if consumer else {})
 
     def close(self) -> None:
+        """Ends the stream (its unacknowledged batches go back to the group) and closes the connection."""
         self._cancel()
         self._flight.close()

@@ -1,18 +1,19 @@
 """A PyTorch-style iterable dataset over a consumer group of ``rllm-pipe
 serve``: it yields padded batches (``Batch.to_padded``) and acknowledges a
-batch only when the trainer says its optimizer step is done.
+batch only when the trainer says its optimizer step is done. Here
+``location`` is the address of ``rllm-pipe serve --layout trajectories
+--follow=false`` (see ``rllm_pipe``):
 
-::
-
-    from rllm_pipe.dataset import PaddedBatches
-
-    data = PaddedBatches("grpc://127.0.0.1:8815", consumer="trainer-0",
-                         pad_token_id=0, max_prompt_length=2048, max_response_length=8192)
-    for step in data:                 # serve --layout trajectories
-        with step:                    # acknowledged when the block ends without an exception
-            loss = train_on(step.padded.torch())
-            optimizer.step()
-        # the acknowledgement reported policy version step.policy_version + 1
+    >>> from rllm_pipe.dataset import PaddedBatches
+    >>> data = PaddedBatches(location, consumer="trainer-0", pad_token_id=0,
+    ...                      max_prompt_length=2048, max_response_length=8192)
+    >>> for step in data:
+    ...     with step:                         # acknowledged when the block ends without an exception
+    ...         arrays = step.padded.arrays()  # numpy, in verl's names; step.padded.torch() for torch
+    ...         # the loss on arrays["input_ids"], ...; backward; optimizer.step()
+    ...     assert data.policy_version == step.policy_version + 1  # the version the acknowledgement reported
+    >>> data.policy_version, data.stats["groups_acked"]
+    (8, 8)
 
 Each optimizer step makes new weights, so an acknowledgement advances
 ``policy_version`` by ``versions_per_step`` (1) and reports the advanced
@@ -45,7 +46,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, Iterator, List, Optional
+from types import TracebackType
+from typing import Any, Deque, Dict, Iterator, List, Optional, Type, cast
 
 import numpy as np
 
@@ -117,8 +119,8 @@ class TrainingStep:
         """How many versions behind the trainer the rows were generated:
         policy_version minus each row's (smallest) policy version, over every
         micro-batch."""
-        real = [np.asarray(p.ids["policy_versions"][~p.is_pad], dtype=np.int64) for p in self.micro_batches if p.ids.get("policy_versions") is not None]
-        real = np.concatenate(real) if real else np.zeros(0, dtype=np.int64)
+        parts = [np.asarray(p.ids["policy_versions"][~p.is_pad], dtype=np.int64) for p in self.micro_batches if p.ids.get("policy_versions") is not None]
+        real = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
         if real.size == 0:
             return {"max": 0, "mean": 0.0}
         behind = np.maximum(self.policy_version - real, 0)
@@ -134,7 +136,7 @@ class TrainingStep:
             d = self._dataset
             v = d.policy_version + d.versions_per_step if policy_version is None else int(policy_version)
             self._dataset.policy_version = v
-            self.ack_result = d.client.ack(self.batch_ids, policy_version=v, member=self.batches[0].meta.get("member"))
+            self.ack_result = cast(Client, d.client).ack(self.batch_ids, policy_version=v, member=self.batches[0].meta.get("member"))
             for b in self.batches:
                 b.acked = True
             self._dataset._pending = None
@@ -143,7 +145,7 @@ class TrainingStep:
     def __enter__(self) -> "TrainingStep":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
         if exc_type is None:
             self.ack()
         # On an exception the step stays unacknowledged: the stream ends with
@@ -185,8 +187,8 @@ class PaddedBatches(_Base):
         padding: Optional[Dict[str, Any]] = None,
         reuse_arrays: bool = False,
         batch_groups: Optional[int] = None,
-        **client_kwargs,
-    ):
+        **client_kwargs: Any,
+    ) -> None:
         super().__init__()
         self.location = location
         self.consumer = consumer
@@ -263,8 +265,9 @@ class PaddedBatches(_Base):
                             "after the optimizer step, before taking the next one"
                         )
                     self.stats["acked"] += 1
-                    self.stats["groups_acked"] += int(step.ack_result.get("groups", 0))
-                    self.stats["groups_lost"] += int(step.ack_result.get("lost", 0))
+                    res = step.ack_result or {}  # set: the step is acknowledged
+                    self.stats["groups_acked"] += int(res.get("groups", 0))
+                    self.stats["groups_lost"] += int(res.get("lost", 0))
             finally:
                 self.consumer = client.consumer
                 self.client = None

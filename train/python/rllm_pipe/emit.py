@@ -7,15 +7,25 @@ the same shape (``Episode.to_dict()``, ``model_dump()``, an ``rllm eval``
 episode file), into Step and Trajectory records of the wire format
 (``schemas/README.md``), with the same ids ``rllm-pipe import rllm`` gives
 the same data, so a record sent twice (a retry, or an import of the same
-episodes) is dropped downstream as a duplicate::
+episodes) is dropped downstream as a duplicate. Here ``gateway`` is the
+capture gateway's address (``"http://127.0.0.1:9090"`` for ``rllm-pipe
+gateway --listen 127.0.0.1:9090 ...``):
 
-    from rllm_pipe.emit import episode_records, post_records
-
-    records = episode_records(episode, policy_version=7)
-    post_records(records, "http://127.0.0.1:9090")   # the gateway's POST /records
+    >>> from rllm_pipe.emit import episode_records, post_records, write_records
+    >>> episode = {"id": "task-7:0", "trajectories": [{"uid": "task-7:0/a", "reward": 1.0, "steps": [
+    ...     {"prompt_ids": [1, 2, 3], "response_ids": [4, 5], "logprobs": [-0.1, -0.7]}]}]}
+    >>> records = episode_records(episode, policy_version=7)
+    >>> [(r["type"], r["task_id"], r["trajectory_id"], r.get("step_id")) for r in records]
+    [('step', 'task-7', 'task-7:0/a', 'task-7:0/a#0'), ('trajectory', 'task-7', 'task-7:0/a', None)]
+    >>> post_records(records, gateway)          # the gateway's POST /records; the number accepted
+    2
+    >>> write_records(records, "traces.jsonl")  # or for `rllm-pipe ingest --from traces.jsonl`
+    2
 
 Only the standard library is used; rllm itself need not be installed.
 """
+
+from __future__ import annotations
 
 import json
 import math
@@ -23,6 +33,7 @@ import os
 import time
 import urllib.error
 import urllib.request
+from typing import Any, Dict, Iterable, List, Mapping, Optional, TextIO, Union
 
 __all__ = ["InvalidEpisode", "episode_records", "post_records", "write_records", "TOKEN_ENV"]
 
@@ -37,7 +48,7 @@ class InvalidEpisode(ValueError):
     """A step the pipeline would reject (the ``reason`` is its dead-letter
     code): raised rather than sent shortened or guessed."""
 
-    def __init__(self, reason, message):
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__("%s: %s" % (reason, message))
         self.reason = reason
 
@@ -98,7 +109,8 @@ def _messages(v):
     return out
 
 
-def episode_records(episode, policy_version=None, group_size=None, deltas=False):
+def episode_records(episode: Any, policy_version: Optional[int] = None, group_size: Optional[int] = None,
+                    deltas: bool = False) -> List[Dict[str, Any]]:
     """Return the wire records (dicts) of one rLLM Episode.
 
     ``episode`` is an object with the attributes of rLLM's Episode,
@@ -246,7 +258,7 @@ def _line(rec):
     return json.dumps(rec, separators=(",", ":"), allow_nan=False, default=str)
 
 
-def write_records(records, dest):
+def write_records(records: Iterable[Mapping[str, Any]], dest: Union[str, os.PathLike[str], TextIO]) -> int:
     """Write records as JSON lines to ``dest`` (a path, appended to, or a
     text file object); ``rllm-pipe ingest --from`` reads them. Returns the
     number written."""
@@ -264,7 +276,7 @@ def write_records(records, dest):
 class PostError(RuntimeError):
     """The gateway refused a batch (status and body) or stayed unreachable."""
 
-    def __init__(self, message, status=None, body=""):
+    def __init__(self, message: str, status: Optional[int] = None, body: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.body = body
@@ -273,7 +285,8 @@ class PostError(RuntimeError):
 __all__.append("PostError")
 
 
-def post_records(records, url, token=None, batch_size=500, retries=5, backoff=0.5, timeout=30.0):
+def post_records(records: Iterable[Mapping[str, Any]], url: str, token: Optional[str] = None, batch_size: int = 500, retries: int = 5,
+                 backoff: float = 0.5, timeout: float = 30.0) -> int:
     """POST records to the gateway's ``/records`` in batches of
     ``batch_size`` lines, each acknowledged only once durable. A batch that
     fails with a connection error or a 5xx/429 answer is sent again, the

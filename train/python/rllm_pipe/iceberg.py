@@ -4,13 +4,17 @@ with pyiceberg and pyarrow (``pip install "pyiceberg[sql-sqlite]"``).
 The table lists the shards as they are, so a multi-turn step stored as a
 prefix delta has a null ``prompt_ids`` there (see ``rllm_pipe.shards``).
 ``read_steps`` scans the table and gives every row its whole prompt and
-messages back, as ``rllm-pipe sql``'s ``steps`` view does::
+messages back, as ``rllm-pipe sql``'s ``steps`` view does. After
+``rllm-pipe iceberg sync --from data --catalog lake/catalog.db``:
 
-    from pyiceberg.catalog.sql import SqlCatalog
-    from rllm_pipe.iceberg import read_steps
-
-    table = SqlCatalog("rllm", uri="sqlite:///lake/catalog.db").load_table("rllm.steps")
-    steps = read_steps(table, row_filter="group_version >= 3")
+    >>> from pyiceberg.catalog.sql import SqlCatalog
+    >>> from rllm_pipe.iceberg import read_steps
+    >>> table = SqlCatalog("rllm", uri="sqlite:///lake/catalog.db").load_table("rllm.steps")
+    >>> steps = read_steps(table, row_filter="group_version >= 1")   # a pyarrow Table
+    >>> sorted(set(steps.column("group_version").to_pylist()))
+    [1]
+    >>> steps.column("prompt_ids").null_count   # every prompt whole (the table's deltas are null there)
+    0
 
 Spark reads the table through Iceberg's JDBC catalog on the same SQLite
 file; ``SPARK_WHOLE_PROMPTS_SQL`` rebuilds the whole prompts there.
@@ -19,6 +23,12 @@ A filter must keep whole trajectories (filter on group, trajectory or
 version columns, not on step columns), or a delta row loses the rows it
 extends.
 """
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Optional
+
+import pyarrow as pa
 
 from .shards import whole_prompts
 
@@ -56,11 +66,13 @@ keeps their order). Filter the table on whole trajectories only, as for
 _ORDER = [("group_id", "ascending"), ("group_version", "ascending"), ("trajectory_id", "ascending"), ("step_index", "ascending")]
 
 
-def read_steps(table, row_filter=None, snapshot_id=None, selected_fields=("*",)):
+def read_steps(table: Any, row_filter: Optional[Any] = None, snapshot_id: Optional[int] = None,
+               selected_fields: Iterable[str] = ("*",)) -> pa.Table:
     """Scan a pyiceberg ``Table`` (at ``snapshot_id``, default the
-    current snapshot) into a pyarrow Table of whole rows, ordered by
-    group, version, trajectory and step."""
-    kw = {"selected_fields": tuple(selected_fields)}
+    current snapshot; ``row_filter`` a pyiceberg expression or its string
+    form) into a pyarrow Table of whole rows, ordered by group, version,
+    trajectory and step."""
+    kw: Dict[str, Any] = {"selected_fields": tuple(selected_fields)}
     if row_filter is not None:
         kw["row_filter"] = row_filter
     if snapshot_id is not None:

@@ -11,13 +11,18 @@ prompt and messages back; ``serve``/``Client``, ``sql`` and ``export``
 already do this for you.
 """
 
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional, Union
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 _NEEDS = ["trajectory_id", "step_index", "prompt_ids", "response_ids", "prompt_prefix_len", "prompt_delta_ids", "messages", "messages_delta"]
 
 
-def whole_prompts(table):
+def whole_prompts(table: pa.Table) -> pa.Table:
     """Return ``table`` (rows of one shard, in shard order) with whole
     ``prompt_ids`` and ``messages``."""
     names = table.column_names
@@ -27,7 +32,7 @@ def whole_prompts(table):
         return table  # neither asked for: the delta columns as stored
     cols = {n: table.column(n).to_pylist() for n in _NEEDS if n in names}
     prompts, messages = [], []
-    prev = None  # (trajectory, step, whole prompt, response, whole messages)
+    prev: Any = None  # (trajectory, step, whole prompt, response, whole messages)
     for i in range(table.num_rows):
         traj, step = cols["trajectory_id"][i], cols["step_index"][i]
         follows = prev is not None and prev[0] == traj and prev[1] + 1 == step
@@ -52,11 +57,12 @@ def whole_prompts(table):
         prev = (traj, step, prompt, cols["response_ids"][i], msgs)
     out = table.set_column(names.index("prompt_ids"), table.schema.field("prompt_ids"), pa.array(prompts, type=table.schema.field("prompt_ids").type))
     if "messages" in cols:
-        out = out.set_column(names.index("messages"), out.schema.field("messages"), pa.array(messages, type=pa.string()))
+        field = out.schema.field("messages")  # string, or large_string from pyiceberg
+        out = out.set_column(names.index("messages"), field, pa.array(messages, type=field.type))
     return out
 
 
-def read_shard(path, columns=None):
+def read_shard(path: Union[str, os.PathLike[str]], columns: Optional[Iterable[str]] = None) -> pa.Table:
     """Read a shard file as a pyarrow Table with whole prompts and
     messages (all columns when ``columns`` is None)."""
     schema = pq.read_schema(path)

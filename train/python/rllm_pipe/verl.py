@@ -1,6 +1,20 @@
 """rllm-pipe batches as verl 0.9 takes them (the ``verl`` extra: torch and
 verl are needed here and nowhere else in the package).
 
+With ``location`` the address of ``rllm-pipe serve --layout trajectories
+--follow=false`` (see ``rllm_pipe``):
+
+    >>> from rllm_pipe import PaddedBatches
+    >>> from rllm_pipe.verl import dataproto
+    >>> data = PaddedBatches(location, "verl-actor", pad_token_id=0, max_prompt_length=2048,
+    ...                      max_response_length=8192, pad_rows_to_multiple=8)
+    >>> for step in data:
+    ...     with step:                                      # acknowledged after the update
+    ...         dp = dataproto(step.padded, temperature=1.0)  # verl.protocol.DataProto
+    ...         # verl's actor update on dp
+    >>> len(dp) % 8, "uid" in dp.non_tensor_batch, dp.meta_info["temperature"]
+    (0, True, 1.0)
+
 Two forms, from one padded batch (``Batch.to_padded`` / ``PaddedBatches``):
 
 - ``dataproto(padded)``: verl's legacy ``DataProto`` (the padded layout of
@@ -42,16 +56,20 @@ verl derives response lengths from ``attention_mask``: ``to_padded``'s default
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .padded import Padded
 
+if TYPE_CHECKING:  # pragma: no cover - the verl extra
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+
 __all__ = ["dataproto", "batch_keys", "group_uids", "v1_samples", "v1_tensordict", "use_cpu"]
 
 
-def _torch():
+def _torch() -> Any:
     try:
         import torch
     except ImportError as e:  # pragma: no cover - the extra is missing
@@ -134,7 +152,7 @@ def dataproto(
     old_log_probs: str = "rollout",
     drop_padding: bool = False,
     meta_info: Optional[Dict[str, Any]] = None,
-):
+) -> DataProto:
     """The batch as verl's ``DataProto`` (see the module's documentation).
 
     temperature: the sampling temperature the rollouts were generated with
@@ -186,7 +204,7 @@ def dataproto(
     return DataProto.from_dict(tensors=t, non_tensors=non_tensors, meta_info=meta)
 
 
-def v1_samples(padded: Padded) -> tuple:
+def v1_samples(padded: Padded) -> Tuple[List[Dict[str, Any]], List[str]]:
     """The real rows as verl v1's per-sample dicts (unpadded 1-D tensors, as
     its agent loop's outputs) and their TransferQueue keys. A row's prompt
     and response are the ones ``to_padded`` kept (cut to its lengths)."""
@@ -219,7 +237,7 @@ def v1_samples(padded: Padded) -> tuple:
     return samples, keys
 
 
-def v1_tensordict(padded: Padded):
+def v1_tensordict(padded: Padded) -> Tuple[TensorDict, List[str]]:
     """``v1_samples`` stacked as verl does (``list_of_dict_to_tensordict``:
     nested jagged tensors for ragged fields), and the keys."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict

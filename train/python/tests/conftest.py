@@ -16,6 +16,17 @@ REPO = pathlib.Path(__file__).resolve().parents[3]
 BIN = os.environ.get("RLLM_PIPE_BIN", str(REPO / "bin" / "rllm-pipe"))
 
 
+def example_env(**extra):
+    """The environment to run an example (train/python/examples) in: the
+    examples import rllm_pipe as installed and never touch sys.path, so the
+    folder of the rllm_pipe these tests import goes first on PYTHONPATH."""
+    import rllm_pipe
+
+    src = str(pathlib.Path(rllm_pipe.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""), **extra}
+
+
 def run(*args):
     subprocess.run([BIN, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from conftest import BIN
+from conftest import BIN, example_env
 
 LOOP = pathlib.Path(__file__).resolve().parents[1] / "examples" / "loop.py"
 sys.path.insert(0, str(LOOP.parent))
@@ -36,7 +36,7 @@ def free_port():
 class Loop:
     def __init__(self, work):
         self.work, self.root, self.procs = work, work / "data", []
-        self.env = {**os.environ, "PYTHONPATH": str(LOOP.parents[1])}
+        self.env = example_env()
 
     def start(self, cmd, name):
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.work / f"{name}.log", "ab"), env=self.env, start_new_session=True)

@@ -358,10 +358,11 @@ def test_example_trains_and_acknowledges():
     import subprocess
     import sys
 
-    from conftest import BIN, REPO
+    from conftest import BIN, REPO, example_env
 
     ex = REPO / "train" / "python" / "examples" / "train_tiny.py"
-    out = subprocess.run([sys.executable, str(ex), "--bin", BIN, "--steps", "3"], check=True, capture_output=True, text=True, timeout=120).stdout
+    out = subprocess.run([sys.executable, str(ex), "--bin", BIN, "--steps", "3"], check=True, capture_output=True, text=True, timeout=120,
+                         env=example_env()).stdout
     lines = [l for l in out.splitlines() if l.startswith("step ")]
     assert len(lines) == 3 and all("'lost': 0" in l for l in lines), out
     assert "'acked': 3" in out.splitlines()[-1], out
@@ -377,11 +378,11 @@ def test_example_staleness_stays_within_max_staleness(bound):
     import subprocess
     import sys
 
-    from conftest import BIN, REPO
+    from conftest import BIN, REPO, example_env
 
     ex = REPO / "train" / "python" / "examples" / "train_tiny.py"
     out = subprocess.run([sys.executable, str(ex), "--bin", BIN, "--steps", "8", "--max-staleness", str(bound)],
-                         check=True, capture_output=True, text=True, timeout=120).stdout
+                         check=True, capture_output=True, text=True, timeout=120, env=example_env()).stdout
     steps = [re.search(r"policy_version=(\d+) staleness max=(\d+) .* acked_version=(\d+)", l) for l in out.splitlines() if l.startswith("step ")]
     assert len(steps) >= bound + 1 and all(steps), out
     stale = [int(m.group(2)) for m in steps]

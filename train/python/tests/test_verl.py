@@ -219,13 +219,13 @@ def test_example_trains_acknowledges_and_publishes(served):
     import subprocess
     import sys
 
-    from conftest import BIN, REPO
+    from conftest import BIN, REPO, example_env
 
     srv = served("example")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "MASTER_PORT": str(port), "PYTHONPATH": str(REPO / "train" / "python")}
+    env = example_env(MASTER_PORT=str(port))
     out = subprocess.run([sys.executable, str(REPO / "train" / "python" / "examples" / "verl_trainer.py"), "--serve", srv.location,
                           "--tiny-model", "--cpu", "--steps", "3", "--groups-per-step", "2", "--lr", "1e-2"],
                          env=env, capture_output=True, text=True, timeout=600)
@@ -237,3 +237,14 @@ def test_example_trains_acknowledges_and_publishes(served):
     shown = subprocess.run([BIN, "publish-version", "--show", "--from", str(served.root), "--consumer-group", "example"],
                            capture_output=True, text=True, check=True).stdout
     assert json.loads(shown)["policy_version"] == 3, shown
+
+
+def test_docstring_examples(served, tmp_path, monkeypatch):
+    """rllm_pipe.verl's docstring examples, which test_docs.py runs only
+    where torch and verl import (here), on this module's run."""
+    from test_docs import MODULES, run_doctests
+
+    monkeypatch.chdir(tmp_path)
+    docstrings, _, failures = run_doctests("rllm_pipe.verl", {"location": served("doctest").location})
+    assert not failures, failures
+    assert docstrings >= MODULES["rllm_pipe.verl"]
