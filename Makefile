@@ -83,7 +83,7 @@ test-short:
 	$(GO) test -short -count=1 ./...
 
 # bench: unit benchmarks (estimators, generator, decoder, merged trajectory
-# rows), opening long logs (BENCHMARKS.md), the hand-written decoder and
+# rows), opening long logs (docs/performance.md#logs-and-manifests), the hand-written decoder and
 # Parquet writer against libraries (cmd/ingestbench/compare, a nested module), the
 # ui's paging at a million steps, merged padded batches delivered to
 # Python against the same work in Python (bench_padded.py); then the service-backed ones: opening a

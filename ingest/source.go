@@ -355,7 +355,7 @@ func (s *LineSource) readMapped() Chunk {
 // data[start:end] with pread into a recycled chunk buffer instead of
 // touching the mapping: where pages cannot be populated, a page fault per
 // few pages of a mapping costs more than copying the bytes
-// (BENCHMARKS.md). ok is false when the buffer
+// (docs/performance.md#choices-behind-the-defaults). ok is false when the buffer
 // holds no whole line (a line longer than a chunk) or the read comes up
 // short (the file shrank): the mapping serves that chunk.
 func (s *LineSource) readCopy(start, end int) (c Chunk, ok bool) {

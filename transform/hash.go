@@ -19,7 +19,7 @@ var seed = maphash.MakeSeed()
 // different field splits never hash alike, long fields as their XXH3, and
 // hashes the buffer once with the runtime's seeded hash. (Writing each
 // field into a maphash.Hash, and hashing long fields with the runtime's
-// hash, cost about twice as much: BENCHMARKS.md. XXH3's seeded form
+// hash, cost about twice as much: docs/performance.md#kernels-and-components. XXH3's seeded form
 // builds a secret on every call.)
 type hasher struct {
 	buf []byte

@@ -28,7 +28,7 @@
 // statistics and the output read (faster than --duckdb-plan two-scans, a
 // narrow scan for the groups and then a streaming scan of the steps
 // through the joins, at the same peak RSS: the faster shape is the
-// yardstick; BENCHMARKS.md). After every pair the two outputs are checked
+// yardstick; docs/performance.md#ingest-against-duckdb). After every pair the two outputs are checked
 // against each other (row counts, and trajectory, reward, advantage,
 // versions, token ids, logprobs and messages for a random sample of step_ids; advantages
 // within 1e-9), so the comparison is honest.

@@ -77,7 +77,7 @@
 //     one row per group of each batch: consumer_group, train_step (the
 //     batch's place in the group's acknowledgements), member, batch_id,
 //     policy_version (at the acknowledgement), group_id, group_version,
-//     staleness, trajectories, steps, shard, acked_at (README).
+//     staleness, trajectories, steps, shard, acked_at (docs/audit-and-replay.md#the-consumed-table).
 //
 // steps gives every row its whole prompt_ids and messages: multi-turn
 // prompts stored as prefix deltas (schema 4) are rebuilt by window

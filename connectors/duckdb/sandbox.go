@@ -84,7 +84,7 @@ func clipSQL(s string) string {
 // (noStateFunctions). Query skips that for a query with arguments: its
 // text is the program's own (a user's values are parameters, which call
 // nothing), and serialising the views' whole plan is work every page of
-// the ui would repeat (README, "sql is read only", has its cost).
+// the ui would repeat (docs/sql.md#sql-is-read-only has its cost).
 func (d *DB) readOnly(ctx context.Context, q string, checkPlan bool) error {
 	typ, err := d.statementType(ctx, q)
 	if err != nil {

@@ -240,7 +240,7 @@ const shardsColumns = `seq BIGINT, path VARCHAR, "rows" BIGINT, bytes BIGINT, "g
 // appendShards fills the shards table (created by shardsSQL) through
 // DuckDB's appender on conn: rows handed over in memory, where a file of
 // the rows to read back, or a VALUES list to parse, cost several times
-// more per shard (BENCHMARKS.md, "sql start-up").
+// more per shard (docs/performance.md#sql-start-up, "sql start-up").
 func (l *layout) appendShards(ctx context.Context, conn *sql.Conn) error {
 	if l.snap != nil {
 		if err := l.appendFiles(ctx, conn); err != nil {
@@ -344,7 +344,7 @@ func (l *layout) storedStepsSQL(literal bool) (string, error) {
 		// Shards of the current schema version share their columns: one
 		// footer binds them all (union_by_name reads every footer at
 		// each binding of the view, every query: most of the time to
-		// define the views, measured in BENCHMARKS.md). Others are read
+		// define the views, measured in docs/performance.md#sql-start-up). Others are read
 		// by name, a version at a time. Compacted files name each row's
 		// shard in a column of their own.
 		byName := v.version != schemas.SchemaVersion

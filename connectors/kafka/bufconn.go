@@ -15,7 +15,7 @@ import (
 // buffer this size, one call takes in whatever the socket holds (22 calls
 // for the same fetch), and kafka-go's small reads are served from memory.
 // It costs 256 KiB per partition read (1 MiB was no faster in alternated
-// runs); BENCHMARKS.md ("Kafka path") has the
+// runs); docs/performance.md#choices-behind-the-defaults ("Kafka path") has the
 // throughput before and after.
 const FetchReadBuffer = 256 << 10
 

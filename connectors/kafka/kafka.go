@@ -274,7 +274,7 @@ func (g *Generation) Source(start map[int]int64) ingest.Source {
 		topic: g.c.cfg.Topic, lags: make([]atomic.Int64, len(g.Partitions))}
 	// Arenas kept idle between chunks: a few more than the partitions
 	// filling one at a time. A kept arena is live heap, which raises the
-	// collector's goal and so the peak RSS (BENCHMARKS.md, "Kafka values in
+	// collector's goal and so the peak RSS (docs/performance.md#choices-behind-the-defaults, "Kafka values in
 	// recycled arenas"): the pool stays small.
 	s.arenas.free = make(chan []byte, len(g.Partitions)+4)
 	// The end of the generation reaches Read even with no partition

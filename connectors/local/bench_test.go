@@ -18,7 +18,7 @@ import (
 // serve). A writer reads the state the last one left and the manifest
 // after it ("writer"); a manifest without one is read whole ("writer, no
 // state": the first open after an upgrade, or a state deleted). A reader
-// lists every shard: it grows with them (BENCHMARKS.md).
+// lists every shard: it grows with them (docs/performance.md#logs-and-manifests).
 func BenchmarkOpenManifest(b *testing.B) {
 	for _, n := range []int{10_000, 100_000, 1_000_000} {
 		root := b.TempDir()

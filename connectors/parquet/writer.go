@@ -22,14 +22,14 @@ import (
 type Options struct {
 	// RowGroupBytes cuts a row group once its compressed size reaches
 	// this. Default 8 MiB: an open shard buffers one row group, and a
-	// smaller working set spares the GC (BENCHMARKS.md).
+	// smaller working set spares the GC (docs/performance.md#choices-behind-the-defaults).
 	RowGroupBytes int64
 	// ZstdLevel is the zstd level. Default 1 (see the benchmarks).
 	ZstdLevel int
 	// Compact has zstd entropy-code the literals of the pages its encoder
 	// compresses (prompts, messages, small columns). Off, literals are left
 	// raw: shards somewhat larger for less ingest CPU, and faster to
-	// decode (BENCHMARKS.md). The native encoder only.
+	// decode (docs/performance.md#choices-behind-the-defaults). The native encoder only.
 	Compact   bool
 	Allocator memory.Allocator
 	// Reference writes with arrow-go's pqarrow even where the native

@@ -12,7 +12,7 @@ import (
 
 // The zstd codec that arrow-go registers forces entropy coding of every
 // literal block, which costs much of the compression time on token data
-// for little size (BenchmarkPageModes; BENCHMARKS.md). fastZstd is the
+// for little size (BenchmarkPageModes; docs/performance.md#choices-behind-the-defaults). fastZstd is the
 // same format from the same library with the encoder's own choice;
 // decoding and streaming are arrow-go's.
 type fastZstd struct {

@@ -265,7 +265,7 @@ func (d *downGroup) Next(ctx context.Context) (pipeline.Generation, error) {
 
 // TestRunKafkaGivesUp: a broker that stays away fails the run after
 // RetryFor, with the reason; a soft stop ends the waiting at once, with
-// ErrStoppedInOutage (the run did not finish: exit 3, as README says).
+// ErrStoppedInOutage (the run did not finish: exit 3, as docs/operations.md#exit-codes says).
 func TestRunKafkaGivesUp(t *testing.T) {
 	ctx := context.Background()
 	st, err := local.Open(t.TempDir(), "w")

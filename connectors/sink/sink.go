@@ -376,7 +376,7 @@ func (s *Sink) partition(v int64) int64 {
 // recentWrites batches, at least one each. Lanes are for using every core
 // on few partitions; with as many partitions as cores the partitions'
 // shards already encode in parallel, and extra lanes only multiply open
-// shards (their buffers, smaller row groups; BENCHMARKS.md has the
+// shards (their buffers, smaller row groups; docs/performance.md#choices-behind-the-defaults has the
 // figures).
 func (s *Sink) lanes(v int64) int {
 	s.writes++

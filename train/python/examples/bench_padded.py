@@ -300,7 +300,7 @@ def main():
         work = pathlib.Path(tmp)
         run = lambda *a: subprocess.run([bin_, *a], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         run("gen", "--groups", str(args.groups), "--group-size", "16", "--turns", turns, "--resets", "0.02",
-            "--observation-len", "200", "--prompt-len", "1024", "--response-len", "300", "--out", str(work / "t.jsonl"), "--quiet")
+            "--observation-len", "200", "--prompt-len", "1024", "--response-len", "300", "--to", str(work / "t.jsonl"), "--quiet")
         run("ingest", "--from", str(work / "t.jsonl"), "--to", str(work / "out"), "--group-size", "16", "--quiet")
 
         budget = {"trajectories": args.max_tokens}

@@ -551,7 +551,7 @@ def main() -> int:
         note_gateway(gateway, work / "summary.json")
     finally:
         stop_all(procs)
-    subprocess.run([args.bin, "report", "--from", str(root), "--out", str(work / "report.html")], check=False)
+    subprocess.run([args.bin, "report", "--from", str(root), "--to", str(work / "report.html")], check=False)
     print(f"loop: report {work / 'report.html'}, steps {work / 'steps.jsonl'}", flush=True)
     return code
 

@@ -74,7 +74,7 @@ def main():
         work = pathlib.Path(tmp)
         run = lambda *a: subprocess.run([bin_, *a], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         run("gen", "--groups", "96", "--group-size", "4", "--turns", "2..6", "--resets", "0.1", "--observation-len", "32",
-            "--prompt-len", "64", "--response-len", "32", "--vocab", str(VOCAB), "--policy-versions", "12", "--out", str(work / "t.jsonl"))
+            "--prompt-len", "64", "--response-len", "32", "--vocab", str(VOCAB), "--policy-versions", "12", "--to", str(work / "t.jsonl"))
         run("ingest", "--from", str(work / "t.jsonl"), "--to", str(work / "out"), "--group-size", "4", "--quiet")
         proc, location = serve(bin_, work / "out", work, args.max_staleness)
         try:

@@ -8,8 +8,8 @@ episode file), into Step and Trajectory records of the wire format
 (``schemas/README.md``), with the same ids ``rllm-pipe import rllm`` gives
 the same data, so a record sent twice (a retry, or an import of the same
 episodes) is dropped downstream as a duplicate. Here ``gateway`` is the
-capture gateway's address (``"http://127.0.0.1:9090"`` for ``rllm-pipe
-gateway --listen 127.0.0.1:9090 ...``):
+capture gateway's address (``"http://127.0.0.1:8816"``, the default of
+``rllm-pipe gateway``):
 
     >>> from rllm_pipe.emit import episode_records, post_records, write_records
     >>> episode = {"id": "task-7:0", "trajectories": [{"uid": "task-7:0/a", "reward": 1.0, "steps": [
@@ -38,8 +38,10 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, TextIO, Union
 __all__ = ["InvalidEpisode", "episode_records", "post_records", "write_records", "TOKEN_ENV"]
 
 # Environment variables the token is read from when none is given, in order:
-# the gateway's POST /records is a management route (its admin token).
-TOKEN_ENV = ("RLLM_GATEWAY_ADMIN_TOKEN", "RLLM_GATEWAY_AGENT_TOKEN")
+# the gateway's POST /records is a management route (its admin token). The
+# RLLM_GATEWAY_* names are those of releases before 0.1.0, still read.
+TOKEN_ENV = ("RLLM_PIPE_GATEWAY_ADMIN_TOKEN", "RLLM_PIPE_GATEWAY_AGENT_TOKEN",
+             "RLLM_GATEWAY_ADMIN_TOKEN", "RLLM_GATEWAY_AGENT_TOKEN")
 
 _DEFAULT_TRAJ_NAME = "default_traj_name"
 

@@ -36,7 +36,7 @@ def shards(tmp_path_factory):
     """An ingest output root with many small shards over four policy versions."""
     root = tmp_path_factory.mktemp("shards")
     src = root / "traces.jsonl"
-    run("gen", "--groups", "120", "--group-size", "4", "--out", str(src))
+    run("gen", "--groups", "120", "--group-size", "4", "--to", str(src))
     out = root / "out"
     run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--shard-size", "256KiB", "--quiet")
     return out

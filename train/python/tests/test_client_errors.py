@@ -12,7 +12,7 @@ from conftest import Server, run
 
 def test_unreadable_shard_is_an_error_not_an_empty_stream(tmp_path):
     src = tmp_path / "traces.jsonl"
-    run("gen", "--groups", "8", "--group-size", "2", "--out", str(src))
+    run("gen", "--groups", "8", "--group-size", "2", "--to", str(src))
     out = tmp_path / "out"
     run("ingest", "--from", str(src), "--to", str(out), "--group-size", "2", "--quiet")
     with open(out / "_manifest" / "shards.jsonl") as f:

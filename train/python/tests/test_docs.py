@@ -45,7 +45,7 @@ def work(tmp_path_factory):
     """A run of 8 groups of 4 multi-turn trajectories over three policy
     versions, ingested into ./data."""
     d = tmp_path_factory.mktemp("doctest")
-    run("gen", "--groups", "8", "--group-size", "4", "--turns", "1..4", "--policy-versions", "3", "--seed", "1", "--out", str(d / "t.jsonl"))
+    run("gen", "--groups", "8", "--group-size", "4", "--turns", "1..4", "--policy-versions", "3", "--seed", "1", "--to", str(d / "t.jsonl"))
     run("ingest", "--from", str(d / "t.jsonl"), "--to", str(d / "data"), "--group-size", "4", "--quiet")
     return d
 

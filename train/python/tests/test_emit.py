@@ -180,8 +180,9 @@ def gateway():
 
 
 def test_post_batches_and_retries(gateway, monkeypatch):
-    monkeypatch.delenv("RLLM_GATEWAY_ADMIN_TOKEN", raising=False)
-    monkeypatch.setenv("RLLM_GATEWAY_AGENT_TOKEN", "s3cret")
+    for name in ("RLLM_PIPE_GATEWAY_ADMIN_TOKEN", "RLLM_GATEWAY_ADMIN_TOKEN", "RLLM_GATEWAY_AGENT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RLLM_PIPE_GATEWAY_AGENT_TOKEN", "s3cret")
     _Gateway.fail_first = 2
     recs = episode_records(episode(), policy_version=1)
     assert post_records(recs, gateway, batch_size=2, backoff=0.01) == 5

@@ -23,7 +23,7 @@ def f32(x):
 def test_new_encodings_read_back_with_pyarrow(tmp_path):
     src = tmp_path / "traces.jsonl"
     # Large enough for pages over the writer's 64 KiB probe threshold.
-    run("gen", "--groups", "150", "--group-size", "8", "--seed", "3", "--out", str(src))
+    run("gen", "--groups", "150", "--group-size", "8", "--seed", "3", "--to", str(src))
     out = tmp_path / "out"
     run("ingest", "--from", str(src), "--to", str(out), "--group-size", "8", "--quiet")
 
@@ -69,11 +69,11 @@ def test_multi_turn_prompts_read_back(tmp_path, wire, tokens):
     src = tmp_path / "agents.jsonl"
     shape = ["--groups", "6", "--group-size", "4", "--turns", "20..30", "--prompt-len", "300", "--response-len", "40",
              "--observation-len", "120", "--resets", "0.05", "--parallel-tools", "0.2", "--seed", "5", "--tokens", tokens]
-    run("gen", *shape, "--out", str(src))
+    run("gen", *shape, "--to", str(src))
     sent = src
     if wire:
         sent = tmp_path / "agents-deltas.jsonl"
-        run("gen", *shape, "--wire-deltas", "--out", str(sent))
+        run("gen", *shape, "--wire-deltas", "--to", str(sent))
         assert sent.stat().st_size < src.stat().st_size
     out = tmp_path / "out"
     run("ingest", "--from", str(sent), "--to", str(out), "--group-size", "4", "--quiet")

@@ -54,7 +54,7 @@ def lake(tmp_path_factory):
     root, catalog = d / "data", d / "lake" / "catalog.db"
     src = d / "t.jsonl"
     run("gen", "--groups", "90", "--group-size", "3", "--turns", "1..4", "--resets", "0.2", "--token-versions", "--teacher",
-        "--policy-versions", "5", "--seed", "10", "--out", str(src))
+        "--policy-versions", "5", "--seed", "10", "--to", str(src))
     parts = [[], [], []]
     for line in src.read_text().splitlines():
         parts[int(json.loads(line)["task_id"].rsplit("-", 1)[1]) % 3].append(line)
@@ -128,7 +128,7 @@ def test_compaction_keeps_every_row(tmp_path):
     the snapshot before still reads as it did."""
     root, catalog = tmp_path / "data", tmp_path / "lake" / "catalog.db"
     src = tmp_path / "t.jsonl"
-    run("gen", "--groups", "60", "--group-size", "2", "--turns", "1..4", "--policy-versions", "3", "--seed", "5", "--out", str(src))
+    run("gen", "--groups", "60", "--group-size", "2", "--turns", "1..4", "--policy-versions", "3", "--seed", "5", "--to", str(src))
     parts = [[] for _ in range(6)]
     for line in src.read_text().splitlines():
         parts[int(json.loads(line)["task_id"].rsplit("-", 1)[1]) % 6].append(line)
@@ -188,7 +188,7 @@ def test_snapshot_isolation_while_ingest_runs(tmp_path):
 
     root, catalog = tmp_path / "data", tmp_path / "lake" / "catalog.db"
     src = tmp_path / "t.jsonl"
-    run("gen", "--groups", "120", "--group-size", "2", "--turns", "1..3", "--policy-versions", "4", "--seed", "3", "--out", str(src))
+    run("gen", "--groups", "120", "--group-size", "2", "--turns", "1..3", "--policy-versions", "4", "--seed", "3", "--to", str(src))
     lines = src.read_text().splitlines()
     parts = [[], [], [], []]
     for line in lines:

@@ -87,7 +87,7 @@ def lake(tmp_path_factory):
     root, catalog = d / "data", d / "lake" / "catalog.db"
     src = d / "t.jsonl"
     run("gen", "--groups", "90", "--group-size", "3", "--turns", "1..4", "--resets", "0.2", "--token-versions", "--teacher",
-        "--policy-versions", "5", "--seed", "10", "--out", str(src))
+        "--policy-versions", "5", "--seed", "10", "--to", str(src))
     # By task, and every task that reaches version 4 in the last run: the
     # table holds that version only from a later snapshot on.
     lines = src.read_text().splitlines()

@@ -21,7 +21,7 @@ def multiturn(tmp_path_factory):
     root = tmp_path_factory.mktemp("multiturn")
     src = root / "traces.jsonl"
     run("gen", "--groups", "24", "--group-size", "4", "--turns", "1..9", "--resets", "0.2", "--observation-len", "24",
-        "--prompt-len", "48", "--response-len", "24", "--vocab", "300", "--teacher", "--token-versions", "--seed", "7", "--out", str(src))
+        "--prompt-len", "48", "--response-len", "24", "--vocab", "300", "--teacher", "--token-versions", "--seed", "7", "--to", str(src))
     out = root / "out"
     run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--kl-coef", "0.5", "--kl-clip", "1",
         "--shard-size", "64KiB", "--quiet")

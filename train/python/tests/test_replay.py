@@ -20,7 +20,7 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("replay")
     src = root / "traces.jsonl"
     run("gen", "--groups", "30", "--group-size", "4", "--turns", "1..6", "--resets", "0.2", "--observation-len", "16",
-        "--prompt-len", "32", "--response-len", "16", "--vocab", "300", "--policy-versions", "3", "--seed", "11", "--out", str(src))
+        "--prompt-len", "32", "--response-len", "16", "--vocab", "300", "--policy-versions", "3", "--seed", "11", "--to", str(src))
     out = root / "out"
     run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--shard-size", "32KiB", "--quiet")
     return out
@@ -61,7 +61,7 @@ def test_replay_through_serve_is_byte_for_byte(runs):
     assert len(orig) >= 6 and len(groups) == len(set(groups)) == 30, "every group once, in several batches"
     assert all(layout == "trajectories" for _, _, layout in orig)
 
-    r = subprocess.run([BIN, "replay", "--from", str(runs), "--consumer-group", "orig", "--as", "again"],
+    r = subprocess.run([BIN, "replay", "--from", str(runs), "--consumer-group", "orig", "--to", "again"],
                        check=True, capture_output=True, text=True)
     plan = json.loads(r.stdout)
     assert plan["batches"] == len(orig) and plan["groups"] == 30, plan

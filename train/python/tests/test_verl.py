@@ -30,7 +30,7 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("verl")
     src = root / "traces.jsonl"
     run("gen", "--groups", "16", "--group-size", "4", "--turns", "1..6", "--resets", "0.3", "--observation-len", "12",
-        "--prompt-len", "24", "--response-len", "16", "--vocab", str(VOCAB), "--seed", "11", "--out", str(src))
+        "--prompt-len", "24", "--response-len", "16", "--vocab", str(VOCAB), "--seed", "11", "--to", str(src))
     out = root / "out"
     run("ingest", "--from", str(src), "--to", str(out), "--group-size", "4", "--compat", "verl", "--quiet")
     started = []

@@ -69,7 +69,7 @@ type Options struct {
 	// report only once max(Poll, RebuildFactor × the last rebuild's
 	// duration) has passed since the last rebuild ended, so the server
 	// spends at most 1/(RebuildFactor+1) of its time rebuilding however
-	// often shards commit (BENCHMARKS.md times a rebuild at a million
+	// often shards commit (docs/performance.md#ui-at-a-million-steps times a rebuild at a million
 	// steps). Default 4.
 	RebuildFactor int
 	// K are the k of pass@k.
