@@ -54,7 +54,8 @@ stream). Without --consumer-group it peeks: the batches of a private group
 kept in memory, so nothing is acknowledged or written to the store and
 every run prints the same. With --consumer-group NAME it is one member of
 that group for shell use, and acknowledges each batch once written (as
-serve's trainers do). Without --follow it stops when every committed shard
+serve's trainers do); with --no-ack too, it starts where the group is but
+writes nothing to it. Without --follow it stops when every committed shard
 is done.`,
 		Example: `  # the first two batches of at most 32k tokens, read only
   rllm-pipe consume --from data --max-tokens 32000 --max-batches 2
@@ -75,14 +76,7 @@ is done.`,
 			if _, err := o.config("x"); err != nil {
 				return err
 			}
-			if noAck && !o.peek() {
-				// Peeking: nothing is acknowledged, so every batch stays in
-				// flight; the member must be allowed them all.
-				if maxBatches <= 0 {
-					return usageErrorf("--no-ack needs --max-batches")
-				}
-				o.maxInflight = max(o.maxInflight, maxBatches)
-			}
+			o.readOnly = noAck
 			// Before anything is opened: --out is truncated when created.
 			if err := checkOutputFiles(cmd.Context(), []string{o.from}, "to", out, "stats-json", statsJSON, "cpuprofile", o.cpuProfile); err != nil {
 				return err
@@ -116,7 +110,7 @@ is done.`,
 				defer f.Close()
 				w = f
 			}
-			runErr := consumeLoop(soft, c, w, format, maxBatches, !noAck || o.peek())
+			runErr := consumeLoop(soft, c, w, format, maxBatches, true)
 			// Leaving releases the member's shards: retried while the store
 			// is out, but not past a signal.
 			cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -124,8 +118,11 @@ is done.`,
 			closeErr := c.Close(store.WithRetryStop(cctx, soft.Done()))
 			stats := c.Stats()
 			verb := "acknowledged"
-			if o.peek() {
+			switch {
+			case o.peek():
 				verb = "peeked (no --consumer-group: nothing kept)"
+			case noAck:
+				verb = "peeked (--no-ack: nothing written to " + o.group + ")"
 			}
 			if !globals.Quiet {
 				fmt.Fprintf(cmd.ErrOrStderr(), "consume: %d batches, %d groups %s, %d lost, %d stale and %d empty skipped, %d filtered rows, %d oversized, %d shards taken over\n",
@@ -150,7 +147,7 @@ is done.`,
 	f.StringVar(&out, "to", "-", "write to this file instead of stdout")
 	cli.Rename(f, "out", "to")
 	f.IntVar(&maxBatches, "max-batches", 0, "stop after this many batches (0: no limit)")
-	f.BoolVar(&noAck, "no-ack", false, "do not acknowledge (peek; with --max-batches)")
+	f.BoolVar(&noAck, "no-ack", false, "with --consumer-group: peek at what the group delivers next, as a member that writes nothing to it (its leases and acknowledgements stay in memory)")
 	f.StringVar(&statsJSON, "stats-json", "", "write the member's tallies as JSON to this file at the end")
 	return cmd
 }

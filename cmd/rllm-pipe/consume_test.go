@@ -686,6 +686,32 @@ func TestConsumeRestartResumes(t *testing.T) {
 		if p := consLocalProgress(t, out, "peek"); p.GroupsAcked != 0 || p.Leased != 0 {
 			t.Errorf("after peeking: %+v, want nothing acknowledged or leased", p)
 		}
+		if names, _ := os.ReadDir(filepath.Join(out, "_consumers", "peek")); len(names) != 0 {
+			t.Errorf("peeking wrote %d objects into the group's log", len(names))
+		}
+	})
+
+	t.Run("no group peeks", func(t *testing.T) {
+		// Without --consumer-group: the same batches, ids included, every
+		// run, and nothing in the store.
+		deadline := time.Now().Add(40 * time.Second)
+		before, _ := os.ReadDir(filepath.Join(out, "_consumers"))
+		var outs [][]byte
+		for run := 0; run < 2; run++ {
+			p := consStart(t, bin, t.TempDir(), "n", append([]string{"--max-batches", "5"}, common...)...)
+			p.wait(t, deadline)
+			data, err := os.ReadFile(p.out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs = append(outs, data)
+		}
+		if !bytes.Equal(outs[0], outs[1]) || bytes.Count(outs[0], []byte("\n")) != 5 {
+			t.Errorf("two peeks printed\n%s\nand\n%s", outs[0], outs[1])
+		}
+		if after, _ := os.ReadDir(filepath.Join(out, "_consumers")); len(after) != len(before) {
+			t.Errorf("a peek without a group added to _consumers: %d entries, then %d", len(before), len(after))
+		}
 	})
 
 	t.Run("max-batches", func(t *testing.T) {

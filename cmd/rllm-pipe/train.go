@@ -39,6 +39,9 @@ type trainOpts struct {
 	poll             time.Duration
 	cpuProfile       string
 	conn             connFlags
+	// readOnly: join --consumer-group as of now but write nothing to it
+	// (consume --no-ack): the member's events stay in memory.
+	readOnly bool
 }
 
 // register adds the trainer's flags; group is --consumer-group's default
@@ -195,6 +198,10 @@ func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, ask 
 	obj, err := st.Objects(train.GroupDir(o.group))
 	if err != nil {
 		return nil, err
+	}
+	if o.readOnly {
+		cfg.CountedIDs = true
+		return train.NewConsumer(ctx, st, store.NewOverlay(obj), cfg)
 	}
 	return train.NewConsumer(ctx, st, obj, cfg)
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -83,5 +84,85 @@ func (m *MemObjects) Delete(ctx context.Context, name string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.objs, name)
+	return nil
+}
+
+// Overlay is an Objects that reads base and writes only to memory: what
+// is created there and what is deleted is seen through it and never
+// reaches base. A member that peeks into a consumer group (joins it as
+// of now, leaves nothing behind) keeps its log there.
+type Overlay struct {
+	base Objects
+	mem  *MemObjects
+	mu   sync.Mutex
+	gone map[string]bool // deleted through the overlay
+}
+
+// NewOverlay returns an Overlay over base.
+func NewOverlay(base Objects) *Overlay {
+	return &Overlay{base: base, mem: NewMemObjects(), gone: map[string]bool{}}
+}
+
+func (o *Overlay) deleted(name string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.gone[name]
+}
+
+// Create writes name in memory unless it exists in memory or in base.
+func (o *Overlay) Create(ctx context.Context, name string, data []byte) error {
+	if err := checkObjectName(name); err != nil {
+		return err
+	}
+	if !o.deleted(name) {
+		if _, err := o.base.Get(ctx, name); err == nil {
+			return fmt.Errorf("store: %s: %w", name, fs.ErrExist)
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	return o.mem.Create(ctx, name, data)
+}
+
+// Get reads name from memory, else from base.
+func (o *Overlay) Get(ctx context.Context, name string) ([]byte, error) {
+	data, err := o.mem.Get(ctx, name)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) || o.deleted(name) {
+		return data, err
+	}
+	return o.base.Get(ctx, name)
+}
+
+// List returns the names in memory and in base that start with prefix.
+func (o *Overlay) List(ctx context.Context, prefix string) ([]string, error) {
+	names, err := o.base.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	mine, err := o.mem.List(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	o.mu.Lock()
+	out := make([]string, 0, len(names)+len(mine))
+	for _, n := range names {
+		if !o.gone[n] {
+			out = append(out, n)
+		}
+	}
+	o.mu.Unlock()
+	out = append(out, mine...)
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// Delete hides name (base keeps it).
+func (o *Overlay) Delete(ctx context.Context, name string) error {
+	if err := o.mem.Delete(ctx, name); err != nil {
+		return err
+	}
+	o.mu.Lock()
+	o.gone[name] = true
+	o.mu.Unlock()
 	return nil
 }
