@@ -42,6 +42,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // globals are the flags every command takes (--quiet, --log-format).
 var globals cli.Globals
 
+// progressTo is w, or nil (no progress shown) with --quiet.
+func progressTo(w io.Writer) io.Writer {
+	if globals.Quiet {
+		return nil
+	}
+	return w
+}
+
 func newRoot(soft context.Context) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "rllm-pipe",

@@ -65,7 +65,7 @@ func runReport(ctx context.Context, o reportOpts, cmd *cobra.Command) (err error
 	if err := checkOutputFiles(ctx, []string{o.from}, "to", o.out, "download-dir", o.downloadDir); err != nil {
 		return err
 	}
-	db, err := openSQL(ctx, sqlOpts{from: o.from, downloadDir: o.downloadDir, conn: o.conn, progress: cmd.ErrOrStderr()})
+	db, err := openSQL(ctx, sqlOpts{from: o.from, downloadDir: o.downloadDir, conn: o.conn, progress: progressTo(cmd.ErrOrStderr())})
 	if err != nil {
 		return err
 	}
@@ -110,6 +110,8 @@ func runReport(ctx context.Context, o reportOpts, cmd *cobra.Command) (err error
 		os.Remove(tmp.Name())
 		return fmt.Errorf("report: %w", err)
 	}
-	fmt.Fprintf(cmd.ErrOrStderr(), "rllm-pipe report: wrote %s (%d bytes, %d shards)\n", o.out, buf.Len(), db.Shards())
+	if !globals.Quiet {
+		fmt.Fprintf(cmd.ErrOrStderr(), "rllm-pipe report: wrote %s (%d bytes, %d shards)\n", o.out, buf.Len(), db.Shards())
+	}
 	return nil
 }

@@ -134,7 +134,9 @@ func runSQL(ctx context.Context, o sqlOpts, args []string, stdin io.Reader, stdo
 	if err := checkOutputFiles(ctx, []string{o.from}, "download-dir", o.downloadDir); err != nil {
 		return err
 	}
-	o.progress = stderr
+	if !globals.Quiet {
+		o.progress = stderr
+	}
 	db, err := openSQL(ctx, o)
 	if err != nil {
 		return err

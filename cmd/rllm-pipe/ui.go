@@ -175,7 +175,9 @@ func runUI(ctx context.Context, o uiOpts, cmd *cobra.Command) error {
 		defer c()
 		hs.Shutdown(sctx)
 	}()
-	fmt.Fprintf(cmd.ErrOrStderr(), "rllm-pipe ui: serving %s on http://%s/\n", r.Name(), ln.Addr())
+	if !globals.Quiet {
+		fmt.Fprintf(cmd.ErrOrStderr(), "rllm-pipe ui: serving %s on http://%s/ (building the first views)\n", r.Name(), ln.Addr())
+	}
 	slog.Debug("ui", "auth", tok != "")
 	err = hs.Serve(ln)
 	cancel()

@@ -2,7 +2,11 @@ package live
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,4 +115,57 @@ func TestRunSpacesRebuilds(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestBuildingPage: before the first build ends the index answers 503
+// with Retry-After and a page that says what is being built (and the
+// error of a failed attempt); afterwards the charts.
+func TestBuildingPage(t *testing.T) {
+	m := &growingManifest{}
+	m.freeze()
+	s := New(m, Options{Poll: time.Hour})
+	release := make(chan struct{})
+	fail := errors.New("shard s0 unreadable")
+	attempt := 0
+	s.open = func(ctx context.Context) (*duckdb.DB, error) {
+		attempt++
+		if attempt == 1 {
+			return nil, fail
+		}
+		<-release
+		return duckdb.OpenLocal(ctx, t.TempDir(), duckdb.Options{})
+	}
+	h := s.Handler()
+	get := func() *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		return rec
+	}
+	if rec := get(); rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" ||
+		!strings.Contains(rec.Body.String(), "Reading the manifest of growing") {
+		t.Fatalf("before any build: %d %q", rec.Code, rec.Body.String())
+	}
+	if err := s.Refresh(context.Background()); !errors.Is(err, fail) {
+		t.Fatalf("first refresh: %v", err)
+	}
+	if rec := get(); rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "shard s0 unreadable") {
+		t.Fatalf("after a failed build: %d %q", rec.Code, rec.Body.String())
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Refresh(context.Background()) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(get().Body.String(), "Building the views of growing: 0 manifest entries") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no building page during the build: %q", get().Body.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rec := get(); rec.Code != http.StatusOK || strings.Contains(rec.Body.String(), "Building") {
+		t.Fatalf("after the build: %d", rec.Code)
+	}
+	s.Close()
 }
