@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/apache/arrow-go/v18/arrow/array"
@@ -88,13 +88,14 @@ func writeAudit(ctx context.Context, obj Objects, log *store.Journal, to int64) 
 		if err != nil {
 			return fmt.Errorf("train: audit: event %d: %w", seq, err)
 		}
-		var e event
-		if err := json.Unmarshal(data, &e); err != nil {
+		es, err := decodeEvents(data, seq)
+		if err != nil {
 			return fmt.Errorf("train: audit: event %d: %w", seq, err)
 		}
-		e.Seq = seq
-		if b, ok := consumedOf(&e); ok {
-			seg.Batches = append(seg.Batches, b)
+		for i := range es {
+			if b, ok := consumedOf(&es[i]); ok {
+				seg.Batches = append(seg.Batches, b)
+			}
 		}
 	}
 	data, err := json.Marshal(&seg)
@@ -129,7 +130,8 @@ func readConsumed(ctx context.Context, obj Objects, log *store.Journal) ([]Consu
 	if err != nil {
 		return nil, false, err
 	}
-	by := map[int64]Consumed{}
+	// By record: the batches a record acknowledged, in its order.
+	by := map[int64][]Consumed{}
 	for _, to := range segs {
 		data, err := obj.Get(ctx, auditName(to))
 		if err != nil {
@@ -140,7 +142,7 @@ func readConsumed(ctx context.Context, obj Objects, log *store.Journal) ([]Consu
 			return nil, false, fmt.Errorf("train: audit segment %d: %w", to, err)
 		}
 		for _, b := range seg.Batches {
-			by[b.Seq] = b
+			by[b.Seq] = append(by[b.Seq], b)
 		}
 	}
 	// Events at or below the last segment are in it (those still there
@@ -157,20 +159,29 @@ func readConsumed(ctx context.Context, obj Objects, log *store.Journal) ([]Consu
 		if err != nil {
 			return nil, false, fmt.Errorf("train: audit: event %d: %w", seq, err)
 		}
-		var e event
-		if err := json.Unmarshal(data, &e); err != nil {
+		es, err := decodeEvents(data, seq)
+		if err != nil {
 			return nil, false, fmt.Errorf("train: audit: event %d: %w", seq, err)
 		}
-		e.Seq = seq
-		if b, ok := consumedOf(&e); ok {
-			by[seq] = b
+		var bs []Consumed
+		for i := range es {
+			if b, ok := consumedOf(&es[i]); ok {
+				bs = append(bs, b)
+			}
+		}
+		if bs != nil {
+			by[seq] = bs
 		}
 	}
-	out := make([]Consumed, 0, len(by))
-	for _, b := range by {
-		out = append(out, b)
+	seqs := make([]int64, 0, len(by))
+	for seq := range by {
+		seqs = append(seqs, seq)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Seq < out[j].Seq })
+	slices.Sort(seqs)
+	var out []Consumed
+	for _, seq := range seqs {
+		out = append(out, by[seq]...)
+	}
 	return out, false, nil
 }
 

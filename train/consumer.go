@@ -37,6 +37,10 @@ type ConsumerConfig struct {
 	// same name takes its own unfinished shards back at once, another name
 	// waits for their leases to expire.
 	Name string
+	// Log, when set, is the group's log as this process's other members
+	// of the group share it (OpenGroupLog, on the same obj): one replay
+	// for all of them, and their events share records.
+	Log *GroupLog
 	// CountedIDs numbers the batches 1, 2, ... instead of from a random
 	// start: for a member alone in a private group (a peek, whose output
 	// is the same at every run); members of a shared group must not.
@@ -276,9 +280,19 @@ func NewConsumer(ctx context.Context, shards Shards, obj Objects, cfg ConsumerCo
 		mem = memory.DefaultAllocator
 	}
 	member := newMemberID(cfg.Name)
-	coord, err := openCoordinator(ctx, obj, member)
-	if err != nil {
-		return nil, err
+	var coord *coordinator
+	if cfg.Log != nil {
+		// The process's other members of the group share its replay and
+		// its records.
+		if err := cfg.Log.gl.refresh(ctx); err != nil {
+			return nil, err
+		}
+		coord = &coordinator{groupLog: cfg.Log.gl, member: member}
+	} else {
+		var err error
+		if coord, err = openCoordinator(ctx, obj, member); err != nil {
+			return nil, err
+		}
 	}
 	c := &Consumer{
 		cfg: cfg, shards: shards, coord: coord, mem: mem, watch: map[string]leaseWatch{}, declined: map[string]*declinedShard{},

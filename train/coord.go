@@ -358,17 +358,119 @@ func (st *groupState) clone() *groupState {
 // the second latest snapshot are deleted (store.Journal).
 const SnapshotEvery = 256
 
-// coordinator is one member's view of a consumer group's log. Safe for
-// concurrent use; appends are serialised.
-type coordinator struct {
+// groupLog is a consumer group's log as one process sees it: the state
+// replayed from it, which the process's members of the group share (one
+// replay, not one per member), and their appends, made by group commit:
+// the events queued while a record is being made share the next record
+// instead of racing for a number each. A record of one event is the
+// event, as before group commit; a record of several is {"events": [...],
+// "seq": "batch"}: the string where a reader older than group commit
+// expects the event's number makes that reader fail on the record
+// instead of misreading it (upgrade every member of a group before
+// running it with this version). Each event is built against the state
+// after the events before it in the record, so the replay's rules hold
+// event by event; a record lands whole or not at all.
+type groupLog struct {
 	obj       Objects
 	log       *store.Journal
-	member    string
 	snapEvery int64
 
-	appendMu sync.Mutex
-	mu       sync.Mutex
-	st       *groupState
+	mu sync.Mutex
+	st *groupState
+
+	qmu       sync.Mutex
+	queue     []*eventReq
+	appending bool
+}
+
+// eventReq is an event waiting for its record: its outcome comes on
+// done; lead tells it to make the next record.
+type eventReq struct {
+	member string
+	nonce  string
+	build  func(st *groupState, e *event) bool
+	done   chan error
+	lead   chan struct{}
+}
+
+// maxRecordEvents bounds the events of one record.
+const maxRecordEvents = 256
+
+// batchEvents is a record of several events.
+type batchEvents struct {
+	Events []event `json:"events"`
+	// Gate is "batch", a string under the key where an event has its
+	// number: see groupLog.
+	Gate string `json:"seq"`
+}
+
+// decodeEvents returns the events of a record (one, or a group commit's
+// batch), numbered seq.
+func decodeEvents(data []byte, seq int64) ([]event, error) {
+	var probe struct {
+		Events json.RawMessage `json:"events"`
+	}
+	if err := json.Unmarshal(data, &probe); err != nil {
+		return nil, err
+	}
+	var es []event
+	if probe.Events == nil {
+		var e event
+		if err := json.Unmarshal(data, &e); err != nil {
+			return nil, err
+		}
+		es = []event{e}
+	} else {
+		var b batchEvents
+		if err := json.Unmarshal(data, &b); err != nil {
+			return nil, err
+		}
+		es = b.Events
+	}
+	for i := range es {
+		es[i].Seq = seq
+	}
+	return es, nil
+}
+
+// encodeEvents is the record of es.
+func encodeEvents(es []event) ([]byte, error) {
+	if len(es) == 1 {
+		return json.Marshal(&es[0])
+	}
+	return json.Marshal(&batchEvents{Events: es, Gate: "batch"})
+}
+
+// GroupLog is a consumer group's log shared by the members one process
+// runs (ConsumerConfig.Log): they replay it once and their events share
+// records.
+type GroupLog struct{ gl *groupLog }
+
+// OpenGroupLog reads the group's log in obj (its latest snapshot and the
+// events after it).
+func OpenGroupLog(ctx context.Context, obj Objects) (*GroupLog, error) {
+	gl, err := openGroupLog(ctx, obj)
+	if err != nil {
+		return nil, err
+	}
+	return &GroupLog{gl: gl}, nil
+}
+
+func openGroupLog(ctx context.Context, obj Objects) (*groupLog, error) {
+	g := &groupLog{obj: obj, log: store.NewJournal(obj), snapEvery: SnapshotEvery, st: &groupState{Shards: map[string]*shardState{}}}
+	if err := g.load(ctx); err != nil {
+		return nil, err
+	}
+	if err := g.refresh(ctx); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// coordinator is one member's handle on its group's log.
+type coordinator struct {
+	*groupLog
+	member string
 }
 
 // newMemberID returns name/incarnation: the incarnation tells two runs of
@@ -379,22 +481,20 @@ func newMemberID(name string) string {
 	return name + "/" + hex.EncodeToString(b[:])
 }
 
-// openCoordinator reads the latest snapshot and the events after it.
+// openCoordinator reads the latest snapshot and the events after it, for
+// a member alone in its process.
 func openCoordinator(ctx context.Context, obj Objects, member string) (*coordinator, error) {
-	c := &coordinator{obj: obj, log: store.NewJournal(obj), member: member, snapEvery: SnapshotEvery, st: &groupState{Shards: map[string]*shardState{}}}
-	if err := c.load(ctx); err != nil {
+	g, err := openGroupLog(ctx, obj)
+	if err != nil {
 		return nil, err
 	}
-	if err := c.refresh(ctx); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return &coordinator{groupLog: g, member: member}, nil
 }
 
 // load starts from the latest snapshot, if any (and if it is ahead of
 // the state held).
-func (c *coordinator) load(ctx context.Context) error {
-	data, seq, ok, err := c.log.Latest(ctx)
+func (g *groupLog) load(ctx context.Context) error {
+	data, seq, ok, err := g.log.Latest(ctx)
 	if err != nil {
 		return fmt.Errorf("train: consumer-group log: %w", err)
 	}
@@ -408,32 +508,32 @@ func (c *coordinator) load(ctx context.Context) error {
 	if st.Shards == nil {
 		st.Shards = map[string]*shardState{}
 	}
-	c.mu.Lock()
-	if st.Next > c.st.Next {
-		c.st = &st
+	g.mu.Lock()
+	if st.Next > g.st.Next {
+		g.st = &st
 	}
-	c.mu.Unlock()
+	g.mu.Unlock()
 	return nil
 }
 
-// refresh applies the events appended since the last read; a member
+// refresh applies the records appended since the last read; a reader
 // that fell behind a compaction reloads from the latest snapshot.
-func (c *coordinator) refresh(ctx context.Context) error {
+func (g *groupLog) refresh(ctx context.Context) error {
 	for {
-		c.mu.Lock()
-		next := c.st.Next
-		c.mu.Unlock()
-		data, behind, err := c.log.Next(ctx, next)
+		g.mu.Lock()
+		next := g.st.Next
+		g.mu.Unlock()
+		data, behind, err := g.log.Next(ctx, next)
 		if err != nil {
 			return fmt.Errorf("train: read consumer-group event %d: %w", next, err)
 		}
 		if behind {
-			if err := c.load(ctx); err != nil {
+			if err := g.load(ctx); err != nil {
 				return err
 			}
-			c.mu.Lock()
-			moved := c.st.Next > next
-			c.mu.Unlock()
+			g.mu.Lock()
+			moved := g.st.Next > next
+			g.mu.Unlock()
 			if !moved { // a damaged log: reloading again would loop for ever
 				return fmt.Errorf("train: consumer-group event %d was compacted away and no snapshot goes beyond it", next)
 			}
@@ -442,103 +542,201 @@ func (c *coordinator) refresh(ctx context.Context) error {
 		if data == nil {
 			return nil
 		}
-		var e event
-		if err := json.Unmarshal(data, &e); err != nil {
+		es, err := decodeEvents(data, next)
+		if err != nil {
 			return fmt.Errorf("train: consumer-group event %d: %w", next, err)
 		}
-		e.Seq = next
-		c.mu.Lock()
-		if c.st.Next == next {
-			c.st.apply(&e)
+		g.mu.Lock()
+		if g.st.Next == next {
+			for i := range es {
+				g.st.apply(&es[i])
+			}
+			g.st.Next = next + 1
 		}
-		c.mu.Unlock()
+		g.mu.Unlock()
 	}
 }
 
-// append builds an event against the current state and appends it at the
-// next number, re-reading the log and rebuilding when another member got
-// there first. build returns false when there is nothing to append. The
-// state after the event is returned.
+// append builds an event against the current state and appends it, in
+// the next record: re-reading the log and building again when another
+// process got there first. build returns false when there is nothing to
+// append. A caller whose context ends stops waiting only once its
+// event's fate is known when its event shares a record with others'.
 func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *event) bool) error {
-	c.appendMu.Lock()
-	defer c.appendMu.Unlock()
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
-	nonce := hex.EncodeToString(nb[:])
-	for attempt := 0; ; attempt++ {
-		if err := c.refresh(ctx); err != nil {
+	req := &eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build, done: make(chan error, 1), lead: make(chan struct{}, 1)}
+	g := c.groupLog
+	g.qmu.Lock()
+	g.queue = append(g.queue, req)
+	if !g.appending {
+		g.appending = true
+		req.lead <- struct{}{}
+	}
+	g.qmu.Unlock()
+	for {
+		select {
+		case err := <-req.done:
 			return err
+		case <-req.lead:
+			g.leadRecord(ctx)
 		}
-		e := event{Nonce: nonce, Member: c.member, Time: time.Now().UTC()}
-		c.mu.Lock()
-		ok := build(c.st, &e)
-		e.Seq = c.st.Next
-		c.mu.Unlock()
-		if !ok {
+	}
+}
+
+// leadRecord makes one record of the events queued, delivers their
+// outcomes, and hands the lead to the next event queued, if any.
+func (g *groupLog) leadRecord(ctx context.Context) {
+	g.qmu.Lock()
+	n := min(len(g.queue), maxRecordEvents)
+	batch := append([]*eventReq(nil), g.queue[:n]...)
+	g.queue = g.queue[n:]
+	g.qmu.Unlock()
+
+	// A record of others' events too is not given up because this
+	// caller's context ended (theirs may not have): the store's retry
+	// bound still ends it.
+	rctx := ctx
+	if len(batch) > 1 {
+		rctx = context.WithoutCancel(ctx)
+	}
+	snap := g.appendRecord(rctx, batch)
+
+	g.qmu.Lock()
+	if len(g.queue) > 0 {
+		g.queue[0].lead <- struct{}{}
+	} else {
+		g.appending = false
+	}
+	g.qmu.Unlock()
+	if snap != nil {
+		g.snapshot(rctx, snap) // after the hand-off: the next record need not wait
+	}
+}
+
+// appendRecord appends the events of reqs as one record and sends each
+// its outcome; it returns the state to snapshot when the record's number
+// calls for one.
+func (g *groupLog) appendRecord(ctx context.Context, reqs []*eventReq) *groupState {
+	finish := func(rs []*eventReq, err error) {
+		for _, r := range rs {
+			r.done <- err
+		}
+	}
+	for attempt := 0; len(reqs) > 0; attempt++ {
+		if attempt > 1000 {
+			finish(reqs, errors.New("train: consumer-group log: too much contention"))
 			return nil
 		}
-		data, err := json.Marshal(&e)
-		if err != nil {
-			return fmt.Errorf("train: encode event: %w", err)
+		if err := g.refresh(ctx); err != nil {
+			finish(reqs, err)
+			return nil
 		}
-		err = c.log.Append(ctx, e.Seq, data)
+		// Each event is built against the state after the ones before it
+		// in the record: a copy when there are several.
+		now := time.Now().UTC()
+		g.mu.Lock()
+		seq := g.st.Next
+		work := g.st
+		if len(reqs) > 1 {
+			work = g.st.clone()
+		}
+		var es []event
+		var in, idle []*eventReq
+		for _, r := range reqs {
+			e := event{Nonce: r.nonce, Member: r.member, Time: now, Seq: seq}
+			if !r.build(work, &e) {
+				idle = append(idle, r)
+				continue
+			}
+			if len(reqs) > 1 {
+				work.apply(&e)
+			}
+			es = append(es, e)
+			in = append(in, r)
+		}
+		g.mu.Unlock()
+		finish(idle, nil) // nothing to append
+		reqs = in
+		if len(es) == 0 {
+			return nil
+		}
+		data, err := encodeEvents(es)
+		if err != nil {
+			finish(reqs, fmt.Errorf("train: encode event: %w", err))
+			return nil
+		}
+		err = g.log.Append(ctx, seq, data)
 		if errors.Is(err, store.ErrStale) {
-			// Behind a compaction: reload and build the event again
+			// Behind a compaction: reload and build the events again
 			// against the state that includes whatever landed.
-			if err := c.load(ctx); err != nil {
-				return err
+			if err := g.load(ctx); err != nil {
+				finish(reqs, err)
+				return nil
 			}
 			continue
 		}
 		if err == nil {
-			c.mu.Lock()
-			if c.st.Next == e.Seq {
-				c.st.apply(&e)
+			g.mu.Lock()
+			if g.st.Next == seq {
+				for i := range es {
+					g.st.apply(&es[i])
+				}
+				g.st.Next = seq + 1
 			}
-			snap := e.Seq%c.snapEvery == 0 && e.Seq > 0
-			var st *groupState
-			if snap {
-				st = c.st.clone()
+			var snap *groupState
+			if seq%g.snapEvery == 0 && seq > 0 {
+				snap = g.st.clone()
 			}
-			c.mu.Unlock()
-			if snap {
-				c.snapshot(ctx, st)
-			}
-			return nil
+			g.mu.Unlock()
+			finish(reqs, nil)
+			return snap
 		}
 		if !errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("train: append consumer-group event %d: %w", e.Seq, err)
+			finish(reqs, fmt.Errorf("train: append consumer-group event %d: %w", seq, err))
+			return nil
 		}
-		// Lost the race, or an earlier attempt of ours landed and its answer
-		// was lost: the nonce tells.
-		data, gerr := c.log.Read(ctx, e.Seq)
-		if gerr == nil {
-			var got event
-			if json.Unmarshal(data, &got) == nil && got.Nonce == nonce {
-				// An earlier attempt landed; its answer was lost.
-				return c.refresh(ctx)
+		// Lost the race, or an earlier attempt landed and its answer was
+		// lost: the nonces tell which events are in the record there.
+		if landed, gerr := g.log.Read(ctx, seq); gerr == nil {
+			if got, derr := decodeEvents(landed, seq); derr == nil {
+				ours := map[string]bool{}
+				for _, e := range got {
+					ours[e.Nonce] = true
+				}
+				var rest, done []*eventReq
+				for _, r := range reqs {
+					if ours[r.nonce] {
+						done = append(done, r)
+					} else {
+						rest = append(rest, r)
+					}
+				}
+				if len(done) > 0 {
+					err := g.refresh(ctx)
+					finish(done, err)
+				}
+				reqs = rest
 			}
 		}
-		if attempt > 1000 {
-			return fmt.Errorf("train: consumer-group log: too much contention")
-		}
 	}
+	return nil
 }
 
 // snapshot writes the state after st.Next-1 and compacts the log; a
 // failure only costs readers time (the next snapshot tries again), so it
 // is logged, not returned.
-func (c *coordinator) snapshot(ctx context.Context, st *groupState) {
+func (g *groupLog) snapshot(ctx context.Context, st *groupState) {
 	// The audit of the events the compaction may delete goes first into
 	// its own append-only segment: no segment, no snapshot (and so no
 	// compaction).
-	if err := writeAudit(ctx, c.obj, c.log, st.Next-1); err != nil {
+	if err := writeAudit(ctx, g.obj, g.log, st.Next-1); err != nil {
 		slog.Warn("train: consumer-group audit segment", "err", err)
 		return
 	}
 	data, err := json.Marshal(st)
 	if err == nil {
-		err = c.log.Snapshot(ctx, st.Next-1, data)
+		err = g.log.Snapshot(ctx, st.Next-1, data)
 	}
 	if err != nil {
 		slog.Warn("train: consumer-group snapshot", "err", err)
@@ -546,10 +744,10 @@ func (c *coordinator) snapshot(ctx context.Context, st *groupState) {
 }
 
 // view runs fn on the current state under the lock.
-func (c *coordinator) view(fn func(st *groupState)) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	fn(c.st)
+func (g *groupLog) view(fn func(st *groupState)) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	fn(g.st)
 }
 
 // Progress is a consumer group's position, from its log.

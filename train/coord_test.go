@@ -275,7 +275,7 @@ func TestStaleMemberReloads(t *testing.T) {
 	if err := busy.append(ctx, randomEvent(rng, 101)); err != nil {
 		t.Fatal(err)
 	}
-	reader := &coordinator{obj: obj, log: store.NewJournal(obj), snapEvery: SnapshotEvery, st: &groupState{Next: 3, Shards: map[string]*shardState{}}}
+	reader := &coordinator{groupLog: &groupLog{obj: obj, log: store.NewJournal(obj), snapEvery: SnapshotEvery, st: &groupState{Next: 3, Shards: map[string]*shardState{}}}}
 	if err := reader.refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +293,7 @@ func TestStaleMemberReloads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	lost := &coordinator{obj: obj, log: store.NewJournal(obj), snapEvery: SnapshotEvery, st: &groupState{Next: 3, Shards: map[string]*shardState{}}}
+	lost := &coordinator{groupLog: &groupLog{obj: obj, log: store.NewJournal(obj), snapEvery: SnapshotEvery, st: &groupState{Next: 3, Shards: map[string]*shardState{}}}}
 	refreshed := make(chan error, 1)
 	go func() { refreshed <- lost.refresh(ctx) }()
 	select {

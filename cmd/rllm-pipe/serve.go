@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,14 +22,36 @@ import (
 	"github.com/rllm-pipe/rllm-pipe/train/loop"
 )
 
-// serveGroup joins members for the Flight server.
+// serveGroup joins members for the Flight server. Its members share one
+// replay of the group's log and put their events in shared records
+// (train.GroupLog), opened at the first join.
 type serveGroup struct {
 	o  *trainOpts
 	st store.Reader
+
+	mu  *sync.Mutex
+	log **train.GroupLog
+}
+
+func newServeGroup(o *trainOpts, st store.Reader) serveGroup {
+	return serveGroup{o: o, st: st, mu: &sync.Mutex{}, log: new(*train.GroupLog)}
 }
 
 func (g serveGroup) Join(ctx context.Context, name string, t trainflight.Ticket) (*train.Consumer, error) {
-	return g.o.join(ctx, g.st, name, memberAsk{policyVersion: t.PolicyVersion, batchGroups: t.BatchGroups, versionsPerStep: t.VersionsPerStep})
+	g.mu.Lock()
+	if *g.log == nil {
+		obj, err := g.st.Objects(train.GroupDir(g.o.group))
+		if err == nil {
+			*g.log, err = train.OpenGroupLog(ctx, obj)
+		}
+		if err != nil {
+			g.mu.Unlock()
+			return nil, err
+		}
+	}
+	log := *g.log
+	g.mu.Unlock()
+	return g.o.joinOn(ctx, g.st, name, memberAsk{policyVersion: t.PolicyVersion, batchGroups: t.BatchGroups, versionsPerStep: t.VersionsPerStep}, log)
 }
 
 // serveOpts are serve's own flags: security and limits of the endpoint.
@@ -261,6 +284,9 @@ open after --shutdown-grace; a second closes them at once.`,
 				return err
 			}
 			defer func() { err = errors.Join(err, stopProfile()) }()
+			if o.peek() {
+				return usageErrorf("--consumer-group: serve needs a consumer group (trainers acknowledge into it)")
+			}
 			// An unreachable store is not waited for past a first signal.
 			st, err := o.openShards(store.WithRetryStop(cmd.Context(), soft.Done()))
 			if err != nil {
@@ -269,7 +295,7 @@ open after --shutdown-grace; a second closes them at once.`,
 			if opts.Versions, err = loop.NewPublisher(st, o.group); err != nil {
 				return err
 			}
-			srv := trainflight.NewServer(serveGroup{o: &o, st: st}, opts)
+			srv := trainflight.NewServer(newServeGroup(&o, st), opts)
 			if so.metricsAddr != "" {
 				stopMetrics, err := metrics.Serve(cmd.Context(), so.metricsAddr, so.metricsToken, metrics.SourceFunc(srv.WriteMetrics))
 				if err != nil {

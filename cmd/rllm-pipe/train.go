@@ -167,10 +167,17 @@ type memberAsk struct {
 
 // join makes member name's consumer, with what it asked for.
 func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, ask memberAsk) (*train.Consumer, error) {
+	return o.joinOn(ctx, st, name, ask, nil)
+}
+
+// joinOn joins member name; with log, on the group's log this process's
+// other members share.
+func (o *trainOpts) joinOn(ctx context.Context, st store.Reader, name string, ask memberAsk, log *train.GroupLog) (*train.Consumer, error) {
 	cfg, err := o.config(name)
 	if err != nil {
 		return nil, err
 	}
+	cfg.Log = log
 	if ask.policyVersion != nil {
 		cfg.PolicyVersion = *ask.policyVersion
 	}
@@ -192,7 +199,7 @@ func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, ask 
 	if o.peek() {
 		// A private group in memory: the store is only read, and the
 		// batches are numbered from 1 so that every peek prints the same.
-		cfg.CountedIDs = true
+		cfg.CountedIDs, cfg.Log = true, nil
 		return train.NewConsumer(ctx, st, store.NewMemObjects(), cfg)
 	}
 	obj, err := st.Objects(train.GroupDir(o.group))
@@ -200,7 +207,7 @@ func (o *trainOpts) join(ctx context.Context, st store.Reader, name string, ask 
 		return nil, err
 	}
 	if o.readOnly {
-		cfg.CountedIDs = true
+		cfg.CountedIDs, cfg.Log = true, nil
 		return train.NewConsumer(ctx, st, store.NewOverlay(obj), cfg)
 	}
 	return train.NewConsumer(ctx, st, obj, cfg)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -265,27 +266,32 @@ func msAt(sorted []time.Duration, q float64) float64 {
 const scaleGroups = 6000
 
 // BenchmarkIntegrationGroupAcks measures the acknowledgements per second
-// a consumer group takes with 1, 4 and 16 members consuming at once, one
-// group per batch, over many small shards (about 20 groups each), and
+// a consumer group takes with 1, 4, 16 and 64 members consuming at once,
+// one group per batch, over many small shards (about 20 groups each), and
 // the p99 latency of an acknowledgement; on a local folder and on MinIO
-// (skipped without RLLM_PIPE_S3_ENDPOINT), alternating. Every member is a
-// reader of its own, as trainers on separate machines are; every
-// acknowledgement and every lease is an append to the group's one log,
-// which the members race for. Each run is a new consumer group over the
-// same shards.
+// (skipped without RLLM_PIPE_S3_ENDPOINT), alternating. local and s3:
+// every member is a process of its own (a reader and a replay of the log
+// each), racing the others for the log's next number; s3-serve1 and
+// s3-serve4: the members are those of 1 or 4 serve processes, whose
+// members share the process's replay and records (train.GroupLog). Each
+// run is a new consumer group over the same shards.
 //
 // Run with -benchtime 1x -count 3.
 func BenchmarkIntegrationGroupAcks(b *testing.B) {
 	dir := b.TempDir()
 	readers := map[string]func(b *testing.B, member int) store.Reader{}
 	for _, members := range []int{1, 4, 16, 64} {
-		for _, backend := range []string{"local", "s3"} {
+		for _, backend := range []string{"local", "s3", "s3-serve1", "s3-serve4"} {
 			b.Run(fmt.Sprintf("%s/members=%d", backend, members), func(b *testing.B) {
-				if readers[backend] == nil {
-					readers[backend] = scaleRoot(b, backend, dir)
+				root, serves := backend, 0
+				if s, ok := strings.CutPrefix(backend, "s3-serve"); ok {
+					root, serves = "s3", int(s[0]-'0')
+				}
+				if readers[root] == nil {
+					readers[root] = scaleRoot(b, root, dir)
 				}
 				for b.Loop() {
-					acks, leases, lat, elapsed := consumeFor(b, readers[backend], members, scaleFor(), 0)
+					acks, leases, lat, elapsed := consumeFor(b, readers[root], members, serves, scaleFor(), 0)
 					slices.Sort(lat)
 					b.ReportMetric(float64(acks)/elapsed.Seconds(), "acks/s")
 					b.ReportMetric(float64(leases)/elapsed.Seconds(), "leases/s")
@@ -401,7 +407,10 @@ func writeScaleShards(b *testing.B, st store.Store) {
 // taking one-group batches and acknowledging each at once, and returns
 // the acknowledgements, the shards leased, every acknowledgement's
 // latency and the time taken. It fails if a group was acknowledged twice.
-func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members int, d, every time.Duration) (int, int64, []time.Duration, time.Duration) {
+// With serves > 0 the members are spread over that many processes that
+// each share a reader and a train.GroupLog among their members (serve);
+// with 0 every member is a process of its own.
+func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members, serves int, d, every time.Duration) (int, int64, []time.Duration, time.Duration) {
 	b.Helper()
 	// Unpaced members poll often (the benchmark measures how fast the
 	// log goes); paced ones as trainers do by default (serve's --poll).
@@ -417,15 +426,34 @@ func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members i
 	var wg sync.WaitGroup
 	errs := make([]error, members)
 	consumers := make([]*train.Consumer, members)
+	logs := make([]*train.GroupLog, serves)
+	procs := map[int]store.Reader{}
 	for m := range members {
-		r := open(b, m)
+		proc := m
+		if serves > 0 {
+			proc = m % serves
+		}
+		r := procs[proc]
+		if r == nil {
+			r = open(b, proc)
+			procs[proc] = r
+		}
 		obj, err := r.Objects(train.GroupDir(group))
 		if err != nil {
 			b.Fatal(err)
 		}
+		var log *train.GroupLog
+		if serves > 0 {
+			if logs[proc] == nil {
+				if logs[proc], err = train.OpenGroupLog(context.Background(), obj); err != nil {
+					b.Fatal(err)
+				}
+			}
+			log = logs[proc]
+		}
 		c, err := train.NewConsumer(context.Background(), r, obj, train.ConsumerConfig{
 			Config: train.Config{MaxStaleness: -1, IncludeFiltered: true}, Name: fmt.Sprintf("m%d", m),
-			LeaseTimeout: time.Minute, Poll: poll})
+			LeaseTimeout: time.Minute, Poll: poll, Log: log})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -501,7 +529,9 @@ func consumeFor(b *testing.B, open func(*testing.B, int) store.Reader, members i
 // 64 trainer members (a reader each) of one consumer group acknowledging
 // RLLM_TENX_ACKS batches a second in all (default 110: 200k steps/s x
 // 8.85k tokens / 16M-token batches), on MinIO, for 6 x scaleFor. It
-// reports what was reached against the targets and the latencies.
+// reports what was reached against the targets and the latencies. The
+// members are processes of their own (members=separate), or those of 8
+// serve processes sharing their replay and records (members=8-serves).
 func BenchmarkIntegrationTenX(b *testing.B) {
 	rate := func(name string, def float64) float64 {
 		if v, err := strconv.ParseFloat(os.Getenv(name), 64); err == nil && v > 0 {
@@ -522,31 +552,39 @@ func BenchmarkIntegrationTenX(b *testing.B) {
 		}
 		stores = append(stores, s)
 	}
-	for b.Loop() {
-		var wg sync.WaitGroup
-		var clat, alat []time.Duration
-		var celapsed, aelapsed time.Duration
-		var nacks int
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			clat, celapsed = commitFor(b, stores, d, time.Duration(float64(workers)/commits*float64(time.Second)))
-		}()
-		go func() {
-			defer wg.Done()
-			nacks, _, alat, aelapsed = consumeFor(b, readers, members, d, time.Duration(float64(members)/acks*float64(time.Second)))
-		}()
-		wg.Wait()
-		slices.Sort(clat)
-		slices.Sort(alat)
-		b.ReportMetric(float64(len(clat))/celapsed.Seconds(), "commits/s")
-		b.ReportMetric(commits, "commits/s-target")
-		b.ReportMetric(msAt(clat, 0.50), "commit-p50-ms")
-		b.ReportMetric(msAt(clat, 0.99), "commit-p99-ms")
-		b.ReportMetric(float64(nacks)/aelapsed.Seconds(), "acks/s")
-		b.ReportMetric(acks, "acks/s-target")
-		b.ReportMetric(msAt(alat, 0.50), "ack-p50-ms")
-		b.ReportMetric(msAt(alat, 0.99), "ack-p99-ms")
+	for _, serves := range []int{0, 8} {
+		name := "members=separate"
+		if serves > 0 {
+			name = fmt.Sprintf("members=%d-serves", serves)
+		}
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				var wg sync.WaitGroup
+				var clat, alat []time.Duration
+				var celapsed, aelapsed time.Duration
+				var nacks int
+				wg.Add(2)
+				go func() {
+					defer wg.Done()
+					clat, celapsed = commitFor(b, stores, d, time.Duration(float64(workers)/commits*float64(time.Second)))
+				}()
+				go func() {
+					defer wg.Done()
+					nacks, _, alat, aelapsed = consumeFor(b, readers, members, serves, d, time.Duration(float64(members)/acks*float64(time.Second)))
+				}()
+				wg.Wait()
+				slices.Sort(clat)
+				slices.Sort(alat)
+				b.ReportMetric(float64(len(clat))/celapsed.Seconds(), "commits/s")
+				b.ReportMetric(commits, "commits/s-target")
+				b.ReportMetric(msAt(clat, 0.50), "commit-p50-ms")
+				b.ReportMetric(msAt(clat, 0.99), "commit-p99-ms")
+				b.ReportMetric(float64(nacks)/aelapsed.Seconds(), "acks/s")
+				b.ReportMetric(acks, "acks/s-target")
+				b.ReportMetric(msAt(alat, 0.50), "ack-p50-ms")
+				b.ReportMetric(msAt(alat, 0.99), "ack-p99-ms")
+			}
+		})
 	}
 	checkManifest(b, stores[0], workers)
 }

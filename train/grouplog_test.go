@@ -1,0 +1,171 @@
+package train
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/apache/arrow-go/v18/arrow/memory"
+)
+
+// TestMembersOfOneProcessShareRecords: members that share a GroupLog (the
+// members one serve runs) replay the log once and put their events in
+// shared records; one of them dies holding shards, the others (and a
+// member with a log of its own, another process) take them over, and
+// every group is acknowledged exactly once.
+func TestMembersOfOneProcessShareRecords(t *testing.T) {
+	root := t.TempDir()
+	writeShardsTo(t, root, 0, 300)
+	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
+	defer mem.AssertSize(t, 0)
+	cfg := func(name string, log *GroupLog) ConsumerConfig {
+		return ConsumerConfig{
+			Config:       Config{MaxStaleness: -1, MaxTokens: 40, IncludeFiltered: true, Allocator: mem},
+			Name:         name,
+			LeaseTimeout: 600 * time.Millisecond,
+			Poll:         20 * time.Millisecond,
+			MaxInflight:  2,
+			Log:          log,
+		}
+	}
+	ctx := context.Background()
+	l := &ledger{acked: map[string]int{}}
+	sh, obj := openGroup(t, root, "trainers")
+	shared, err := OpenGroupLog(ctx, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim, err := NewConsumer(ctx, sh, obj, cfg("victim", shared))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := consume(t, victim, l, 40, 3); err != nil {
+		t.Fatal(err)
+	}
+	d, err := victim.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Record.Release()
+	victim.abandon()
+
+	var wg sync.WaitGroup
+	var survivors []*Consumer
+	for _, name := range []string{"a", "b", "c", "d", "alone"} {
+		log := shared
+		if name == "alone" {
+			log = nil // a log of its own: another process
+		}
+		c, err := NewConsumer(ctx, sh, obj, cfg(name, log))
+		if err != nil {
+			t.Fatal(err)
+		}
+		survivors = append(survivors, c)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := consume(t, c, l, 40, 0); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if _, err := victim.Ack(ctx, d.ID); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("late ack of a dead member: %v, want ErrLeaseLost", err)
+	}
+	var takeovers int64
+	for _, c := range survivors {
+		takeovers += c.Stats().Takeovers
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if takeovers == 0 {
+		t.Error("no shard was taken over from the dead member")
+	}
+	if len(l.acked) != 300 {
+		t.Errorf("%d groups acknowledged, want 300", len(l.acked))
+	}
+	for k, n := range l.acked {
+		if n != 1 {
+			t.Errorf("group %s acknowledged %d times", k, n)
+		}
+	}
+	p, err := GroupProgress(ctx, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.GroupsAcked != 300 || p.Done != p.Shards || p.GroupsSkip != 0 {
+		t.Errorf("log progress %+v, want 300 groups acknowledged, every shard done", p)
+	}
+	// The audit lists every acknowledged group once, from shared records
+	// too.
+	batches, err := ReadConsumed(ctx, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	audited := map[string]int{}
+	for _, b := range batches {
+		for _, g := range b.Groups {
+			audited[g.GroupID]++
+		}
+	}
+	if len(audited) != 300 {
+		t.Errorf("the audit holds %d groups, want 300", len(audited))
+	}
+	for g, n := range audited {
+		if n != 1 {
+			t.Errorf("the audit holds group %s %d times", g, n)
+		}
+	}
+	// Some record holds several members' events.
+	files, _ := filepath.Glob(filepath.Join(root, GroupDir("trainers"), "0*.json"))
+	shared2 := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		es, err := decodeEvents(data, 0)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		members := map[string]bool{}
+		for _, e := range es {
+			members[e.Member] = true
+		}
+		if len(members) > 1 {
+			shared2++
+		}
+	}
+	if shared2 == 0 {
+		t.Errorf("no record of the %d left holds events of several members", len(files))
+	}
+}
+
+// A record of several events fails a reader that knows only single
+// events, instead of reading as an empty event.
+func TestBatchRecordFailsOldReaders(t *testing.T) {
+	data, err := encodeEvents([]event{{Member: "a/1", Release: []string{"s"}}, {Member: "b/1", Release: []string{"t"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old event
+	if err := json.Unmarshal(data, &old); err == nil || !strings.Contains(err.Error(), "seq") {
+		t.Errorf("an old reader decoded a batch record: %+v (%v)", old, err)
+	}
+	es, err := decodeEvents(data, 7)
+	if err != nil || len(es) != 2 || es[1].Member != "b/1" || es[0].Seq != 7 || es[1].Seq != 7 {
+		t.Errorf("decodeEvents: %+v %v", es, err)
+	}
+	one, _ := encodeEvents(es[:1])
+	if err := json.Unmarshal(one, &old); err != nil || old.Member != "a/1" {
+		t.Errorf("a record of one event is not the event: %s", one)
+	}
+}
