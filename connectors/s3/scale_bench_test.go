@@ -263,7 +263,7 @@ func msAt(sorted []time.Duration, q float64) float64 {
 
 // scaleGroups is how many groups the scale benchmark commits per backend:
 // more than the fastest case acknowledges in scaleFor.
-const scaleGroups = 6000
+const scaleGroups = 24000
 
 // BenchmarkIntegrationGroupAcks measures the acknowledgements per second
 // a consumer group takes with 1, 4, 16 and 64 members consuming at once,
