@@ -131,7 +131,8 @@ write-ahead log and resume on the next start); a second aborts.`,
 	f.BoolVar(&o.wholePrompts, "whole-prompts", false, "deprecated: use --wire-deltas=false")
 	_ = f.MarkDeprecated("whole-prompts", "use --wire-deltas=false")
 	f.StringArrayVar(&o.forward, "forward", nil, "a route besides the recorded endpoints forwarded to the workers, \"[METHOD ]/v1/path\" (a trailing /* for every path below; \"*\" for all); repeatable; default: GET /v1/models, GET /v1/models/*, POST /v1/embeddings. Any other call is answered 404: a worker's admin routes (vLLM's /v1/load_lora_adapter) are not the agents'")
-	f.Int64Var(&o.weightVersion, "weight-version", 0, "initial weight (policy) version stamped on calls (POST /admin/weight_version changes it)")
+	f.Int64Var(&o.weightVersion, "policy-version", 0, "initial policy (weight) version stamped on calls (POST /admin/weight_version, or the trainer's publish_version, changes it)")
+	cli.Rename(f, "weight-version", "policy-version")
 	f.StringVar(&o.agentTokenFile, "agent-token-file", "", "file holding the bearer token of the agent routes (default: $RLLM_PIPE_GATEWAY_AGENT_TOKEN; none: loopback only)")
 	f.StringVar(&o.adminFile, "admin-token-file", "", "file holding the bearer token of the management routes, /records and /metrics (default: $RLLM_PIPE_GATEWAY_ADMIN_TOKEN; none: loopback only)")
 	f.StringVar(&o.upstreamKeyEnv, "upstream-key-env", "", "name of an environment variable holding the workers' API key (vLLM's --api-key), sent upstream as \"Authorization: Bearer\"; the agents' tokens are never forwarded")
@@ -312,7 +313,7 @@ func (o *gatewayOpts) config(ing ingestOpts, groupSizeSet bool) (gateway.Config,
 		intIn("kafka-partitions", o.kafkaPartitions, 1, 1<<14)); err != nil {
 		return c, err
 	}
-	if err := int64In("weight-version", o.weightVersion, 0, schemas.MaxPolicyVersion); err != nil {
+	if err := int64In("policy-version", o.weightVersion, 0, schemas.MaxPolicyVersion); err != nil {
 		return c, err
 	}
 	c.WeightVersion = o.weightVersion

@@ -72,7 +72,8 @@ func TestUIListenCLI(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ui := exec.CommandContext(ctx, bin, "ui", "--from", from, "--listen", "localhost:0")
+	ready := filepath.Join(work, "ui.addr")
+	ui := exec.CommandContext(ctx, bin, "ui", "--from", from, "--listen", "localhost:0", "--ready-file", ready)
 	ui.Dir, ui.Env = work, e2eEnv()
 	var stderr syncBuffer
 	ui.Stderr = &stderr
@@ -93,12 +94,21 @@ func TestUIListenCLI(t *testing.T) {
 	if !strings.HasPrefix(base, "http://127.0.0.1:") && !strings.HasPrefix(base, "http://[::1]:") {
 		t.Errorf("ui --listen localhost:0 serves on %s, not loopback", base)
 	}
-	resp, err := http.Get(base + "api/state")
-	if err != nil {
-		t.Fatal(err)
+	// The ready file holds the same address once it listens, before the
+	// first build ends; the pages answer from then on (503 and "building"
+	// until the views are there).
+	if data, err := os.ReadFile(ready); err != nil || "http://"+strings.TrimSpace(string(data))+"/" != base {
+		t.Errorf("--ready-file: %q (%v), want the address of %s", data, err, base)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Errorf("GET api/state: %d", resp.StatusCode)
-	}
+	waitFor(t, 30*time.Second, "ui's first build", func() bool {
+		resp, err := http.Get(base + "api/state")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("GET api/state: %d", resp.StatusCode)
+		}
+		return resp.StatusCode == http.StatusOK
+	})
 }

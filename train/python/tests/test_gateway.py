@@ -272,7 +272,7 @@ def test_client_disconnect_mid_stream_is_recorded_cut_off(gateway, llm):
 def test_weight_version_change_mid_run(gateway, llm):
     """The version in force at dispatch: a stream in flight when the version
     changes keeps the old one; later calls get the new one."""
-    gw = gateway("--weight-version", "3")
+    gw = gateway("--policy-version", "3")
     gc = GatewayClient(gw.url)
     sid = "task-w:0"
     c = agent(gw, sid)
