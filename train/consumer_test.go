@@ -84,6 +84,18 @@ func consume(t *testing.T, c *Consumer, l *ledger, maxTokens int64, stopAfter in
 func TestConsumersShareWorkAndSurviveACrash(t *testing.T) {
 	root := t.TempDir()
 	writeShardsTo(t, root, 0, 300)
+	shareWorkAndSurvive(t, root, func(string) *GroupLog { return nil }, "a", "b")
+}
+
+// shareWorkAndSurvive runs consumer group "trainers" over root's 300
+// groups: a victim acknowledges a few batches, takes one more and dies
+// holding its shards; the survivors take them over and finish. logOf
+// gives a member its process's shared log (nil: a log of its own). It
+// checks that every group was acknowledged exactly once, that the dead
+// member's late acknowledgement is refused and that the log says so, and
+// returns the group's objects.
+func shareWorkAndSurvive(t *testing.T, root string, logOf func(name string) *GroupLog, survivors ...string) Objects {
+	t.Helper()
 	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
 	defer mem.AssertSize(t, 0)
 	cfg := func(name string) ConsumerConfig {
@@ -93,21 +105,23 @@ func TestConsumersShareWorkAndSurviveACrash(t *testing.T) {
 			LeaseTimeout: 600 * time.Millisecond,
 			Poll:         20 * time.Millisecond,
 			MaxInflight:  2,
+			Log:          logOf(name),
 		}
 	}
+	ctx := context.Background()
 	l := &ledger{acked: map[string]int{}}
 	sh, obj := openGroup(t, root, "trainers")
 
 	// The victim acknowledges a few batches, takes one more without
 	// acknowledging it, and dies holding its shards.
-	victim, err := NewConsumer(context.Background(), sh, obj, cfg("victim"))
+	victim, err := NewConsumer(ctx, sh, obj, cfg("victim"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := consume(t, victim, l, 40, 3); err != nil {
 		t.Fatal(err)
 	}
-	d, err := victim.Next(context.Background())
+	d, err := victim.Next(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,14 +129,14 @@ func TestConsumersShareWorkAndSurviveACrash(t *testing.T) {
 	victim.abandon()
 
 	var wg sync.WaitGroup
-	var survivors []*Consumer
-	for _, name := range []string{"a", "b"} {
+	var alive []*Consumer
+	for _, name := range survivors {
 		sh, obj := openGroup(t, root, "trainers")
-		c, err := NewConsumer(context.Background(), sh, obj, cfg(name))
+		c, err := NewConsumer(ctx, sh, obj, cfg(name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		survivors = append(survivors, c)
+		alive = append(alive, c)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -133,13 +147,13 @@ func TestConsumersShareWorkAndSurviveACrash(t *testing.T) {
 	}
 	wg.Wait()
 	// The dead member's late acknowledgement is refused: its shard moved on.
-	if _, err := victim.Ack(context.Background(), d.ID); !errors.Is(err, ErrLeaseLost) {
+	if _, err := victim.Ack(ctx, d.ID); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("late ack of a dead member: %v, want ErrLeaseLost", err)
 	}
 	var takeovers int64
-	for _, c := range survivors {
+	for _, c := range alive {
 		takeovers += c.Stats().Takeovers
-		if err := c.Close(context.Background()); err != nil {
+		if err := c.Close(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -154,13 +168,14 @@ func TestConsumersShareWorkAndSurviveACrash(t *testing.T) {
 			t.Errorf("group %s acknowledged %d times", k, n)
 		}
 	}
-	p, err := GroupProgress(context.Background(), obj)
+	p, err := GroupProgress(ctx, obj)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if p.GroupsAcked != 300 || p.Done != p.Shards || p.GroupsSkip != 0 {
 		t.Errorf("log progress %+v, want 300 groups acknowledged, every shard done", p)
 	}
+	return obj
 }
 
 func TestConsumerRestartResumesAfterLastAck(t *testing.T) {

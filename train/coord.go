@@ -378,20 +378,18 @@ type groupLog struct {
 	mu sync.Mutex
 	st *groupState
 
-	qmu       sync.Mutex
-	queue     []*eventReq
-	appending bool
+	queue store.Queue[eventReq]
 }
 
-// eventReq is an event waiting for its record: its outcome comes on
-// done; lead tells it to make the next record.
+// eventReq is an event waiting for its record.
 type eventReq struct {
 	member string
 	nonce  string
 	build  func(st *groupState, e *event) bool
-	done   chan error
-	lead   chan struct{}
 }
+
+// eventWaiter is an eventReq in the queue.
+type eventWaiter = store.Waiter[eventReq]
 
 // maxRecordEvents bounds the events of one record.
 const maxRecordEvents = 256
@@ -565,62 +563,24 @@ func (g *groupLog) refresh(ctx context.Context) error {
 func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *event) bool) error {
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
-	req := &eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build, done: make(chan error, 1), lead: make(chan struct{}, 1)}
 	g := c.groupLog
-	g.qmu.Lock()
-	g.queue = append(g.queue, req)
-	if !g.appending {
-		g.appending = true
-		req.lead <- struct{}{}
-	}
-	g.qmu.Unlock()
-	for {
-		select {
-		case err := <-req.done:
-			return err
-		case <-req.lead:
-			g.leadRecord(ctx)
+	req := eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build}
+	take := func(q []*eventWaiter) int { return min(len(q), maxRecordEvents) }
+	return g.queue.Do(ctx, req, take, func(ctx context.Context, batch []*eventWaiter) func() {
+		if snap := g.appendRecord(ctx, batch); snap != nil {
+			return func() { g.snapshot(ctx, snap) } // after the hand-off: the next record need not wait
 		}
-	}
-}
-
-// leadRecord makes one record of the events queued, delivers their
-// outcomes, and hands the lead to the next event queued, if any.
-func (g *groupLog) leadRecord(ctx context.Context) {
-	g.qmu.Lock()
-	n := min(len(g.queue), maxRecordEvents)
-	batch := append([]*eventReq(nil), g.queue[:n]...)
-	g.queue = g.queue[n:]
-	g.qmu.Unlock()
-
-	// A record of others' events too is not given up because this
-	// caller's context ended (theirs may not have): the store's retry
-	// bound still ends it.
-	rctx := ctx
-	if len(batch) > 1 {
-		rctx = context.WithoutCancel(ctx)
-	}
-	snap := g.appendRecord(rctx, batch)
-
-	g.qmu.Lock()
-	if len(g.queue) > 0 {
-		g.queue[0].lead <- struct{}{}
-	} else {
-		g.appending = false
-	}
-	g.qmu.Unlock()
-	if snap != nil {
-		g.snapshot(rctx, snap) // after the hand-off: the next record need not wait
-	}
+		return nil
+	})
 }
 
 // appendRecord appends the events of reqs as one record and sends each
 // its outcome; it returns the state to snapshot when the record's number
 // calls for one.
-func (g *groupLog) appendRecord(ctx context.Context, reqs []*eventReq) *groupState {
-	finish := func(rs []*eventReq, err error) {
+func (g *groupLog) appendRecord(ctx context.Context, reqs []*eventWaiter) *groupState {
+	finish := func(rs []*eventWaiter, err error) {
 		for _, r := range rs {
-			r.done <- err
+			r.Finish(err)
 		}
 	}
 	for attempt := 0; len(reqs) > 0; attempt++ {
@@ -642,10 +602,10 @@ func (g *groupLog) appendRecord(ctx context.Context, reqs []*eventReq) *groupSta
 			work = g.st.clone()
 		}
 		var es []event
-		var in, idle []*eventReq
+		var in, idle []*eventWaiter
 		for _, r := range reqs {
-			e := event{Nonce: r.nonce, Member: r.member, Time: now, Seq: seq}
-			if !r.build(work, &e) {
+			e := event{Nonce: r.Item.nonce, Member: r.Item.member, Time: now, Seq: seq}
+			if !r.Item.build(work, &e) {
 				idle = append(idle, r)
 				continue
 			}
@@ -704,9 +664,9 @@ func (g *groupLog) appendRecord(ctx context.Context, reqs []*eventReq) *groupSta
 				for _, e := range got {
 					ours[e.Nonce] = true
 				}
-				var rest, done []*eventReq
+				var rest, done []*eventWaiter
 				for _, r := range reqs {
-					if ours[r.nonce] {
+					if ours[r.Item.nonce] {
 						done = append(done, r)
 					} else {
 						rest = append(rest, r)

@@ -3,15 +3,10 @@ package train
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/apache/arrow-go/v18/arrow/memory"
 )
 
 // TestMembersOfOneProcessShareRecords: members that share a GroupLog (the
@@ -22,88 +17,18 @@ import (
 func TestMembersOfOneProcessShareRecords(t *testing.T) {
 	root := t.TempDir()
 	writeShardsTo(t, root, 0, 300)
-	mem := memory.NewCheckedAllocator(memory.NewGoAllocator())
-	defer mem.AssertSize(t, 0)
-	cfg := func(name string, log *GroupLog) ConsumerConfig {
-		return ConsumerConfig{
-			Config:       Config{MaxStaleness: -1, MaxTokens: 40, IncludeFiltered: true, Allocator: mem},
-			Name:         name,
-			LeaseTimeout: 600 * time.Millisecond,
-			Poll:         20 * time.Millisecond,
-			MaxInflight:  2,
-			Log:          log,
-		}
-	}
 	ctx := context.Background()
-	l := &ledger{acked: map[string]int{}}
-	sh, obj := openGroup(t, root, "trainers")
-	shared, err := OpenGroupLog(ctx, obj)
+	_, logObj := openGroup(t, root, "trainers")
+	shared, err := OpenGroupLog(ctx, logObj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	victim, err := NewConsumer(ctx, sh, obj, cfg("victim", shared))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := consume(t, victim, l, 40, 3); err != nil {
-		t.Fatal(err)
-	}
-	d, err := victim.Next(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Record.Release()
-	victim.abandon()
-
-	var wg sync.WaitGroup
-	var survivors []*Consumer
-	for _, name := range []string{"a", "b", "c", "d", "alone"} {
-		log := shared
+	obj := shareWorkAndSurvive(t, root, func(name string) *GroupLog {
 		if name == "alone" {
-			log = nil // a log of its own: another process
+			return nil // a log of its own: another process
 		}
-		c, err := NewConsumer(ctx, sh, obj, cfg(name, log))
-		if err != nil {
-			t.Fatal(err)
-		}
-		survivors = append(survivors, c)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := consume(t, c, l, 40, 0); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
-	if _, err := victim.Ack(ctx, d.ID); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("late ack of a dead member: %v, want ErrLeaseLost", err)
-	}
-	var takeovers int64
-	for _, c := range survivors {
-		takeovers += c.Stats().Takeovers
-		if err := c.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if takeovers == 0 {
-		t.Error("no shard was taken over from the dead member")
-	}
-	if len(l.acked) != 300 {
-		t.Errorf("%d groups acknowledged, want 300", len(l.acked))
-	}
-	for k, n := range l.acked {
-		if n != 1 {
-			t.Errorf("group %s acknowledged %d times", k, n)
-		}
-	}
-	p, err := GroupProgress(ctx, obj)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if p.GroupsAcked != 300 || p.Done != p.Shards || p.GroupsSkip != 0 {
-		t.Errorf("log progress %+v, want 300 groups acknowledged, every shard done", p)
-	}
+		return shared
+	}, "a", "b", "c", "d", "alone")
 	// The audit lists every acknowledged group once, from shared records
 	// too.
 	batches, err := ReadConsumed(ctx, obj)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"time"
 
 	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 	"github.com/rllm-pipe/rllm-pipe/schemas"
@@ -27,14 +26,6 @@ import (
 // against the log before the record (ErrFenced fails that entry only); a
 // claim has a record of its own, so that the entries after it are
 // checked against it. A record lands whole or not at all.
-
-// appendReq is an append waiting for its record: its outcome comes on
-// done; lead tells it to make the next record.
-type appendReq struct {
-	e    schemas.ShardEntry
-	done chan error
-	lead chan struct{}
-}
 
 // batchRecord is a manifest record that commits several entries.
 type batchRecord struct {
@@ -67,76 +58,35 @@ func decodeRecord(data []byte) ([]schemas.ShardEntry, error) {
 	return b.Batch, nil
 }
 
-// enqueue appends e with the appends queued with it.
+// enqueue appends e with the appends queued with it: a claim in a record
+// of its own, other entries together up to the next claim. A caller whose
+// context ends stops waiting only once its entry's fate is known, as
+// before group commit: an append that may have landed is never reported
+// as not.
 func (s *Store) enqueue(ctx context.Context, e schemas.ShardEntry) error {
-	req := &appendReq{e: e, done: make(chan error, 1), lead: make(chan struct{}, 1)}
-	s.qmu.Lock()
-	s.queue = append(s.queue, req)
-	if !s.appending {
-		s.appending = true
-		req.lead <- struct{}{}
-	}
-	s.qmu.Unlock()
-	for {
-		select {
-		case err := <-req.done:
-			return err
-		case <-req.lead:
-			s.leadRecord(ctx)
+	take := func(q []*store.Waiter[schemas.ShardEntry]) int {
+		if len(q[0].Item.Claims) > 0 {
+			return 1
 		}
-	}
-}
-
-// leadRecord makes one record of the appends queued (a claim alone, or
-// every append up to the next claim), delivers their outcomes, and hands
-// the lead to the next append queued, if any. A caller whose context
-// ends stops waiting only once its entry's fate is known, as before group
-// commit: an append that may have landed is never reported as not.
-func (s *Store) leadRecord(ctx context.Context) {
-	if s.cfg.Linger > 0 {
-		t := time.NewTimer(s.cfg.Linger)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-		}
-	}
-	s.qmu.Lock()
-	n := 1
-	if len(s.queue[0].e.Claims) == 0 {
-		for n < len(s.queue) && len(s.queue[n].e.Claims) == 0 {
+		n := 1
+		for n < len(q) && len(q[n].Item.Claims) == 0 {
 			n++
 		}
+		return n
 	}
-	batch := append([]*appendReq(nil), s.queue[:n]...)
-	s.queue = s.queue[n:]
-	s.qmu.Unlock()
-
-	// A record of others' appends too is not given up because this
-	// caller's context ended (theirs may not have): the soft stop and
-	// the retry bound still end it.
-	rctx := ctx
-	if len(batch) > 1 {
-		rctx = context.WithoutCancel(ctx)
-	}
-	seq, ok := s.appendRecord(rctx, batch)
-
-	s.qmu.Lock()
-	if len(s.queue) > 0 {
-		s.queue[0].lead <- struct{}{}
-	} else {
-		s.appending = false
-	}
-	s.qmu.Unlock()
-	if ok {
-		s.maybeSnapshot(rctx, seq) // after the hand-off: the next record need not wait
-	}
+	return s.queue.Do(ctx, e, take, func(ctx context.Context, batch []*store.Waiter[schemas.ShardEntry]) func() {
+		seq, ok := s.appendRecord(ctx, batch)
+		if !ok {
+			return nil
+		}
+		return func() { s.maybeSnapshot(ctx, seq) } // after the hand-off: the next record need not wait
+	})
 }
 
 // appendRecord appends the entries of reqs as one record and sends each
 // its outcome; it returns the record's number when this call made it.
-func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) (int64, bool) {
-	finish := func(r *appendReq, err error) { r.done <- err }
+func (s *Store) appendRecord(ctx context.Context, reqs []*store.Waiter[schemas.ShardEntry]) (int64, bool) {
+	finish := func(r *store.Waiter[schemas.ShardEntry], err error) { r.Finish(err) }
 	for attempt := 0; len(reqs) > 0; attempt++ {
 		if attempt > 1000 {
 			for _, r := range reqs {
@@ -147,11 +97,11 @@ func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) (int64, boo
 		s.mu.Lock()
 		live := reqs[:0:0]
 		for _, r := range reqs {
-			if st := s.log.Fenced(&r.e, s.writer); st != "" {
+			if st := s.log.Fenced(&r.Item, s.writer); st != "" {
 				finish(r, fmt.Errorf("%w: %s", ErrFenced, st))
 				continue
 			}
-			r.e.Seq = s.next
+			r.Item.Seq = s.next
 			live = append(live, r)
 		}
 		reqs = live
@@ -162,7 +112,7 @@ func (s *Store) appendRecord(ctx context.Context, reqs []*appendReq) (int64, boo
 		seq := s.next
 		entries := make([]schemas.ShardEntry, len(reqs))
 		for i, r := range reqs {
-			entries[i] = r.e
+			entries[i] = r.Item
 		}
 		s.mu.Unlock()
 		var data []byte

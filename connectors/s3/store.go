@@ -220,11 +220,8 @@ type Store struct {
 	dlqSeq  atomic.Int64 // numbers this writer's dead-letter objects
 	dl      *DeadLetters
 
-	// queue holds the appends waiting for a record (group.go), and
-	// appending says that one of them is making it.
-	qmu       sync.Mutex
-	queue     []*appendReq
-	appending bool
+	// queue holds the appends waiting for a record (group.go).
+	queue store.Queue[schemas.ShardEntry]
 }
 
 var _ store.Store = (*Store)(nil)
@@ -268,6 +265,7 @@ func openStore(ctx context.Context, cfg Config, writer string, create bool) (*St
 	}
 	s := &Store{cli: cli, cfg: cfg, writer: writer, log: store.NewLog(), snapEvery: int64(cfg.SnapshotEvery),
 		cleaned: map[string]int64{}, touched: map[string]bool{}}
+	s.queue.Linger = cfg.Linger
 	if s.snapEvery <= 0 {
 		s.snapEvery = SnapshotEvery
 	}
