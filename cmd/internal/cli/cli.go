@@ -316,8 +316,8 @@ func Prepare(cmd *cobra.Command) error {
 
 // Rename keeps old working as a hidden, deprecated alias of the flag now
 // called name (one release): it sets the same value, and using it prints
-// a warning that names the new flag. Changed reports a value given
-// through old too.
+// a warning that names the new flag. (Flags().Changed(name) does not see
+// a value given through old: a renamed flag's command must not ask it.)
 func Rename(f *pflag.FlagSet, old, name string) {
 	nf := f.Lookup(name)
 	if nf == nil {
@@ -325,22 +325,6 @@ func Rename(f *pflag.FlagSet, old, name string) {
 	}
 	f.AddFlag(&pflag.Flag{Name: old, Usage: "deprecated: use --" + name, Value: nf.Value, DefValue: nf.DefValue, NoOptDefVal: nf.NoOptDefVal})
 	_ = f.MarkDeprecated(old, "use --"+name)
-}
-
-// Changed reports whether the flag name was given, under its name or an
-// old one (Rename).
-func Changed(f *pflag.FlagSet, name string) bool {
-	nf := f.Lookup(name)
-	if nf == nil {
-		return false
-	}
-	changed := nf.Changed
-	f.VisitAll(func(g *pflag.Flag) {
-		if g.Changed && g.Value == nf.Value {
-			changed = true
-		}
-	})
-	return changed
 }
 
 // flagsTo sends what the flag parser prints (a deprecated flag's
