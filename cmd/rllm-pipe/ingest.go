@@ -72,8 +72,8 @@ input skips groups already committed.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.from, "from", "", "input: file:///path, a path, - for stdin, or kafka://host:port[,host:port]/topic?group=NAME (env RLLM_FROM)")
-	f.StringVar(&o.to, "to", "", "output root: file:///path, a path, or s3://bucket/prefix (env RLLM_TO)")
+	f.StringVar(&o.from, "from", "", "input: file:///path, a path, - for stdin, or kafka://host:port[,host:port]/topic?group=NAME")
+	f.StringVar(&o.to, "to", "", "output root: file:///path, a path, or s3://bucket/prefix")
 	f.StringVar(&o.dlq, "dlq", "", "dead-letter output: a file, or kafka://host:port/topic (default <to>/_dlq/)")
 	f.StringVar(&o.statsJSON, "stats-json", "", "also write the run's summary as JSON to this file")
 	f.StringVar(&o.iceberg.catalog, "iceberg-catalog", "", "also keep an Iceberg steps table in step with the commits (as iceberg sync --follow does): a SQLite catalog file or a REST catalog URL")
