@@ -141,8 +141,16 @@ func readConsumed(ctx context.Context, obj Objects, log *store.Journal) ([]Consu
 		if err := json.Unmarshal(data, &seg); err != nil {
 			return nil, false, fmt.Errorf("train: audit segment %d: %w", to, err)
 		}
+		// Two snapshots at once may write segments that overlap: a
+		// record's batches are taken from one segment only.
+		mine := map[int64][]Consumed{}
 		for _, b := range seg.Batches {
-			by[b.Seq] = append(by[b.Seq], b)
+			mine[b.Seq] = append(mine[b.Seq], b)
+		}
+		for seq, bs := range mine {
+			if _, ok := by[seq]; !ok {
+				by[seq] = bs
+			}
 		}
 	}
 	// Events at or below the last segment are in it (those still there

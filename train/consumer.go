@@ -38,8 +38,12 @@ type ConsumerConfig struct {
 	// waits for their leases to expire.
 	Name string
 	// Log, when set, is the group's log as this process's other members
-	// of the group share it (OpenGroupLog, on the same obj): one replay
-	// for all of them, and their events share records.
+	// of the group share it (OpenGroupLog on the obj given to
+	// NewConsumer, which then reads its log there): one replay for all
+	// of them, and their events share records. A record shared with
+	// others is made without its caller's cancellation, so Ack, Close
+	// and renewals can outlast their context while the store is retried
+	// (within the store's retry bound).
 	Log *GroupLog
 	// CountedIDs numbers the batches 1, 2, ... instead of from a random
 	// start: for a member alone in a private group (a peek, whose output
@@ -1058,7 +1062,9 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 	}
 	c.mu.Unlock()
 	var lowErr error
-	err := c.coord.append(ctx, func(st *groupState, e *event) bool {
+	// Alone in its record: the build moves c.first, c.watch and the low
+	// watermark's alignment, which must rest on the state as it landed.
+	err := c.coord.appendAlone(ctx, func(st *groupState, e *event) bool {
 		picked, previous, e.Expect, e.Fold = nil, "", nil, nil
 		start, err := c.alignLow(st)
 		if err != nil {

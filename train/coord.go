@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"regexp"
 	"sort"
 	"strings"
@@ -342,13 +343,24 @@ func touched(e *event) []string {
 	return out
 }
 
+// clone is a deep copy of st (for a snapshot, or a record's working
+// state): nothing the copy's apply changes reaches st.
 func (st *groupState) clone() *groupState {
-	data, _ := json.Marshal(st)
-	var c groupState
-	_ = json.Unmarshal(data, &c)
-	if c.Shards == nil {
-		c.Shards = map[string]*shardState{}
+	c := *st
+	c.Shards = make(map[string]*shardState, len(st.Shards))
+	for p, s := range st.Shards {
+		cs := *s
+		cs.Acked, cs.Skips = maps.Clone(s.Acked), maps.Clone(s.Skips)
+		c.Shards[p] = &cs
 	}
+	if st.Members != nil {
+		c.Members = make(map[string]*memberState, len(st.Members))
+		for n, m := range st.Members {
+			cm := *m
+			c.Members[n] = &cm
+		}
+	}
+	c.StaleByVersion = maps.Clone(st.StaleByVersion)
 	return &c
 }
 
@@ -381,11 +393,16 @@ type groupLog struct {
 	queue store.Queue[eventReq]
 }
 
-// eventReq is an event waiting for its record.
+// eventReq is an event waiting for its record. An event whose build
+// changes its member's own state (a lease: the member's read position,
+// its watch of others' leases) goes alone in a record built against the
+// state as it landed, so that what the build concludes never rests on
+// another event that may not land.
 type eventReq struct {
 	member string
 	nonce  string
 	build  func(st *groupState, e *event) bool
+	alone  bool
 }
 
 // eventWaiter is an eventReq in the queue.
@@ -561,11 +578,30 @@ func (g *groupLog) refresh(ctx context.Context) error {
 // append. A caller whose context ends stops waiting only once its
 // event's fate is known when its event shares a record with others'.
 func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *event) bool) error {
+	return c.appendEvent(ctx, build, false)
+}
+
+// appendAlone is append for an event whose build changes its member's
+// state: it has a record of its own (eventReq).
+func (c *coordinator) appendAlone(ctx context.Context, build func(st *groupState, e *event) bool) error {
+	return c.appendEvent(ctx, build, true)
+}
+
+func (c *coordinator) appendEvent(ctx context.Context, build func(st *groupState, e *event) bool, alone bool) error {
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	g := c.groupLog
-	req := eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build}
-	take := func(q []*eventWaiter) int { return min(len(q), maxRecordEvents) }
+	req := eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build, alone: alone}
+	take := func(q []*eventWaiter) int {
+		if q[0].Item.alone {
+			return 1
+		}
+		n := 1
+		for n < len(q) && n < maxRecordEvents && !q[n].Item.alone {
+			n++
+		}
+		return n
+	}
 	return g.queue.Do(ctx, req, take, func(ctx context.Context, batch []*eventWaiter) func() {
 		if snap := g.appendRecord(ctx, batch); snap != nil {
 			return func() { g.snapshot(ctx, snap) } // after the hand-off: the next record need not wait
@@ -722,7 +758,7 @@ type Progress struct {
 	// version (the newest 256 versions), in version order.
 	GroupsStale    int64          `json:"groups_skipped_stale"`
 	StaleByVersion []VersionCount `json:"skipped_stale_by_version,omitempty"`
-	Events         int64          `json:"events"`
+	Events         int64          `json:"events"` // records of the log (a record may hold several events)
 	// Members are every member name the log has seen, by name, with the
 	// shards it holds now (live leases) and its last acknowledgement.
 	Members []MemberProgress `json:"members"`

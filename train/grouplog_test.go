@@ -3,10 +3,13 @@ package train
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rllm-pipe/rllm-pipe/connectors/store"
 )
 
 // TestMembersOfOneProcessShareRecords: members that share a GroupLog (the
@@ -64,6 +67,11 @@ func TestMembersOfOneProcessShareRecords(t *testing.T) {
 		members := map[string]bool{}
 		for _, e := range es {
 			members[e.Member] = true
+			// A lease of a new shard (its fold, its takeover) goes alone:
+			// its build moves the member's read position.
+			if len(es) > 1 && (e.Fold != nil || e.Expect != nil) {
+				t.Errorf("%s: a lease of a new shard shares a record", f)
+			}
 		}
 		if len(members) > 1 {
 			shared2++
@@ -92,5 +100,77 @@ func TestBatchRecordFailsOldReaders(t *testing.T) {
 	one, _ := encodeEvents(es[:1])
 	if err := json.Unmarshal(one, &old); err != nil || old.Member != "a/1" {
 		t.Errorf("a record of one event is not the event: %s", one)
+	}
+}
+
+// Two snapshots at once can write audit segments that overlap (each
+// starts after the last segment it listed): a record's batches are read
+// once all the same, and a record of several batches keeps them all.
+func TestAuditSegmentsThatOverlap(t *testing.T) {
+	ctx := context.Background()
+	obj := store.NewMemObjects()
+	log := store.NewJournal(obj)
+	for seq := range int64(10) {
+		es := []event{{Member: "a/1", Nonce: "n", Batch: &ackBatch{ID: uint64(seq), Groups: []ConsumedGroup{{GroupID: fmt.Sprint("g", seq)}}}}}
+		if seq == 4 { // a record of two members' acknowledgements
+			es = append(es, event{Member: "b/1", Nonce: "m", Batch: &ackBatch{ID: 99, Groups: []ConsumedGroup{{GroupID: "g4b"}}}})
+		}
+		data, err := encodeEvents(es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := log.Append(ctx, seq, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both snapshots saw no segment: 0..5 and 0..9.
+	for _, to := range []int64{5, 9} {
+		seg := auditSegment{From: 0, To: to, Batches: []Consumed{}}
+		for seq := int64(0); seq <= to; seq++ {
+			data, err := log.Read(ctx, seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			es, _ := decodeEvents(data, seq)
+			for i := range es {
+				if b, ok := consumedOf(&es[i]); ok {
+					seg.Batches = append(seg.Batches, b)
+				}
+			}
+		}
+		data, _ := json.Marshal(&seg)
+		if err := obj.Create(ctx, auditName(to), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := ReadConsumed(ctx, obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, b := range got {
+		ids = append(ids, b.Groups[0].GroupID)
+	}
+	if want := "g0 g1 g2 g3 g4 g4b g5 g6 g7 g8 g9"; strings.Join(ids, " ") != want {
+		t.Errorf("audit: %v, want %s", ids, want)
+	}
+}
+
+// clone is deep: applying an event to the copy leaves the state as it was.
+func TestCloneIsDeep(t *testing.T) {
+	st := &groupState{Shards: map[string]*shardState{}}
+	st.apply(&event{Seq: 0, Member: "a/1", Lease: []string{"s"}})
+	st.apply(&event{Seq: 1, Member: "a/1", Ack: []marks{{Shard: "s", Groups: []int32{0}}}, Skip: []marks{{Shard: "s", Groups: []int32{1}, Versions: []int64{3}}},
+		Batch: &ackBatch{ID: 1, PolicyVersion: 5, Groups: []ConsumedGroup{{GroupID: "g"}}}})
+	before, _ := json.Marshal(st)
+	c := st.clone()
+	if got, _ := json.Marshal(c); string(got) != string(before) {
+		t.Fatalf("clone differs:\n%s\n%s", got, before)
+	}
+	c.apply(&event{Seq: 2, Member: "a/1", Ack: []marks{{Shard: "s", Groups: []int32{2}}}, Skip: []marks{{Shard: "s", Groups: []int32{3}, Versions: []int64{4}}},
+		Totals: map[string]int32{"s": 4}, Batch: &ackBatch{ID: 2, PolicyVersion: 6, Groups: []ConsumedGroup{{GroupID: "h"}}}})
+	c.apply(&event{Seq: 3, Member: "b/1", Lease: []string{"t"}})
+	if after, _ := json.Marshal(st); string(after) != string(before) {
+		t.Errorf("applying to the clone changed the state:\n%s\n%s", after, before)
 	}
 }

@@ -208,7 +208,11 @@ func (o *trainOpts) joinOn(ctx context.Context, st store.Reader, name string, as
 	}
 	if o.readOnly {
 		cfg.CountedIDs, cfg.Log = true, nil
-		return train.NewConsumer(ctx, st, store.NewOverlay(obj), cfg)
+		peek, err := store.NewOverlay(ctx, obj)
+		if err != nil {
+			return nil, err
+		}
+		return train.NewConsumer(ctx, st, peek, cfg)
 	}
 	return train.NewConsumer(ctx, st, obj, cfg)
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -87,26 +86,36 @@ func (m *MemObjects) Delete(ctx context.Context, name string) error {
 	return nil
 }
 
-// Overlay is an Objects that reads base and writes only to memory: what
-// is created there and what is deleted is seen through it and never
-// reaches base. A member that peeks into a consumer group (joins it as
-// of now, leaves nothing behind) keeps its log there.
+// Overlay is an Objects that reads base as it was when the overlay was
+// made and writes only to memory: what is created and deleted through it
+// is seen through it and never reaches base, and what others add to base
+// later is not seen (a record of theirs would fork the log the overlay
+// continues). A member that peeks into a consumer group (joins it as of
+// now, leaves nothing behind) keeps its log there.
 type Overlay struct {
 	base Objects
 	mem  *MemObjects
 	mu   sync.Mutex
-	gone map[string]bool // deleted through the overlay
+	seen map[string]bool // base's names when the overlay was made, less those deleted through it
 }
 
-// NewOverlay returns an Overlay over base.
-func NewOverlay(base Objects) *Overlay {
-	return &Overlay{base: base, mem: NewMemObjects(), gone: map[string]bool{}}
+// NewOverlay returns an Overlay over base as it is now.
+func NewOverlay(ctx context.Context, base Objects) (*Overlay, error) {
+	names, err := base.List(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	o := &Overlay{base: base, mem: NewMemObjects(), seen: make(map[string]bool, len(names))}
+	for _, n := range names {
+		o.seen[n] = true
+	}
+	return o, nil
 }
 
-func (o *Overlay) deleted(name string) bool {
+func (o *Overlay) inBase(name string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.gone[name]
+	return o.seen[name]
 }
 
 // Create writes name in memory unless it exists in memory or in base.
@@ -114,46 +123,35 @@ func (o *Overlay) Create(ctx context.Context, name string, data []byte) error {
 	if err := checkObjectName(name); err != nil {
 		return err
 	}
-	if !o.deleted(name) {
-		if _, err := o.base.Get(ctx, name); err == nil {
-			return fmt.Errorf("store: %s: %w", name, fs.ErrExist)
-		} else if !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
+	if o.inBase(name) {
+		return fmt.Errorf("store: %s: %w", name, fs.ErrExist)
 	}
 	return o.mem.Create(ctx, name, data)
 }
 
 // Get reads name from memory, else from base.
 func (o *Overlay) Get(ctx context.Context, name string) ([]byte, error) {
-	data, err := o.mem.Get(ctx, name)
-	if err == nil || !errors.Is(err, fs.ErrNotExist) || o.deleted(name) {
-		return data, err
+	if o.inBase(name) {
+		return o.base.Get(ctx, name)
 	}
-	return o.base.Get(ctx, name)
+	return o.mem.Get(ctx, name)
 }
 
 // List returns the names in memory and in base that start with prefix.
 func (o *Overlay) List(ctx context.Context, prefix string) ([]string, error) {
-	names, err := o.base.List(ctx, prefix)
-	if err != nil {
-		return nil, err
-	}
-	mine, err := o.mem.List(ctx, prefix)
+	out, err := o.mem.List(ctx, prefix)
 	if err != nil {
 		return nil, err
 	}
 	o.mu.Lock()
-	out := make([]string, 0, len(names)+len(mine))
-	for _, n := range names {
-		if !o.gone[n] {
+	for n := range o.seen {
+		if strings.HasPrefix(n, prefix) {
 			out = append(out, n)
 		}
 	}
 	o.mu.Unlock()
-	out = append(out, mine...)
 	slices.Sort(out)
-	return slices.Compact(out), nil
+	return out, nil
 }
 
 // Delete hides name (base keeps it).
@@ -162,7 +160,7 @@ func (o *Overlay) Delete(ctx context.Context, name string) error {
 		return err
 	}
 	o.mu.Lock()
-	o.gone[name] = true
+	delete(o.seen, name)
 	o.mu.Unlock()
 	return nil
 }

@@ -16,7 +16,11 @@ func TestMemObjects(t *testing.T) {
 }
 
 func TestOverlayObjects(t *testing.T) {
-	storetest.RunObjects(t, store.NewOverlay(store.NewMemObjects()))
+	o, err := store.NewOverlay(context.Background(), store.NewMemObjects())
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.RunObjects(t, o)
 }
 
 // An overlay sees base and what was written through it; base is never
@@ -29,17 +33,30 @@ func TestOverlayLeavesBase(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	o := store.NewOverlay(base)
+	o, err := store.NewOverlay(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What others add to base later is not seen: it would fork the log.
+	if err := base.Create(ctx, "00004.json", []byte("theirs")); err != nil {
+		t.Fatal(err)
+	}
 	if err := o.Create(ctx, "00002.json", []byte("x")); !errors.Is(err, fs.ErrExist) {
 		t.Fatalf("Create over base's object: %v", err)
 	}
 	if err := o.Create(ctx, "00003.json", []byte("mine")); err != nil {
 		t.Fatal(err)
 	}
+	if err := o.Create(ctx, "00004.json", []byte("mine")); err != nil {
+		t.Fatal(err)
+	}
 	if err := o.Delete(ctx, "00001.json"); err != nil {
 		t.Fatal(err)
 	}
-	if names, _ := o.List(ctx, "0"); strings.Join(names, ",") != "00002.json,00003.json" {
+	if got, err := o.Get(ctx, "00004.json"); err != nil || string(got) != "mine" {
+		t.Errorf("Get of the overlay's own record: %q %v", got, err)
+	}
+	if names, _ := o.List(ctx, "0"); strings.Join(names, ",") != "00002.json,00003.json,00004.json" {
 		t.Errorf("overlay List: %v", names)
 	}
 	if _, err := o.Get(ctx, "00001.json"); !errors.Is(err, fs.ErrNotExist) {
@@ -48,7 +65,7 @@ func TestOverlayLeavesBase(t *testing.T) {
 	if got, err := o.Get(ctx, "00002.json"); err != nil || string(got) != "00002.json" {
 		t.Errorf("Get of base's object: %q %v", got, err)
 	}
-	if names, _ := base.List(ctx, ""); strings.Join(names, ",") != "00001.json,00002.json" {
+	if names, _ := base.List(ctx, ""); strings.Join(names, ",") != "00001.json,00002.json,00004.json" {
 		t.Errorf("base changed: %v", names)
 	}
 }
