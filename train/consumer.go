@@ -1062,9 +1062,10 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 	}
 	c.mu.Unlock()
 	var lowErr error
-	// Alone in its record: the build moves c.first, c.watch and the low
-	// watermark's alignment, which must rest on the state as it landed.
-	err := c.coord.appendAlone(ctx, func(st *groupState, e *event) bool {
+	// Built against the state as it landed: the build moves c.first,
+	// c.watch and the low watermark's alignment, which must not rest on
+	// events of the record that may not land.
+	err := c.coord.appendLanded(ctx, func(st *groupState, e *event) bool {
 		picked, previous, e.Expect, e.Fold = nil, "", nil, nil
 		start, err := c.alignLow(st)
 		if err != nil {

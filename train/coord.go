@@ -395,14 +395,16 @@ type groupLog struct {
 
 // eventReq is an event waiting for its record. An event whose build
 // changes its member's own state (a lease: the member's read position,
-// its watch of others' leases) goes alone in a record built against the
-// state as it landed, so that what the build concludes never rests on
-// another event that may not land.
+// its watch of others' leases, the low watermark's alignment) is built
+// against the state as it landed, not against the record's working
+// state, so that what the build concludes never rests on another event
+// that may not land; the replay's rules then judge it after the events
+// before it in the record, as they judge any event.
 type eventReq struct {
 	member string
 	nonce  string
 	build  func(st *groupState, e *event) bool
-	alone  bool
+	landed bool
 }
 
 // eventWaiter is an eventReq in the queue.
@@ -581,27 +583,18 @@ func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *
 	return c.appendEvent(ctx, build, false)
 }
 
-// appendAlone is append for an event whose build changes its member's
-// state: it has a record of its own (eventReq).
-func (c *coordinator) appendAlone(ctx context.Context, build func(st *groupState, e *event) bool) error {
+// appendLanded is append for an event whose build changes its member's
+// state: it is built against the state as it landed (eventReq).
+func (c *coordinator) appendLanded(ctx context.Context, build func(st *groupState, e *event) bool) error {
 	return c.appendEvent(ctx, build, true)
 }
 
-func (c *coordinator) appendEvent(ctx context.Context, build func(st *groupState, e *event) bool, alone bool) error {
+func (c *coordinator) appendEvent(ctx context.Context, build func(st *groupState, e *event) bool, landed bool) error {
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	g := c.groupLog
-	req := eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build, alone: alone}
-	take := func(q []*eventWaiter) int {
-		if q[0].Item.alone {
-			return 1
-		}
-		n := 1
-		for n < len(q) && n < maxRecordEvents && !q[n].Item.alone {
-			n++
-		}
-		return n
-	}
+	req := eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build, landed: landed}
+	take := func(q []*eventWaiter) int { return min(len(q), maxRecordEvents) }
 	return g.queue.Do(ctx, req, take, func(ctx context.Context, batch []*eventWaiter) func() {
 		if snap := g.appendRecord(ctx, batch); snap != nil {
 			return func() { g.snapshot(ctx, snap) } // after the hand-off: the next record need not wait
@@ -641,7 +634,11 @@ func (g *groupLog) appendRecord(ctx context.Context, reqs []*eventWaiter) *group
 		var in, idle []*eventWaiter
 		for _, r := range reqs {
 			e := event{Nonce: r.Item.nonce, Member: r.Item.member, Time: now, Seq: seq}
-			if !r.Item.build(work, &e) {
+			on := work
+			if r.Item.landed {
+				on = g.st
+			}
+			if !r.Item.build(on, &e) {
 				idle = append(idle, r)
 				continue
 			}
