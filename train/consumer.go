@@ -1062,20 +1062,21 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 	}
 	c.mu.Unlock()
 	var lowErr error
-	// Built against the state as it landed: the build moves c.first,
-	// c.watch and the low watermark's alignment, which must not rest on
-	// events of the record that may not land.
-	err := c.coord.appendLanded(ctx, func(st *groupState, e *event) bool {
+	// The shard is picked on the record's working state (as the replay
+	// will judge the lease); what the build changes of this member's own
+	// state (c.first, c.watch, the watermark's alignment) and the fold
+	// rest on the state as it landed.
+	err := c.coord.appendLanded(ctx, func(landed, st *groupState, e *event) bool {
 		picked, previous, e.Expect, e.Fold = nil, "", nil, nil
-		start, err := c.alignLow(st)
+		start, err := c.alignLow(landed)
 		if err != nil {
 			lowErr = err
 			return false
 		}
 		for i := start; i < len(c.entries); i++ {
 			p := c.entries[i].Path
-			s := st.Shards[p]
-			if i == c.first && s != nil && s.Done {
+			s, sl := st.Shards[p], landed.Shards[p]
+			if i == c.first && sl != nil && sl.Done {
 				c.first++ // done stays done
 				continue
 			}
@@ -1089,17 +1090,17 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 				}
 				break
 			}
-			if s.Done {
-				continue
+			if s.Done || sl == nil {
+				continue // done, or leased by an event of this record
 			}
 			// Held by another member: take it over once its lease has not
 			// moved for the timeout, as watched from here.
 			w, seen := c.watch[p]
-			if !seen || w.seq != s.LeaseSeq {
-				c.watch[p] = leaseWatch{seq: s.LeaseSeq, since: now}
+			if !seen || w.seq != sl.LeaseSeq {
+				c.watch[p] = leaseWatch{seq: sl.LeaseSeq, since: now}
 			} else if now.Sub(w.since) >= c.cfg.LeaseTimeout {
-				picked, previous = &c.entries[i], s.Holder
-				e.Expect = map[string]int64{p: s.LeaseSeq}
+				picked, previous = &c.entries[i], sl.Holder
+				e.Expect = map[string]int64{p: sl.LeaseSeq}
 				break
 			}
 			if c.replay != nil {
@@ -1109,7 +1110,7 @@ func (c *Consumer) leaseNext(ctx context.Context) (*schemas.ShardEntry, map[int3
 				break
 			}
 		}
-		e.Fold = c.foldNext(st)
+		e.Fold = c.foldNext(landed)
 		if picked == nil {
 			return e.Fold != nil
 		}

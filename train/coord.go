@@ -393,18 +393,17 @@ type groupLog struct {
 	queue store.Queue[eventReq]
 }
 
-// eventReq is an event waiting for its record. An event whose build
-// changes its member's own state (a lease: the member's read position,
-// its watch of others' leases, the low watermark's alignment) is built
-// against the state as it landed, not against the record's working
-// state, so that what the build concludes never rests on another event
-// that may not land; the replay's rules then judge it after the events
-// before it in the record, as they judge any event.
+// eventReq is an event waiting for its record. build gets the state as
+// it landed and the record's working state (the landed one with the
+// record's earlier events applied): the event is built against the
+// working state, as the replay will judge it, while a build that changes
+// its member's own state (a lease: the member's read position, its watch
+// of others' leases, the low watermark's alignment) takes that from the
+// landed state, so that it never rests on an event that may not land.
 type eventReq struct {
 	member string
 	nonce  string
-	build  func(st *groupState, e *event) bool
-	landed bool
+	build  func(landed, work *groupState, e *event) bool
 }
 
 // eventWaiter is an eventReq in the queue.
@@ -580,20 +579,16 @@ func (g *groupLog) refresh(ctx context.Context) error {
 // append. A caller whose context ends stops waiting only once its
 // event's fate is known when its event shares a record with others'.
 func (c *coordinator) append(ctx context.Context, build func(st *groupState, e *event) bool) error {
-	return c.appendEvent(ctx, build, false)
+	return c.appendLanded(ctx, func(_, work *groupState, e *event) bool { return build(work, e) })
 }
 
-// appendLanded is append for an event whose build changes its member's
-// state: it is built against the state as it landed (eventReq).
-func (c *coordinator) appendLanded(ctx context.Context, build func(st *groupState, e *event) bool) error {
-	return c.appendEvent(ctx, build, true)
-}
-
-func (c *coordinator) appendEvent(ctx context.Context, build func(st *groupState, e *event) bool, landed bool) error {
+// appendLanded is append for an event whose build also reads the state
+// as it landed (eventReq).
+func (c *coordinator) appendLanded(ctx context.Context, build func(landed, work *groupState, e *event) bool) error {
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	g := c.groupLog
-	req := eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build, landed: landed}
+	req := eventReq{member: c.member, nonce: hex.EncodeToString(nb[:]), build: build}
 	take := func(q []*eventWaiter) int { return min(len(q), maxRecordEvents) }
 	return g.queue.Do(ctx, req, take, func(ctx context.Context, batch []*eventWaiter) func() {
 		if snap := g.appendRecord(ctx, batch); snap != nil {
@@ -634,11 +629,7 @@ func (g *groupLog) appendRecord(ctx context.Context, reqs []*eventWaiter) *group
 		var in, idle []*eventWaiter
 		for _, r := range reqs {
 			e := event{Nonce: r.Item.nonce, Member: r.Item.member, Time: now, Seq: seq}
-			on := work
-			if r.Item.landed {
-				on = g.st
-			}
-			if !r.Item.build(on, &e) {
+			if !r.Item.build(g.st, work, &e) {
 				idle = append(idle, r)
 				continue
 			}

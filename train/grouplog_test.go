@@ -237,7 +237,7 @@ func TestLeaseBuildSeesTheLandedState(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	var sawDone []bool
 	go func() {
-		errs <- b.appendLanded(ctx, func(st *groupState, e *event) bool {
+		errs <- b.appendLanded(ctx, func(st, _ *groupState, e *event) bool {
 			s := st.Shards["p"]
 			sawDone = append(sawDone, s != nil && s.Done)
 			e.Release = []string{"q"}
