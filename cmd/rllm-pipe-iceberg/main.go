@@ -41,8 +41,8 @@ func newRoot(soft context.Context) *cobra.Command {
 	var globals cli.Globals
 	cli.Setup(top, &globals)
 	ice := newIceberg(soft)
-	cli.AddVersion(ice, "rllm-pipe-iceberg")
 	top.AddCommand(ice)
+	cli.AddVersion(ice, "rllm-pipe-iceberg") // after: its examples name the command path
 	cli.RejectUnknownSubcommands(top)
 	return top
 }
@@ -98,7 +98,7 @@ func newIceberg(soft context.Context) *cobra.Command {
 	var o syncOpts
 	syncCmd := &cobra.Command{
 		Use:   "sync --from URL --catalog URI",
-		Short: "Add every committed shard not yet in the Iceberg steps table, exactly once (no rewrite)",
+		Short: "Add the committed shards not yet in the Iceberg tables, exactly once (no rewrite)",
 		Long: `sync adds the root's committed shards to the Iceberg table NAMESPACE.steps as
 they are (no rewrite: Iceberg takes its column statistics from their footers),
 partitioned by group_version, and its dead letters to NAMESPACE.dead_letters.
@@ -137,7 +137,7 @@ Example:
 	var c compactOpts
 	compactCmd := &cobra.Command{
 		Use:   "compact --from URL --catalog URI",
-		Short: "Merge the steps table's small files, version by version, in one snapshot (the shards stay)",
+		Short: "Merge the steps table's small files by version, in one snapshot (the shards stay)",
 		Long: `compact merges the small files the steps table lists (a long run's
 thousands of shards) into files of about --target-size, partition by
 partition (one policy version each), and replaces them in one snapshot:

@@ -142,6 +142,9 @@ is done.`,
 	}
 	f := cmd.Flags()
 	o.register(f, false, "")
+	// Never from the environment: RLLM_PIPE_CONSUMER_GROUP, set for serve,
+	// would turn a read-only peek into a member that acknowledges.
+	cli.NoEnv(f, "consumer-group")
 	f.StringVar(&o.name, "name", "", "this member's stable name in the group (default host-pid); a restart under the same name resumes its shards at once")
 	f.StringVar(&format, "format", "jsonl", "output: jsonl (a line per batch) or arrow (Arrow IPC stream)")
 	f.StringVar(&out, "to", "-", "write to this file instead of stdout")

@@ -179,6 +179,25 @@ func TestEnvironment(t *testing.T) {
 	if n, _ := count(map[string]string{"RLLM_PIPE_GROUP_SIZE": "3"}, "--group-size", "5"); n != 5 {
 		t.Errorf("--group-size 5 with RLLM_PIPE_GROUP_SIZE=3: %d trajectories", n)
 	}
+	// A flag given under its old name is given: the new name's variable
+	// does not override it.
+	other := filepath.Join(dir, "other.jsonl")
+	t.Setenv("RLLM_PIPE_TO", other)
+	mine := filepath.Join(dir, "mine.jsonl")
+	if code := run(context.Background(), []string{"gen", "--groups", "1", "--quiet", "--out", mine}, io.Discard, io.Discard); code != exitOK {
+		t.Fatalf("gen --out with RLLM_PIPE_TO: exit %d", code)
+	}
+	if _, err := os.Stat(mine); err != nil {
+		t.Errorf("gen --out %s with RLLM_PIPE_TO set wrote elsewhere", mine)
+	}
+	if _, err := os.Stat(other); err == nil {
+		t.Errorf("RLLM_PIPE_TO beat --out")
+	}
+	// consume's --consumer-group is never taken from the environment (a
+	// variable set for serve would make a peek acknowledge).
+	if f := commands(t)["consume"].Flags().Lookup("consumer-group"); f == nil || f.Annotations == nil {
+		t.Error("consume's --consumer-group is taken from the environment")
+	}
 }
 
 // version says the release, which the Python package carries too.

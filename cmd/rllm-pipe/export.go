@@ -199,7 +199,11 @@ ingest into a new output.`,
 				return err
 			}
 			if !o.quiet {
-				fmt.Fprintf(cmd.ErrOrStderr(), "export distill: %d of %d steps exported (%d token advantages recomputed); %d steps without teacher logprobs", st.Scored, st.Steps, st.Recomputed, st.Unscored)
+				recomputed := fmt.Sprintf("%d token advantages recomputed", st.Recomputed)
+				if !cfg.Recompute {
+					recomputed = fmt.Sprintf("%d without token advantages: the advantage alone", st.Recomputed)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "export distill: %d of %d steps exported (%s); %d steps without teacher logprobs", st.Scored, st.Steps, recomputed, st.Unscored)
 				if requests != "" {
 					fmt.Fprintf(cmd.ErrOrStderr(), "; %d groups (%d steps) to score in %s", st.RequestGroups, st.RequestSteps, requests)
 				} else if st.Unscored > 0 {
@@ -207,7 +211,7 @@ ingest into a new output.`,
 				}
 				fmt.Fprintln(cmd.ErrOrStderr())
 				if !cfg.Recompute && st.Recomputed > 0 {
-					fmt.Fprintf(cmd.ErrOrStderr(), "export distill: %d steps had no token advantages (ingest ran without --kl-coef): exported with the advantage alone; give --kl-coef to add the teacher's term\n", st.Recomputed)
+					fmt.Fprintln(cmd.ErrOrStderr(), "export distill: ingest ran without --kl-coef for some steps: give --kl-coef to add the teacher's term")
 				}
 			}
 			return writeJSONFile(o.statsJSON, st)

@@ -197,11 +197,10 @@ func runGateway(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, groupS
 	if o.to == "" {
 		return usageErrorf("--to is required")
 	}
-	var h slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
-	if ing.logFormat == "json" {
-		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
+	log, err := cli.Logger(os.Stderr, ing.logFormat, globals.Quiet)
+	if err != nil {
+		return err
 	}
-	log := slog.New(h)
 	cfg.Log = log
 
 	ln, err := net.Listen("tcp", o.listen)
@@ -246,7 +245,7 @@ func runGateway(ctx, soft context.Context, o gatewayOpts, ing ingestOpts, groupS
 		ln.Close()
 		return errors.Join(err, out.Close())
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: idleTimeout, ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 30 * time.Second, IdleTimeout: idleTimeout, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
 	log.Info("gateway: listening", "addr", addr, "upstreams", len(cfg.Upstreams), "to", out.String(),

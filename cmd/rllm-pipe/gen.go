@@ -24,7 +24,7 @@ func newGenCmd() *cobra.Command {
 		quiet  bool
 	)
 	cmd := &cobra.Command{
-		Use:   "gen [--out FILE]",
+		Use:   "gen [--to FILE]",
 		Short: "Write realistic synthetic traces (wire-format JSON lines) for demos and benchmarks",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

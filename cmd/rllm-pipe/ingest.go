@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rllm-pipe/rllm-pipe/advantage"
+	"github.com/rllm-pipe/rllm-pipe/cmd/internal/cli"
 	"github.com/rllm-pipe/rllm-pipe/connectors/kafka"
 	"github.com/rllm-pipe/rllm-pipe/connectors/parquet"
 	"github.com/rllm-pipe/rllm-pipe/connectors/pipeline"
@@ -227,14 +228,11 @@ func runIngest(ctx, soft context.Context, o ingestOpts, stderr io.Writer) (err e
 	if o.spill != "" && o.from != "-" {
 		return usageErrorf("--spill applies to --from - only (any other input can be read again)")
 	}
-	var h slog.Handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
-	if o.logFormat == "json" {
-		h = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo})
+	log, err := cli.Logger(stderr, o.logFormat, o.quiet)
+	if err != nil {
+		return err
 	}
-	if o.quiet {
-		h = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})
-	}
-	p.cfg.Log = slog.New(h).With("run", p.runID)
+	p.cfg.Log = log.With("run", p.runID)
 	slog.SetDefault(p.cfg.Log)
 	// An unreachable store is not waited for past a first signal.
 	st, dl, err := openOutput(store.WithRetryStop(ctx, soft.Done()), o, p.runID)

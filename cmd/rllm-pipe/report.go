@@ -60,7 +60,7 @@ func runReport(ctx context.Context, o reportOpts, cmd *cobra.Command) (err error
 		return usageErrorf("--from is required")
 	}
 	if o.out == "" {
-		return usageErrorf("--out is required")
+		return usageErrorf("--to is required")
 	}
 	if err := checkOutputFiles(ctx, []string{o.from}, "to", o.out, "download-dir", o.downloadDir); err != nil {
 		return err

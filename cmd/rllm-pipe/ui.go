@@ -55,8 +55,9 @@ million steps and 100 s at ten million on two loaded cores). Pages are
 served from the previous build meanwhile; the health panel says how many
 manifest entries are waiting and when the next rebuild comes.
 
-It listens at once: until the first build ends, every page answers 503 with
-a page that says what is being built and reloads itself.
+It listens at once: until the first build ends, the front page answers 503
+with a page that says what is being built and reloads itself (the other
+pages answer 503, not ready).
 
 Read only: GET and HEAD only, over the sandboxed views of "sql". It listens
 on loopback by default; anywhere else it needs a bearer token (from

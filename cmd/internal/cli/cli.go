@@ -127,6 +127,18 @@ func Run(ctx context.Context, name string, newRoot func(soft context.Context) *c
 	return ExitFailure
 }
 
+// noEnv annotates a flag that is never taken from the environment
+// (NoEnv).
+const noEnv = "rllm-pipe/no-env"
+
+// NoEnv keeps flag name of f from the environment: a variable set for
+// other commands must not change what this one does (consume's
+// --consumer-group: RLLM_PIPE_CONSUMER_GROUP, set for serve, would turn
+// its read-only peek into a member that acknowledges).
+func NoEnv(f *pflag.FlagSet, name string) {
+	_ = f.SetAnnotation(name, noEnv, []string{"true"})
+}
+
 // EnvPrefix prefixes every environment variable the executables read:
 // RLLM_PIPE_<FLAG> sets --<flag> (RLLM_PIPE_GROUP_SIZE sets --group-size).
 const EnvPrefix = "RLLM_PIPE_"
@@ -164,6 +176,9 @@ func MigrateEnv(w io.Writer, name string) {
 		if _, set := os.LookupEnv(n); !set {
 			_ = os.Setenv(n, v)
 		}
+		// Only the new name goes on, so a child executable (rllm-pipe
+		// iceberg) does not warn again.
+		_ = os.Unsetenv(o)
 		fmt.Fprintf(w, "%s: warning: %s is deprecated, use %s\n", name, o, n)
 	}
 }
@@ -174,9 +189,14 @@ func MigrateEnv(w io.Writer, name string) {
 // still read when the new one is not set, with a warning.
 func ApplyEnv(cmd *cobra.Command) error {
 	fs := cmd.Flags()
+	// A flag given under any of its names (a renamed flag's old one
+	// shares its value) is not taken from the environment; old names
+	// have no variables of their own.
+	given := map[pflag.Value]bool{}
+	fs.Visit(func(f *pflag.Flag) { given[f.Value] = true })
 	var err error
 	fs.VisitAll(func(f *pflag.Flag) {
-		if err != nil || f.Changed || f.Name == "help" || f.Name == "version" {
+		if err != nil || given[f.Value] || f.Deprecated != "" || f.Name == "help" || f.Name == "version" || f.Annotations[noEnv] != nil {
 			return
 		}
 		suffix := strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -298,6 +318,17 @@ func Prepare(cmd *cobra.Command) error {
 	if f := cmd.Flags().Lookup("quiet"); f != nil {
 		quiet = f.Value.String() == "true"
 	}
+	log, err := Logger(cmd.ErrOrStderr(), format, quiet)
+	if err != nil {
+		return err
+	}
+	slog.SetDefault(log)
+	return nil
+}
+
+// Logger is the structured logger on w of --log-format (text or json)
+// and --quiet (warnings and errors only).
+func Logger(w io.Writer, format string, quiet bool) (*slog.Logger, error) {
 	level := slog.LevelInfo
 	if quiet {
 		level = slog.LevelWarn
@@ -305,13 +336,11 @@ func Prepare(cmd *cobra.Command) error {
 	opts := &slog.HandlerOptions{Level: level}
 	switch format {
 	case "text":
-		slog.SetDefault(slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), opts)))
+		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
-		slog.SetDefault(slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), opts)))
-	default:
-		return UsageErrorf("--log-format: want text or json, not %q", format)
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil
+	return nil, UsageErrorf("--log-format: want text or json, not %q", format)
 }
 
 // Rename keeps old working as a hidden, deprecated alias of the flag now

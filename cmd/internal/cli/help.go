@@ -82,6 +82,13 @@ func RejectUnknownSubcommands(root *cobra.Command) {
 		}
 		c.Args = cobra.ArbitraryArgs
 		c.RunE = func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && args[0] == "help" { // "iceberg help sync": cobra's help is the root's only
+				sub, _, err := cmd.Find(args[1:])
+				if err != nil {
+					return UsageErrorf("%v", err)
+				}
+				return sub.Help()
+			}
 			if len(args) > 0 {
 				return UsageErrorf("unknown command %q for %q", args[0], cmd.CommandPath())
 			}
