@@ -190,12 +190,15 @@ type Consumer struct {
 	first int
 
 	// declined are the shards of which this member left groups
-	// unsettled (ConsumerConfig.MaxVersionLead). Next's goroutine only.
+	// unsettled (ConsumerConfig.MaxVersionLead). Next's goroutine only,
+	// and a lease's build (which runs while Next waits for its record).
 	declined map[string]*declinedShard
 
 	// watch is, per shard another member holds, the LeaseSeq seen and
 	// when it was first seen (monotonic): a takeover waits until it has
-	// stayed the same for the lease timeout. Next's goroutine only.
+	// stayed the same for the lease timeout. Next's goroutine only, and
+	// a lease's build (which runs while Next waits for its record, maybe
+	// on another member's goroutine: see coordinator.appendLanded).
 	watch map[string]leaseWatch
 
 	mu       sync.Mutex

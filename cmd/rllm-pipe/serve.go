@@ -29,27 +29,23 @@ type serveGroup struct {
 	o  *trainOpts
 	st store.Reader
 
-	mu  *sync.Mutex
-	log **train.GroupLog
+	mu  sync.Mutex
+	log *train.GroupLog
 }
 
-func newServeGroup(o *trainOpts, st store.Reader) serveGroup {
-	return serveGroup{o: o, st: st, mu: &sync.Mutex{}, log: new(*train.GroupLog)}
-}
-
-func (g serveGroup) Join(ctx context.Context, name string, t trainflight.Ticket) (*train.Consumer, error) {
+func (g *serveGroup) Join(ctx context.Context, name string, t trainflight.Ticket) (*train.Consumer, error) {
 	g.mu.Lock()
-	if *g.log == nil {
+	if g.log == nil {
 		obj, err := g.st.Objects(train.GroupDir(g.o.group))
 		if err == nil {
-			*g.log, err = train.OpenGroupLog(ctx, obj)
+			g.log, err = train.OpenGroupLog(ctx, obj)
 		}
 		if err != nil {
 			g.mu.Unlock()
 			return nil, err
 		}
 	}
-	log := *g.log
+	log := g.log
 	g.mu.Unlock()
 	return g.o.joinOn(ctx, g.st, name, memberAsk{policyVersion: t.PolicyVersion, batchGroups: t.BatchGroups, versionsPerStep: t.VersionsPerStep}, log)
 }
@@ -295,7 +291,7 @@ open after --shutdown-grace; a second closes them at once.`,
 			if opts.Versions, err = loop.NewPublisher(st, o.group); err != nil {
 				return err
 			}
-			srv := trainflight.NewServer(newServeGroup(&o, st), opts)
+			srv := trainflight.NewServer(&serveGroup{o: &o, st: st}, opts)
 			if so.metricsAddr != "" {
 				stopMetrics, err := metrics.Serve(cmd.Context(), so.metricsAddr, so.metricsToken, metrics.SourceFunc(srv.WriteMetrics))
 				if err != nil {
